@@ -1,0 +1,38 @@
+# FleetRL: `make test` and `make demo` each do the whole set-up (venv, installs) themselves.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
+export TOKENIZERS_PARALLELISM := false
+export HF_HUB_OFFLINE := 1
+
+.PHONY: install test test-gpu test-slow demo bench lint clean
+
+$(STAMP): pyproject.toml
+	@$(PY) -c 'import sys; assert sys.version_info >= (3, 10), "FleetRL needs Python >= 3.10"'
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q -e '.[learner,dev]'
+	rm -f $(VENV)/.installed-* && touch $(STAMP)
+
+install: $(STAMP)
+
+## the whole CPU suite (what CI runs)
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -m 'not gpu' tests
+
+## GPU checks (vLLM / SGLang / NCCL / DeepSpeed): run on a machine with a CUDA GPU and the engines
+test-gpu: $(STAMP)
+	$(BIN)/python -m pytest -q -m gpu tests
+
+## the whole fleet on one machine, training a tiny model until reward rises
+demo: $(STAMP)
+	$(BIN)/python -m deploy.local.demo
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/queue_throughput.py
+
+lint: $(STAMP)
+	$(BIN)/ruff check shared services tests benchmarks deploy
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

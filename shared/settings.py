@@ -1,0 +1,130 @@
+"""Settings base for every service: typed, read from a YAML/TOML file and from the environment.
+
+Precedence (highest first): explicit overrides (CLI flags) > environment (``FLEETRL_<SERVICE>_*``) >
+the config file > defaults. Unknown keys anywhere are an error that names the key, never ignored.
+
+Usage::
+
+    class RolloutSettings(ServiceSettings):
+        model_config = service_config("ROLLOUT")
+        model: str = Field(description="...")
+
+    settings = load_settings(RolloutSettings, config_file="rollout.yaml", port=8001)
+"""
+
+from __future__ import annotations
+
+import contextvars
+import tomllib
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import Field, SecretStr, ValidationError
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+_config_file: contextvars.ContextVar[Path | None] = contextvars.ContextVar("fleetrl_config_file", default=None)
+
+S = TypeVar("S", bound=BaseSettings)
+
+
+class SettingsError(ValueError):
+    """Settings could not be loaded; the message says which key and how to fix it."""
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """Read a YAML (.yaml/.yml) or TOML (.toml) mapping."""
+    p = Path(path)
+    if not p.is_file():
+        raise SettingsError(f"config file {p} does not exist")
+    text = p.read_text()
+    try:
+        if p.suffix == ".toml":
+            data = tomllib.loads(text)
+        elif p.suffix in (".yaml", ".yml", ".json"):
+            data = yaml.safe_load(text) or {}
+        else:
+            raise SettingsError(f"config file {p}: use .yaml, .yml, .json or .toml")
+    except (yaml.YAMLError, tomllib.TOMLDecodeError) as exc:
+        raise SettingsError(f"config file {p} is not valid: {exc}") from exc
+    if not isinstance(data, dict):
+        raise SettingsError(f"config file {p} must hold a mapping of settings, got {type(data).__name__}")
+    return data
+
+
+class _ConfigFileSource(PydanticBaseSettingsSource):
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:  # pragma: no cover
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        path = _config_file.get()
+        return read_config_file(path) if path is not None else {}
+
+
+def service_config(service: str) -> SettingsConfigDict:
+    """The model_config every service settings class uses (env prefix ``FLEETRL_<SERVICE>_``)."""
+    return SettingsConfigDict(
+        env_prefix=f"FLEETRL_{service.upper()}_",
+        env_nested_delimiter="__",
+        extra="forbid",
+        validate_default=True,
+    )
+
+
+class FleetSettings(BaseSettings):
+    """Base class: adds the config-file source and forbids unknown keys."""
+
+    model_config = SettingsConfigDict(extra="forbid")
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, _ConfigFileSource(settings_cls))
+
+
+class ServiceSettings(FleetSettings):
+    """Fields every service has."""
+
+    host: str = Field(default="127.0.0.1", description="Bind address; loopback unless you mean to expose it.")
+    port: int = Field(default=8000, ge=0, le=65535, description="HTTP port (0 picks a free one).")
+    control_token: SecretStr | None = Field(
+        default=None, description="Bearer token for control routes; without one, control routes are off."
+    )
+    redis_url: str | None = Field(
+        default=None, description="Redis URL; unset means an embedded private server (see shared.redis_server)."
+    )
+    run_name: str = Field(default="default", pattern=r"^[A-Za-z0-9_.-]+$", description="Namespace of Redis keys.")
+    log_level: str = Field(default="INFO", description="Python logging level.")
+
+
+def format_validation_error(exc: ValidationError, source: str) -> str:
+    lines = [f"invalid settings ({source}):"]
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "<root>"
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown setting (check the spelling; see the settings class for valid keys)"
+        lines.append(f"  {loc}: {msg}")
+    return "\n".join(lines)
+
+
+def load_settings(cls: type[S], config_file: str | Path | None = None, **overrides: Any) -> S:
+    """Build ``cls`` from overrides, environment, and ``config_file``. Raises SettingsError."""
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    path = Path(config_file) if config_file is not None else None
+    if path is not None and not path.is_file():
+        raise SettingsError(f"config file {path} does not exist")
+    token = _config_file.set(path)
+    try:
+        return cls(**overrides)
+    except ValidationError as exc:
+        raise SettingsError(format_validation_error(exc, str(path) if path else "environment")) from exc
+    finally:
+        _config_file.reset(token)
