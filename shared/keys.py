@@ -1,0 +1,37 @@
+"""Every Redis key FleetRL uses, in one place. All keys of a run share the prefix ``fleetrl:<run>:``."""
+
+from __future__ import annotations
+
+
+def _prefix(run: str) -> str:
+    return f"fleetrl:{run}"
+
+
+def prompts_stream(run: str) -> str:
+    """Stream of PromptTask records: produced by the learner, consumed by rollout workers (group "rollout")."""
+    return f"{_prefix(run)}:prompts"
+
+
+def experiences_stream(run: str) -> str:
+    """Stream of Experience records: produced by rollout workers, consumed by the learner (group "learner")."""
+    return f"{_prefix(run)}:experiences"
+
+
+def dead_letter_stream(stream: str) -> str:
+    """Where entries of ``stream`` that cannot be processed go, with the error text."""
+    return f"{stream}:dead"
+
+
+def processed_ids(run: str, consumer_group: str) -> str:
+    """Set of record ids a consumer group has durably processed (idempotency)."""
+    return f"{_prefix(run)}:processed:{consumer_group}"
+
+
+def weights_version(run: str) -> str:
+    """The latest weight version the learner has published (an integer string)."""
+    return f"{_prefix(run)}:weights:version"
+
+
+def weights_prefix(run: str) -> str:
+    """Prefix for the weight-sync protocol's own keys (rendezvous, manifests, replica registry)."""
+    return f"{_prefix(run)}:weights"
