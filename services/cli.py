@@ -1,0 +1,96 @@
+"""The ``fleetrl`` command: run a service, an embedded Redis, build a tiny model, inspect the queue.
+
+Service commands are the services' own typer apps (``services/<svc>/cli.py``); they parse settings
+before importing anything heavy, so ``fleetrl --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import threading
+from pathlib import Path
+
+import typer
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help="FleetRL: RL training for LLMs as services.")
+queue_app = typer.Typer(no_args_is_help=True, help="Inspect the experience queue.")
+app.add_typer(queue_app, name="queue")
+
+
+@app.command("redis")
+def redis_cmd(
+    data_dir: Path = typer.Option(Path("runs/redis"), help="Where the AOF files live."),
+    port: int = typer.Option(6390, help="TCP port (0 picks a free one)."),
+    host: str = typer.Option("127.0.0.1", help="Bind address."),
+) -> None:
+    """Run the embedded Redis-compatible server in the foreground until Ctrl-C."""
+    from shared.redis_server import EmbeddedRedis, RedisServerError
+
+    server = EmbeddedRedis(data_dir=data_dir, host=host, port=port)
+    try:
+        server.start()
+    except RedisServerError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    typer.echo(f"REDIS_URL={server.url}  (data in {data_dir}; Ctrl-C stops it)")
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    while not stop.wait(0.5) and server.running:
+        pass
+    server.stop()
+
+
+@app.command("tiny-model")
+def tiny_model_cmd(
+    out_dir: Path = typer.Argument(..., help="Directory to write the Hugging Face checkpoint to."),
+    kind: str = typer.Option("causal-lm", help="causal-lm or reward-model."),
+    hidden_size: int = typer.Option(64, min=8, help="Hidden size."),
+    layers: int = typer.Option(2, min=1, help="Transformer layers."),
+    heads: int = typer.Option(4, min=1, help="Attention heads."),
+    seed: int = typer.Option(0, help="Initialisation seed."),
+) -> None:
+    """Write a tiny randomly initialised model + byte-level tokenizer in Hugging Face format."""
+    from shared import tiny_model
+
+    if hidden_size % heads:
+        raise typer.BadParameter(f"hidden_size {hidden_size} must be divisible by heads {heads}")
+    builders = {"causal-lm": tiny_model.build_tiny_causal_lm, "reward-model": tiny_model.build_tiny_reward_model}
+    if kind not in builders:
+        raise typer.BadParameter(f"kind must be one of {sorted(builders)}, got {kind!r}")
+    path = builders[kind](out_dir, hidden_size=hidden_size, layers=layers, heads=heads, seed=seed)
+    typer.echo(f"wrote {kind} to {path}")
+
+
+@queue_app.command("stats")
+def queue_stats(
+    redis_url: str = typer.Option(..., envvar="REDIS_URL", help="Redis URL of the run."),
+    run_name: str = typer.Option("default", help="Run namespace."),
+) -> None:
+    """Print length, backlog, pending per consumer, dead letters and oldest pending age of both streams."""
+    import redis.asyncio as aioredis
+
+    from shared import keys
+    from shared.experience_queue import StreamQueue
+    from shared.schemas import Experience, PromptTask
+
+    async def collect() -> dict:
+        client = aioredis.from_url(redis_url, socket_timeout=10, socket_connect_timeout=5)
+        try:
+            out = {}
+            for name, stream, group, rec in (
+                ("prompts", keys.prompts_stream(run_name), "rollout", PromptTask),
+                ("experiences", keys.experiences_stream(run_name), "learner", Experience),
+            ):
+                out[name] = (await StreamQueue(client, stream, group, rec).stats()).as_dict()
+            return out
+        finally:
+            await client.aclose()
+
+    try:
+        typer.echo(json.dumps(asyncio.run(collect()), indent=2))
+    except OSError as exc:
+        typer.echo(f"error: cannot reach Redis at {redis_url}: {exc}", err=True)
+        raise typer.Exit(1) from exc

@@ -1,0 +1,326 @@
+"""The experience queue: typed records on Redis Streams with consumer groups, at-least-once.
+
+One ``StreamQueue`` wraps one stream and one consumer group (FleetRL uses one group per stream:
+rollout workers on the prompts stream, the learner on the experiences stream).
+
+Guarantees
+- **At-least-once.** ``consume`` hands out entries; they stay pending until ``ack``. Call ``ack``
+  only once the result is durable. A consumer that restarts re-reads its own pending entries first.
+- **Crash recovery.** Entries pending on any consumer for longer than ``claim_idle_ms`` are
+  reclaimed with XAUTOCLAIM by whichever consumer asks next (so a dead consumer's work moves on).
+- **Dead letters.** An entry that cannot be decoded, or that has been delivered more than
+  ``max_deliveries`` times, or that a consumer ``fail``-ed that often, moves to ``<stream>:dead``
+  with the error text and original id; the consumer goes on.
+- **No trimming of pending work.** Nothing is ever trimmed by length. An entry is deleted (XDEL)
+  only when it is acknowledged, so the stream length *is* the backlog (pending + undelivered).
+- **Backpressure.** ``produce`` waits while the backlog is at ``max_backlog`` (bounded by its
+  timeout; the wait is visible in ``stats`` and metrics) instead of dropping anything.
+
+Idempotency: redelivery means a handler can see a record twice. :class:`ProcessedIds` records
+the ids whose results are durable; mark them in the same MULTI as the result when you can.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+import redis.asyncio as aioredis
+from pydantic import BaseModel
+from redis.exceptions import ResponseError
+
+from shared import keys
+from shared.codec import CodecError, decode, encode
+
+R = TypeVar("R", bound=BaseModel)
+PAYLOAD = b"p"
+
+
+class BackpressureTimeout(TimeoutError):
+    """``produce`` waited longer than its timeout for the backlog to drain."""
+
+
+@dataclass(frozen=True)
+class Delivery(Generic[R]):
+    """One entry handed to a consumer."""
+
+    id: str
+    record: R
+    deliveries: int
+
+
+@dataclass
+class QueueStats:
+    stream: str
+    length: int
+    backlog: int
+    pending: int
+    pending_per_consumer: dict[str, int]
+    dead_letters: int
+    oldest_pending_age_s: float | None
+    produce_wait_s_total: float
+    produced: int
+    acked: int
+    dead_lettered: int
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass
+class _Counters:
+    produced: int = 0
+    acked: int = 0
+    dead_lettered: int = 0
+    produce_wait_s: float = 0.0
+    failures: dict[str, int] = field(default_factory=dict)
+
+
+def _s(x: bytes | str) -> str:
+    return x.decode() if isinstance(x, bytes) else x
+
+
+def _entry_age_s(entry_id: str) -> float:
+    return max(0.0, time.time() - int(entry_id.split("-", 1)[0]) / 1000.0)
+
+
+class StreamQueue(Generic[R]):
+    """A typed, at-least-once queue on one Redis stream and one consumer group."""
+
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        stream: str,
+        group: str,
+        record: type[R],
+        *,
+        max_backlog: int = 1024,
+        max_deliveries: int = 5,
+        claim_idle_ms: int = 30_000,
+        backpressure_poll_s: float = 0.05,
+    ) -> None:
+        if max_backlog < 1 or max_deliveries < 1 or claim_idle_ms < 1:
+            raise ValueError("max_backlog, max_deliveries and claim_idle_ms must be positive")
+        self.redis = redis
+        self.stream = stream
+        self.group = group
+        self.record = record
+        self.max_backlog = max_backlog
+        self.max_deliveries = max_deliveries
+        self.claim_idle_ms = claim_idle_ms
+        self.backpressure_poll_s = backpressure_poll_s
+        self.dead_stream = keys.dead_letter_stream(stream)
+        self._counters = _Counters()
+        self._history_done: set[str] = set()  # consumers that have re-read their own pending entries
+
+    # ---- set-up -------------------------------------------------------------------------------
+    async def ensure_group(self) -> None:
+        """Create the stream and its consumer group if missing (idempotent)."""
+        try:
+            await self.redis.xgroup_create(self.stream, self.group, id="0", mkstream=True)
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+    # ---- producing ------------------------------------------------------------------------------
+    async def backlog(self) -> int:
+        """Entries not yet acknowledged (pending + undelivered)."""
+        return int(await self.redis.xlen(self.stream))
+
+    async def produce(self, records: list[R] | R, timeout: float | None = 60.0) -> list[str]:
+        """Append records, waiting while the backlog is at ``max_backlog``. Returns entry ids.
+
+        A batch larger than the limit is admitted when the backlog is empty, so it cannot wait forever.
+        Raises BackpressureTimeout if the backlog does not drain within ``timeout`` seconds.
+        """
+        batch = records if isinstance(records, list) else [records]
+        if not batch:
+            return []
+        payloads = [encode(r) for r in batch]
+        await self._wait_for_room(len(payloads), timeout)
+        pipe = self.redis.pipeline(transaction=False)
+        for p in payloads:
+            pipe.xadd(self.stream, {PAYLOAD: p})
+        ids = [_s(i) for i in await pipe.execute()]
+        self._counters.produced += len(ids)
+        return ids
+
+    async def _wait_for_room(self, n: int, timeout: float | None) -> None:
+        start = time.monotonic()
+        delay = self.backpressure_poll_s
+        while True:
+            backlog = await self.backlog()
+            if backlog == 0 or backlog + n <= self.max_backlog:
+                break
+            waited = time.monotonic() - start
+            if timeout is not None and waited >= timeout:
+                self._counters.produce_wait_s += waited
+                raise BackpressureTimeout(
+                    f"{self.stream}: backlog {backlog} stayed above max_backlog={self.max_backlog} for {waited:.1f}s"
+                )
+            await asyncio.sleep(delay)
+            delay = min(delay * 1.5, 0.5)
+        self._counters.produce_wait_s += time.monotonic() - start
+
+    # ---- consuming ------------------------------------------------------------------------------
+    async def consume(self, consumer: str, count: int = 16, block_ms: int = 1000) -> list[Delivery[R]]:
+        """Up to ``count`` deliveries: own pending entries first (after a restart), then entries reclaimed
+        from consumers idle past ``claim_idle_ms``, then new ones (blocking up to ``block_ms``)."""
+        await self.ensure_group()
+        raw: list[tuple[str, dict | None]] = []
+        if consumer not in self._history_done:
+            raw = await self._read(consumer, "0", count, None)
+            if not raw:
+                self._history_done.add(consumer)
+        if not raw:
+            raw = await self._autoclaim(consumer, count)
+        if not raw:
+            raw = await self._read(consumer, ">", count, block_ms)
+        if not raw:
+            return []
+        counts = await self._delivery_counts([eid for eid, _ in raw])
+        out: list[Delivery[R]] = []
+        for eid, fields in raw:
+            n = counts.get(eid, 1)
+            if fields is None:  # deleted while pending (Redis 7 reports these); nothing to deliver
+                await self._ack_delete([eid])
+                continue
+            payload = fields.get(PAYLOAD) if PAYLOAD in fields else fields.get(PAYLOAD.decode())
+            if n > self.max_deliveries:
+                await self._dead_letter(eid, payload, f"delivered {n} times (max_deliveries={self.max_deliveries})")
+                continue
+            try:
+                if payload is None:
+                    raise CodecError(f"entry has no {PAYLOAD.decode()!r} field")
+                record = decode(payload, expect=self.record)
+            except CodecError as exc:
+                await self._dead_letter(eid, payload, f"undecodable: {exc}")
+                continue
+            out.append(Delivery(id=eid, record=record, deliveries=n))
+        return out
+
+    async def _read(self, consumer: str, start: str, count: int, block_ms: int | None):
+        resp = await self.redis.xreadgroup(self.group, consumer, {self.stream: start}, count=count, block=block_ms)
+        entries: list[tuple[str, dict | None]] = []
+        for _stream, items in resp or []:
+            for eid, fields in items:
+                entries.append((_s(eid), fields if fields else None))
+        return entries
+
+    async def _autoclaim(self, consumer: str, count: int):
+        resp = await self.redis.xautoclaim(self.stream, self.group, consumer, self.claim_idle_ms, "0-0", count=count)
+        claimed = resp[1] if resp else []
+        deleted = resp[2] if len(resp) > 2 else []
+        if deleted:  # entries deleted while pending: drop them from the PEL
+            await self.redis.xack(self.stream, self.group, *deleted)
+        return [(_s(eid), fields if fields else None) for eid, fields in claimed if eid is not None]
+
+    async def _delivery_counts(self, ids: list[str]) -> dict[str, int]:
+        pipe = self.redis.pipeline(transaction=False)
+        for eid in ids:
+            pipe.xpending_range(self.stream, self.group, min=eid, max=eid, count=1)
+        counts: dict[str, int] = {}
+        for eid, rows in zip(ids, await pipe.execute()):
+            if rows:
+                counts[eid] = int(rows[0]["times_delivered"])
+        return counts
+
+    # ---- settling -------------------------------------------------------------------------------
+    async def ack(self, ids: list[str]) -> int:
+        """Acknowledge (and delete) entries whose results are durable. Returns how many were pending."""
+        if not ids:
+            return 0
+        n = await self._ack_delete(ids)
+        self._counters.acked += n
+        return n
+
+    async def _ack_delete(self, ids: list[str]) -> int:
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.xack(self.stream, self.group, *ids)
+        pipe.xdel(self.stream, *ids)
+        acked, _ = await pipe.execute()
+        return int(acked)
+
+    async def fail(self, delivery: Delivery[R], error: str) -> bool:
+        """Report that processing failed. Dead-letters the entry once it has been delivered
+        ``max_deliveries`` times and returns True; otherwise it stays pending and is redelivered
+        (to any consumer) after ``claim_idle_ms``, and this returns False."""
+        if delivery.deliveries >= self.max_deliveries:
+            await self._dead_letter(delivery.id, encode(delivery.record), f"failed {delivery.deliveries} times: {error}")
+            return True
+        self._counters.failures[delivery.id] = delivery.deliveries
+        return False
+
+    async def _dead_letter(self, eid: str, payload: bytes | None, reason: str) -> None:
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.xadd(self.dead_stream, {
+            "payload": payload if payload is not None else b"",
+            "error": reason, "original_id": eid, "stream": self.stream, "group": self.group,
+            "at": str(time.time()),
+        })
+        pipe.xack(self.stream, self.group, eid)
+        pipe.xdel(self.stream, eid)
+        await pipe.execute()
+        self._counters.dead_lettered += 1
+
+    async def dead_letters(self, count: int = 100) -> list[dict[str, str]]:
+        """The newest dead-letter entries (payload omitted), newest first."""
+        rows = await self.redis.xrevrange(self.dead_stream, count=count)
+        out = []
+        for eid, fields in rows:
+            f = {_s(k): v for k, v in fields.items()}
+            out.append({"id": _s(eid), "error": _s(f.get("error", b"")), "original_id": _s(f.get("original_id", b""))})
+        return out
+
+    # ---- observing ------------------------------------------------------------------------------
+    async def stats(self) -> QueueStats:
+        await self.ensure_group()
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.xlen(self.stream)
+        pipe.xpending(self.stream, self.group)
+        pipe.xlen(self.dead_stream)
+        length, pending, dead = await pipe.execute()
+        per_consumer = {_s(c["name"]): int(c["pending"]) for c in (pending.get("consumers") or [])}
+        oldest = pending.get("min")
+        return QueueStats(
+            stream=self.stream,
+            length=int(length),
+            backlog=int(length),
+            pending=int(pending.get("pending", 0)),
+            pending_per_consumer=per_consumer,
+            dead_letters=int(dead),
+            oldest_pending_age_s=_entry_age_s(_s(oldest)) if oldest else None,
+            produce_wait_s_total=self._counters.produce_wait_s,
+            produced=self._counters.produced,
+            acked=self._counters.acked,
+            dead_lettered=self._counters.dead_lettered,
+        )
+
+
+class ProcessedIds:
+    """The set of record ids whose results are durable, for idempotent consumers."""
+
+    def __init__(self, redis: aioredis.Redis, key: str) -> None:
+        self.redis = redis
+        self.key = key
+
+    async def filter_new(self, ids: list[str]) -> list[str]:
+        """The ids (in order) not yet marked processed."""
+        if not ids:
+            return []
+        flags = await self.redis.smismember(self.key, ids)
+        return [i for i, seen in zip(ids, flags) if not seen]
+
+    async def mark(self, ids: list[str], pipe=None) -> None:
+        """Mark ids processed; pass a pipeline to make it atomic with the result's write."""
+        if not ids:
+            return
+        if pipe is not None:
+            pipe.sadd(self.key, *ids)
+        else:
+            await self.redis.sadd(self.key, *ids)
+
+    async def count(self) -> int:
+        return int(await self.redis.scard(self.key))
