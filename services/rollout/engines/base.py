@@ -1,0 +1,291 @@
+"""The engine seam: one abstract :class:`Engine`, a registry by kind ("hf", "sglang", "vllm").
+
+What every engine offers (the routes, the rollout worker and the weight-sync sidecar use only this):
+
+- lifecycle: ``await start()``, ``await stop()``, ``await health() -> bool`` (a real probe with a timeout).
+- generation: ``stream(request)`` yields :class:`SequenceDelta` s, ``generate(request)`` returns a
+  :class:`SequenceOutput`, ``generate_many(requests)`` runs several concurrently (the engine batches
+  them), ``abort(rid)`` ends one in flight with ``finish_reason = abort``. Batching, ``n``, stop
+  strings / ids, seeds, logprobs are carried per sequence by :class:`SequenceRequest`.
+- weights: ``weight_version`` (int) and ``set_weight_version(v)``. For the hf engine ``model`` (the
+  torch ``nn.Module``; copy weights in place under ``torch.no_grad()`` while paused) and
+  ``tokenizer``; for SGLang / vLLM ``base_url`` and ``client`` (the shared ``httpx.AsyncClient``) so
+  the sidecar can call the engine server's own weight-update endpoints.
+- pause: ``await pause(mode)`` stops admitting new sequences (they wait until ``resume()``, bounded by
+  their admission timeout, then fail with :class:`EnginePaused`); ``mode="wait"`` returns once the
+  sequences in flight have finished, ``mode="abort"`` aborts them (``finish_reason = abort``) and
+  returns once they are gone. ``paused`` tells the state. ``await resume()`` admits again.
+
+Every engine also has ``tokenizer`` (a Hugging Face tokenizer loaded from the model directory: the
+service tokenises text and applies chat templates itself, so token ids are always FleetRL's) and
+``context_length``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Sequence
+from contextlib import aclosing
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from services.rollout.engines.settings import EngineSettings
+from services.rollout.engines.types import (
+    Finish,
+    SamplingParams,
+    SequenceDelta,
+    SequenceOutput,
+    SequenceRequest,
+)
+
+log = logging.getLogger(__name__)
+
+PauseMode = Literal["abort", "wait"]
+
+__all__ = [
+    "Engine",
+    "EngineError",
+    "EnginePaused",
+    "EngineUnavailable",
+    "Finish",
+    "PauseMode",
+    "SamplingParams",
+    "SequenceDelta",
+    "SequenceOutput",
+    "SequenceRequest",
+    "create_engine",
+    "engine_class",
+    "register_engine",
+]
+
+
+class EngineError(RuntimeError):
+    """Base of engine failures the service maps to HTTP statuses."""
+
+
+class EnginePaused(EngineError):
+    """Generation is paused and the request's admission wait ran out (HTTP 503 + Retry-After)."""
+
+
+class EngineUnavailable(EngineError):
+    """The engine cannot serve right now (not started, or its server is unreachable): HTTP 503."""
+
+
+class Engine(ABC):
+    """Abstract generation engine. Subclasses implement ``_start``, ``_stop``, ``_probe``, ``_stream``,
+    ``abort`` and ``_abort_all``; admission, pause / resume and in-flight tracking live here."""
+
+    kind: ClassVar[str]
+
+    def __init__(self, settings: EngineSettings, model_path: str) -> None:
+        self.settings = settings
+        self.model_path = model_path
+        self.tokenizer: Any = None
+        self.context_length: int = settings.context_length or 0
+        self._weight_version = 0
+        self._paused = False
+        self._admitting = asyncio.Event()
+        self._admitting.set()
+        self._inflight: set[str] = set()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._started = False
+
+    # ---- lifecycle ---------------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Load the tokenizer, then the engine itself (model weights or a connection to its server)."""
+        self.tokenizer = await asyncio.to_thread(self._load_tokenizer)
+        if not self.context_length:
+            self.context_length = self._read_context_length()
+        await self._start()
+        self._started = True
+
+    async def stop(self) -> None:
+        """Abort what is in flight and release the engine."""
+        if self._inflight:
+            try:
+                await self._abort_all()
+            except Exception as exc:  # stopping must not fail because the engine already went away
+                log.warning("aborting in-flight sequences on stop failed: %s", exc)
+        self._started = False
+        await self._stop()
+
+    async def health(self) -> bool:
+        """True when the engine can generate (a real probe, bounded by ``health_timeout_s``)."""
+        if not self._started:
+            return False
+        try:
+            return bool(await asyncio.wait_for(self._probe(), self.settings.health_timeout_s))
+        except Exception as exc:
+            log.warning("health probe failed: %r", exc)
+            return False
+
+    # ---- generation ---------------------------------------------------------------------------------
+    async def stream(self, request: SequenceRequest, admit_timeout: float | None = None) -> AsyncIterator[SequenceDelta]:
+        """Deltas of one sequence. Waits for admission while paused (at most ``admit_timeout`` s).
+
+        Use it under ``contextlib.aclosing``: closing it early aborts the sequence and frees its slot.
+        """
+        if not self._started:
+            raise EngineUnavailable("the engine is not started")
+        await self._admit(admit_timeout)
+        self._inflight.add(request.rid)
+        self._idle.clear()
+        try:
+            async with aclosing(self._stream(request)) as deltas:
+                async for delta in deltas:
+                    yield delta
+        finally:
+            self._inflight.discard(request.rid)
+            if not self._inflight:
+                self._idle.set()
+
+    async def generate(self, request: SequenceRequest, admit_timeout: float | None = None) -> SequenceOutput:
+        """One finished sequence."""
+        out = SequenceOutput(rid=request.rid, prompt_ids=request.prompt_ids)
+        async with aclosing(self.stream(request, admit_timeout)) as deltas:
+            async for delta in deltas:
+                out.add(delta)
+        out.weight_version = self._weight_version
+        return out
+
+    async def generate_many(
+        self, requests: Sequence[SequenceRequest], admit_timeout: float | None = None
+    ) -> list[SequenceOutput]:
+        """Several sequences at once (the engine batches them); order follows ``requests``.
+
+        If one fails the others are cancelled (and so aborted) before the error propagates.
+        """
+        tasks = [asyncio.ensure_future(self.generate(r, admit_timeout)) for r in requests]
+        try:
+            return list(await asyncio.gather(*tasks))
+        except BaseException:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+
+    @abstractmethod
+    async def abort(self, rid: str) -> None:
+        """End sequence ``rid`` if it is in flight: its last delta carries ``finish_reason = abort``."""
+
+    # ---- weights -----------------------------------------------------------------------------------
+    @property
+    def weight_version(self) -> int:
+        """Version of the weights the engine generates with (0 = the initial checkpoint)."""
+        return self._weight_version
+
+    def set_weight_version(self, v: int) -> None:
+        if v < 0:
+            raise ValueError(f"weight version must be >= 0, got {v}")
+        self._weight_version = int(v)
+
+    # ---- pause / resume ----------------------------------------------------------------------------
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    @property
+    def inflight(self) -> int:
+        """Sequences admitted and not yet finished."""
+        return len(self._inflight)
+
+    async def pause(self, mode: PauseMode = "wait", timeout: float | None = None) -> None:
+        """Stop admitting; ``wait`` lets in-flight sequences finish, ``abort`` aborts them. Returns when
+        nothing is in flight (``asyncio.TimeoutError`` after ``timeout`` s; the engine stays paused)."""
+        if mode not in ("abort", "wait"):
+            raise ValueError(f"pause mode must be 'abort' or 'wait', got {mode!r}")
+        self._paused = True
+        self._admitting.clear()
+        if mode == "abort" and self._inflight:
+            await self._abort_all()
+        await asyncio.wait_for(self._idle.wait(), timeout)
+
+    async def resume(self) -> None:
+        """Admit new sequences again."""
+        await self._on_resume()
+        self._paused = False
+        self._admitting.set()
+
+    async def _admit(self, timeout: float | None) -> None:
+        if self._admitting.is_set():
+            return
+        try:
+            await asyncio.wait_for(self._admitting.wait(), timeout)
+        except asyncio.TimeoutError:
+            raise EnginePaused(f"generation is paused (waited {timeout:.1f}s for it to continue)") from None
+
+    # ---- for subclasses ----------------------------------------------------------------------------
+    @abstractmethod
+    async def _start(self) -> None: ...
+
+    @abstractmethod
+    async def _stop(self) -> None: ...
+
+    @abstractmethod
+    async def _probe(self) -> bool:
+        """One real check that the engine can generate (called under the health timeout)."""
+
+    @abstractmethod
+    def _stream(self, request: SequenceRequest) -> AsyncIterator[SequenceDelta]:
+        """Generate one admitted sequence. Must abort it at the engine when closed early."""
+
+    @abstractmethod
+    async def _abort_all(self) -> None:
+        """Abort every sequence in flight."""
+
+    async def _on_resume(self) -> None:
+        """Hook run by ``resume`` before admission reopens (remote engines continue their server)."""
+
+    def _load_tokenizer(self) -> Any:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(self.model_path)
+
+    def _read_context_length(self) -> int:
+        cfg = Path(self.model_path) / "config.json"
+        if cfg.is_file():
+            data = json.loads(cfg.read_text())
+            for key in ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length"):
+                if isinstance(data.get(key), int):
+                    return data[key]
+        limit = getattr(self.tokenizer, "model_max_length", None)
+        if isinstance(limit, int) and 0 < limit < 10**7:
+            return limit
+        raise EngineUnavailable(
+            f"cannot tell the context length of {self.model_path}: set engine.context_length in the settings"
+        )
+
+
+# ---- registry --------------------------------------------------------------------------------------
+_ENGINES: dict[str, str | type[Engine]] = {
+    "hf": "services.rollout.engines.hf.engine:HFEngine",
+    "sglang": "services.rollout.engines.sglang:SGLangEngine",
+    "vllm": "services.rollout.engines.vllm:VLLMEngine",
+}
+
+
+def register_engine(kind: str, cls: str | type[Engine]) -> None:
+    """Add (or replace) an engine kind: a class or a lazy ``"module:Class"`` import path."""
+    _ENGINES[kind] = cls
+
+
+def engine_class(kind: str) -> type[Engine]:
+    """The engine class registered for ``kind`` (imported on first use, so torch loads only for hf)."""
+    entry = _ENGINES.get(kind)
+    if entry is None:
+        raise KeyError(f"unknown engine kind {kind!r}; known: {sorted(_ENGINES)}")
+    if isinstance(entry, str):
+        module, _, name = entry.partition(":")
+        entry = getattr(importlib.import_module(module), name)
+        _ENGINES[kind] = entry
+    return entry
+
+
+def create_engine(settings: EngineSettings, model_path: str) -> Engine:
+    """Build (not start) the engine ``settings.kind`` names."""
+    return engine_class(settings.kind)(settings, model_path)

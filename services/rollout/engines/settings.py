@@ -1,0 +1,81 @@
+"""Engine settings: one class per engine kind, joined in a discriminated union on ``kind``.
+
+Importable without torch. ``RolloutSettings.engine`` holds one of these; the registry in
+:mod:`services.rollout.engines.base` maps ``kind`` to the engine class.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class _EngineSettingsBase(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    context_length: int | None = Field(
+        default=None, ge=8, description="Context window in tokens; unset reads max_position_embeddings from config.json."
+    )
+    health_timeout_s: float = Field(default=10.0, gt=0, description="Budget of one health probe.")
+
+
+class HFEngineSettings(_EngineSettingsBase):
+    """transformers in this process, with FleetRL's own batched decode loop (CPU or GPU)."""
+
+    kind: Literal["hf"] = "hf"
+    device: str = Field(default="auto", description="'auto' (cuda if available, else cpu), 'cpu', 'cuda', 'cuda:1', ...")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        default="auto", description="'auto' = bfloat16 on GPU, float32 on CPU."
+    )
+    max_batch_size: int = Field(default=64, ge=1, le=4096, description="Sequences decoded together at most.")
+    max_wait_ms: float = Field(
+        default=4.0, ge=0, le=1000, description="How long an idle engine waits to gather a batch before starting."
+    )
+    torch_threads: int | None = Field(default=None, ge=1, description="torch.set_num_threads; unset keeps torch's default.")
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, v: str) -> str:
+        if v not in ("auto", "cpu") and not v.startswith("cuda") and not v.startswith("mps"):
+            raise ValueError(f"device {v!r}: use 'auto', 'cpu', 'cuda' or 'cuda:<index>'")
+        return v
+
+
+class _RemoteEngineSettings(_EngineSettingsBase):
+    base_url: str = Field(description="URL of the engine's own HTTP server, e.g. http://127.0.0.1:30000.")
+    api_key: str | None = Field(default=None, description="Bearer token the engine server expects, if any.")
+    request_timeout_s: float = Field(default=600.0, gt=0, description="Read timeout of one generation call.")
+    connect_timeout_s: float = Field(default=5.0, gt=0, description="TCP connect timeout.")
+    max_connections: int = Field(default=512, ge=1, description="Connection-pool size to the engine server.")
+
+    @field_validator("base_url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        if not v.startswith(("http://", "https://")):
+            raise ValueError(f"base_url {v!r} must start with http:// or https://")
+        return v.rstrip("/")
+
+
+class SGLangEngineSettings(_RemoteEngineSettings):
+    """A running SGLang server (``python -m sglang.launch_server``), driven through its HTTP API."""
+
+    kind: Literal["sglang"] = "sglang"
+
+
+class VLLMEngineSettings(_RemoteEngineSettings):
+    """A running vLLM OpenAI server (``vllm serve``), driven through its HTTP API.
+
+    Start it with ``--logprobs-mode processed_logprobs`` so returned logprobs are those of the
+    distribution the token was sampled from (after temperature / top-k / top-p), as the learner expects.
+    """
+
+    kind: Literal["vllm"] = "vllm"
+    served_model_name: str | None = Field(
+        default=None, description="The `model` name the vLLM server serves; unset = the --model path."
+    )
+
+
+EngineSettings = Annotated[
+    HFEngineSettings | SGLangEngineSettings | VLLMEngineSettings, Field(discriminator="kind")
+]

@@ -1,0 +1,99 @@
+"""Engine-level request and result records (internal to the rollout service; no torch here).
+
+One :class:`SequenceRequest` is one sequence to sample. A wire request with a batch of prompts and
+``n`` samples per prompt becomes ``len(prompts) * n`` sequence requests, which the engine batches
+(the hf engine gathers them into one decode batch; the SGLang / vLLM servers batch them themselves).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+FinishType = Literal["stop", "length", "abort"]
+
+
+@dataclass(frozen=True)
+class Finish:
+    """Why a sequence ended, in SGLang's shape: ``{"type": ..., "matched"|"length"|"message": ...}``."""
+
+    type: FinishType
+    matched: str | int | None = None  # stop: the stop string or token id that ended it
+    length: int | None = None  # length: tokens generated
+    message: str | None = None  # abort: why
+
+    def to_wire(self) -> dict:
+        out: dict = {"type": self.type}
+        if self.type == "stop":
+            out["matched"] = self.matched
+        elif self.type == "length":
+            out["length"] = self.length
+        else:
+            out["message"] = self.message
+        return out
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-sequence sampling settings, already validated by the wire layer."""
+
+    max_new_tokens: int = 128
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = -1  # <= 0 disables
+    min_p: float = 0.0
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    no_stop_trim: bool = False  # keep the matched stop string in `text`
+    seed: int | None = None
+    top_logprobs: int = 0  # alternatives per position to return (0 = only the sampled token's logprob)
+
+
+@dataclass(frozen=True)
+class SequenceRequest:
+    """One sequence to generate. ``rid`` is unique while in flight; ``Engine.abort(rid)`` targets it."""
+
+    rid: str
+    prompt_ids: tuple[int, ...]
+    params: SamplingParams
+    stream: bool = False  # emit a delta per token (else one delta at the end)
+
+
+@dataclass
+class SequenceDelta:
+    """New tokens of a sequence since the previous delta; ``finish`` is set on the last one.
+
+    ``text`` is the new *visible* text: text that might still turn out to be the start of a stop string
+    is held back until it is known not to be.
+    """
+
+    token_ids: list[int]
+    logprobs: list[float]
+    text: str
+    finish: Finish | None = None
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+
+
+@dataclass
+class SequenceOutput:
+    """A finished sequence, gathered from its deltas."""
+
+    rid: str
+    prompt_ids: tuple[int, ...]
+    output_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+    text: str = ""
+    finish: Finish | None = None
+    weight_version: int = 0
+
+    def add(self, delta: SequenceDelta) -> None:
+        self.output_ids.extend(delta.token_ids)
+        self.logprobs.extend(delta.logprobs)
+        self.text += delta.text
+        if delta.top_logprobs is not None:
+            self.top_logprobs = (self.top_logprobs or []) + delta.top_logprobs
+        if delta.finish is not None:
+            self.finish = delta.finish
