@@ -94,3 +94,7 @@ def queue_stats(
     except OSError as exc:
         typer.echo(f"error: cannot reach Redis at {redis_url}: {exc}", err=True)
         raise typer.Exit(1) from exc
+
+
+if __name__ == "__main__":
+    app()

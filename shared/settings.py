@@ -15,6 +15,7 @@ Usage::
 from __future__ import annotations
 
 import contextvars
+import os
 import tomllib
 from pathlib import Path
 from typing import Any, TypeVar
@@ -115,8 +116,26 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
     return "\n".join(lines)
 
 
+def _check_env_keys(cls: type[BaseSettings]) -> None:
+    """pydantic-settings ignores unknown prefixed variables; a typo there must not pass silently."""
+    prefix = (cls.model_config.get("env_prefix") or "").upper()
+    if not prefix:
+        return
+    delim = cls.model_config.get("env_nested_delimiter") or "__"
+    known = {name.upper() for name in cls.model_fields}
+    for var in os.environ:
+        if var.upper().startswith(prefix):
+            field = var[len(prefix):].upper().split(delim, 1)[0]
+            if field not in known:
+                raise SettingsError(
+                    f"invalid settings (environment):\n  {var}: unknown setting {field.lower()!r} "
+                    f"(valid: {', '.join(sorted(k.lower() for k in known))})"
+                )
+
+
 def load_settings(cls: type[S], config_file: str | Path | None = None, **overrides: Any) -> S:
     """Build ``cls`` from overrides, environment, and ``config_file``. Raises SettingsError."""
+    _check_env_keys(cls)
     overrides = {k: v for k, v in overrides.items() if v is not None}
     path = Path(config_file) if config_file is not None else None
     if path is not None and not path.is_file():

@@ -1,0 +1,117 @@
+import asyncio
+import time
+
+import msgpack
+import pytest
+
+from shared.experience_queue import BackpressureTimeout, ProcessedIds, StreamQueue
+from shared.schemas import PromptTask
+from tests.procs import kill9, spawn
+from tests.shared import queue_consumer as qc
+
+
+def tasks(n, prefix="t"):
+    return [PromptTask(id=f"{prefix}{i}", prompt=f"prompt {i}") for i in range(n)]
+
+
+async def test_consumer_killed_mid_batch_loses_nothing_and_processes_nothing_twice(redis_client, redis_server, tmp_path):
+    q = StreamQueue(redis_client, qc.STREAM, qc.GROUP, PromptTask, claim_idle_ms=300)
+    await q.ensure_group()
+    await q.produce(tasks(40))
+    proc = spawn(["-m", "tests.shared.queue_consumer", redis_server.url, "doomed", "0.05"], tmp_path / "c.log")
+    try:
+        deadline = time.monotonic() + 60
+        while await redis_client.hlen(qc.RESULTS) < 15:  # mid second batch of 10
+            assert proc.poll() is None, (tmp_path / "c.log").read_text()
+            assert time.monotonic() < deadline, "consumer made no progress"
+            await asyncio.sleep(0.01)
+    finally:
+        kill9(proc)
+    stats = await q.stats()
+    assert stats.pending_per_consumer.get("doomed", 0) > 0, "the kill should leave entries pending on the dead consumer"
+
+    seen = ProcessedIds(redis_client, qc.SEEN)
+    survivor = StreamQueue(redis_client, qc.STREAM, qc.GROUP, PromptTask, claim_idle_ms=300)
+    deadline = time.monotonic() + 30
+    while (await survivor.stats()).backlog > 0:
+        assert time.monotonic() < deadline, await survivor.stats()
+        await qc.handle_batch(survivor, seen, await survivor.consume("survivor", count=10, block_ms=100), 0.0)
+
+    results = {k.decode(): int(v) for k, v in (await redis_client.hgetall(qc.RESULTS)).items()}
+    assert sorted(results) == sorted(t.id for t in tasks(40)), "every task processed"
+    assert set(results.values()) == {1}, f"a task was processed twice: {results}"
+    final = await survivor.stats()
+    assert final.pending == 0 and final.dead_letters == 0
+
+
+async def test_own_pending_entries_are_reread_after_restart(redis_client):
+    q = StreamQueue(redis_client, "s", "g", PromptTask, claim_idle_ms=60_000)
+    await q.produce(tasks(3))
+    first = await q.consume("w", count=3, block_ms=10)
+    assert [d.deliveries for d in first] == [1, 1, 1]
+    restarted = StreamQueue(redis_client, "s", "g", PromptTask, claim_idle_ms=60_000)  # same consumer name
+    again = await restarted.consume("w", count=3, block_ms=10)
+    assert [d.id for d in again] == [d.id for d in first]
+    assert [d.deliveries for d in again] == [2, 2, 2]
+
+
+async def test_undecodable_entry_goes_to_dead_letter_with_reason(redis_client):
+    q = StreamQueue(redis_client, "s", "g", PromptTask)
+    await q.produce(tasks(1, "ok"))
+    await redis_client.xadd("s", {"p": msgpack.packb([1, 2, 3])})  # msgpack, but not a record
+    await q.produce(tasks(1, "ok2"))
+    got = await q.consume("w", count=10, block_ms=10)
+    assert [d.record.id for d in got] == ["ok0", "ok20"]
+    dead = await q.dead_letters()
+    assert len(dead) == 1 and "undecodable" in dead[0]["error"] and "not a FleetRL record" in dead[0]["error"]
+    stats = await q.stats()
+    assert stats.dead_letters == 1 and stats.backlog == 2  # the poison entry left the stream
+
+
+async def test_entry_failing_max_deliveries_times_is_dead_lettered(redis_client):
+    q = StreamQueue(redis_client, "s", "g", PromptTask, max_deliveries=3, claim_idle_ms=20)
+    await q.produce(tasks(1, "poison"))
+    attempts = 0
+    for _ in range(50):
+        for d in await q.consume("w", count=1, block_ms=10):
+            attempts += 1
+            if await q.fail(d, "handler exploded: ZeroDivisionError"):
+                break
+        if (await q.stats()).dead_letters:
+            break
+        await asyncio.sleep(0.03)
+    assert attempts == 3
+    dead = await q.dead_letters()
+    assert "failed 3 times: handler exploded" in dead[0]["error"]
+    assert (await q.stats()).backlog == 0
+
+
+async def test_backpressure_blocks_producer_until_consumer_catches_up(redis_client):
+    q = StreamQueue(redis_client, "s", "g", PromptTask, max_backlog=5)
+    await q.produce(tasks(5, "a"))
+    blocked = asyncio.create_task(q.produce(tasks(2, "b"), timeout=30))
+    await asyncio.sleep(0.3)
+    assert not blocked.done(), "producer should wait while the backlog is at the limit"
+    assert await q.backlog() == 5
+    got = await q.consume("w", count=5, block_ms=10)
+    await q.ack([d.id for d in got[:3]])
+    ids = await asyncio.wait_for(blocked, 5)
+    assert len(ids) == 2 and await q.backlog() == 4
+    assert (await q.stats()).produce_wait_s_total >= 0.3
+
+
+async def test_backpressure_times_out_and_never_trims_pending(redis_client):
+    q = StreamQueue(redis_client, "s", "g", PromptTask, max_backlog=3)
+    await q.produce(tasks(3))
+    pending = await q.consume("w", count=3, block_ms=10)
+    with pytest.raises(BackpressureTimeout, match="max_backlog=3"):
+        await q.produce(tasks(1, "late"), timeout=0.3)
+    assert await q.backlog() == 3
+    assert await q.ack([d.id for d in pending]) == 3  # nothing pending was lost
+
+
+async def test_processed_ids_filter(redis_client):
+    seen = ProcessedIds(redis_client, "seen")
+    await seen.mark(["a", "b"])
+    assert await seen.filter_new(["a", "c", "b", "d"]) == ["c", "d"]
+    assert await seen.count() == 2

