@@ -1,0 +1,1 @@
+"""Example reward configs and reward functions (importable as ``examples.reward.<module>``)."""

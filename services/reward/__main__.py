@@ -1,0 +1,3 @@
+from services.reward.cli import app
+
+app()

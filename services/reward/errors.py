@@ -1,0 +1,50 @@
+"""Failures of scorers and of requests, each carrying the HTTP status it maps to."""
+
+from __future__ import annotations
+
+
+class ScorerFailure(Exception):
+    """A scorer call failed. ``status`` is the HTTP status the request gets if this is final."""
+
+    status = 502
+    retryable = True
+
+    def __init__(self, message: str, *, retryable: bool | None = None):
+        super().__init__(message)
+        self.message = message
+        if retryable is not None:
+            self.retryable = retryable
+
+
+class ScorerTimeout(ScorerFailure):
+    """The scorer (or the remote service behind it) did not answer in time."""
+
+    status = 504
+
+
+class ScorerUnavailable(ScorerFailure):
+    """The scorer cannot be reached (connection refused, ...)."""
+
+    status = 503
+
+
+class CircuitOpen(ScorerUnavailable):
+    """Recent calls kept failing; calls are refused until the breaker's reset time passes."""
+
+    retryable = False
+
+
+class InvalidItem(Exception):
+    """An item cannot be scored as sent (e.g. a verifier needs a label): the client's fault, a 422."""
+
+    status = 422
+
+
+class RewardRequestError(Exception):
+    """A request failed because of one or more scorers (policy ``fail``) or bad items."""
+
+    def __init__(self, status: int, detail: str, errors: list[dict] | None = None):
+        super().__init__(detail)
+        self.status = status
+        self.detail = detail
+        self.errors = errors or []

@@ -1,0 +1,155 @@
+"""Typed configuration of each scorer kind: a discriminated union on ``kind``.
+
+Pure pydantic (no torch), so settings load and validate before anything heavy is imported. The
+classes that implement each kind are found through ``services.reward.scorers.registry``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RetryConfig(_Strict):
+    """How a failing scorer call is retried before the failure policy applies."""
+
+    attempts: int = Field(default=3, ge=1, le=20, description="Tries in all (1 = no retry).")
+    backoff_s: float = Field(default=0.2, ge=0.0, le=60.0, description="First wait between tries; doubles each time.")
+    max_backoff_s: float = Field(default=5.0, ge=0.0, le=600.0, description="Longest wait between tries.")
+
+
+class _ScorerBase(_Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$", description="Unique name; the key of this scorer's component.")
+    weight: float = Field(default=1.0, description="Factor of this scorer's value in the final reward.")
+    on_error: Literal["fail", "mark"] = Field(
+        default="fail",
+        description="After retries: `fail` fails the request (502/503/504); `mark` answers with score null "
+        "and an entry in `errors` for the affected items. Never a silent 0.0.",
+    )
+    timeout_s: float = Field(default=60.0, gt=0.0, le=3600.0, description="Limit of one scoring call (one try).")
+    retry: RetryConfig = Field(default_factory=RetryConfig)
+
+
+# --- rule checks (a second discriminated union, on `type`) -------------------------------------------
+
+
+class ExactCheck(_Strict):
+    """1.0 when the response (or its extracted answer) equals the label as text, else 0.0."""
+
+    type: Literal["exact"] = "exact"
+    extract_answer: bool = Field(default=False, description="Compare the extracted answer (boxed/####/last number).")
+    strip: bool = Field(default=True, description="Ignore leading/trailing whitespace.")
+    case_sensitive: bool = Field(default=True, description="Compare case-sensitively.")
+
+
+class MathCheck(_Strict):
+    """1.0 when the answer extracted from the response is equivalent to the label, else 0.0.
+
+    Extraction: last ``\\boxed{...}``, else text after the last ``####``, else the last number.
+    Numbers compare as exact fractions ("0.5" == "1/2" == "0.50" == "\\frac{1}{2}").
+    """
+
+    type: Literal["math"] = "math"
+    rel_tol: float = Field(default=0.0, ge=0.0, le=1.0, description="Relative tolerance for numbers (0 = exact).")
+
+
+class FormatCheck(_Strict):
+    """1.0 when the response matches a regular expression, else 0.0."""
+
+    type: Literal["format"] = "format"
+    pattern: str = Field(min_length=1, description="Python regular expression.")
+    mode: Literal["search", "fullmatch"] = Field(default="search", description="re.search or re.fullmatch.")
+    dotall: bool = Field(default=True, description="`.` also matches newlines.")
+
+    @field_validator("pattern")
+    @classmethod
+    def _compiles(cls, value: str) -> str:
+        import re
+
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"pattern {value!r} is not a valid regular expression: {exc}") from exc
+        return value
+
+
+class LengthCheck(_Strict):
+    """0.0 up to ``max_length``; beyond, ``-penalty * min(1, excess / max_length)``."""
+
+    type: Literal["length"] = "length"
+    max_length: int = Field(ge=1, description="Allowed length of the response.")
+    unit: Literal["chars", "words"] = Field(default="chars", description="How length is counted.")
+    penalty: float = Field(default=1.0, ge=0.0, description="Penalty at twice the allowed length (and beyond).")
+
+
+RuleCheck = Annotated[ExactCheck | MathCheck | FormatCheck | LengthCheck, Field(discriminator="type")]
+
+
+# --- scorer kinds ------------------------------------------------------------------------------------
+
+
+class RuleScorerConfig(_ScorerBase):
+    """A rule-based verifier; needs no model."""
+
+    kind: Literal["rule"] = "rule"
+    check: RuleCheck
+
+
+class HfRmScorerConfig(_ScorerBase):
+    """A Hugging Face sequence-classification reward model, dynamically batched across requests."""
+
+    kind: Literal["hf_rm"] = "hf_rm"
+    model: str = Field(min_length=1, description="Local directory (or hub id) of the checkpoint.")
+    device: str = Field(default="auto", description="`auto`, `cpu`, `cuda`, `cuda:1`, ...")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        default="auto", description="`auto`: bfloat16 on GPU, float32 on CPU."
+    )
+    max_batch_size: int = Field(default=32, ge=1, le=4096, description="Most sequences in one forward pass.")
+    max_wait_ms: float = Field(default=5.0, ge=0.0, le=10_000.0, description="Longest wait to fill a batch.")
+    max_length: int = Field(default=2048, ge=8, description="Tokens kept per sequence (the end is kept).")
+    append_eos: bool = Field(
+        default=True, description="Strip trailing pad/eos text, then append one eos (as OpenRLHF serve_rm does)."
+    )
+    head: str = Field(default="score", description="Attribute name of the value head (OpenRLHF value_head_prefix).")
+    normalize: bool | None = Field(
+        default=None, description="Apply (r - mean) / std from the checkpoint config; None follows its normalize_reward."
+    )
+    torch_threads: int | None = Field(default=None, ge=1, description="torch intra-op threads on CPU.")
+
+
+class PythonScorerConfig(_ScorerBase):
+    """A user function by import path, with an explicitly named signature."""
+
+    kind: Literal["python"] = "python"
+    function: str = Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$", description="`package.module:function`.")
+    signature: Literal["openrlhf", "verl"] = Field(
+        description="`openrlhf`: reward_func(queries, prompts, labels, **kw) -> {'rewards': [...]}; "
+        "`verl`: compute_score(data_source, solution_str, ground_truth, extra_info) -> float | {'score': ...}."
+    )
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra keyword arguments for every call.")
+    data_source: str = Field(default="", description="verl: data_source when an item's metadata has none.")
+    max_workers: int = Field(default=4, ge=1, le=256, description="Threads for sync functions; concurrency of async.")
+    sys_path: list[str] = Field(default_factory=list, description="Directories to add to sys.path before importing.")
+
+
+class HttpScorerConfig(_ScorerBase):
+    """An external reward service: FleetRL ``/score`` or OpenRLHF ``/get_reward``."""
+
+    kind: Literal["http"] = "http"
+    url: str = Field(pattern=r"^https?://", description="Full URL of the endpoint, e.g. http://host:5000/get_reward.")
+    protocol: Literal["fleetrl", "openrlhf"] = Field(description="Wire protocol of the remote service.")
+    max_concurrency: int = Field(default=8, ge=1, le=1024, description="Requests in flight to the remote at most.")
+    max_batch_items: int = Field(default=256, ge=1, description="Items per remote request (bigger calls are split).")
+    headers: dict[str, SecretStr] = Field(default_factory=dict, description="Extra headers (e.g. Authorization).")
+    breaker_failures: int = Field(default=5, ge=1, description="Consecutive failed calls that open the circuit.")
+    breaker_reset_s: float = Field(default=10.0, gt=0.0, description="Seconds an open circuit waits before a trial call.")
+
+
+ScorerConfig = Annotated[
+    RuleScorerConfig | HfRmScorerConfig | PythonScorerConfig | HttpScorerConfig, Field(discriminator="kind")
+]

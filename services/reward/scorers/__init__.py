@@ -1,0 +1,1 @@
+"""Scorer kinds: rule verifiers, Hugging Face reward models, user python functions, remote services."""

@@ -1,0 +1,51 @@
+"""The interface every scorer kind implements, and how items become text."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+
+from services.reward.metrics import RewardMetrics
+from shared.reward_api import Prompt, ScoreItem
+
+
+class Scorer(ABC):
+    """Scores a batch of items: one finite float per item, in order, or an exception.
+
+    ``score`` raises ``ScorerFailure`` (or any exception, which the service wraps) when it cannot; it
+    never substitutes a default value. ``InvalidItem`` means the client sent an item this scorer cannot
+    score (a 422, not retried).
+    """
+
+    kind: str
+
+    def __init__(self, config, metrics: RewardMetrics):
+        self.config = config
+        self.name: str = config.name
+        self.metrics = metrics
+
+    async def start(self) -> None:
+        """Load models, open clients. Called once before the first ``score``."""
+
+    async def close(self) -> None:
+        """Release what ``start`` acquired."""
+
+    async def check(self) -> None:
+        """Raise if this scorer cannot currently score (used by GET /health)."""
+
+    @abstractmethod
+    async def score(self, items: Sequence[ScoreItem]) -> list[float]:
+        """One value per item, in order."""
+
+
+def render_prompt(prompt: Prompt) -> str:
+    """Prompt as text: strings unchanged, chat messages in ChatML with the assistant turn opened."""
+    if isinstance(prompt, str):
+        return prompt
+    turns = "".join(f"<|im_start|>{m.role}\n{m.content}<|im_end|>\n" for m in prompt)
+    return turns + "<|im_start|>assistant\n"
+
+
+def query_text(item: ScoreItem) -> str:
+    """OpenRLHF's `query`: prompt text followed by the response."""
+    return render_prompt(item.prompt) + item.response

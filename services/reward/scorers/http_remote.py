@@ -1,0 +1,147 @@
+"""A remote reward service as a scorer: FleetRL ``/score`` or OpenRLHF ``/get_reward``.
+
+One pooled ``httpx.AsyncClient`` per scorer, a concurrency limit, a timeout per remote call and a
+circuit breaker. Retries with backoff happen around the whole scorer call (``services.reward.service``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+
+from services.reward.errors import ScorerFailure, ScorerTimeout, ScorerUnavailable
+from services.reward.scorers.base import Scorer, query_text, render_prompt
+from services.reward.scorers.circuit_breaker import CircuitBreaker
+from shared.reward_api import ScoreItem, ScoreRequest, ScoreResponse
+
+
+class FleetRLProtocol:
+    """``POST /score`` with ScoreRequest; reads ``scores`` (a null score there is a failure here)."""
+
+    @staticmethod
+    def payload(items: Sequence[ScoreItem]) -> dict[str, Any]:
+        return ScoreRequest(items=list(items)).model_dump(mode="json")
+
+    @staticmethod
+    def values(body: Any, n: int) -> list[float]:
+        reply = ScoreResponse.model_validate(body)
+        if reply.errors:
+            first = reply.errors[0]
+            raise ScorerFailure(f"remote marked {len(reply.errors)} item(s) failed, e.g. item {first.index} "
+                                f"by its scorer {first.scorer!r}: {first.error}")
+        if len(reply.scores) != n:
+            raise ScorerFailure(f"remote returned {len(reply.scores)} scores for {n} items")
+        return [float(s) for s in reply.scores]
+
+
+class OpenRLHFProtocol:
+    """``POST /get_reward`` with ``{"query", "prompts", "labels"}``; reads ``rewards`` (OpenRLHF's trainer does)."""
+
+    @staticmethod
+    def payload(items: Sequence[ScoreItem]) -> dict[str, Any]:
+        return {
+            "query": [query_text(i) for i in items],
+            "prompts": [render_prompt(i.prompt) for i in items],
+            "labels": [i.label for i in items],
+        }
+
+    @staticmethod
+    def values(body: Any, n: int) -> list[float]:
+        # Lenient like OpenRLHF's own client: `rewards`, else `scores`; other keys are the server's business.
+        if not isinstance(body, dict) or not isinstance(body.get("rewards", body.get("scores")), list):
+            raise ScorerFailure(f"remote reply has no `rewards` list: {str(body)[:200]}")
+        rewards = body.get("rewards", body.get("scores"))
+        if len(rewards) != n:
+            raise ScorerFailure(f"remote returned {len(rewards)} rewards for {n} queries")
+        values = []
+        for k, r in enumerate(rewards):
+            if isinstance(r, bool) or not isinstance(r, (int, float)) or not math.isfinite(r):
+                raise ScorerFailure(f"remote rewards[{k}] is {r!r}, not a finite number")
+            values.append(float(r))
+        return values
+
+
+PROTOCOLS = {"fleetrl": FleetRLProtocol, "openrlhf": OpenRLHFProtocol}
+
+
+class HttpScorer(Scorer):
+    """Scores by calling another reward service over HTTP."""
+
+    kind = "http"
+
+    def __init__(self, config, metrics):
+        super().__init__(config, metrics)
+        self._protocol = PROTOCOLS[config.protocol]
+        self._gate = asyncio.Semaphore(config.max_concurrency)
+        self._client: httpx.AsyncClient | None = None
+        self.breaker = CircuitBreaker(
+            config.name, config.breaker_failures, config.breaker_reset_s,
+            on_change=lambda is_open: metrics.breaker_open.labels(config.name).set(1 if is_open else 0),
+        )
+
+    async def start(self) -> None:
+        headers = {k: v.get_secret_value() for k, v in self.config.headers.items()}
+        self._client = httpx.AsyncClient(
+            timeout=httpx.Timeout(self.config.timeout_s, connect=min(10.0, self.config.timeout_s)),
+            limits=httpx.Limits(max_connections=self.config.max_concurrency,
+                                max_keepalive_connections=self.config.max_concurrency),
+            headers=headers,
+        )
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+
+    async def check(self) -> None:
+        if self.breaker.is_open:
+            raise ScorerUnavailable(f"circuit open (last error: {self.breaker.last_error})")
+
+    def call_timeout(self, n_items: int) -> float:
+        chunks = math.ceil(n_items / self.config.max_batch_items)
+        waves = math.ceil(chunks / self.config.max_concurrency)
+        return self.config.timeout_s * waves + 1.0
+
+    async def score(self, items: Sequence[ScoreItem]) -> list[float]:
+        size = self.config.max_batch_items
+        chunks = [items[i : i + size] for i in range(0, len(items), size)]
+        parts = await asyncio.gather(*(self._post(chunk) for chunk in chunks))
+        return [v for part in parts for v in part]
+
+    async def _post(self, items: Sequence[ScoreItem]) -> list[float]:
+        async with self._gate:
+            self.breaker.before_call()
+            try:
+                values = await self._request(items)
+            except ScorerFailure as exc:
+                self.breaker.record_failure(exc.message)
+                raise
+            self.breaker.record_success()
+            return values
+
+    async def _request(self, items: Sequence[ScoreItem]) -> list[float]:
+        url = self.config.url
+        try:
+            response = await self._client.post(url, json=self._protocol.payload(items))
+        except httpx.TimeoutException as exc:
+            raise ScorerTimeout(f"{url} did not answer within {self.config.timeout_s}s ({type(exc).__name__})") from exc
+        except httpx.ConnectError as exc:
+            raise ScorerUnavailable(f"cannot connect to {url}: {exc}") from exc
+        except httpx.HTTPError as exc:
+            raise ScorerFailure(f"{url}: {type(exc).__name__}: {exc}") from exc
+        if response.status_code != 200:
+            text = response.text[:300]
+            status = response.status_code
+            error = ScorerUnavailable if status in (429, 503) else ScorerFailure
+            raise error(f"{url} answered {status}: {text}", retryable=status >= 500 or status == 429)
+        try:
+            body = response.json()
+        except ValueError as exc:
+            raise ScorerFailure(f"{url} answered with a body that is not JSON: {response.text[:200]!r}") from exc
+        try:
+            return self._protocol.values(body, len(items))
+        except ValueError as exc:  # pydantic ValidationError included
+            raise ScorerFailure(f"{url} answered with an unexpected body: {exc}") from exc

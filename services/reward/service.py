@@ -1,0 +1,211 @@
+"""The reward service object: runs the configured scorers on a batch and combines their values.
+
+Every scorer sees every item; scorers run concurrently. Each scorer call has a timeout and is retried
+with exponential backoff (tenacity). A scorer that still fails either fails the request (``on_error:
+fail``: RewardRequestError with 502/503/504 naming the scorer and the cause) or marks its items
+(``on_error: mark``: score None plus an ItemError). No failure is ever turned into a number.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
+
+from services.reward.errors import InvalidItem, RewardRequestError, ScorerFailure, ScorerTimeout
+from services.reward.metrics import RewardMetrics
+from services.reward.scorers.base import Scorer
+from services.reward.scorers.registry import build_scorer
+from services.reward.settings import RewardSettings
+from shared.reward_api import GetRewardRequest, GetRewardResponse, ItemError, ScoreItem, ScoreResponse
+
+log = logging.getLogger("fleetrl.reward")
+
+
+def _retryable(exc: BaseException) -> bool:
+    return isinstance(exc, ScorerFailure) and exc.retryable
+
+
+class RewardService:
+    """Holds the scorers; ``score(items)`` is the one thing routes call."""
+
+    def __init__(self, settings: RewardSettings):
+        self.settings = settings
+        self.metrics = RewardMetrics()
+        self.scorers: list[Scorer] = [build_scorer(cfg, self.metrics) for cfg in settings.scorers]
+
+    async def start(self) -> None:
+        for scorer in self.scorers:
+            log.info("starting scorer %s (%s, weight %s)", scorer.name, scorer.kind, scorer.config.weight)
+            await scorer.start()
+
+    async def close(self) -> None:
+        for scorer in self.scorers:
+            try:
+                await scorer.close()
+            except Exception:  # noqa: BLE001 - closing the rest matters more
+                log.exception("closing scorer %s failed", scorer.name)
+
+    def describe(self) -> list[dict[str, Any]]:
+        """What is configured (GET /scorers); secrets stay masked."""
+        return [s.config.model_dump(mode="json") for s in self.scorers]
+
+    async def health(self) -> dict[str, str]:
+        """Per scorer: "ok" or the error of its check. Raises nothing."""
+
+        async def one(scorer: Scorer) -> str:
+            try:
+                await asyncio.wait_for(scorer.check(), self.settings.health_timeout_s)
+                return "ok"
+            except asyncio.TimeoutError:
+                return f"check timed out after {self.settings.health_timeout_s}s"
+            except Exception as exc:  # noqa: BLE001 - reported, not raised
+                return f"{type(exc).__name__}: {exc}"
+
+        results = await asyncio.gather(*(one(s) for s in self.scorers))
+        return {s.name: r for s, r in zip(self.scorers, results)}
+
+    # --- scoring -------------------------------------------------------------------------------------
+
+    async def _call_once(self, scorer: Scorer, items: Sequence[ScoreItem]) -> list[float]:
+        labels = (scorer.name, scorer.kind)
+        timeout = getattr(scorer, "call_timeout", lambda n: scorer.config.timeout_s)(len(items))
+        start = time.perf_counter()
+        try:
+            values = await asyncio.wait_for(scorer.score(items), timeout)
+            values = list(values)
+            if len(values) != len(items):
+                raise ScorerFailure(f"returned {len(values)} values for {len(items)} items")
+            for k, v in enumerate(values):
+                if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+                    raise ScorerFailure(f"item {k}: value {v!r} is not a finite number")
+        except InvalidItem:
+            self.metrics.scorer_errors.labels(*labels, "InvalidItem").inc()
+            raise
+        except asyncio.TimeoutError as exc:
+            self.metrics.scorer_errors.labels(*labels, "ScorerTimeout").inc()
+            raise ScorerTimeout(f"no answer within {timeout:.1f}s") from exc
+        except ScorerFailure as exc:
+            self.metrics.scorer_errors.labels(*labels, type(exc).__name__).inc()
+            raise
+        except Exception as exc:  # noqa: BLE001 - user code and libraries: wrapped with their cause
+            self.metrics.scorer_errors.labels(*labels, type(exc).__name__).inc()
+            raise ScorerFailure(f"{type(exc).__name__}: {exc}") from exc
+        finally:
+            self.metrics.scorer_latency.labels(*labels).observe(time.perf_counter() - start)
+        self.metrics.scorer_items.labels(*labels).inc(len(items))
+        return [float(v) for v in values]
+
+    async def _call(self, scorer: Scorer, items: Sequence[ScoreItem]) -> list[float]:
+        retry = scorer.config.retry
+
+        def count_retry(state) -> None:
+            self.metrics.scorer_retries.labels(scorer.name, scorer.kind).inc()
+            log.warning("scorer %s: try %d failed (%s); retrying", scorer.name, state.attempt_number,
+                        state.outcome.exception())
+
+        async for attempt in AsyncRetrying(
+            stop=stop_after_attempt(retry.attempts),
+            wait=wait_exponential(multiplier=retry.backoff_s, min=retry.backoff_s, max=retry.max_backoff_s),
+            retry=retry_if_exception(_retryable),
+            before_sleep=count_retry,
+            reraise=True,
+        ):
+            with attempt:
+                return await self._call_once(scorer, items)
+        raise AssertionError("unreachable: tenacity reraises the last failure")
+
+    async def score(self, items: Sequence[ScoreItem]) -> ScoreResponse:
+        """Score ``items`` with every scorer; raise RewardRequestError when a scorer's policy says fail."""
+        if len(items) > self.settings.max_items:
+            raise RewardRequestError(413, f"{len(items)} items in one request; the limit is {self.settings.max_items}")
+        results = await asyncio.gather(*(self._call(s, items) for s in self.scorers), return_exceptions=True)
+
+        invalid = [(s, r) for s, r in zip(self.scorers, results) if isinstance(r, InvalidItem)]
+        if invalid:
+            raise RewardRequestError(
+                422, "; ".join(f"scorer {s.name!r}: {r}" for s, r in invalid),
+                [{"scorer": s.name, "error": str(r)} for s, r in invalid],
+            )
+        fatal = [(s, r) for s, r in zip(self.scorers, results)
+                 if isinstance(r, BaseException) and s.config.on_error == "fail"]
+        if fatal:
+            raise self._request_error(fatal)
+
+        components: list[dict[str, float | None]] = [{} for _ in items]
+        errors: list[ItemError] = []
+        for scorer, result in zip(self.scorers, results):
+            if isinstance(result, BaseException):
+                message = self._describe_failure(scorer, result)
+                self.metrics.marked_items.labels(scorer.name).inc(len(items))
+                for i in range(len(items)):
+                    components[i][scorer.name] = None
+                    errors.append(ItemError(index=i, scorer=scorer.name, error=message))
+            else:
+                for i, value in enumerate(result):
+                    components[i][scorer.name] = value
+        weights = {s.name: s.config.weight for s in self.scorers}
+        scores = [
+            None if any(v is None for v in row.values()) else math.fsum(weights[k] * v for k, v in row.items())
+            for row in components
+        ]
+        return ScoreResponse(scores=scores, components=components, errors=errors)
+
+    async def get_reward(self, request: GetRewardRequest) -> GetRewardResponse:
+        """OpenRLHF's /get_reward on top of ``score``; marked failures fail here (the protocol has no marker)."""
+        items = [self._openrlhf_item(request, i) for i in range(len(request.query))]
+        reply = await self.score(items)
+        if reply.errors:
+            first = reply.errors[0]
+            raise RewardRequestError(
+                502,
+                f"scorer {first.scorer!r} failed for {len(reply.errors)} item(s) ({first.error}); OpenRLHF's "
+                "/get_reward protocol has no per-item error marker, so the request fails",
+                [e.model_dump() for e in reply.errors[:50]],
+            )
+        rewards = [float(s) for s in reply.scores]
+        extra_logs = {s.name: [float(row[s.name]) for row in reply.components] for s in self.scorers}
+        return GetRewardResponse(rewards=rewards, scores=rewards, extra_logs=extra_logs)
+
+    # --- helpers -------------------------------------------------------------------------------------
+
+    def _strip(self, text: str) -> str:
+        tokens = [t for t in self.settings.strip_tokens if t]
+        changed = True
+        while changed and tokens:
+            changed = False
+            for t in tokens:
+                if text.startswith(t):
+                    text, changed = text[len(t):], True
+                if text.endswith(t):
+                    text, changed = text[: -len(t)], True
+        return text
+
+    def _openrlhf_item(self, request: GetRewardRequest, i: int) -> ScoreItem:
+        query = self._strip(request.query[i])
+        label = request.labels[i] if request.labels is not None else None
+        if request.prompts is None:
+            return ScoreItem(prompt="", response=query, label=label)
+        prompt = self._strip(request.prompts[i])
+        at = query.find(prompt)
+        if at < 0:
+            raise RewardRequestError(
+                422, f"query[{i}] does not contain prompts[{i}]; query must be the prompt followed by the response"
+            )
+        return ScoreItem(prompt=prompt, response=query[at + len(prompt):], label=label)
+
+    @staticmethod
+    def _describe_failure(scorer: Scorer, exc: BaseException) -> str:
+        tries = scorer.config.retry.attempts if _retryable(exc) else 1
+        cause = exc.message if isinstance(exc, ScorerFailure) else f"{type(exc).__name__}: {exc}"
+        return f"scorer {scorer.name!r} ({scorer.kind}) failed after {tries} tr{'y' if tries == 1 else 'ies'}: {cause}"
+
+    def _request_error(self, failures: list[tuple[Scorer, BaseException]]) -> RewardRequestError:
+        status = max(getattr(exc, "status", 502) for _, exc in failures)
+        details = [{"scorer": s.name, "error": self._describe_failure(s, exc)} for s, exc in failures]
+        return RewardRequestError(status, "; ".join(d["error"] for d in details), details)

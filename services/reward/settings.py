@@ -1,0 +1,38 @@
+"""Settings of the reward service (env prefix ``FLEETRL_REWARD_``; YAML/TOML via ``--config``)."""
+
+from __future__ import annotations
+
+from pydantic import Field, field_validator
+
+from services.reward.scorer_config import ScorerConfig
+from shared.settings import ServiceSettings, service_config
+
+DEFAULT_STRIP_TOKENS = ["<pad>", "<|endoftext|>", "</s>", "<|end_of_text|>", "<|eot_id|>", "<|im_end|>"]
+
+
+class RewardSettings(ServiceSettings):
+    """The scorers and the limits of the HTTP surface."""
+
+    model_config = service_config("REWARD")
+
+    port: int = Field(default=8002, ge=0, le=65535, description="HTTP port (0 picks a free one).")
+    scorers: list[ScorerConfig] = Field(
+        min_length=1, description="Scorers; the reward is the weighted sum of their values (see examples/reward/)."
+    )
+    max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024, description="Larger request bodies get 413.")
+    max_items: int = Field(default=8192, ge=1, description="Items (or queries) per request at most; more gets 413.")
+    health_timeout_s: float = Field(default=10.0, gt=0.0, description="Limit of the scorer checks behind GET /health.")
+    strip_tokens: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_STRIP_TOKENS),
+        description="/get_reward: special-token text stripped from both ends of each query (as OpenRLHF does).",
+    )
+
+    @field_validator("scorers")
+    @classmethod
+    def _unique_names(cls, scorers: list) -> list:
+        seen: set[str] = set()
+        for s in scorers:
+            if s.name in seen:
+                raise ValueError(f"scorer name {s.name!r} is used twice; give each scorer its own name")
+            seen.add(s.name)
+        return scorers
