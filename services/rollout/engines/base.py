@@ -28,7 +28,7 @@ import importlib
 import json
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import aclosing
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -94,6 +94,9 @@ class Engine(ABC):
         self._idle = asyncio.Event()
         self._idle.set()
         self._started = False
+        #: called with the size of each decode step's batch by engines that batch in this process (hf);
+        #: may be called from the engine's own thread
+        self.on_batch_step: Callable[[int], None] | None = None
 
     # ---- lifecycle ---------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -193,6 +196,11 @@ class Engine(ABC):
     def inflight(self) -> int:
         """Sequences admitted and not yet finished."""
         return len(self._inflight)
+
+    @property
+    def queue_depth(self) -> int:
+        """Sequences admitted but still waiting for a batch slot (engines whose server queues say 0)."""
+        return 0
 
     async def pause(self, mode: PauseMode = "wait", timeout: float | None = None) -> None:
         """Stop admitting; ``wait`` lets in-flight sequences finish, ``abort`` aborts them. Returns when

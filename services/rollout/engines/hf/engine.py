@@ -1,0 +1,152 @@
+"""The hf engine: a transformers causal LM in this process, decoded by :class:`DecodeLoop`.
+
+``model`` is the torch module itself: the weight-sync sidecar pauses the engine, copies tensors into
+``model``'s parameters in place under ``torch.no_grad()``, sets the new ``weight_version`` and resumes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import torch
+
+from services.rollout.engines.base import Engine, EnginePaused
+from services.rollout.engines.hf.loop import DecodeLoop, Row
+from services.rollout.engines.settings import HFEngineSettings
+from services.rollout.engines.types import SamplingParams, SequenceDelta, SequenceRequest
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+class HFEngine(Engine):
+    kind = "hf"
+    settings: HFEngineSettings
+
+    def __init__(self, settings: HFEngineSettings, model_path: str) -> None:
+        super().__init__(settings, model_path)
+        self.model: Any = None
+        self.device = _resolve_device(settings.device)
+        self._decode: DecodeLoop | None = None
+        self._queues: dict[str, asyncio.Queue[SequenceDelta]] = {}
+        self._aloop: asyncio.AbstractEventLoop | None = None
+
+    async def _start(self) -> None:
+        if self.settings.torch_threads:
+            torch.set_num_threads(self.settings.torch_threads)
+        self.model = await asyncio.to_thread(self._load_model)
+        self._aloop = asyncio.get_running_loop()
+        self._decode = DecodeLoop(
+            self.model, self.tokenizer, self.device,
+            max_batch_size=self.settings.max_batch_size,
+            max_wait_s=self.settings.max_wait_ms / 1000.0,
+            context_length=self.context_length,
+            eos_ids=self._eos_ids(),
+            deliver=self._deliver_threadsafe,
+            on_step=self._observe_step,
+        )
+        self._decode.start()
+        log.info("hf engine: %s on %s (%s), context %d", self.model_path, self.device,
+                 next(self.model.parameters()).dtype, self.context_length)
+
+    def _load_model(self):
+        from transformers import AutoModelForCausalLM
+
+        dtype = _DTYPES.get(self.settings.dtype) or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=dtype)
+        return model.to(self.device).eval()
+
+    def _eos_ids(self) -> frozenset[int]:
+        ids: set[int] = set()
+        if self.tokenizer.eos_token_id is not None:
+            ids.add(int(self.tokenizer.eos_token_id))
+        gen_eos = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
+        if isinstance(gen_eos, int):
+            ids.add(gen_eos)
+        elif isinstance(gen_eos, (list, tuple)):
+            ids.update(int(i) for i in gen_eos)
+        return frozenset(ids)
+
+    async def _stop(self) -> None:
+        if self._decode is not None:
+            await asyncio.to_thread(self._decode.stop)
+
+    def _observe_step(self, size: int) -> None:
+        if self.on_batch_step is not None:
+            self.on_batch_step(size)
+
+    # ---- thread -> event loop ----------------------------------------------------------------------
+    def _deliver_threadsafe(self, items: list[tuple[Row, SequenceDelta]]) -> None:
+        if self._aloop is not None and not self._aloop.is_closed():
+            self._aloop.call_soon_threadsafe(self._deliver, items)
+
+    def _deliver(self, items: list[tuple[Row, SequenceDelta]]) -> None:
+        for row, delta in items:
+            q = self._queues.get(row.req.rid)
+            if q is not None:
+                q.put_nowait(delta)
+
+    # ---- Engine ------------------------------------------------------------------------------------
+    async def _stream(self, request: SequenceRequest) -> AsyncIterator[SequenceDelta]:
+        if request.rid in self._queues:
+            raise ValueError(f"request id {request.rid!r} is already in flight")
+        q: asyncio.Queue[SequenceDelta] = asyncio.Queue()
+        self._queues[request.rid] = q
+        finished = False
+        try:
+            self._decode.submit(request)
+            while True:
+                delta = await q.get()
+                finished = delta.finish is not None
+                yield delta
+                if finished:
+                    return
+        finally:
+            self._queues.pop(request.rid, None)
+            if not finished and self._decode is not None:
+                self._decode.abort(request.rid, "the client went away")
+
+    async def abort(self, rid: str) -> None:
+        if self._decode is not None:
+            self._decode.abort(rid, "aborted by request")
+
+    async def _abort_all(self) -> None:
+        if self._decode is not None:
+            self._decode.abort_all("aborted: generation paused")
+
+    @property
+    def queue_depth(self) -> int:
+        return self._decode.queue_depth if self._decode is not None else 0
+
+    async def _probe(self) -> bool:
+        if self._decode is None or not self._decode.alive:
+            return False
+        if self.paused:  # weights may be mid-update; the loop being alive is what can be checked
+            return True
+        probe = SequenceRequest(
+            rid=f"health-{uuid.uuid4().hex}",
+            prompt_ids=(self._probe_token(),),
+            params=SamplingParams(max_new_tokens=1, temperature=0.0, ignore_eos=True),
+        )
+        try:
+            out = await self.generate(probe, admit_timeout=0.0)
+        except EnginePaused:
+            return self._decode.alive
+        return len(out.output_ids) == 1 and out.finish is not None and out.finish.type == "length"
+
+    def _probe_token(self) -> int:
+        for tid in (self.tokenizer.bos_token_id, self.tokenizer.eos_token_id, 0):
+            if tid is not None:
+                return int(tid)
+        return 0
