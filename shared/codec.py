@@ -16,6 +16,7 @@ import msgpack
 import numpy as np
 from pydantic import BaseModel, ValidationError
 
+from shared.packed import PackedArray
 from shared.schemas import Experience, PromptTask
 
 SCHEMA_VERSION = 1
@@ -31,6 +32,7 @@ PACKED_FIELDS: dict[str, dict[str, str]] = {
     "prompt_task": {"prompt_token_ids": "<i4"},
     "experience": {"prompt_token_ids": "<i4", "response_token_ids": "<i4", "response_logprobs": "<f4"},
 }
+_EXCLUDE = {kind: frozenset(fields) for kind, fields in PACKED_FIELDS.items()}
 _ALLOWED_DTYPES = {"<i4", "<f4", "<i8", "<f8"}
 
 R = TypeVar("R", bound=BaseModel)
@@ -48,7 +50,7 @@ def pack_array(values: Any, dtype: str) -> dict[str, Any]:
     return {"dtype": dtype, "n": int(arr.shape[0]), "b": arr.tobytes()}
 
 
-def unpack_array(obj: Any, field: str) -> list:
+def unpack_array(obj: Any, field: str) -> np.ndarray:
     """Inverse of :func:`pack_array`; validates dtype and length."""
     if not isinstance(obj, dict) or set(obj) != {"dtype", "n", "b"}:
         raise CodecError(f"field {field!r}: expected a packed array {{dtype, n, b}}, got {type(obj).__name__}")
@@ -60,7 +62,7 @@ def unpack_array(obj: Any, field: str) -> list:
     itemsize = np.dtype(dtype).itemsize
     if len(raw) != n * itemsize:
         raise CodecError(f"field {field!r}: {len(raw)} bytes do not hold {n} values of {dtype}")
-    return np.frombuffer(raw, dtype=np.dtype(dtype)).tolist()
+    return np.frombuffer(raw, dtype=np.dtype(dtype))
 
 
 def encode(record: BaseModel) -> bytes:
@@ -68,10 +70,15 @@ def encode(record: BaseModel) -> bytes:
     kind = _KIND_OF.get(type(record))
     if kind is None:
         raise CodecError(f"no wire form for {type(record).__name__}; known: {sorted(RECORD_KINDS)}")
-    data = record.model_dump(mode="json", exclude=set(PACKED_FIELDS[kind]))
+    data = record.model_dump(mode="python", exclude=_EXCLUDE[kind])
     for field, dtype in PACKED_FIELDS[kind].items():
         value = getattr(record, field)
-        data[field] = None if value is None else pack_array(value, dtype)
+        if value is None:
+            data[field] = None
+        elif isinstance(value, PackedArray) and value.dtype == np.dtype(dtype):
+            data[field] = {"dtype": dtype, "n": len(value), "b": value.tobytes()}
+        else:
+            data[field] = pack_array(value, dtype)
     return msgpack.packb({"schema": kind, "v": SCHEMA_VERSION, "data": data}, use_bin_type=True)
 
 

@@ -176,11 +176,14 @@ class StreamQueue(Generic[R]):
                 self._history_done.add(consumer)
         if not raw:
             raw = await self._autoclaim(consumer, count)
+        fresh = False
         if not raw:
             raw = await self._read(consumer, ">", count, block_ms)
+            fresh = True
         if not raw:
             return []
-        counts = await self._delivery_counts([eid for eid, _ in raw])
+        # entries read with ">" are delivered for the first time; only redeliveries need a lookup
+        counts = {eid: 1 for eid, _ in raw} if fresh else await self._delivery_counts([eid for eid, _ in raw])
         out: list[Delivery[R]] = []
         for eid, fields in raw:
             n = counts.get(eid, 1)

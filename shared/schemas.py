@@ -11,7 +11,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from shared.packed import Logprobs, PackedArray, TokenIds
+
 FinishReason = Literal["stop", "length", "abort"]
+
+__all__ = ["ChatMessage", "Experience", "FinishReason", "PackedArray", "PromptTask", "SamplingOverrides", "sample_id"]
 
 
 class ChatMessage(BaseModel):
@@ -48,7 +52,7 @@ class PromptTask(BaseModel):
 
     id: str = Field(min_length=1, description="Unique per prompt occurrence (epoch included); group id of its samples.")
     prompt: str | list[ChatMessage] | None = Field(default=None, description="Text, or chat messages.")
-    prompt_token_ids: list[int] | None = Field(default=None, description="Already tokenised prompt.")
+    prompt_token_ids: TokenIds | None = Field(default=None, description="Already tokenised prompt (int32).")
     label: Any = Field(default=None, description="Ground truth passed to the reward service (JSON value).")
     n: int = Field(default=1, ge=1, le=1024, description="Samples per prompt (group size).")
     sampling: SamplingOverrides = Field(default_factory=SamplingOverrides)
@@ -89,9 +93,9 @@ class Experience(BaseModel):
     group_id: str = Field(min_length=1, description="Samples of one group share it (GRPO/RLOO baselines).")
     group_size: int = Field(ge=1)
     index: int = Field(ge=0, description="Position of this sample in its group.")
-    prompt_token_ids: list[int] = Field(min_length=1)
-    response_token_ids: list[int]
-    response_logprobs: list[float]
+    prompt_token_ids: TokenIds = Field(description="Prompt token ids (int32, list-like PackedArray).")
+    response_token_ids: TokenIds = Field(description="Generated token ids (int32, list-like PackedArray).")
+    response_logprobs: Logprobs = Field(description="Engine logprobs of the generated tokens (float32).")
     finish_reason: FinishReason
     reward: float
     reward_components: dict[str, float] = Field(default_factory=dict)
@@ -105,6 +109,8 @@ class Experience(BaseModel):
 
     @model_validator(mode="after")
     def _aligned(self) -> "Experience":
+        if len(self.prompt_token_ids) == 0:
+            raise ValueError("prompt_token_ids must hold at least one token")
         if len(self.response_logprobs) != len(self.response_token_ids):
             raise ValueError(
                 f"response_logprobs has {len(self.response_logprobs)} entries for "
