@@ -1,0 +1,83 @@
+"""Reward-service fixtures: start the service (and stand-in servers) as real processes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from shared.redis_server import free_port
+from tests.procs import spawn, stop, wait_http_ok
+
+CHILD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+class Server:
+    def __init__(self, url: str, proc, log: Path):
+        self.url, self.proc, self.log = url, proc, log
+
+
+def start_reward_service(tmp: Path, config: dict, name: str = "reward", timeout: float = 90.0) -> Server:
+    """Write ``config`` as YAML and run ``python -m services.reward`` on a free port."""
+    cfg = tmp / f"{name}.yaml"
+    cfg.write_text(yaml.safe_dump(config))
+    port = free_port()
+    log = tmp / f"{name}.log"
+    proc = spawn(["-m", "services.reward", "--config", str(cfg), "--port", str(port)], log, CHILD_ENV)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_http_ok(f"{url}/health", proc, timeout=timeout, log=log)
+    except Exception:
+        stop(proc)
+        raise
+    return Server(url, proc, log)
+
+
+def start_openrlhf_stub(tmp: Path, port: int | None = None) -> Server:
+    port = port or free_port()
+    log = tmp / f"openrlhf-stub-{port}.log"
+    proc = spawn(["-m", "tests.reward.openrlhf_stub_server", "--port", str(port)], log, CHILD_ENV)
+    url = f"http://127.0.0.1:{port}"
+    wait_http_ok(f"{url}/health", proc, timeout=60, log=log)
+    return Server(url, proc, log)
+
+
+@pytest.fixture(scope="module")
+def reward_service(tmp_path_factory) -> Iterator[Callable[..., Server]]:
+    """Factory: ``reward_service(config_dict)`` -> running Server; all stopped at module end."""
+    started: list[Server] = []
+    tmp = tmp_path_factory.mktemp("reward")
+
+    def make(config: dict, name: str = "reward") -> Server:
+        server = start_reward_service(tmp, config, name=f"{name}-{len(started)}")
+        started.append(server)
+        return server
+
+    yield make
+    for server in started:
+        stop(server.proc)
+
+
+@pytest.fixture(scope="module")
+def openrlhf_stub(tmp_path_factory) -> Iterator[Server]:
+    """The stand-in OpenRLHF serve_rm, its own process."""
+    server = start_openrlhf_stub(tmp_path_factory.mktemp("openrlhf-stub"))
+    yield server
+    stop(server.proc)
+
+
+def metric_value(text: str, name: str, **labels: str) -> float:
+    """Sum of the samples of ``name`` whose labels include ``labels`` in a Prometheus text exposition."""
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith("#") or not line.startswith(name):
+            continue
+        head, _, value = line.rpartition(" ")
+        metric, _, label_part = head.partition("{")
+        if metric != name:
+            continue
+        if all(f'{k}="{v}"' in label_part for k, v in labels.items()):
+            total += float(value)
+    return total

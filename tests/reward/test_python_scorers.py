@@ -1,0 +1,99 @@
+"""User functions by import path: OpenRLHF and verl signatures, sync and async, over a real process;
+blocking user code does not stall the service; a raising function is retried, then marked (never 0.0)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import pytest
+
+from tests.reward.conftest import metric_value
+
+SIGNATURES = {
+    "scorers": [
+        {"name": "orl_sync", "kind": "python", "function": "tests.reward.plugins:openrlhf_sync",
+         "signature": "openrlhf", "kwargs": {"bonus": 0.5}, "weight": 1.0},
+        {"name": "orl_async", "kind": "python", "function": "tests.reward.plugins:openrlhf_async",
+         "signature": "openrlhf", "weight": 0.1},
+        {"name": "verl_sync", "kind": "python", "function": "tests.reward.plugins:verl_sync",
+         "signature": "verl", "weight": 2.0},
+        {"name": "verl_async", "kind": "python", "function": "tests.reward.plugins:verl_async",
+         "signature": "verl", "weight": -1.0},
+    ]
+}
+
+FAILING = {
+    "scorers": [
+        {"name": "slow", "kind": "python", "function": "tests.reward.plugins:verl_blocking", "signature": "verl",
+         "max_workers": 2},
+        {"name": "broken", "kind": "python", "function": "tests.reward.plugins:verl_raises", "signature": "verl",
+         "on_error": "mark", "retry": {"attempts": 3, "backoff_s": 0.01}},
+    ]
+}
+
+
+@pytest.fixture(scope="module")
+def signatures(reward_service):
+    return reward_service(SIGNATURES, name="python-signatures")
+
+
+@pytest.fixture(scope="module")
+def failing(reward_service):
+    return reward_service(FAILING, name="python-failing")
+
+
+def test_both_signatures_sync_and_async(signatures):
+    items = [
+        {"prompt": "Capital of France? ", "response": "Paris", "label": "Paris", "metadata": {"data_source": "pos"}},
+        {"prompt": "Q", "response": "no", "label": "yes", "metadata": {"extra_info": {"scale": 4.0}}},
+        {"prompt": "P", "response": "42", "label": 42, "metadata": {"data_source": "neg"}},
+    ]
+    r = httpx.post(f"{signatures.url}/score", json={"items": items}, timeout=60)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["components"] == [
+        {"orl_sync": 1.5, "orl_async": 5.0, "verl_sync": 1.0, "verl_async": 2.0},
+        {"orl_sync": 0.0, "orl_async": 2.0, "verl_sync": 0.0, "verl_async": 4.0},
+        {"orl_sync": 1.5, "orl_async": 2.0, "verl_sync": -1.0, "verl_async": 2.0},
+    ]
+    expected = [1.5 + 0.5 + 2.0 - 2.0, 0.0 + 0.2 + 0.0 - 4.0, 1.5 + 0.2 - 2.0 - 2.0]
+    assert body["scores"] == pytest.approx(expected)
+
+
+def test_blocking_user_code_does_not_stall_the_service(failing):
+    result = {}
+
+    def slow_request():
+        items = [{"prompt": "p", "response": "r", "metadata": {"extra_info": {"sleep_s": 2.0}}}]
+        result["r"] = httpx.post(f"{failing.url}/score", json={"items": items}, timeout=60)
+
+    t = threading.Thread(target=slow_request)
+    t.start()
+    time.sleep(0.5)  # the slow function is now blocking a worker thread
+    start = time.monotonic()
+    listed = httpx.get(f"{failing.url}/scorers", timeout=10)
+    elapsed = time.monotonic() - start
+    t.join(30)
+    assert listed.status_code == 200
+    assert elapsed < 1.0, f"/scorers took {elapsed:.2f}s while a sync user function blocked"
+    assert result["r"].status_code == 200
+
+
+def test_a_raising_function_is_retried_then_marked_never_zero(failing):
+    items = [{"prompt": "p", "response": "r"}, {"prompt": "p2", "response": "r2"}]
+    r = httpx.post(f"{failing.url}/score", json={"items": items}, timeout=60)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["scores"] == [None, None]
+    assert body["components"] == [{"slow": 0.5, "broken": None}, {"slow": 0.5, "broken": None}]
+    assert [(e["index"], e["scorer"]) for e in body["errors"]] == [(0, "broken"), (1, "broken")]
+    assert "user function exploded" in body["errors"][0]["error"]
+    assert "after 3 tries" in body["errors"][0]["error"]
+    text = httpx.get(f"{failing.url}/metrics", timeout=10).text
+    assert metric_value(text, "fleetrl_reward_scorer_retries_total", scorer="broken") >= 2
+    assert metric_value(text, "fleetrl_reward_marked_items_total", scorer="broken") >= 2
+    # OpenRLHF's protocol has no marker: the request fails instead of carrying a made-up reward
+    g = httpx.post(f"{failing.url}/get_reward", json={"query": ["pr"]}, timeout=60)
+    assert g.status_code == 502 and "broken" in g.json()["detail"] and "rewards" not in g.json()

@@ -1,0 +1,124 @@
+"""The HTTP surface over real processes: /score weighting and components, /get_reward as OpenRLHF calls
+it, /scorers, /health, /metrics, and bad input -> 4xx with the reason."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from tests.reward.conftest import metric_value
+
+RULES = {
+    "max_body_bytes": 64 * 1024,
+    "max_items": 100,
+    "scorers": [
+        {"name": "math", "kind": "rule", "weight": 1.0, "check": {"type": "math"}},
+        {"name": "boxed", "kind": "rule", "weight": 0.5, "check": {"type": "format", "pattern": r"\\boxed\{.+\}"}},
+        {"name": "length", "kind": "rule", "weight": 2.0, "check": {"type": "length", "max_length": 20}},
+    ],
+}
+
+
+@pytest.fixture(scope="module")
+def svc(reward_service):
+    return reward_service(RULES, name="rules")
+
+
+def test_weighted_sum_and_components_in_item_order(svc):
+    items = [
+        {"prompt": "2+2?", "response": r"\boxed{4}", "label": "4"},                       # 1 + 0.5 + 0
+        {"prompt": "half?", "response": "0.50", "label": "1/2"},                          # 1 + 0 + 0
+        {"prompt": [{"role": "user", "content": "3*3?"}], "response": "it is 8", "label": 9},  # 0 + 0 + 0
+        {"prompt": "long", "response": "x" * 30 + r" \boxed{7}", "label": "7", "metadata": {"k": 1}},
+    ]
+    r = httpx.post(f"{svc.url}/score", json={"items": items}, timeout=30)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["errors"] == []
+    assert body["components"][0] == {"math": 1.0, "boxed": 1.0, "length": 0.0}
+    assert body["components"][1] == {"math": 1.0, "boxed": 0.0, "length": 0.0}
+    assert body["components"][2] == {"math": 0.0, "boxed": 0.0, "length": 0.0}
+    long_len = len("x" * 30 + r" \boxed{7}")
+    length_value = -min(1.0, (long_len - 20) / 20)
+    assert body["components"][3] == pytest.approx({"math": 1.0, "boxed": 1.0, "length": length_value})
+    assert body["scores"] == pytest.approx([1.5, 1.0, 0.0, 1.5 + 2.0 * length_value])
+
+
+def test_get_reward_as_openrlhf_sends_it(svc):
+    # What OpenRLHF's trainer sends with --reward.remote_url: decoded sequences (specials included).
+    prompts = ["<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n", "Q: 1/4 as a decimal? A:"]
+    responses = [r"\boxed{4}<|im_end|>", " 0.25</s>"]
+    payload = {"query": ["<pad><pad>" + p + r for p, r in zip(prompts, responses)], "prompts": prompts,
+               "labels": ["4", "0.250"]}
+    r = httpx.post(f"{svc.url}/get_reward", json=payload, timeout=30)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert set(body) == {"rewards", "scores", "extra_logs"}
+    assert body["rewards"] == pytest.approx([1.5, 1.0])
+    assert body["scores"] == body["rewards"]
+    assert body["extra_logs"] == {"math": [1.0, 1.0], "boxed": [1.0, 0.0], "length": [0.0, 0.0]}
+
+
+def test_get_reward_query_only(svc):
+    r = httpx.post(f"{svc.url}/get_reward", json={"query": [r"... so \boxed{3}"], "labels": [3]}, timeout=30)
+    assert r.status_code == 200, r.text
+    assert r.json()["rewards"] == pytest.approx([1.5])
+
+
+def test_scorers_health_metrics(svc):
+    listed = httpx.get(f"{svc.url}/scorers", timeout=10).json()["scorers"]
+    assert [(s["name"], s["kind"], s["weight"]) for s in listed] == [
+        ("math", "rule", 1.0), ("boxed", "rule", 0.5), ("length", "rule", 2.0)]
+    health = httpx.get(f"{svc.url}/health", timeout=10)
+    assert health.status_code == 200 and health.json()["scorers"] == {"math": "ok", "boxed": "ok", "length": "ok"}
+    httpx.post(f"{svc.url}/score", json={"items": [{"prompt": "p", "response": "1", "label": 1}] * 3}, timeout=30)
+    text = httpx.get(f"{svc.url}/metrics", timeout=10).text
+    assert metric_value(text, "fleetrl_reward_scorer_items_total", scorer="math") >= 3
+    assert metric_value(text, "fleetrl_reward_scorer_latency_seconds_count", scorer="length") >= 1
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "reason"),
+    [
+        ("/score", {"items": [{"prompt": "p"}]}, 422, "items.0.response: Field required"),
+        ("/score", {"items": [{"prompt": "p", "response": 5}]}, 422, "items.0.response"),
+        ("/score", {"items": []}, 422, "items: List should have at least 1 item"),
+        ("/score", {"items": [{"prompt": "p", "response": "r", "colour": 1}]}, 422, "items.0.colour"),
+        ("/score", {"items": [{"prompt": [{"role": "nobody", "content": "x"}], "response": "r"}]}, 422, "role"),
+        ("/score", {"items": "nope"}, 422, "items"),
+        ("/score", {}, 422, "items: Field required"),
+        ("/score", {"items": [{"prompt": "p", "response": "r"}]}, 422, "needs a `label`"),
+        ("/score", {"items": [{"prompt": "p", "response": "r", "label": 1}] * 101}, 413, "limit is 100"),
+        ("/get_reward", {"prompts": ["a"]}, 422, "query: Field required"),
+        ("/get_reward", {"query": ["ab", "cd"], "prompts": ["a"]}, 422, "`prompts` has 1 entries but `query` has 2"),
+        ("/get_reward", {"query": ["ab"], "labels": [1, 2]}, 422, "`labels` has 2 entries"),
+        ("/get_reward", {"query": ["hello"], "prompts": ["xyz"], "labels": [1]}, 422, "does not contain prompts[0]"),
+        ("/get_reward", {"query": "hello"}, 422, "query"),
+    ],
+)
+def test_bad_input_is_a_4xx_with_the_reason(svc, path, body, status, reason):
+    r = httpx.post(f"{svc.url}{path}", json=body, timeout=30)
+    assert r.status_code == status, r.text
+    assert reason in json.dumps(r.json()["detail"]).replace("\\\\", "\\").replace('\\"', '"') or reason in r.text
+
+
+def test_malformed_json_and_huge_body(svc):
+    r = httpx.post(f"{svc.url}/score", content=b'{"items": [', headers={"content-type": "application/json"}, timeout=10)
+    assert r.status_code == 422 and "JSON" in r.text
+    big = {"items": [{"prompt": "p", "response": "x" * 100_000, "label": 1}]}
+    r = httpx.post(f"{svc.url}/score", json=big, timeout=10)
+    assert r.status_code == 413 and "max_body_bytes" in r.json()["detail"]
+
+    def chunks():  # no Content-Length: the limit is enforced while reading
+        yield b'{"items": [{"prompt": "p", "response": "'
+        for _ in range(10):
+            yield b"y" * 10_000
+        yield b'", "label": 1}]}'
+
+    r = httpx.post(f"{svc.url}/score", content=chunks(), headers={"content-type": "application/json"}, timeout=10)
+    assert r.status_code == 413
+    # the service still answers afterwards
+    ok = httpx.post(f"{svc.url}/score", json={"items": [{"prompt": "p", "response": "1", "label": 1}]}, timeout=10)
+    assert ok.status_code == 200 and ok.json()["scores"] == [1.0]
