@@ -1,0 +1,38 @@
+"""Redis key names of the weight-sync protocol; all live under ``shared.keys.weights_prefix(run)``.
+
+The latest published version itself is ``shared.keys.weights_version(run)`` (an integer string).
+"""
+
+from __future__ import annotations
+
+from shared import keys
+
+
+def rendezvous(run: str) -> str:
+    """JSON :class:`~shared.weight_sync.wire.Rendezvous`: the update round replicas must join now."""
+    return f"{keys.weights_prefix(run)}:rendezvous"
+
+
+def manifest(run: str, version: int) -> str:
+    """JSON :class:`~shared.weight_sync.wire.Manifest` of ``version`` (buckets, tensors, checksums)."""
+    return f"{keys.weights_prefix(run)}:manifest:{version}"
+
+
+def reports(run: str, round_id: int) -> str:
+    """Hash replica id -> JSON :class:`~shared.weight_sync.wire.MemberReport` for one update round."""
+    return f"{keys.weights_prefix(run)}:reports:{round_id}"
+
+
+def round_counter(run: str) -> str:
+    """INCR counter that numbers update rounds (every attempt and catch-up is a round)."""
+    return f"{keys.weights_prefix(run)}:rounds"
+
+
+def replicas(run: str) -> str:
+    """Hash replica id -> JSON :class:`~shared.weight_sync.wire.ReplicaInfo` (the registry)."""
+    return f"{keys.weights_prefix(run)}:replicas"
+
+
+def alive(run: str, replica_id: str) -> str:
+    """Heartbeat key of one replica (expires when the replica stops refreshing it)."""
+    return f"{keys.weights_prefix(run)}:alive:{replica_id}"

@@ -1,0 +1,309 @@
+"""Learner side: publish a version of the weights to every rollout replica.
+
+    pub = WeightPublisher(redis, run, WeightSyncSettings(...))     # redis: a redis.asyncio client
+    version = await pub.publish(model)        # nn.Module, {name: tensor} or [(name, tensor)]
+    pub.last_report                           # PublishReport: loaded / dropped / refused replicas
+    await pub.close()                         # or: async with WeightPublisher(...) as pub
+
+What ``publish`` does, in order (every wait bounded by a setting):
+
+1. packs the tensors into flat CPU buckets (one copy, retained until the next version so that replicas
+   joining late can be served) and computes a CRC32 per bucket;
+2. writes the manifest (JSON) to Redis, and the safetensors snapshot when ``snapshot_dir`` is set;
+3. runs update rounds with the live collective replicas: writes a :class:`Rendezvous`, forms (or
+   reuses) the group as rank 0, broadcasts each bucket once, then collects each member's report. A round
+   that breaks (a member died or hung) is abandoned: survivors report ``failed`` and the next round
+   re-runs the version with them in a fresh group; members that never report are dropped;
+4. sets ``shared.keys.weights_version(run)`` to the version and returns it.
+
+A background task (started on first publish) brings replicas that join later (or were dropped) to the
+latest version from the retained buckets, in a group of their own. Keep the event loop responsive (run
+training steps in a thread) so that it can run; otherwise they catch up at the next publish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from shared import keys
+from shared.redis_server import free_port
+from shared.weight_sync import keys as wkeys
+from shared.weight_sync.registry import ReplicaRegistry
+from shared.weight_sync.settings import WeightSyncSettings
+from shared.weight_sync.wire import Manifest, Member, MemberReport, ReplicaInfo, Rendezvous, plan_buckets
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PublishReport:
+    """What happened to one version (or one catch-up)."""
+
+    version: int
+    loaded: list[str] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)
+    rounds: int = 0
+    total_bytes: int = 0
+    seconds: float = 0.0
+    errors: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Outcome:
+    loaded: list[str]
+    refused: list[str]
+    retry: list[ReplicaInfo]
+    dropped: list[str]
+    error: str = ""
+
+
+@dataclass
+class _HeldGroup:
+    group: Any
+    rendezvous: Rendezvous
+
+
+class WeightPublisher:
+    """Publishes versioned weights; see the module docstring. Not safe to share across event loops."""
+
+    def __init__(self, redis: Any, run: str, settings: WeightSyncSettings | None = None) -> None:
+        self.redis, self.run = redis, run
+        self.settings = settings or WeightSyncSettings()
+        self.registry = ReplicaRegistry(redis, run)
+        self.last_report: PublishReport | None = None
+        self._manifest: Manifest | None = None
+        self._buffers: list[Any] = []
+        self._held: _HeldGroup | None = None
+        self._lock = asyncio.Lock()
+        self._catch_up_task: asyncio.Task | None = None
+        self._catch_up_tries: Counter[tuple[str, int]] = Counter()
+
+    async def __aenter__(self) -> WeightPublisher:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # ---- public API ----------------------------------------------------------------------------------
+    async def publish(self, weights: Any, *, version: int | None = None) -> int:
+        """Publish ``weights`` as a new version (default: latest + 1) and return the version."""
+        from shared.weight_sync import tensors as T
+
+        t0 = time.perf_counter()
+        s = self.settings
+        async with self._lock:
+            latest = int(await self.redis.get(keys.weights_version(self.run)) or 0)
+            v = latest + 1 if version is None else int(version)
+            if v <= latest:
+                raise ValueError(f"version {v} is not newer than the latest published version {latest}")
+            named = T.named_tensors(weights)
+            if not named:
+                raise ValueError("nothing to publish: no tensors")
+            buckets = plan_buckets(T.specs(named), s.bucket_bytes)
+            buffers, buckets = await asyncio.to_thread(self._pack_all, buckets, dict(named))
+            snapshot = None
+            if s.snapshot_dir:
+                from shared.weight_sync.snapshot import write_snapshot
+
+                snapshot = await asyncio.to_thread(write_snapshot, s.snapshot_dir, v, buckets, buffers,
+                                                   s.snapshot_url, s.snapshot_keep)
+            manifest = Manifest(version=v, bucket_bytes=s.bucket_bytes, total_bytes=sum(b.nbytes for b in buckets),
+                                buckets=tuple(buckets), snapshot=snapshot)
+            await self.redis.set(wkeys.manifest(self.run, v), manifest.dumps(), ex=s.key_ttl_s)
+            self._manifest, self._buffers = manifest, buffers
+            targets = [i for i in await self.registry.alive() if self._collective(i)]
+            report = await self._sync(targets, main=True)
+            await self.redis.set(keys.weights_version(self.run), str(v))
+            report.seconds = time.perf_counter() - t0
+            self.last_report = report
+        self._ensure_catch_up()
+        log.info("published version %d (%.1f MB, %d buckets) in %.2fs: loaded=%s dropped=%s refused=%s",
+                 v, manifest.total_bytes / 1e6, len(buckets), report.seconds, report.loaded, report.dropped,
+                 report.refused)
+        return v
+
+    async def close(self) -> None:
+        """Stop the catch-up task and leave the held group."""
+        if self._catch_up_task is not None:
+            self._catch_up_task.cancel()
+            await asyncio.gather(self._catch_up_task, return_exceptions=True)
+            self._catch_up_task = None
+        self._drop_group()
+
+    # ---- packing -------------------------------------------------------------------------------------
+    def _pack_all(self, buckets: list, lookup: dict) -> tuple[list, list]:
+        from shared.weight_sync import tensors as T
+
+        buffers, out = [], []
+        for b in buckets:
+            buf = T.pack_bucket(b, lookup)
+            buffers.append(buf)
+            out.append(b.model_copy(update={"checksum": T.checksum(buf) if self.settings.checksum else None}))
+        return buffers, out
+
+    def _wire_buffer(self, index: int, buf: Any) -> Any:
+        """The tensor broadcast for bucket ``index`` (on the GPU for nccl)."""
+        if self.settings.backend == "nccl":
+            import torch
+
+            return buf.to(torch.device("cuda", torch.cuda.current_device()), non_blocking=True)
+        return buf
+
+    # ---- rounds --------------------------------------------------------------------------------------
+    def _collective(self, info: ReplicaInfo) -> bool:
+        return info.transport == "collective" and info.backend == self.settings.backend
+
+    async def _sync(self, targets: list[ReplicaInfo], *, main: bool) -> PublishReport:
+        assert self._manifest is not None
+        report = PublishReport(version=self._manifest.version, total_bytes=self._manifest.total_bytes)
+        remaining = targets
+        for _ in range(self.settings.max_attempts):
+            if not remaining:
+                break
+            out = await self._round(remaining, main=main)
+            report.rounds += 1
+            report.loaded += out.loaded
+            report.refused += out.refused
+            report.dropped += out.dropped
+            if out.error:
+                report.errors.append(out.error)
+            remaining = out.retry
+        report.dropped += [i.replica_id for i in remaining]
+        return report
+
+    async def _round(self, members: list[ReplicaInfo], *, main: bool) -> _Outcome:
+        s, manifest = self.settings, self._manifest
+        round_id = int(await self.redis.incr(wkeys.round_counter(self.run)))
+        ids = [m.replica_id for m in members]
+        held = self._held if main else None
+        reuse = held is not None and not held.group.broken and [m.replica_id for m in held.rendezvous.members] == ids
+        if main and not reuse:
+            self._drop_group()
+        if reuse:
+            base = held.rendezvous
+            rdv = base.model_copy(update={"round": round_id, "version": manifest.version, "fresh_group": False,
+                                          "manifest_key": wkeys.manifest(self.run, manifest.version),
+                                          "created_at": time.time()})
+        else:
+            placed, rank = [], 1
+            for m in members:
+                placed.append(Member(replica_id=m.replica_id, rank=rank, ranks=m.ranks))
+                rank += m.ranks
+            rdv = Rendezvous(
+                round=round_id, version=manifest.version, manifest_key=wkeys.manifest(self.run, manifest.version),
+                group_name=f"fleetrl-{self.run}-w{round_id}", fresh_group=True, backend=s.backend,
+                master_addr=s.master_addr, master_port=free_port(s.master_addr), world_size=rank,
+                members=tuple(placed), init_timeout_s=s.init_timeout_s,
+                collective_timeout_s=s.collective_timeout_s, load_timeout_s=s.load_timeout_s,
+            )
+        await self.redis.set(wkeys.rendezvous(self.run), rdv.dumps(), ex=s.key_ttl_s)
+        group = held.group if reuse else None
+        try:
+            if group is None:
+                from shared.weight_sync.group import CollectiveGroup
+
+                group = await asyncio.to_thread(
+                    CollectiveGroup.open, backend=rdv.backend, master_addr=rdv.master_addr,
+                    master_port=rdv.master_port, rank=0, world_size=rdv.world_size, group_name=rdv.group_name,
+                    init_timeout_s=rdv.init_timeout_s, collective_timeout_s=rdv.collective_timeout_s)
+            await asyncio.to_thread(self._send, group)
+        except Exception as exc:
+            log.warning("round %d (version %d, members %s) broke: %s", round_id, manifest.version, ids, exc)
+            if group is not None:
+                group.broken = True
+                group.close()
+            if main:
+                self._held = None
+            return await self._settle(round_id, members, s.regroup_timeout_s, error=str(exc))
+        if main:
+            self._held = _HeldGroup(group, rdv)
+        else:
+            group.close()
+        out = await self._settle(round_id, members, s.load_timeout_s)
+        if main and (out.dropped or out.retry):
+            self._drop_group()  # membership changed: the next round forms a new group
+        return out
+
+    def _send(self, group: Any) -> None:
+        """Broadcast every bucket from rank 0, at most two in flight."""
+        pending: list[Any] = []
+        for i, buf in enumerate(self._buffers):
+            pending.append(group.broadcast(self._wire_buffer(i, buf), src=0))
+            if len(pending) >= 2:
+                group.wait(pending.pop(0))
+        for work in pending:
+            group.wait(work)
+
+    async def _settle(self, round_id: int, members: list[ReplicaInfo], timeout_s: float, error: str = "") -> _Outcome:
+        """Collect members' reports for a round until all reported, died, or ``timeout_s`` passed."""
+        key = wkeys.reports(self.run, round_id)
+        by_id = {m.replica_id: m for m in members}
+        reports: dict[str, MemberReport] = {}
+        deadline = time.monotonic() + timeout_s
+        dead: set[str] = set()
+        while True:
+            raw = await self.redis.hgetall(key)
+            for value in raw.values():
+                r = MemberReport.loads(value)
+                if r.replica_id in by_id:
+                    reports[r.replica_id] = r
+            waiting = [rid for rid in by_id if rid not in reports and rid not in dead]
+            if not waiting or time.monotonic() >= deadline:
+                break
+            for rid in waiting:
+                if not await self.registry.is_alive(rid):
+                    dead.add(rid)
+            await asyncio.sleep(0.02)
+        await self.redis.expire(key, self.settings.key_ttl_s)
+        return _Outcome(
+            loaded=[rid for rid, r in reports.items() if r.state == "loaded"],
+            refused=[rid for rid, r in reports.items() if r.state == "refused"],
+            retry=[by_id[rid] for rid, r in reports.items() if r.state == "failed"],
+            dropped=[rid for rid in by_id if rid not in reports],
+            error=error,
+        )
+
+    def _drop_group(self) -> None:
+        if self._held is not None:
+            self._held.group.close()
+            self._held = None
+
+    # ---- late joiners --------------------------------------------------------------------------------
+    def _ensure_catch_up(self) -> None:
+        if self._catch_up_task is None or self._catch_up_task.done():
+            self._catch_up_task = asyncio.get_running_loop().create_task(self._catch_up_loop())
+
+    async def _catch_up_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.catch_up_poll_s)
+            try:
+                await self._catch_up_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("catch-up pass failed: %s", exc)
+
+    async def _catch_up_once(self) -> None:
+        manifest = self._manifest
+        if manifest is None or self._lock.locked():
+            return
+        v = manifest.version
+        behind = [i for i in await self.registry.alive()
+                  if self._collective(i) and i.weight_version < v and i.wants_version == v
+                  and self._catch_up_tries[(i.replica_id, v)] < self.settings.max_attempts]
+        if not behind:
+            return
+        async with self._lock:
+            if self._manifest is not manifest:
+                return
+            for i in behind:
+                self._catch_up_tries[(i.replica_id, v)] += 1
+            report = await self._sync(behind, main=False)
+        log.info("caught up %s to version %d (dropped=%s refused=%s)", report.loaded, v, report.dropped,
+                 report.refused)

@@ -1,0 +1,56 @@
+"""Publisher-side settings of the weight-sync protocol (receivers take their timeouts from the rendezvous)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+MiB = 1024 * 1024
+
+
+class WeightSyncSettings(BaseModel):
+    """How the learner publishes weights. Every wait the protocol does is bounded by one of these."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    backend: Literal["gloo", "nccl"] = Field(
+        default="gloo", description="torch.distributed backend: nccl between GPUs, gloo on CPUs (same code)."
+    )
+    bucket_bytes: int = Field(
+        default=256 * MiB, ge=1, description="Target size of one flat bucket; a bucket closes once it passes this."
+    )
+    master_addr: str = Field(
+        default="127.0.0.1", description="Address replicas dial to reach the publisher (rank 0) of the group."
+    )
+    init_timeout_s: float = Field(default=60.0, gt=0, description="Bound on forming a process group.")
+    collective_timeout_s: float = Field(
+        default=120.0, gt=0, description="Bound on each bucket's broadcast (size it for one bucket on a slow link)."
+    )
+    regroup_timeout_s: float = Field(
+        default=10.0, gt=0,
+        description="After a failed round, how long to wait for members to say they are alive before dropping them.",
+    )
+    load_timeout_s: float = Field(
+        default=60.0, gt=0, description="After the broadcast, how long members have to report the version loaded."
+    )
+    max_attempts: int = Field(default=3, ge=1, description="Rounds per publish before giving up on the stragglers.")
+    checksum: bool = Field(default=True, description="CRC32 per bucket in the manifest; receivers verify it.")
+    snapshot_dir: str | None = Field(
+        default=None,
+        description="Write a safetensors snapshot per version here (the fallback transport); unset = no snapshots.",
+    )
+    snapshot_url: str | None = Field(
+        default=None, description="Base URL under which snapshot_dir is served over HTTP (advertised in the manifest)."
+    )
+    snapshot_keep: int = Field(default=2, ge=1, description="Snapshot versions kept on disk.")
+    catch_up_poll_s: float = Field(
+        default=0.25, gt=0, description="How often the publisher looks for replicas that joined late."
+    )
+    key_ttl_s: int = Field(default=24 * 3600, ge=60, description="Expiry of per-version and per-round Redis keys.")
+
+    @model_validator(mode="after")
+    def _check(self) -> WeightSyncSettings:
+        if self.snapshot_url is not None and self.snapshot_dir is None:
+            raise ValueError("snapshot_url needs snapshot_dir (the directory that URL serves)")
+        return self

@@ -1,0 +1,168 @@
+"""Wire records of the weight-sync protocol (JSON in Redis; no torch, no pickle).
+
+- :class:`Manifest` — one version: its buckets, each a list of tensors (name, dtype, shape, byte offset)
+  packed back to back as raw bytes, plus an optional CRC32 per bucket and where its snapshot lives.
+- :class:`Rendezvous` — one update round: which group to join (address, port, world size, group name,
+  backend), who is in it at which rank, the version it carries and the timeouts everyone uses.
+- :class:`MemberReport` — what a replica says about a round (loaded / failed / refused).
+- :class:`ReplicaInfo` — a replica in the registry (with its transport and current version).
+
+Bucket layout is the one SGLang's ``flattened_bucket`` and vLLM's packed broadcast use: tensors' bytes
+concatenated in manifest order with no padding, a bucket closing once it passes ``bucket_bytes``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Sequence
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# dtypes a bucket may carry, by their torch attribute name (what SGLang / vLLM put on the wire too)
+DTYPES: dict[str, int] = {
+    "float32": 4, "float16": 2, "bfloat16": 2, "float64": 8,
+    "float8_e4m3fn": 1, "float8_e5m2": 1,
+    "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1,
+}
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    def dumps(self) -> str:
+        return self.model_dump_json()
+
+    @classmethod
+    def loads(cls, raw: str | bytes):
+        return cls.model_validate_json(raw)
+
+
+class TensorEntry(_Record):
+    """One tensor inside a bucket: ``bucket[offset:offset + nbytes]`` holds its raw bytes."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    offset: int = Field(ge=0)
+    nbytes: int = Field(ge=0)
+
+
+class Bucket(_Record):
+    """One flat buffer of the broadcast."""
+
+    index: int = Field(ge=0)
+    nbytes: int = Field(ge=0)
+    tensors: tuple[TensorEntry, ...]
+    checksum: int | None = Field(default=None, description="CRC32 of the bucket's bytes, when enabled.")
+
+
+class SnapshotInfo(_Record):
+    """Where the fallback transport finds this version: one safetensors file per bucket."""
+
+    path: str = Field(description="Directory on a shared filesystem holding bucket-NNNNN.safetensors files.")
+    url: str | None = Field(default=None, description="The same directory over HTTP, if it is served.")
+    files: tuple[str, ...]
+    checksums: tuple[int, ...] = Field(description="CRC32 of each file's bytes.")
+
+
+class Manifest(_Record):
+    version: int = Field(ge=1)
+    bucket_bytes: int
+    total_bytes: int
+    buckets: tuple[Bucket, ...]
+    snapshot: SnapshotInfo | None = None
+    created_at: float = Field(default_factory=time.time)
+
+    @property
+    def num_tensors(self) -> int:
+        return sum(len(b.tensors) for b in self.buckets)
+
+    def tensor_names(self) -> list[str]:
+        return [t.name for b in self.buckets for t in b.tensors]
+
+
+class Member(_Record):
+    replica_id: str
+    rank: int = Field(ge=1, description="First rank of the replica (the publisher is rank 0).")
+    ranks: int = Field(default=1, ge=1, description="Ranks the replica occupies (its engine's TP size).")
+
+
+class Rendezvous(_Record):
+    round: int = Field(ge=1, description="Unique id of this update round (INCR).")
+    version: int = Field(ge=1)
+    manifest_key: str
+    group_name: str
+    fresh_group: bool = Field(description="True when this round forms a new group; False reuses the members' group.")
+    backend: Literal["gloo", "nccl"]
+    master_addr: str
+    master_port: int
+    world_size: int = Field(ge=2)
+    members: tuple[Member, ...]
+    init_timeout_s: float
+    collective_timeout_s: float
+    load_timeout_s: float
+    created_at: float = Field(default_factory=time.time)
+
+    def member(self, replica_id: str) -> Member | None:
+        return next((m for m in self.members if m.replica_id == replica_id), None)
+
+
+ReportState = Literal["loaded", "failed", "refused"]
+
+
+class MemberReport(_Record):
+    replica_id: str
+    round: int
+    version: int
+    state: ReportState = Field(description="loaded: serving it; failed: alive, round broke; refused: bad data.")
+    detail: str = ""
+
+
+Transport = Literal["collective", "snapshot"]
+
+
+class ReplicaInfo(_Record):
+    replica_id: str
+    name: str = Field(description="Human label (host:port of the rollout service).")
+    transport: Transport
+    backend: Literal["gloo", "nccl"] = "gloo"
+    ranks: int = 1
+    engine: str = ""
+    weight_version: int = 0
+    wants_version: int = Field(default=0, description="Version the replica asks to be brought to (catch-up).")
+    updated_at: float = Field(default_factory=time.time)
+
+
+def plan_buckets(specs: Iterable[tuple[str, str, Sequence[int]]], bucket_bytes: int) -> list[Bucket]:
+    """Group ``(name, dtype, shape)`` into buckets, in order: a bucket closes once it passes ``bucket_bytes``
+    (vLLM's packing rule, so buckets line up with its packed consumer)."""
+    buckets: list[Bucket] = []
+    current: list[TensorEntry] = []
+    offset = 0
+
+    def close() -> None:
+        nonlocal current, offset
+        buckets.append(Bucket(index=len(buckets), nbytes=offset, tensors=tuple(current)))
+        current, offset = [], 0
+
+    for name, dtype, shape in specs:
+        if dtype not in DTYPES:
+            raise ValueError(f"tensor {name!r}: dtype {dtype!r} cannot be synced (known: {sorted(DTYPES)})")
+        numel = 1
+        for d in shape:
+            numel *= int(d)
+        nbytes = numel * DTYPES[dtype]
+        current.append(TensorEntry(name=name, dtype=dtype, shape=tuple(int(d) for d in shape), offset=offset,
+                                   nbytes=nbytes))
+        offset += nbytes
+        if offset > bucket_bytes:
+            close()
+    if current:
+        close()
+    return buckets
+
+
+def decode_json(raw: str | bytes | None) -> dict | None:
+    return None if raw is None else json.loads(raw)
