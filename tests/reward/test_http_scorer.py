@@ -1,0 +1,108 @@
+"""Remote scorers over real HTTP: FleetRL calling a stand-in OpenRLHF serve_rm (its own process) and
+another FleetRL /score; a remote that times out then recovers; one that is down -> a clear 503 naming
+the scorer, never 0.0; the circuit breaker."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from shared.redis_server import free_port
+from tests.reward.conftest import metric_value
+
+
+@pytest.fixture(scope="module")
+def rules_upstream(reward_service):
+    return reward_service({"scorers": [{"name": "math", "kind": "rule", "check": {"type": "math"}}]}, name="upstream")
+
+
+@pytest.fixture(scope="module")
+def remote(reward_service, openrlhf_stub, rules_upstream):
+    return reward_service({
+        "scorers": [
+            {"name": "orm", "kind": "http", "protocol": "openrlhf", "url": f"{openrlhf_stub.url}/get_reward",
+             "weight": 1.0, "timeout_s": 0.5, "retry": {"attempts": 2, "backoff_s": 0.05},
+             "breaker_failures": 50},
+            {"name": "fleet", "kind": "http", "protocol": "fleetrl", "url": f"{rules_upstream.url}/score",
+             "weight": 10.0, "max_batch_items": 2},
+        ]
+    }, name="remote")
+
+
+@pytest.fixture(scope="module")
+def down(reward_service):
+    dead = f"http://127.0.0.1:{free_port()}/get_reward"  # nothing listens there
+    return reward_service({
+        "scorers": [
+            {"name": "math", "kind": "rule", "check": {"type": "math"}},
+            {"name": "down_rm", "kind": "http", "protocol": "openrlhf", "url": dead, "timeout_s": 2,
+             "retry": {"attempts": 2, "backoff_s": 0.05}, "breaker_failures": 2, "breaker_reset_s": 60},
+        ]
+    }, name="down")
+
+
+def control(stub, **kw) -> dict:
+    return httpx.post(f"{stub.url}/control", json=kw, timeout=10).json()
+
+
+ITEMS = [
+    {"prompt": "Rate: ", "response": "good good bad", "label": "1"},
+    {"prompt": [{"role": "user", "content": "2+3?"}], "response": r"good \boxed{5}", "label": 5},
+    {"prompt": "x", "response": "bad", "label": "0"},
+]
+
+
+def test_openrlhf_and_fleetrl_remotes(remote, openrlhf_stub):
+    control(openrlhf_stub, delay_calls=0)
+    r = httpx.post(f"{remote.url}/score", json={"items": ITEMS}, timeout=30)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["components"] == [{"orm": 1.0, "fleet": 0.0}, {"orm": 1.0, "fleet": 1.0}, {"orm": -1.0, "fleet": 0.0}]
+    assert body["scores"] == pytest.approx([1.0, 11.0, -1.0])
+    # the stub saw exactly what OpenRLHF's trainer sends: query = prompt + response, prompts, labels
+    last = control(openrlhf_stub)["last"]
+    assert last["query"][0] == "Rate: good good bad"
+    assert last["prompts"][1] == "<|im_start|>user\n2+3?<|im_end|>\n<|im_start|>assistant\n"
+    assert last["query"][1] == last["prompts"][1] + r"good \boxed{5}"
+    assert last["labels"] == ["1", 5, "0"]
+
+
+def test_a_timeout_is_retried_and_the_retry_succeeds(remote, openrlhf_stub):
+    before = metric_value(httpx.get(f"{remote.url}/metrics").text, "fleetrl_reward_scorer_retries_total", scorer="orm")
+    control(openrlhf_stub, delay_s=3.0, delay_calls=1)  # only the first call is slow
+    r = httpx.post(f"{remote.url}/score", json={"items": ITEMS[:1]}, timeout=30)
+    assert r.status_code == 200, r.text
+    assert r.json()["components"][0]["orm"] == 1.0
+    text = httpx.get(f"{remote.url}/metrics").text
+    assert metric_value(text, "fleetrl_reward_scorer_retries_total", scorer="orm") == before + 1
+    assert metric_value(text, "fleetrl_reward_scorer_errors_total", scorer="orm", error="ScorerTimeout") >= 1
+
+
+def test_a_remote_that_keeps_timing_out_gives_504_then_recovers(remote, openrlhf_stub):
+    control(openrlhf_stub, delay_s=3.0, delay_calls=-1)
+    r = httpx.post(f"{remote.url}/score", json={"items": ITEMS[:1]}, timeout=30)
+    assert r.status_code == 504, r.text
+    body = r.json()
+    assert "scores" not in body
+    assert "scorer 'orm' (http) failed after 2 tries" in body["detail"]
+    assert "did not answer within 0.5s" in body["detail"]
+    assert body["errors"][0]["scorer"] == "orm"
+    control(openrlhf_stub, delay_calls=0)
+    r = httpx.post(f"{remote.url}/score", json={"items": ITEMS[:1]}, timeout=30)
+    assert r.status_code == 200 and r.json()["scores"] == [1.0]
+
+
+def test_a_down_remote_fails_clearly_never_zero_and_opens_the_circuit(down):
+    r = httpx.post(f"{down.url}/score", json={"items": ITEMS[:1]}, timeout=30)
+    assert r.status_code == 503, r.text
+    body = r.json()
+    assert "scores" not in body
+    assert "scorer 'down_rm' (http) failed after 2 tries: cannot connect to http://127.0.0.1:" in body["detail"]
+    # two failed calls opened the breaker: the next request is refused at once, still naming the scorer
+    r = httpx.post(f"{down.url}/get_reward", json={"query": ["x"], "labels": ["0"]}, timeout=30)
+    assert r.status_code == 503 and "circuit open" in r.json()["detail"] and "down_rm" in r.json()["detail"]
+    health = httpx.get(f"{down.url}/health", timeout=10)
+    assert health.status_code == 503 and "circuit open" in health.json()["scorers"]["down_rm"]
+    assert health.json()["scorers"]["math"] == "ok"
+    text = httpx.get(f"{down.url}/metrics").text
+    assert metric_value(text, "fleetrl_reward_circuit_open", scorer="down_rm") == 1.0
