@@ -1,0 +1,3 @@
+from services.rollout.cli import app
+
+app()

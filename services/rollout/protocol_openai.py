@@ -1,0 +1,211 @@
+"""OpenAI ``/v1/completions`` and ``/v1/chat/completions`` <-> engine sequences (with vLLM's extras)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from services.rollout.engines.types import SamplingParams, SequenceOutput, SequenceRequest
+from services.rollout.errors import RequestError
+from services.rollout.service import RolloutService, new_request_id
+from shared.generate_api import (
+    AssistantMessage,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChoiceLogprobs,
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionRequest,
+    CompletionResponse,
+    DeltaMessage,
+    TokenLogprob,
+    TopLogprob,
+    Usage,
+)
+
+Req = CompletionRequest | ChatCompletionRequest
+
+
+@dataclass
+class OpenAIPlan:
+    request: Req
+    chat: bool
+    seqs: list[SequenceRequest]
+    prompts: list[list[int]]
+    id: str
+    created: int
+    model: str
+    top_n: int  # top alternatives per token (0 = none)
+    want_logprobs: bool
+
+
+def check_model(service: RolloutService, model: str | None) -> str:
+    served = service.settings.model_name
+    if model is not None and model not in (served, service.settings.model):
+        raise RequestError(f"model {model!r} is not served here; this server serves {served!r}", status=404)
+    return served
+
+
+def _params(service: RolloutService, r: Req, ids: list[int], max_tokens: int | None, top_n: int, what: str) -> SamplingParams:
+    stop = [r.stop] if isinstance(r.stop, str) else list(r.stop or [])
+    return SamplingParams(
+        max_new_tokens=service.check_prompt(ids, max_tokens, what), temperature=r.temperature, top_p=r.top_p,
+        top_k=r.top_k, min_p=r.min_p, stop=tuple(stop), stop_token_ids=tuple(r.stop_token_ids or ()),
+        ignore_eos=r.ignore_eos, skip_special_tokens=r.skip_special_tokens,
+        no_stop_trim=r.include_stop_str_in_output, seed=r.seed, top_logprobs=top_n,
+    )
+
+
+def plan_completion(service: RolloutService, r: CompletionRequest) -> OpenAIPlan:
+    model = check_model(service, r.model)
+    service.check_stop_ids(r.stop_token_ids)
+    prompts = [service.encode(p) if isinstance(p, str) else list(p) for p in r.prompts_raw()]
+    top_n = r.logprobs or 0
+    params = [_params(service, r, ids, r.max_tokens, top_n, "prompt" if len(prompts) == 1 else f"prompt {i}")
+              for i, ids in enumerate(prompts)]
+    rid = new_request_id()
+    seqs = service.sequences(prompts, params, r.n, r.stream, rid)
+    return OpenAIPlan(r, False, seqs, prompts, f"cmpl-{rid}", int(time.time()), model, top_n, r.logprobs is not None)
+
+
+def plan_chat(service: RolloutService, r: ChatCompletionRequest) -> OpenAIPlan:
+    model = check_model(service, r.model)
+    service.check_stop_ids(r.stop_token_ids)
+    messages = []
+    for m in r.messages:
+        msg = {"role": m.role, "content": m.text()}
+        for key in ("name", "tool_call_id", "tool_calls"):
+            if getattr(m, key) is not None:
+                msg[key] = getattr(m, key)
+        messages.append(msg)
+    ids = service.apply_chat_template(
+        messages, add_generation_prompt=r.add_generation_prompt, continue_final_message=r.continue_final_message,
+        tools=r.tools if r.tool_choice != "none" else None, extra=r.chat_template_kwargs)
+    max_tokens = r.max_completion_tokens or r.max_tokens
+    top_n = (r.top_logprobs or 0) if r.logprobs else 0
+    params = [_params(service, r, ids, max_tokens, top_n, "chat prompt")]
+    rid = new_request_id()
+    seqs = service.sequences([ids], params, r.n, r.stream, rid)
+    return OpenAIPlan(r, True, seqs, [ids], f"chatcmpl-{rid}", int(time.time()), model, top_n, r.logprobs)
+
+
+# ---- pieces -------------------------------------------------------------------------------------------
+def finish_reason(out_finish) -> tuple[str | None, str | int | None]:
+    if out_finish is None:
+        return None, None
+    return out_finish.type, out_finish.matched if out_finish.type == "stop" else None
+
+
+def _tok(service: RolloutService, p: OpenAIPlan, tid: int) -> str:
+    return f"token_id:{tid}" if p.request.return_tokens_as_token_ids else service.token_text(tid)
+
+
+def completion_logprobs(service: RolloutService, p: OpenAIPlan, ids, lps, tops, offset0: int) -> CompletionLogprobs:
+    tokens = [_tok(service, p, t) for t in ids]
+    offsets, pos = [], offset0
+    for t in tokens:
+        offsets.append(pos)
+        pos += len(t)
+    top = None
+    if p.top_n and tops is not None:
+        top = [{_tok(service, p, tid): lp for tid, lp in row} for row in tops]
+    return CompletionLogprobs(tokens=tokens, token_logprobs=list(lps), top_logprobs=top, text_offset=offsets)
+
+
+def chat_logprobs(service: RolloutService, p: OpenAIPlan, ids, lps, tops) -> ChoiceLogprobs:
+    content = []
+    for k, (tid, lp) in enumerate(zip(ids, lps)):
+        tok = _tok(service, p, tid)
+        alts = []
+        if p.top_n and tops is not None and k < len(tops):
+            for aid, alp in tops[k]:
+                at = _tok(service, p, aid)
+                alts.append(TopLogprob(token=at, logprob=alp, bytes=list(at.encode())))
+        content.append(TokenLogprob(token=tok, logprob=lp, bytes=list(tok.encode()), top_logprobs=alts))
+    return ChoiceLogprobs(content=content)
+
+
+def _usage(p: OpenAIPlan, outs_tokens: int) -> Usage:
+    prompt = sum(len(s.prompt_ids) for s in p.seqs)
+    return Usage(prompt_tokens=prompt, completion_tokens=outs_tokens, total_tokens=prompt + outs_tokens)
+
+
+def response(service: RolloutService, p: OpenAIPlan, outs: list[SequenceOutput]) -> dict:
+    usage = _usage(p, sum(len(o.output_ids) for o in outs))
+    n = p.request.n
+    tids = p.request.return_token_ids
+    version = max((o.weight_version for o in outs), default=0)
+    if p.chat:
+        choices = []
+        for k, o in enumerate(outs):
+            fr, sr = finish_reason(o.finish)
+            lp = chat_logprobs(service, p, o.output_ids, o.logprobs, o.top_logprobs) if p.want_logprobs else None
+            choices.append(ChatChoice(index=k, message=AssistantMessage(content=o.text), logprobs=lp, finish_reason=fr,
+                                      stop_reason=sr, token_ids=o.output_ids if tids else None))
+        body = ChatCompletionResponse(id=p.id, created=p.created, model=p.model, choices=choices, usage=usage,
+                                      prompt_token_ids=p.prompts[0] if tids else None, weight_version=version)
+    else:
+        choices = []
+        for k, o in enumerate(outs):
+            fr, sr = finish_reason(o.finish)
+            lp = (completion_logprobs(service, p, o.output_ids, o.logprobs, o.top_logprobs, 0)
+                  if p.want_logprobs else None)
+            choices.append(CompletionChoice(index=k, text=o.text, logprobs=lp, finish_reason=fr, stop_reason=sr,
+                                            token_ids=o.output_ids if tids else None,
+                                            prompt_token_ids=p.prompts[k // n] if tids else None))
+        body = CompletionResponse(id=p.id, created=p.created, model=p.model, choices=choices, usage=usage,
+                                  weight_version=version)
+    return body.model_dump(exclude_none=True)
+
+
+async def sse_chunks(service: RolloutService, p: OpenAIPlan, deltas: AsyncIterator) -> AsyncIterator[bytes]:
+    """OpenAI streaming: one chunk per delta per choice, a usage chunk if asked, then ``[DONE]``."""
+    tids = p.request.return_token_ids
+    opts = p.request.stream_options
+    generated = 0
+    text_pos = [0] * len(p.seqs)
+    started = [False] * len(p.seqs)
+    if p.chat:
+        for k in range(len(p.seqs)):
+            first = ChatCompletionChunk(id=p.id, created=p.created, model=p.model,
+                                        choices=[ChatChunkChoice(index=k, delta=DeltaMessage(role="assistant", content=""))],
+                                        prompt_token_ids=p.prompts[0] if tids and k == 0 else None)
+            yield _sse(first.model_dump(exclude_none=True))
+    async for k, d in deltas:
+        generated += len(d.token_ids)
+        fr, sr = finish_reason(d.finish)
+        if p.chat:
+            lp = chat_logprobs(service, p, d.token_ids, d.logprobs, d.top_logprobs) if p.want_logprobs else None
+            choice = ChatChunkChoice(index=k, delta=DeltaMessage(content=d.text), logprobs=lp, finish_reason=fr,
+                                     stop_reason=sr, token_ids=d.token_ids if tids else None)
+            chunk = ChatCompletionChunk(id=p.id, created=p.created, model=p.model, choices=[choice]).model_dump(exclude_none=True)
+        else:
+            lp = (completion_logprobs(service, p, d.token_ids, d.logprobs, d.top_logprobs, text_pos[k])
+                  if p.want_logprobs else None)
+            choice = CompletionChoice(index=k, text=d.text, logprobs=lp, finish_reason=fr, stop_reason=sr,
+                                      token_ids=d.token_ids if tids else None,
+                                      prompt_token_ids=p.prompts[k // p.request.n] if tids and not started[k] else None)
+            chunk = {"id": p.id, "object": "text_completion", "created": p.created, "model": p.model,
+                     "choices": [choice.model_dump(exclude_none=True)]}
+        text_pos[k] += len(d.text)
+        started[k] = True
+        if d.finish is not None:
+            for c in chunk["choices"]:
+                c["finish_reason"] = fr
+        if opts is not None and opts.include_usage and opts.continuous_usage_stats:
+            chunk["usage"] = _usage(p, generated).model_dump()
+        yield _sse(chunk)
+    if opts is not None and opts.include_usage:
+        obj = "chat.completion.chunk" if p.chat else "text_completion"
+        yield _sse({"id": p.id, "object": obj, "created": p.created, "model": p.model, "choices": [],
+                    "usage": _usage(p, generated).model_dump()})
+    yield b"data: [DONE]\n\n"
+
+
+def _sse(obj: dict) -> bytes:
+    return f"data: {json.dumps(obj)}\n\n".encode()

@@ -1,0 +1,122 @@
+"""``/generate`` (SGLang) <-> engine sequences: request mapping, response and stream-chunk building."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from services.rollout.engines.types import SamplingParams, SequenceOutput, SequenceRequest
+from services.rollout.service import RolloutService, new_request_id
+from shared.generate_api import GenerateRequest, GenerateResponse, MetaInfo, SamplingParamsIn
+
+
+@dataclass
+class GeneratePlan:
+    """A /generate request turned into sequences, plus what the response needs to echo."""
+
+    request: GenerateRequest
+    seqs: list[SequenceRequest]
+    ids: list[str]  # meta_info.id per sequence
+    started: float
+
+    @property
+    def as_list(self) -> bool:
+        return self.request.is_batch or self.request.sampling_params.n > 1
+
+
+def sampling_params(sp: SamplingParamsIn, max_new_tokens: int, top_logprobs: int) -> SamplingParams:
+    stop = sp.stop if isinstance(sp.stop, list) else ([sp.stop] if sp.stop else [])
+    return SamplingParams(
+        max_new_tokens=max_new_tokens, temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k, min_p=sp.min_p,
+        stop=tuple(stop), stop_token_ids=tuple(sp.stop_token_ids or ()), ignore_eos=sp.ignore_eos,
+        skip_special_tokens=sp.skip_special_tokens, no_stop_trim=sp.no_stop_trim, seed=sp.sampling_seed,
+        top_logprobs=top_logprobs,
+    )
+
+
+def plan(service: RolloutService, req: GenerateRequest) -> GeneratePlan:
+    sp = req.sampling_params
+    service.check_stop_ids(sp.stop_token_ids)
+    raw = req.prompts_raw()
+    prompts = [service.encode(p) if isinstance(p, str) else list(p) for p in raw]
+    params = []
+    for i, ids in enumerate(prompts):
+        what = "prompt" if len(prompts) == 1 else f"prompt {i}"
+        params.append(sampling_params(sp, service.check_prompt(ids, sp.max_new_tokens, what), req.top_logprobs_num))
+    rid = new_request_id()
+    seqs = service.sequences(prompts, params, sp.n, req.stream, rid)
+    if isinstance(req.rid, list):
+        per_prompt = req.rid
+    else:
+        base = req.rid or rid
+        per_prompt = [f"{base}-{i}" for i in range(len(prompts))] if req.is_batch else [base]
+    ids = [per_prompt[k // sp.n] if sp.n == 1 else f"{per_prompt[k // sp.n]}-{k % sp.n}" for k in range(len(seqs))]
+    return GeneratePlan(req, seqs, ids, time.monotonic())
+
+
+def _logprob_triples(service: RolloutService, ids: list[int], lps: list[float], with_text: bool):
+    return [(lp, tid, service.token_text(tid) if with_text else None) for lp, tid in zip(lps, ids)]
+
+
+def _meta(service: RolloutService, p: GeneratePlan, k: int, out: SequenceOutput, final: bool) -> MetaInfo:
+    req = p.request
+    meta = MetaInfo(
+        id=p.ids[k],
+        prompt_tokens=len(out.prompt_ids),
+        completion_tokens=len(out.output_ids),
+        finish_reason=out.finish.to_wire() if (final and out.finish is not None) else None,
+        weight_version=str(service.engine.weight_version if not final else out.weight_version),
+        e2e_latency=round(time.monotonic() - p.started, 6) if final else None,
+    )
+    if req.return_logprob:
+        meta.output_token_logprobs = _logprob_triples(service, out.output_ids, out.logprobs, req.return_text_in_logprobs)
+        if req.top_logprobs_num and out.top_logprobs is not None:
+            meta.output_top_logprobs = [
+                [(lp, tid, service.token_text(tid) if req.return_text_in_logprobs else None) for tid, lp in row]
+                for row in out.top_logprobs
+            ]
+    return meta
+
+
+def response(service: RolloutService, p: GeneratePlan, outs: list[SequenceOutput]) -> list[dict] | dict:
+    items = [
+        GenerateResponse(text=o.text, output_ids=o.output_ids, meta_info=_meta(service, p, k, o, True)).model_dump(
+            exclude_none=True)
+        for k, o in enumerate(outs)
+    ]
+    for item, o in zip(items, outs):
+        item["meta_info"]["finish_reason"] = o.finish.to_wire() if o.finish else None
+    return items if p.as_list else items[0]
+
+
+async def sse_chunks(service: RolloutService, p: GeneratePlan, deltas: AsyncIterator) -> AsyncIterator[bytes]:
+    """SSE ``data: {json}`` chunks, SGLang style (cumulative text / ids unless incremental), then ``[DONE]``."""
+    incremental = service.settings.incremental_streaming_output
+    state = [SequenceOutput(rid=s.rid, prompt_ids=s.prompt_ids) for s in p.seqs]
+    sent = [0] * len(state)
+    async for k, delta in deltas:
+        out = state[k]
+        text_before = len(out.text)
+        out.add(delta)
+        final = delta.finish is not None
+        if final:
+            out.weight_version = service.engine.weight_version
+        meta = _meta(service, p, k, out, final)
+        if incremental:
+            start = sent[k]
+            chunk = {"text": out.text[text_before:], "output_ids": out.output_ids[start:]}
+            if meta.output_token_logprobs is not None:
+                meta.output_token_logprobs = meta.output_token_logprobs[start:]
+            if meta.output_top_logprobs is not None:
+                meta.output_top_logprobs = meta.output_top_logprobs[start:]
+            sent[k] = len(out.output_ids)
+        else:
+            chunk = {"text": out.text, "output_ids": list(out.output_ids)}
+        chunk["meta_info"] = meta.model_dump(exclude_none=True)
+        chunk["meta_info"]["finish_reason"] = meta.finish_reason
+        if p.as_list:
+            chunk["index"] = k
+        yield f"data: {json.dumps(chunk)}\n\n".encode()
+    yield b"data: [DONE]\n\n"

@@ -1,0 +1,1 @@
+"""Thin HTTP routes of the rollout service, one module per surface."""

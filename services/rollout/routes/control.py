@@ -1,0 +1,45 @@
+"""Control plane (bearer token): ``/pause_generation``, ``/continue_generation``.
+
+Weight-update routes come from extensions (see ``app.create_app``) and use the same ``ControlDep``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Literal
+
+from fastapi import APIRouter
+from pydantic import BaseModel, ConfigDict, Field
+
+from services.rollout.deps import ControlDep, ServiceDep
+from services.rollout.errors import RequestError
+
+router = APIRouter(tags=["control"], dependencies=[ControlDep])
+
+
+class PauseRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    mode: Literal["abort", "wait"] = Field(default="abort", description="abort: end in-flight sequences; wait: let them finish.")
+    timeout_s: float | None = Field(default=None, gt=0, description="wait mode: give up waiting after this long.")
+
+
+class ControlReply(BaseModel):
+    success: bool
+    message: str
+
+
+@router.post("/pause_generation")
+async def pause_generation(service: ServiceDep, body: PauseRequest | None = None) -> ControlReply:
+    body = body or PauseRequest()
+    try:
+        await service.pause(body.mode, body.timeout_s)
+    except asyncio.TimeoutError:
+        raise RequestError(f"paused, but sequences were still running after {body.timeout_s}s", status=504) from None
+    return ControlReply(success=True, message=f"generation paused ({body.mode})")
+
+
+@router.post("/continue_generation")
+async def continue_generation(service: ServiceDep) -> ControlReply:
+    await service.resume()
+    return ControlReply(success=True, message="generation continued")

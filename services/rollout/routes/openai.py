@@ -1,0 +1,37 @@
+"""OpenAI-compatible routes: ``/v1/completions``, ``/v1/chat/completions``, ``/v1/models``."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from services.rollout import protocol_openai
+from services.rollout.deps import ServiceDep
+from services.rollout.routes.streaming import sse_response, until_disconnect
+from shared.generate_api import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
+
+router = APIRouter(prefix="/v1", tags=["openai"])
+
+
+async def _run(plan, request: Request, service):
+    if plan.request.stream:
+        return await sse_response(service.stream(plan.seqs), lambda d: protocol_openai.sse_chunks(service, plan, d))
+    outs = await until_disconnect(request, service.generate(plan.seqs))
+    return JSONResponse(protocol_openai.response(service, plan, outs))
+
+
+@router.post("/completions")
+async def completions(body: CompletionRequest, request: Request, service: ServiceDep):
+    return await _run(protocol_openai.plan_completion(service, body), request, service)
+
+
+@router.post("/chat/completions")
+async def chat_completions(body: ChatCompletionRequest, request: Request, service: ServiceDep):
+    return await _run(protocol_openai.plan_chat(service, body), request, service)
+
+
+@router.get("/models")
+async def models(service: ServiceDep) -> ModelList:
+    card = ModelCard(id=service.settings.model_name, created=service.started_at, root=service.settings.model,
+                     max_model_len=service.engine.context_length)
+    return ModelList(data=[card])

@@ -1,0 +1,67 @@
+"""Helpers shared by routes: SSE responses and client-disconnect handling."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar
+
+from fastapi import Request
+from fastapi.responses import StreamingResponse
+
+from services.rollout.errors import RequestError
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+async def sse_response(deltas: AsyncIterator, render: Callable[[AsyncIterator], AsyncIterator[bytes]]) -> StreamingResponse:
+    """Stream ``render(deltas)``. The first delta is awaited here, so admission failures (429 / 503)
+    still get a real status; later failures become an SSE error event before ``[DONE]``. A client that
+    disconnects cancels the stream, which aborts its sequences."""
+    try:
+        first = await deltas.__anext__()
+    except BaseException:
+        await deltas.aclose()
+        raise
+
+    async def chained() -> AsyncIterator:
+        yield first
+        async for item in deltas:
+            yield item
+
+    async def body() -> AsyncIterator[bytes]:
+        try:
+            async for chunk in render(chained()):
+                yield chunk
+        except Exception as exc:
+            log.warning("stream failed: %r", exc)
+            err = {"error": {"message": f"generation failed: {exc}", "type": type(exc).__name__, "code": 500}}
+            yield f"data: {json.dumps(err)}\n\n".encode()
+            yield b"data: [DONE]\n\n"
+        finally:
+            await deltas.aclose()
+
+    return StreamingResponse(body(), media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+async def until_disconnect(request: Request, work: Awaitable[T], poll_s: float = 0.25) -> T:
+    """Run ``work``; cancel it (aborting its sequences, freeing their slots) if the client goes away."""
+    task = asyncio.ensure_future(work)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=poll_s)
+            if done:
+                return task.result()
+            if await request.is_disconnected():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+                raise RequestError("client disconnected", status=499)
+    finally:
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)

@@ -1,0 +1,216 @@
+"""The rollout service object: the engine, admission control, tokenisation, metrics, the worker.
+
+Routes make one call on it; it turns prompts into engine :class:`SequenceRequest` s, admits them
+(bounded: over ``limits.max_inflight_sequences`` it raises :class:`Overloaded` rather than queueing
+without bound), runs them on the engine, and records metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from contextlib import aclosing, asynccontextmanager
+from dataclasses import replace
+from typing import Any
+
+from services.rollout.engines.base import Engine, PauseMode, create_engine
+from services.rollout.engines.types import SamplingParams, SequenceDelta, SequenceOutput, SequenceRequest
+from services.rollout.errors import Overloaded, RequestError
+from services.rollout.metrics import RolloutMetrics
+from services.rollout.settings import RolloutSettings
+
+log = logging.getLogger(__name__)
+
+
+def new_request_id() -> str:
+    return uuid.uuid4().hex
+
+
+class RolloutService:
+    def __init__(self, settings: RolloutSettings, engine: Engine | None = None) -> None:
+        self.settings = settings
+        self.limits = settings.limits
+        self.engine = engine or create_engine(settings.engine, settings.model)
+        self.metrics = RolloutMetrics()
+        self.started_at = int(time.time())
+        self._admitted = 0
+        self.worker: Any = None
+
+    # ---- lifecycle ---------------------------------------------------------------------------------
+    async def start(self) -> None:
+        await self.engine.start()
+        self.engine.on_batch_step = self.metrics.batch_size.observe
+        self.metrics.bind(
+            queue_depth=lambda: self.engine.queue_depth,
+            inflight=lambda: self.engine.inflight,
+            weight_version=lambda: self.engine.weight_version,
+            paused=lambda: float(self.engine.paused),
+        )
+        if self.settings.worker.enabled:
+            from services.rollout.worker.loop import RolloutWorker
+
+            self.worker = RolloutWorker(self.settings, self, self.metrics.registry)
+            await self.worker.start()
+
+    async def stop(self) -> None:
+        if self.worker is not None:
+            await self.worker.stop()
+        await self.engine.stop()
+
+    async def health(self) -> bool:
+        return await self.engine.health()
+
+    async def pause(self, mode: PauseMode, timeout: float | None = None) -> None:
+        await self.engine.pause(mode, timeout)
+
+    async def resume(self) -> None:
+        await self.engine.resume()
+
+    # ---- tokens ------------------------------------------------------------------------------------
+    @property
+    def tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.tokenizer)
+
+    def encode(self, text: str) -> list[int]:
+        ids = self.tokenizer.encode(text)
+        if not ids:
+            raise RequestError("the prompt tokenises to nothing")
+        return list(ids)
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True,
+                            continue_final_message: bool = False, tools: list[dict] | None = None,
+                            extra: dict[str, Any] | None = None) -> list[int]:
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise RequestError(f"the model {self.settings.model_name} has no chat template; use /v1/completions")
+        try:
+            text = self.tokenizer.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message, tools=tools, **(extra or {}))
+        except Exception as exc:  # template errors come from user-supplied messages / kwargs
+            raise RequestError(f"the chat template could not render these messages: {exc}") from exc
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        if not ids:
+            raise RequestError("the chat prompt tokenises to nothing")
+        return list(ids)
+
+    def token_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    def check_prompt(self, ids: Sequence[int], max_new_tokens: int | None, what: str = "prompt") -> int:
+        """Validate a prompt against the vocabulary and context; returns the max_new_tokens to use."""
+        if not ids:
+            raise RequestError(f"{what} is empty")
+        vocab = self.vocab_size
+        bad = next((t for t in ids if t >= vocab), None)
+        if bad is not None:
+            raise RequestError(f"{what} holds token id {bad}, outside the vocabulary (size {vocab})")
+        ctx = self.engine.context_length
+        room = ctx - len(ids)
+        if room < 1:
+            raise RequestError(f"{what} has {len(ids)} tokens; the context length is {ctx}, leaving no room to generate")
+        if max_new_tokens is None:
+            return room
+        if max_new_tokens > room:
+            raise RequestError(
+                f"{what} ({len(ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds the context length {ctx}; "
+                f"ask for at most {room} new tokens"
+            )
+        return max_new_tokens
+
+    def check_stop_ids(self, ids: Sequence[int] | None) -> None:
+        bad = next((t for t in ids or () if t >= self.vocab_size), None)
+        if bad is not None:
+            raise RequestError(f"stop_token_ids holds {bad}, outside the vocabulary (size {self.vocab_size})")
+
+    # ---- sequences ---------------------------------------------------------------------------------
+    def sequences(self, prompts: list[list[int]], params: list[SamplingParams], n: int, stream: bool,
+                  request_id: str) -> list[SequenceRequest]:
+        """``len(prompts) * n`` sequence requests, prompt-major; sample j of a seeded prompt uses seed + j."""
+        if len(prompts) > self.limits.max_prompts_per_request:
+            raise RequestError(f"{len(prompts)} prompts in one request; the limit is {self.limits.max_prompts_per_request}")
+        if n > self.limits.max_n:
+            raise RequestError(f"n={n} is over this server's limit of {self.limits.max_n}")
+        out = []
+        for i, (ids, p) in enumerate(zip(prompts, params)):
+            for j in range(n):
+                pj = p if p.seed is None or j == 0 else replace(p, seed=p.seed + j)
+                out.append(SequenceRequest(rid=f"{request_id}-{i}-{j}", prompt_ids=tuple(ids), params=pj, stream=stream))
+        return out
+
+    @asynccontextmanager
+    async def admit(self, count: int):
+        limit = self.limits.max_inflight_sequences
+        if count > limit:
+            self.metrics.rejected.labels("too_large").inc()
+            raise RequestError(f"the request asks for {count} sequences; this server admits at most {limit} at once")
+        if self._admitted + count > limit:
+            self.metrics.rejected.labels("capacity").inc()
+            raise Overloaded(f"over capacity: {self._admitted} sequences in flight (limit {limit}); retry later")
+        self._admitted += count
+        try:
+            yield
+        finally:
+            self._admitted -= count
+
+    def _record(self, seq: SequenceRequest, out: SequenceOutput) -> None:
+        self.metrics.prompt_tokens.inc(len(seq.prompt_ids))
+        self.metrics.generated_tokens.inc(len(out.output_ids))
+        self.metrics.sequences.labels(out.finish.type if out.finish else "none").inc()
+
+    async def generate(self, seqs: list[SequenceRequest]) -> list[SequenceOutput]:
+        """Run the sequences to the end (the engine batches them)."""
+        async with self.admit(len(seqs)):
+            outs = await self.engine.generate_many(seqs, admit_timeout=self._pause_wait())
+        for seq, out in zip(seqs, outs):
+            self._record(seq, out)
+        return outs
+
+    async def stream(self, seqs: list[SequenceRequest]) -> AsyncIterator[tuple[int, SequenceDelta]]:
+        """Deltas of all sequences as they come, tagged with the sequence's index.
+
+        Closing the iterator early (client gone) aborts every sequence still running.
+        """
+        async with self.admit(len(seqs)):
+            queue: asyncio.Queue[tuple[int, SequenceDelta | None, BaseException | None]] = asyncio.Queue()
+            started = time.monotonic()
+
+            async def pump(i: int, seq: SequenceRequest) -> None:
+                out = SequenceOutput(rid=seq.rid, prompt_ids=seq.prompt_ids)
+                try:
+                    async with aclosing(self.engine.stream(seq, self._pause_wait())) as deltas:
+                        async for delta in deltas:
+                            if not out.output_ids and delta.token_ids:
+                                self.metrics.ttft.observe(time.monotonic() - started)
+                            out.add(delta)
+                            queue.put_nowait((i, delta, None))
+                    self._record(seq, out)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    queue.put_nowait((i, None, exc))
+
+            tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(seqs)]
+            remaining = len(seqs)
+            try:
+                while remaining:
+                    i, delta, exc = await queue.get()
+                    if exc is not None:
+                        raise exc
+                    assert delta is not None
+                    if delta.finish is not None:
+                        remaining -= 1
+                    yield i, delta
+            finally:
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _pause_wait(self) -> float:
+        return self.limits.pause_wait_s

@@ -1,0 +1,92 @@
+"""Settings of the rollout service (``FLEETRL_ROLLOUT_*`` env, a YAML/TOML file, CLI flags)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from services.rollout.engines.settings import EngineSettings, HFEngineSettings
+from shared.settings import ServiceSettings, service_config
+
+
+class LimitsSettings(BaseModel):
+    """Admission control: what the service accepts before it answers 4xx / 429 / 503."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024, description="Larger request bodies get 413.")
+    max_inflight_sequences: int = Field(
+        default=1024, ge=1, description="Sequences admitted (running + queued) at most; beyond it requests get 429."
+    )
+    max_prompts_per_request: int = Field(default=512, ge=1, description="Batch size of one request at most.")
+    max_n: int = Field(default=128, ge=1, description="Samples per prompt (`n`) at most.")
+    pause_wait_s: float = Field(
+        default=30.0, ge=0, description="How long a request waits for paused generation to continue before 503."
+    )
+    retry_after_s: int = Field(default=1, ge=1, description="Retry-After seconds sent with 429 / 503.")
+
+
+class WorkerSampling(BaseModel):
+    """Default sampling of the rollout worker (a PromptTask's `sampling` overrides each field)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_new_tokens: int = Field(default=256, ge=1)
+    temperature: float = Field(default=1.0, ge=0.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = Field(default=-1, ge=-1)
+    stop: list[str] = Field(default_factory=list)
+    stop_token_ids: list[int] = Field(default_factory=list)
+    ignore_eos: bool = False
+
+
+class WorkerSettings(BaseModel):
+    """The rollout worker: prompts stream -> n samples -> /score -> experiences stream."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = Field(default=False, description="Run the worker loop inside the service process.")
+    reward_url: str | None = Field(default=None, description="Base URL of the reward service (POST {url}/score).")
+    consumer_name: str | None = Field(default=None, description="Consumer name in the 'rollout' group; default host-pid.")
+    concurrency: int = Field(default=8, ge=1, le=1024, description="Prompt groups generated at the same time.")
+    max_staleness: int = Field(
+        default=1, ge=0, description="Stop taking prompts while the learner's version is more than this ahead."
+    )
+    max_experience_backlog: int = Field(
+        default=4096, ge=1, description="Stop taking prompts while the experiences stream holds more than this."
+    )
+    prompts_max_deliveries: int = Field(default=5, ge=1, description="Deliveries before a prompt is dead-lettered.")
+    claim_idle_ms: int = Field(default=30_000, ge=100, description="A prompt pending this long on a dead worker is reclaimed.")
+    reward_timeout_s: float = Field(default=60.0, gt=0, description="Timeout of one /score call.")
+    reward_backoff_max_s: float = Field(default=10.0, gt=0, description="Longest wait between /score retries.")
+    group_retries: int = Field(default=3, ge=0, description="Regenerations of a group whose samples were aborted.")
+    poll_interval_s: float = Field(default=0.5, gt=0, description="Re-check period while the worker holds back.")
+    sampling: WorkerSampling = Field(default_factory=WorkerSampling)
+
+    @model_validator(mode="after")
+    def _reward(self) -> "WorkerSettings":
+        if self.enabled and not self.reward_url:
+            raise ValueError("worker.enabled needs worker.reward_url (the reward service's base URL)")
+        return self
+
+
+class RolloutSettings(ServiceSettings):
+    """The rollout service."""
+
+    model_config = service_config("ROLLOUT")
+
+    port: int = Field(default=8001, ge=0, le=65535, description="HTTP port (0 picks a free one).")
+    model: str = Field(description="Model directory (Hugging Face format); the tokenizer always comes from here.")
+    served_model_name: str | None = Field(default=None, description="Name in /v1/models; default: the model path.")
+    engine: EngineSettings = Field(default_factory=HFEngineSettings, description="Engine kind and its settings.")
+    limits: LimitsSettings = Field(default_factory=LimitsSettings)
+    worker: WorkerSettings = Field(default_factory=WorkerSettings)
+    extensions: list[str] = Field(
+        default_factory=list, description="'module:factory' import paths; factory(service) -> APIRouter (weight routes)."
+    )
+    incremental_streaming_output: bool = Field(
+        default=False, description="/generate streams deltas instead of SGLang's default cumulative chunks."
+    )
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or self.model

@@ -1,0 +1,41 @@
+"""Settings of the per-replica weight sidecar (env prefix ``FLEETRL_WEIGHTS_``; timeouts of each update
+come from the publisher's rendezvous, so both sides always agree on them)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from shared.settings import FleetSettings, service_config
+
+
+class SidecarSettings(FleetSettings):
+    model_config = service_config("WEIGHTS")
+
+    enabled: bool = Field(default=True, description="Run the sidecar (join weight updates) in this replica.")
+    transport: Literal["collective", "snapshot"] = Field(
+        default="collective",
+        description="collective: join the publisher's broadcast group; snapshot: pull safetensors snapshots "
+                    "(for replicas that cannot join a collective).",
+    )
+    backend: Literal["gloo", "nccl"] = Field(default="gloo", description="Collective backend this replica can join.")
+    ranks: int = Field(default=1, ge=1, description="Ranks the engine occupies in the group (its TP size).")
+    pause_mode: Literal["wait", "abort"] = Field(
+        default="wait",
+        description="Around the switch: wait = in-flight requests finish on the old weights; abort = they end "
+                    "with finish_reason abort (the rollout worker requeues them).",
+    )
+    pause_timeout_s: float = Field(
+        default=120.0, gt=0, description="Longest wait for in-flight requests before aborting them."
+    )
+    heartbeat_s: float = Field(default=1.0, gt=0, description="Registry heartbeat period.")
+    heartbeat_ttl_s: float = Field(default=5.0, gt=0, description="A replica silent this long is considered dead.")
+    poll_s: float = Field(default=0.05, gt=0, description="How often to look for a new update round.")
+    join_timeout_s: float = Field(
+        default=60.0, ge=0,
+        description="At startup, how long to wait to be brought to the latest version before serving anyway "
+                    "(its responses then report the older weight_version).",
+    )
+    snapshot_timeout_s: float = Field(default=300.0, gt=0, description="Bound on fetching one snapshot file.")
+    snapshot_prefer_url: bool = Field(default=False, description="Fetch snapshots over HTTP even if the path is visible.")

@@ -1,0 +1,88 @@
+"""A sink loads a version into one engine through that engine's own API; a registry maps engine kinds
+("hf", "sglang", "vllm") to sinks.
+
+- ``run_round`` takes part in one collective update round (the sidecar calls it when a rendezvous names
+  the replica). It raises :class:`RoundFailed` when the round broke (the replica is alive and can take
+  part in a retry) and :class:`UpdateRefused` when the data is wrong; on success the engine serves the
+  version and reports it as ``weight_version``.
+- ``load_snapshot`` loads a version from the fallback transport (same versioning).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar
+
+from services.rollout.weights.settings import SidecarSettings
+from shared.weight_sync.receiver import RoundFailed, UpdateRefused
+from shared.weight_sync.wire import Manifest, Member, Rendezvous
+
+log = logging.getLogger(__name__)
+
+__all__ = ["RoundFailed", "UpdateRefused", "WeightSink", "create_sink", "register_sink"]
+
+
+class WeightSink(ABC):
+    kind: ClassVar[str]
+
+    def __init__(self, engine: Any, settings: SidecarSettings) -> None:
+        self.engine, self.settings = engine, settings
+
+    @property
+    def weight_version(self) -> int:
+        return self.engine.weight_version
+
+    @abstractmethod
+    async def run_round(self, rdv: Rendezvous, member: Member, manifest: Manifest) -> None: ...
+
+    @abstractmethod
+    async def load_snapshot(self, manifest: Manifest) -> None: ...
+
+    async def close(self) -> None:
+        """Leave any group still held."""
+
+    def paused(self) -> _Paused:
+        """Async context: generation paused around the switch (``pause_mode``; ``wait`` falls back to
+        aborting what is still in flight after ``pause_timeout_s``)."""
+        return _Paused(self.engine, self.settings)
+
+
+class _Paused:
+    def __init__(self, engine: Any, settings: SidecarSettings) -> None:
+        self.engine, self.settings = engine, settings
+
+    async def __aenter__(self) -> None:
+        try:
+            await self.engine.pause(self.settings.pause_mode, timeout=self.settings.pause_timeout_s)
+        except (asyncio.TimeoutError, TimeoutError):
+            log.warning("in-flight requests still running after %.0fs: aborting them", self.settings.pause_timeout_s)
+            await self.engine.pause("abort", timeout=self.settings.pause_timeout_s)
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.engine.resume()
+
+
+_SINKS: dict[str, str | type[WeightSink]] = {
+    "hf": "services.rollout.weights.sinks.hf:HFSink",
+    "sglang": "services.rollout.weights.sinks.sglang:SGLangSink",
+    "vllm": "services.rollout.weights.sinks.vllm:VLLMSink",
+}
+
+
+def register_sink(kind: str, cls: str | type[WeightSink]) -> None:
+    _SINKS[kind] = cls
+
+
+def create_sink(engine: Any, settings: SidecarSettings) -> WeightSink:
+    kind = getattr(engine, "kind", None)
+    entry = _SINKS.get(kind)
+    if entry is None:
+        raise KeyError(f"no weight sink for engine kind {kind!r}; known: {sorted(_SINKS)}")
+    if isinstance(entry, str):
+        module, _, name = entry.partition(":")
+        entry = getattr(importlib.import_module(module), name)
+        _SINKS[kind] = entry
+    return entry(engine, settings)

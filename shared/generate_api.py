@@ -1,0 +1,385 @@
+"""HTTP wire types of the rollout service: SGLang-compatible ``/generate`` and the OpenAI routes.
+
+Importable without torch (clients, the learner and tests build requests and read replies with it).
+
+``POST /generate`` follows SGLang's ``GenerateReqInput`` field for field (see engine-apis.md): a
+client written for SGLang works unchanged. ``weight_version`` is a string holding an integer, as
+SGLang sends it. Batch input (a list of texts or of id lists) and ``n > 1`` give a list of results,
+prompt-major: result ``i * n + j`` is sample ``j`` of prompt ``i``.
+
+``/v1/completions`` and ``/v1/chat/completions`` follow OpenAI, plus vLLM's extras (``top_k``,
+``min_p``, ``stop_token_ids``, ``ignore_eos``, ``skip_special_tokens``, ``return_token_ids``, ...), so
+agents keep token-level fidelity: ``return_token_ids`` adds ``prompt_token_ids`` and per-choice
+``token_ids``; a completion prompt given as token ids is used as is.
+
+Unknown fields are rejected (HTTP 400 naming the field), never silently ignored. OpenAI fields FleetRL
+cannot honour (penalties, ``logit_bias``, ``echo``, ``suffix``) are accepted only at their neutral value.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+_MAX_TOP_LOGPROBS = 20
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+def _stop_list(v: str | list[str] | None) -> list[str]:
+    if v is None:
+        return []
+    items = [v] if isinstance(v, str) else list(v)
+    if any(not s for s in items):
+        raise ValueError("stop strings must be non-empty")
+    return items
+
+
+# ---- SGLang /generate ----------------------------------------------------------------------------------
+class SamplingParamsIn(_Strict):
+    """``sampling_params`` of ``/generate`` (SGLang names and defaults)."""
+
+    max_new_tokens: int = Field(default=128, ge=1, description="Tokens to generate at most.")
+    temperature: float = Field(default=1.0, ge=0.0, description="0 means greedy.")
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = Field(default=-1, ge=-1, description="-1 (or 0) disables top-k.")
+    min_p: float = Field(default=0.0, ge=0.0, le=1.0)
+    stop: str | list[str] | None = Field(default=None, description="Stop strings (trimmed from the text).")
+    stop_token_ids: list[int] | None = Field(default=None, description="Token ids that end a sequence (kept in output_ids).")
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    no_stop_trim: bool = Field(default=False, description="Keep the matched stop string in the text.")
+    n: int = Field(default=1, ge=1, le=1024, description="Samples per prompt.")
+    sampling_seed: int | None = Field(default=None, ge=0, description="Sample j of a prompt uses seed + j.")
+
+    @field_validator("stop")
+    @classmethod
+    def _stop(cls, v):
+        _stop_list(v)
+        return v
+
+    @field_validator("stop_token_ids")
+    @classmethod
+    def _ids(cls, v):
+        if v is not None and any(t < 0 for t in v):
+            raise ValueError("token ids must be >= 0")
+        return v
+
+
+class GenerateRequest(_Strict):
+    """Body of ``POST /generate``: exactly one of ``text`` and ``input_ids``, single or batch."""
+
+    text: str | list[str] | None = None
+    input_ids: list[int] | list[list[int]] | None = None
+    sampling_params: SamplingParamsIn = Field(default_factory=SamplingParamsIn)
+    return_logprob: bool = False
+    logprob_start_len: int = Field(default=-1, description="Only -1 (logprobs of output tokens) is supported.")
+    top_logprobs_num: int = Field(default=0, ge=0, le=_MAX_TOP_LOGPROBS)
+    return_text_in_logprobs: bool = False
+    stream: bool = False
+    rid: str | list[str] | None = Field(default=None, description="Request id(s); generated when absent.")
+
+    @model_validator(mode="after")
+    def _one_input(self) -> "GenerateRequest":
+        if (self.text is None) == (self.input_ids is None):
+            raise ValueError("give exactly one of `text` and `input_ids`")
+        if isinstance(self.text, str) and not self.text:
+            raise ValueError("`text` is empty")
+        if isinstance(self.text, list) and (not self.text or any(not t for t in self.text)):
+            raise ValueError("`text` batch must be non-empty and hold non-empty strings")
+        if self.input_ids is not None:
+            rows = self.input_ids if self.input_ids and isinstance(self.input_ids[0], list) else [self.input_ids]
+            if not rows or any(not r for r in rows):
+                raise ValueError("`input_ids` is empty")
+            if any(t < 0 for r in rows for t in r):
+                raise ValueError("`input_ids` must hold token ids >= 0")
+        if self.logprob_start_len != -1:
+            raise ValueError("logprob_start_len: only -1 (logprobs of the output tokens) is supported")
+        if isinstance(self.rid, list) and len(self.rid) != len(self.prompts_raw()):
+            raise ValueError(f"`rid` has {len(self.rid)} ids for {len(self.prompts_raw())} prompts")
+        return self
+
+    @property
+    def is_batch(self) -> bool:
+        if self.text is not None:
+            return isinstance(self.text, list)
+        return bool(self.input_ids) and isinstance(self.input_ids[0], list)
+
+    def prompts_raw(self) -> list[str] | list[list[int]]:
+        """The prompts as a list (texts or id lists)."""
+        if self.text is not None:
+            return self.text if isinstance(self.text, list) else [self.text]
+        return self.input_ids if self.is_batch else [self.input_ids]  # type: ignore[list-item,return-value]
+
+
+class MetaInfo(BaseModel):
+    id: str
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+    finish_reason: dict[str, Any] | None
+    weight_version: str
+    e2e_latency: float | None = None
+    output_token_logprobs: list[tuple[float, int, str | None]] | None = None
+    output_top_logprobs: list[list[tuple[float, int, str | None]]] | None = None
+
+
+class GenerateResponse(BaseModel):
+    """One result of ``/generate`` (a batch or ``n > 1`` answers a list of these)."""
+
+    text: str
+    output_ids: list[int]
+    meta_info: MetaInfo
+
+
+# ---- OpenAI ---------------------------------------------------------------------------------------------
+class StreamOptions(_Strict):
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+class _OpenAICommon(_Strict):
+    model: str | None = Field(default=None, description="Must name the served model when given.")
+    temperature: float = Field(default=1.0, ge=0.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    n: int = Field(default=1, ge=1, le=1024)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = Field(default=None, ge=0)
+    user: str | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[str, float] | None = None
+    # vLLM extras
+    top_k: int = Field(default=-1, ge=-1)
+    min_p: float = Field(default=0.0, ge=0.0, le=1.0)
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    return_token_ids: bool = Field(default=False, description="Add prompt_token_ids and per-choice token_ids (vLLM).")
+    return_tokens_as_token_ids: bool = Field(default=False, description="Logprob tokens as 'token_id:<id>' (vLLM).")
+
+    @model_validator(mode="after")
+    def _neutral_only(self):
+        if self.presence_penalty or self.frequency_penalty:
+            raise ValueError("presence_penalty / frequency_penalty are not supported (leave them at 0)")
+        if self.logit_bias:
+            raise ValueError("logit_bias is not supported")
+        _stop_list(self.stop)
+        if self.stop_token_ids is not None and any(t < 0 for t in self.stop_token_ids):
+            raise ValueError("stop_token_ids must be >= 0")
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options is only allowed with stream=true")
+        return self
+
+
+class CompletionRequest(_OpenAICommon):
+    """Body of ``POST /v1/completions``."""
+
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = Field(default=16, ge=1)
+    logprobs: int | None = Field(default=None, ge=0, le=_MAX_TOP_LOGPROBS, description="Top alternatives per token.")
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
+
+    @model_validator(mode="after")
+    def _checks(self) -> "CompletionRequest":
+        if self.echo:
+            raise ValueError("echo=true is not supported")
+        if self.suffix:
+            raise ValueError("suffix is not supported")
+        if self.best_of is not None and self.best_of != self.n:
+            raise ValueError("best_of must equal n (or be left out)")
+        p = self.prompt
+        if p == "" or p == [] or (isinstance(p, list) and any(x == "" or x == [] for x in p)):
+            raise ValueError("`prompt` is empty")
+        if isinstance(p, list) and p and isinstance(p[0], int) and any(t < 0 for t in p):  # type: ignore[operator]
+            raise ValueError("`prompt` token ids must be >= 0")
+        return self
+
+    def prompts_raw(self) -> list[str] | list[list[int]]:
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if p and isinstance(p[0], int):
+            return [p]  # type: ignore[list-item]
+        return p  # type: ignore[return-value]
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessageIn(_Strict):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_call_id: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class ChatCompletionRequest(_OpenAICommon):
+    """Body of ``POST /v1/chat/completions``; the prompt is the tokenizer's chat template applied."""
+
+    messages: list[ChatMessageIn] = Field(min_length=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=_MAX_TOP_LOGPROBS)
+    tools: list[dict[str, Any]] | None = Field(default=None, description="Passed to the chat template; calls are not parsed.")
+    tool_choice: Literal["none", "auto"] | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _checks(self) -> "ChatCompletionRequest":
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs=true")
+        if self.continue_final_message and self.add_generation_prompt:
+            raise ValueError("continue_final_message needs add_generation_prompt=false")
+        return self
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class CompletionLogprobs(BaseModel):
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]] | None
+    text_offset: list[int]
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+    token_ids: list[int] | None = None
+    prompt_token_ids: list[int] | None = None
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+    weight_version: int | None = Field(default=None, description="FleetRL extra: policy version that generated it.")
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
+
+
+class ChoiceLogprobs(BaseModel):
+    content: list[TokenLogprob] | None = None
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str | None = None
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: AssistantMessage
+    logprobs: ChoiceLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+    token_ids: list[int] | None = None
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage | None = None
+    prompt_token_ids: list[int] | None = None
+    weight_version: int | None = None
+
+
+class DeltaMessage(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(BaseModel):
+    index: int
+    delta: DeltaMessage
+    logprobs: ChoiceLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+    token_ids: list[int] | None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+    prompt_token_ids: list[int] | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "fleetrl"
+    root: str | None = None
+    max_model_len: int | None = None
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class ModelInfo(BaseModel):
+    """``GET /model_info`` (SGLang's keys plus the engine)."""
+
+    model_path: str
+    tokenizer_path: str
+    is_generation: bool = True
+    weight_version: str
+    engine: str
+    served_model_name: str
+    context_length: int
+    paused: bool
+
+
+class ErrorBody(BaseModel):
+    """Every 4xx/5xx body: ``{"error": {"message", "type", "code"}}`` (OpenAI's shape) plus ``detail``."""
+
+    error: dict[str, Any]
+    detail: str
