@@ -1,0 +1,290 @@
+"""Weight-sync benchmark: bucketed publish vs one raw broadcast vs the per-parameter pattern.
+
+One run, gloo on CPU, 3 processes (this one publishes; 2 receivers), a mixture-of-experts-shaped
+checkpoint (>= 2,000 tensors, >= 200 MB). Measures, each until both receivers hold the bytes:
+
+1. ``WeightPublisher.publish`` end to end (pack + checksum + announce + broadcast + receivers verify and
+   copy into their model + report), steady state (the group formed by a warm-up publish), and the first
+   publish (group formation included);
+2. the floor: one ``dist.broadcast`` of a flat buffer of the same bytes in an already formed group;
+3. the per-parameter pattern of peers: per tensor one control request to each receiver (name, dtype,
+   shape, over Redis, acknowledged) and one broadcast of that tensor.
+
+    .venv/bin/python benchmarks/weight_sync.py [--bucket-mb 64] [--layers 11] [--experts 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+BENCH = "fleetrl:bench:weights"
+
+
+def moe_shapes(layers: int, experts: int, hidden: int, ffn: int, vocab: int) -> list[tuple[str, tuple[int, ...]]]:
+    shapes = [("model.embed_tokens.weight", (vocab, hidden))]
+    for i in range(layers):
+        p = f"model.layers.{i}"
+        shapes += [(f"{p}.input_layernorm.weight", (hidden,)), (f"{p}.post_attention_layernorm.weight", (hidden,))]
+        shapes += [(f"{p}.self_attn.{n}_proj.weight", (hidden, hidden)) for n in "qkvo"]
+        shapes.append((f"{p}.mlp.gate.weight", (experts, hidden)))
+        for e in range(experts):
+            q = f"{p}.mlp.experts.{e}"
+            shapes += [(f"{q}.gate_proj.weight", (ffn, hidden)), (f"{q}.up_proj.weight", (ffn, hidden)),
+                       (f"{q}.down_proj.weight", (hidden, ffn))]
+    shapes += [("model.norm.weight", (hidden,)), ("lm_head.weight", (vocab, hidden))]
+    return shapes
+
+
+def build_module(shapes, fill: str):
+    import torch
+
+    root = torch.nn.Module()
+    gen = torch.Generator().manual_seed(0)
+    for name, shape in shapes:
+        *path, leaf = name.split(".")
+        mod = root
+        for part in path:
+            if not hasattr(mod, part):
+                mod.add_module(part, torch.nn.Module())
+            mod = getattr(mod, part)
+        t = torch.zeros(shape, dtype=torch.bfloat16) if fill == "zeros" else \
+            torch.randn(shape, generator=gen).to(torch.bfloat16)
+        mod.register_parameter(leaf, torch.nn.Parameter(t, requires_grad=False))
+    return root
+
+
+class ModuleEngine:
+    """The parts of an engine the hf sink uses, around a bare module (no generation in this benchmark)."""
+
+    kind = "hf"
+
+    def __init__(self, model) -> None:
+        self.model, self.weight_version, self.paused = model, 0, False
+
+    def set_weight_version(self, v: int) -> None:
+        self.weight_version = v
+
+    async def pause(self, mode: str = "wait", timeout: float | None = None) -> None:
+        self.paused = True
+
+    async def resume(self) -> None:
+        self.paused = False
+
+
+# ---- receiver process --------------------------------------------------------------------------------
+async def receiver(args) -> None:
+    import redis.asyncio as aioredis
+    import torch
+
+    from services.rollout.weights.settings import SidecarSettings
+    from services.rollout.weights.sidecar import WeightSidecar
+    from shared.weight_sync.group import CollectiveGroup
+
+    torch.set_num_threads(1)
+    shapes = moe_shapes(args.layers, args.experts, args.hidden, args.ffn, args.vocab)
+    model = build_module(shapes, "zeros")
+    r = aioredis.from_url(args.redis)
+    sidecar = WeightSidecar(ModuleEngine(model), r, "bench", SidecarSettings(join_timeout_s=0, poll_s=0.005),
+                            name=f"recv{args.index}")
+    await sidecar.start()
+    me = f"{BENCH}:ctl:{args.index}"
+    params = dict(model.named_parameters())
+    async def pop() -> dict:
+        while (item := await r.blpop([me], timeout=1)) is None:
+            pass
+        return json.loads(item[1])
+
+    while True:
+        cmd = await pop()
+        if cmd["op"] == "quit":
+            break
+        if cmd["op"] == "checksum":
+            total = sum(float(p.float().sum()) for p in params.values())
+            await r.rpush(f"{BENCH}:ack", json.dumps({"i": args.index, "sum": total,
+                                                       "version": sidecar.weight_version}))
+        elif cmd["op"] == "raw":
+            g = await asyncio.to_thread(CollectiveGroup.open, backend="gloo", master_addr="127.0.0.1",
+                                        master_port=cmd["port"], rank=args.index + 1, world_size=3,
+                                        group_name=cmd["group"], init_timeout_s=60, collective_timeout_s=600)
+            buf = torch.empty(cmd["nbytes"], dtype=torch.uint8)
+            for _ in range(cmd["repeat"]):
+                work = g.broadcast(buf)
+                await r.rpush(f"{BENCH}:ack", json.dumps({"i": args.index, "ready": True}))
+                await asyncio.to_thread(g.wait, work)
+                await r.rpush(f"{BENCH}:ack", json.dumps({"i": args.index, "done": time.time()}))
+            del buf
+            # per-parameter pattern in the same group: one control request, then one broadcast, per tensor
+            while True:
+                msg = await pop()
+                if msg["op"] == "end":
+                    break
+                from shared.weight_sync.tensors import torch_dtype
+
+                t = torch.empty(msg["shape"], dtype=torch_dtype(msg["dtype"]))
+                await asyncio.to_thread(lambda: g.wait(g.broadcast(t)))
+                with torch.no_grad():
+                    params[msg["name"]].copy_(t)
+                await r.rpush(f"{BENCH}:ack", "1")
+            await r.rpush(f"{BENCH}:ack", json.dumps({"i": args.index, "done": time.time()}))
+            g.close()
+    await sidecar.stop()
+    await r.aclose()
+
+
+# ---- driver ------------------------------------------------------------------------------------------
+async def acks(r, n: int, timeout: float = 600) -> list[dict]:
+    out = []
+    for _ in range(n):
+        item = await r.blpop([f"{BENCH}:ack"], timeout=timeout)
+        if item is None:
+            raise TimeoutError("a receiver did not answer")
+        out.append(json.loads(item[1]))
+    return out
+
+
+async def driver(args) -> None:
+    import redis.asyncio as aioredis
+    import torch
+
+    from shared.redis_server import EmbeddedRedis, free_port
+    from shared.weight_sync import WeightPublisher, WeightSyncSettings
+    from shared.weight_sync.group import CollectiveGroup
+    from shared.weight_sync.registry import ReplicaRegistry
+    from shared.weight_sync.tensors import dtype_name
+
+    torch.set_num_threads(1)
+    tmp = Path(tempfile.mkdtemp(prefix="ws-bench-"))
+    server = EmbeddedRedis(data_dir=tmp / "redis").start()
+    r = aioredis.from_url(server.url)
+    shapes = moe_shapes(args.layers, args.experts, args.hidden, args.ffn, args.vocab)
+    model = build_module(shapes, "random")
+    named = list(model.named_parameters())
+    total = sum(p.numel() * p.element_size() for _, p in named)
+    print(f"model: {len(named)} tensors, {total / 1e6:.1f} MB (bf16, MoE-shaped: {args.layers} layers x "
+          f"{args.experts} experts)")
+    procs = []
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    for i in range(2):
+        log = open(tmp / f"recv{i}.log", "wb")
+        procs.append(subprocess.Popen([sys.executable, __file__, "--role", "receiver", "--redis", server.url,
+                                       "--index", str(i), *sys.argv[1:]], env=env, stdout=log, stderr=log))
+    try:
+        reg = ReplicaRegistry(r, "bench")
+        deadline = time.monotonic() + 120
+        while len(await reg.alive()) < 2:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"receivers did not register; see {tmp}")
+            await asyncio.sleep(0.2)
+        settings = WeightSyncSettings(bucket_bytes=args.bucket_mb << 20, checksum=not args.no_checksum)
+        pub = WeightPublisher(r, "bench", settings)
+
+        t = time.perf_counter()
+        await pub.publish(model)
+        first = time.perf_counter() - t
+        assert sorted(pub.last_report.loaded) == sorted(i.replica_id for i in await reg.alive()), pub.last_report
+        steady = []
+        for _ in range(args.repeat):
+            with torch.no_grad():
+                for _, p in named[:5]:
+                    p.add_(1)
+            t = time.perf_counter()
+            v = await pub.publish(model)
+            steady.append(time.perf_counter() - t)
+            rep = pub.last_report
+            assert len(rep.loaded) == 2 and not rep.dropped and not rep.refused, rep
+        # the receivers hold exactly the published weights
+        expect = sum(float(p.float().sum()) for _, p in named)
+        for i in range(2):
+            await r.rpush(f"{BENCH}:ctl:{i}", json.dumps({"op": "checksum"}))
+        for a in await acks(r, 2):
+            assert a["version"] == v and abs(a["sum"] - expect) < 1e-3 * max(1.0, abs(expect)), (a, expect)
+
+        # (2) + (3) in one fresh group (formation not timed)
+        port, group = free_port(), "bench-raw"
+        for i in range(2):
+            await r.rpush(f"{BENCH}:ctl:{i}", json.dumps({"op": "raw", "port": port, "group": group,
+                                                          "nbytes": total, "repeat": args.repeat}))
+        g = await asyncio.to_thread(CollectiveGroup.open, backend="gloo", master_addr="127.0.0.1",
+                                    master_port=port, rank=0, world_size=3, group_name=group,
+                                    init_timeout_s=60, collective_timeout_s=600)
+        flat = torch.empty(total, dtype=torch.uint8)
+        raws = []
+        for _ in range(args.repeat):
+            await acks(r, 2)
+            t0 = time.time()
+            await asyncio.to_thread(lambda: g.wait(g.broadcast(flat)))
+            raws.append(max(a["done"] for a in await acks(r, 2)) - t0)
+        raw_s = min(raws)
+        del flat
+
+        t0 = time.time()
+        for name, p in named:
+            msg = json.dumps({"op": "param", "name": name, "dtype": dtype_name(p.dtype), "shape": list(p.shape)})
+            for i in range(2):
+                await r.rpush(f"{BENCH}:ctl:{i}", msg)
+            await asyncio.to_thread(lambda: g.wait(g.broadcast(p.data)))
+            for _ in range(2):
+                await r.blpop([f"{BENCH}:ack"], timeout=600)
+        for i in range(2):
+            await r.rpush(f"{BENCH}:ctl:{i}", json.dumps({"op": "end"}))
+        per_param_s = max(a["done"] for a in await acks(r, 2)) - t0
+        g.close()
+
+        bucketed_s = min(steady)
+        mbs = lambda s: total / 1e6 / s  # noqa: E731
+        nb = len(pub._manifest.buckets)
+        print(f"bucket size: {args.bucket_mb} MiB ({nb} buckets), checksum: {'off' if args.no_checksum else 'crc32'}")
+        print(f"(1) bucketed publish, end to end:   {bucketed_s:7.3f} s  {mbs(bucketed_s):7.1f} MB/s  "
+              f"(best of {len(steady)}: {', '.join(f'{s:.3f}' for s in steady)}; first publish incl. group "
+              f"formation {first:.3f} s)")
+        print(f"(2) one raw broadcast (floor):      {raw_s:7.3f} s  {mbs(raw_s):7.1f} MB/s  "
+              f"(best of {len(raws)}: {', '.join(f'{s:.3f}' for s in raws)})")
+        print(f"(3) per-parameter RPC + broadcast:  {per_param_s:7.3f} s  {mbs(per_param_s):7.1f} MB/s  "
+              f"({len(named)} control round trips)")
+        print(f"ratio (1)/(2) bandwidth: {raw_s / bucketed_s:.2f}  (target >= 0.9)")
+        print(f"speed-up (1) vs (3):     {per_param_s / bucketed_s:.1f}x  (target >= 5x)")
+        for i in range(2):
+            await r.rpush(f"{BENCH}:ctl:{i}", json.dumps({"op": "quit"}))
+        await pub.close()
+    finally:
+        for p in procs:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        await r.aclose()
+        server.stop()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--role", default="driver", choices=["driver", "receiver"])
+    ap.add_argument("--redis")
+    ap.add_argument("--index", type=int, default=0)
+    ap.add_argument("--bucket-mb", type=int, default=64)
+    ap.add_argument("--no-checksum", action="store_true")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--layers", type=int, default=11)
+    ap.add_argument("--experts", type=int, default=64)
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--ffn", type=int, default=160)
+    ap.add_argument("--vocab", type=int, default=32000)
+    args = ap.parse_args()
+    asyncio.run(receiver(args) if args.role == "receiver" else driver(args))
+
+
+if __name__ == "__main__":
+    main()
