@@ -61,6 +61,9 @@ class SGLangEngineSettings(_RemoteEngineSettings):
     """A running SGLang server (``python -m sglang.launch_server``), driven through its HTTP API."""
 
     kind: Literal["sglang"] = "sglang"
+    incremental_streaming_output: bool = Field(
+        default=False, description="Match the server's --incremental-streaming-output flag (delta chunks)."
+    )
 
 
 class VLLMEngineSettings(_RemoteEngineSettings):

@@ -1,0 +1,119 @@
+"""Base of engines that drive an engine server (SGLang, vLLM) over its public HTTP API only.
+
+``base_url`` and ``client`` (one shared ``httpx.AsyncClient`` with timeouts and a bounded pool) are
+public: the weight-sync sidecar calls the server's own weight-update endpoints through them.
+Aborting a sequence closes its HTTP request (both servers abort a request whose client went away);
+subclasses may also call the server's abort endpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from abc import abstractmethod
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+
+import httpx
+
+from services.rollout.engines.base import Engine, EngineUnavailable
+from services.rollout.engines.types import Finish, SequenceDelta, SequenceRequest
+
+log = logging.getLogger(__name__)
+
+
+class RemoteEngine(Engine):
+    def __init__(self, settings, model_path: str) -> None:
+        super().__init__(settings, model_path)
+        self.base_url: str = settings.base_url
+        self.client: httpx.AsyncClient | None = None
+        self._aborts: dict[str, asyncio.Event] = {}
+
+    async def _start(self) -> None:
+        s = self.settings
+        headers = {"Authorization": f"Bearer {s.api_key}"} if s.api_key else {}
+        self.client = httpx.AsyncClient(
+            base_url=self.base_url, headers=headers,
+            timeout=httpx.Timeout(s.request_timeout_s, connect=s.connect_timeout_s),
+            limits=httpx.Limits(max_connections=s.max_connections, max_keepalive_connections=s.max_connections),
+        )
+
+    async def _stop(self) -> None:
+        if self.client is not None:
+            await self.client.aclose()
+            self.client = None
+
+    async def _stream(self, request: SequenceRequest) -> AsyncIterator[SequenceDelta]:
+        if self.client is None:
+            raise EngineUnavailable("the engine client is closed")
+        aborted = asyncio.Event()
+        self._aborts[request.rid] = aborted
+        waiter = asyncio.ensure_future(aborted.wait())
+        try:
+            async with aclosing(self._remote(request)) as deltas:
+                while True:
+                    nxt = asyncio.ensure_future(deltas.__anext__())
+                    await asyncio.wait({nxt, waiter}, return_when=asyncio.FIRST_COMPLETED)
+                    if not nxt.done():
+                        nxt.cancel()
+                        await asyncio.gather(nxt, return_exceptions=True)
+                        yield SequenceDelta([], [], "", Finish("abort", message="aborted"))
+                        return
+                    try:
+                        delta = nxt.result()
+                    except StopAsyncIteration:
+                        raise EngineUnavailable("the engine server ended the response without a finish reason") from None
+                    yield delta
+                    if delta.finish is not None:
+                        return
+        except httpx.HTTPError as exc:
+            raise EngineUnavailable(f"engine server {self.base_url}: {type(exc).__name__}: {exc}") from exc
+        finally:
+            waiter.cancel()
+            self._aborts.pop(request.rid, None)
+
+    async def abort(self, rid: str) -> None:
+        event = self._aborts.get(rid)
+        if event is not None:
+            event.set()
+            await self._server_abort([rid])
+
+    async def _abort_all(self) -> None:
+        rids = list(self._aborts)
+        for rid in rids:
+            self._aborts[rid].set()
+        await self._server_abort(rids)
+
+    async def _server_abort(self, rids: list[str]) -> None:
+        """Tell the server too (optional; closing the connection already aborts)."""
+
+    # ---- helpers for subclasses --------------------------------------------------------------------
+    @abstractmethod
+    def _remote(self, request: SequenceRequest) -> AsyncIterator[SequenceDelta]:
+        """Send one sequence to the server and translate its reply into deltas."""
+
+    async def _post_json(self, path: str, payload: dict) -> dict:
+        r = await self.client.post(path, json=payload)
+        self._raise_for(r, path)
+        return r.json()
+
+    async def _post_sse(self, path: str, payload: dict) -> AsyncIterator[dict]:
+        async with self.client.stream("POST", path, json=payload) as r:
+            if r.status_code >= 400:
+                await r.aread()
+                self._raise_for(r, path)
+            async for line in r.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    return
+                obj = json.loads(data)
+                if isinstance(obj, dict) and "error" in obj and "choices" not in obj and "text" not in obj:
+                    raise EngineUnavailable(f"engine server {self.base_url}{path} stream error: {obj['error']}")
+                yield obj
+
+    def _raise_for(self, r: httpx.Response, path: str) -> None:
+        if r.status_code >= 400:
+            raise EngineUnavailable(f"engine server {self.base_url}{path} answered {r.status_code}: {r.text[:500]}")

@@ -1,0 +1,92 @@
+"""Drive a running SGLang server through its HTTP API (``/generate``, ``/health_generate``,
+``/model_info``, ``/abort_request``). No SGLang import in this process."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+
+from services.rollout.engines.remote import RemoteEngine
+from services.rollout.engines.types import Finish, SequenceDelta, SequenceRequest
+
+log = logging.getLogger(__name__)
+
+
+def parse_finish(obj: dict | None, n_tokens: int) -> Finish | None:
+    if obj is None:
+        return None
+    kind = obj.get("type")
+    if kind == "stop":
+        return Finish("stop", matched=obj.get("matched"))
+    if kind == "length":
+        return Finish("length", length=obj.get("length", n_tokens))
+    return Finish("abort", message=str(obj.get("message") or kind))
+
+
+class SGLangEngine(RemoteEngine):
+    kind = "sglang"
+
+    async def _start(self) -> None:
+        await super()._start()
+        try:  # adopt the server's weight version when it is an integer (SGLang's default is "default")
+            r = await self.client.get("/model_info", timeout=self.settings.health_timeout_s)
+            version = r.json().get("weight_version") if r.status_code == 200 else None
+            if isinstance(version, str) and version.isdigit():
+                self.set_weight_version(int(version))
+        except Exception as exc:  # the server may not be up yet; health will say so
+            log.info("SGLang server not reachable yet at %s: %r", self.base_url, exc)
+
+    async def _probe(self) -> bool:
+        r = await self.client.get("/health_generate", timeout=self.settings.health_timeout_s)
+        return r.status_code == 200
+
+    async def _server_abort(self, rids: list[str]) -> None:
+        for rid in rids:
+            try:
+                await self.client.post("/abort_request", json={"rid": rid}, timeout=self.settings.health_timeout_s)
+            except Exception as exc:
+                log.warning("SGLang /abort_request %s failed: %r", rid, exc)
+
+    def payload(self, request: SequenceRequest) -> dict:
+        p = request.params
+        sp = {
+            "max_new_tokens": p.max_new_tokens, "temperature": p.temperature, "top_p": p.top_p, "top_k": p.top_k,
+            "min_p": p.min_p, "stop": list(p.stop), "stop_token_ids": list(p.stop_token_ids),
+            "ignore_eos": p.ignore_eos, "skip_special_tokens": p.skip_special_tokens, "no_stop_trim": p.no_stop_trim,
+        }
+        if p.seed is not None:
+            sp["sampling_seed"] = p.seed
+        body = {"input_ids": list(request.prompt_ids), "sampling_params": sp, "return_logprob": True,
+                "stream": request.stream, "rid": request.rid}
+        if p.top_logprobs:
+            body["top_logprobs_num"] = p.top_logprobs
+        return body
+
+    async def _remote(self, request: SequenceRequest) -> AsyncIterator[SequenceDelta]:
+        body = self.payload(request)
+        if not request.stream:
+            out = await self._post_json("/generate", body)
+            yield self._delta(out, 0, "")
+            return
+        seen_ids, seen_text = 0, ""
+        incremental = self.settings.incremental_streaming_output
+        async for chunk in self._post_sse("/generate", body):
+            delta = self._delta(chunk, 0 if incremental else seen_ids, "" if incremental else seen_text)
+            if not incremental:
+                seen_ids += len(delta.token_ids)
+                seen_text = chunk.get("text") or ""
+            yield delta
+            if delta.finish is not None:
+                return
+
+    def _delta(self, obj: dict, seen_ids: int, seen_text: str) -> SequenceDelta:
+        meta = obj.get("meta_info") or {}
+        ids = list(obj.get("output_ids") or [])[seen_ids:]
+        lps_raw = (meta.get("output_token_logprobs") or [])[seen_ids:]
+        text = obj.get("text") or ""
+        text = text[len(seen_text):] if text.startswith(seen_text) else ""
+        tops = None
+        if meta.get("output_top_logprobs") is not None:
+            tops = [[(int(t[1]), float(t[0])) for t in row or []] for row in meta["output_top_logprobs"][seen_ids:]]
+        finish = parse_finish(meta.get("finish_reason"), seen_ids + len(ids))
+        return SequenceDelta(ids, [float(t[0]) for t in lps_raw], text, finish, tops)

@@ -1,0 +1,81 @@
+"""Drive a running vLLM OpenAI server through its HTTP API (``/v1/completions`` with token-id prompts,
+``return_token_ids``; ``/health``). No vLLM import in this process.
+
+Run the server with ``--logprobs-mode processed_logprobs`` so logprobs are those of the distribution
+the token was sampled from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from services.rollout.engines.remote import RemoteEngine
+from services.rollout.engines.types import Finish, SequenceDelta, SequenceRequest
+
+
+def _token_id(key: str) -> int:
+    return int(key.rsplit(":", 1)[1]) if key.startswith("token_id:") else -1
+
+
+class VLLMEngine(RemoteEngine):
+    kind = "vllm"
+
+    @property
+    def served_model(self) -> str:
+        return self.settings.served_model_name or self.model_path
+
+    async def _probe(self) -> bool:
+        r = await self.client.get("/health", timeout=self.settings.health_timeout_s)
+        return r.status_code == 200
+
+    def payload(self, request: SequenceRequest) -> dict:
+        p = request.params
+        body = {
+            "model": self.served_model, "prompt": list(request.prompt_ids), "max_tokens": p.max_new_tokens,
+            "temperature": p.temperature, "top_p": p.top_p, "top_k": p.top_k, "min_p": p.min_p, "n": 1,
+            "stop": list(p.stop), "stop_token_ids": list(p.stop_token_ids), "ignore_eos": p.ignore_eos,
+            "skip_special_tokens": p.skip_special_tokens, "include_stop_str_in_output": p.no_stop_trim,
+            "logprobs": p.top_logprobs, "return_token_ids": True, "return_tokens_as_token_ids": True,
+            "stream": request.stream,
+        }
+        if p.seed is not None:
+            body["seed"] = p.seed
+        return body
+
+    async def _remote(self, request: SequenceRequest) -> AsyncIterator[SequenceDelta]:
+        body = self.payload(request)
+        if not request.stream:
+            out = await self._post_json("/v1/completions", body)
+            yield self._delta(out["choices"][0], 0)
+            return
+        count = 0
+        async for chunk in self._post_sse("/v1/completions", body):
+            if not chunk.get("choices"):
+                continue
+            delta = self._delta(chunk["choices"][0], count)
+            count += len(delta.token_ids)
+            yield delta
+            if delta.finish is not None:
+                return
+
+    def _delta(self, choice: dict, before: int) -> SequenceDelta:
+        ids = list(choice.get("token_ids") or [])
+        lp = choice.get("logprobs") or {}
+        lps = [float(x) if x is not None else 0.0 for x in (lp.get("token_logprobs") or [])]
+        tops = None
+        if lp.get("top_logprobs") is not None:
+            tops = [sorted(((_token_id(k), float(v)) for k, v in (row or {}).items()), key=lambda t: -t[1])
+                    for row in lp["top_logprobs"]]
+        return SequenceDelta(ids, lps, choice.get("text") or "", self._finish(choice, before + len(ids), ids), tops)
+
+    @staticmethod
+    def _finish(choice: dict, total: int, ids: list[int]) -> Finish | None:
+        reason = choice.get("finish_reason")
+        if reason is None:
+            return None
+        if reason == "stop":
+            matched = choice.get("stop_reason")
+            return Finish("stop", matched=matched if matched is not None else (ids[-1] if ids else None))
+        if reason == "length":
+            return Finish("length", length=total)
+        return Finish("abort", message=str(reason))
