@@ -1,0 +1,216 @@
+"""Settings of the learner service (env prefix ``FLEETRL_LEARNER_``; YAML/TOML via ``--config``).
+
+Nested sections: ``model``, ``optim``, ``train``, ``algorithm`` (discriminated on ``name``),
+``backend`` (discriminated on ``name``), ``data``, ``rollout``, ``queue``, ``weight_sync``,
+``checkpoint``, ``observability``. Environment overrides use ``__`` between levels, e.g.
+``FLEETRL_LEARNER_OPTIM__ACTOR_LR=1e-5``. Torch-free: the CLI parses these before importing torch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from services.learner.algorithms.config import AlgorithmSettings, GRPOSettings
+from shared.schemas import SamplingOverrides
+from shared.settings import ServiceSettings, service_config
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class LoraSettings(_Section):
+    """LoRA adapters on the actor through peft (the critic and reference stay full models)."""
+
+    rank: int = Field(default=8, ge=1, le=1024, description="Adapter rank r.")
+    alpha: int = Field(default=16, ge=1, description="LoRA alpha (scale = alpha / r).")
+    dropout: float = Field(default=0.0, ge=0.0, lt=1.0, description="Dropout on the adapter input.")
+    target_modules: list[str] | str = Field(default="all-linear", description="Modules to adapt (peft syntax).")
+
+
+class ModelSettings(_Section):
+    """Which checkpoints to load (local Hugging Face directories)."""
+
+    actor: str = Field(description="Policy: a local HF causal-LM directory (the rollout fleet starts from the same).")
+    reference: str | None = Field(default=None, description="Frozen reference for KL; default: the actor's directory.")
+    critic: str | None = Field(
+        default=None,
+        description="Critic init (PPO): a causal-LM dir (random value head) or a reward-model dir (its head is reused); "
+        "default: the actor's directory.",
+    )
+    tokenizer: str | None = Field(default=None, description="Tokenizer directory; default: the actor's directory.")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(default="float32", description="Parameter dtype.")
+    device: str = Field(default="auto", description="'auto' (cuda if available, else cpu), 'cpu', 'cuda', 'cuda:1'.")
+    gradient_checkpointing: bool = Field(default=False, description="Recompute activations in backward.")
+    lora: LoraSettings | None = Field(default=None, description="Train LoRA adapters instead of all actor weights.")
+
+
+class OptimSettings(_Section):
+    """AdamW with separate actor / critic learning rates and a warmup + decay schedule."""
+
+    actor_lr: float = Field(default=1e-6, gt=0.0, description="Actor learning rate.")
+    critic_lr: float = Field(default=9e-6, gt=0.0, description="Critic learning rate (OpenRLHF: higher than the actor's).")
+    weight_decay: float = Field(default=0.0, ge=0.0, description="AdamW weight decay.")
+    betas: tuple[float, float] = Field(default=(0.9, 0.95), description="AdamW betas.")
+    eps: float = Field(default=1e-8, gt=0.0, description="AdamW epsilon.")
+    schedule: Literal["cosine", "constant"] = Field(default="cosine", description="LR shape after warmup.")
+    warmup_ratio: float = Field(default=0.03, ge=0.0, lt=1.0, description="Warmup as a fraction of total optimizer steps.")
+    min_lr_ratio: float = Field(default=0.1, ge=0.0, le=1.0, description="Cosine floor as a fraction of the peak LR.")
+    max_grad_norm: float | None = Field(default=1.0, gt=0.0, description="Clip the global grad norm; null disables.")
+    total_steps: int | None = Field(
+        default=None, ge=1, description="Optimizer steps the schedule spans; default: derived from dataset size and epochs."
+    )
+
+
+class TrainSettings(_Section):
+    """Batch shapes and the step loop."""
+
+    groups_per_step: int = Field(default=8, ge=1, description="Complete prompt groups per learner step (RL).")
+    mini_batch_size: int | None = Field(
+        default=None, ge=1, description="Samples per optimizer step (RL); default: the whole step batch."
+    )
+    micro_batch_size: int = Field(default=4, ge=1, description="Samples per forward/backward (gradient accumulation).")
+    freeze_actor_steps: int = Field(default=0, ge=0, description="Learner steps training only the critic (PPO warm-up).")
+    max_steps: int | None = Field(default=None, ge=1, description="Stop after this many learner steps.")
+    seed: int = Field(default=42, description="Seed of torch / python RNGs (saved and restored in checkpoints).")
+    torch_threads: int | None = Field(default=None, ge=1, description="torch.set_num_threads; default: torch's choice.")
+    max_sequence_len: int | None = Field(
+        default=None, ge=2, description="Drop experiences whose prompt+response is longer (counted); null: no limit."
+    )
+
+
+class TorchBackendSettings(_Section):
+    """Plain torch on one device (CPU or one GPU): what the tests run."""
+
+    name: Literal["torch"] = "torch"
+
+
+class DeepSpeedBackendSettings(_Section):
+    """DeepSpeed ZeRO (multi-GPU). Needs the ``deepspeed`` extra and CUDA; launched with ``deepspeed``/torchrun."""
+
+    name: Literal["deepspeed"] = "deepspeed"
+    zero_stage: Literal[2, 3] = Field(default=2, description="ZeRO stage: 2 shards grads+optimizer, 3 also params.")
+    adam_offload: bool = Field(default=False, description="Keep Adam states on CPU (DeepSpeedCPUAdam).")
+    param_offload: bool = Field(default=False, description="ZeRO-3 only: offload parameters to CPU.")
+    bf16: bool = Field(default=True, description="bf16 mixed precision.")
+
+
+BackendSettings = Annotated[Union[TorchBackendSettings, DeepSpeedBackendSettings], Field(discriminator="name")]
+
+
+class DataSettings(_Section):
+    """The prompt set (RL) or prompt/answer pairs (SFT), read from local disk."""
+
+    path: str | None = Field(default=None, description="JSONL, Parquet, or a saved HF dataset directory.")
+    split: str = Field(default="train", description="Split of a saved HF DatasetDict.")
+    input_key: str = Field(default="input", description="Field holding the prompt (text or chat messages).")
+    label_key: str | None = Field(default="label", description="Field holding the label passed to the reward service.")
+    output_key: str = Field(default="output", description="SFT: field holding the answer.")
+    apply_chat_template: bool = Field(default=False, description="Render prompts with the tokenizer's chat template.")
+    input_template: str | None = Field(default=None, description="Python format string wrapping the prompt, e.g. 'Q: {}\\nA:'.")
+    max_samples: int | None = Field(default=None, ge=1, description="Use only the first N rows.")
+    shuffle: bool = Field(default=True, description="Shuffle each epoch (seeded by train.seed + epoch).")
+    epochs: int = Field(default=1, ge=1, description="Passes over the prompt set.")
+
+
+class RolloutRequestSettings(_Section):
+    """What the learner asks the rollout fleet for, and how far behind it may run."""
+
+    group_size: int = Field(default=4, ge=1, le=1024, description="Samples per prompt (PromptTask.n).")
+    sampling: SamplingOverrides = Field(default_factory=SamplingOverrides, description="Per-task sampling settings.")
+    window: int = Field(
+        default=16, ge=1, description="Prompt groups produced but not yet trained on, at most (bounds staleness)."
+    )
+    max_staleness: int = Field(
+        default=1, ge=0, description="Drop experiences with weight_version < current - max_staleness (prompt re-issued)."
+    )
+    prompt_timeout_s: float = Field(
+        default=900.0, gt=0.0, description="Re-issue a prompt whose group is not complete after this long."
+    )
+
+
+class QueueSettings(_Section):
+    """The learner's side of the experience / prompt streams."""
+
+    consumer: str = Field(default="learner-0", min_length=1, description="Consumer name (stable across restarts).")
+    consume_count: int = Field(default=64, ge=1, description="Entries per XREADGROUP.")
+    block_ms: int = Field(default=500, ge=1, description="How long one read blocks.")
+    max_backlog: int = Field(default=4096, ge=1, description="Prompt-stream backlog at which produce() waits.")
+    max_deliveries: int = Field(default=5, ge=1, description="Deliveries before an experience is dead-lettered.")
+    claim_idle_ms: int = Field(
+        default=3_600_000, ge=1000,
+        description="Reclaim pending entries idle this long; keep it above the time between checkpoints.",
+    )
+    produce_timeout_s: float = Field(default=60.0, gt=0.0, description="Bound on one produce() under backpressure.")
+
+
+class PublishSettings(_Section):
+    """When and how new weights go to the rollout fleet."""
+
+    every: int = Field(default=1, ge=1, description="Publish weights every N learner steps (and at the end).")
+    transport: Literal["sidecar", "version_only"] = Field(
+        default="sidecar",
+        description="'sidecar': shared.weight_sync broadcast to rollout sidecars; 'version_only': only bump the "
+        "version key (tests, or a fleet that loads snapshots itself).",
+    )
+    sync: dict = Field(default_factory=dict, description="shared.weight_sync.WeightSyncSettings fields (sidecar).")
+
+
+class CheckpointSettings(_Section):
+    """Where and how often to checkpoint; experiences are acknowledged only at a checkpoint."""
+
+    dir: str | None = Field(default=None, description="Checkpoint directory; default: <run_dir>/checkpoints.")
+    every: int = Field(default=10, ge=1, description="Checkpoint every N learner steps (and at the end / on stop).")
+    keep: int = Field(default=2, ge=1, description="Checkpoints kept.")
+    resume: bool = Field(default=True, description="Resume from the latest checkpoint in dir if there is one.")
+    export_dir: str | None = Field(default=None, description="Write the final actor (HF format, LoRA merged) here.")
+
+
+class ObservabilitySettings(_Section):
+    """Logs and plots of a run (all under run_dir)."""
+
+    metrics_jsonl: bool = Field(default=True, description="Append one JSON line of metrics per step.")
+    progress_bar: bool = Field(default=True, description="tqdm progress bar on stderr.")
+    plot: bool = Field(default=True, description="Write reward_curve.png at the end (matplotlib, Agg).")
+    tensorboard: bool = Field(default=False, description="Write TensorBoard scalars (if tensorboard is installed).")
+    wandb_project: str | None = Field(default=None, description="Log to this wandb project (if wandb is installed).")
+    log_sample_ids: bool = Field(default=False, description="Include the trained sample ids in each metrics line.")
+
+
+class LearnerSettings(ServiceSettings):
+    """Everything the learner needs; see each section."""
+
+    model_config = service_config("LEARNER")
+
+    port: int = Field(default=8003, ge=0, le=65535, description="HTTP port (0 picks a free one).")
+    run_dir: str = Field(default="runs/learner", description="Metrics, plots and (by default) checkpoints go here.")
+    model: ModelSettings
+    optim: OptimSettings = Field(default_factory=OptimSettings)
+    train: TrainSettings = Field(default_factory=TrainSettings)
+    algorithm: AlgorithmSettings = Field(default_factory=GRPOSettings)
+    backend: BackendSettings = Field(default_factory=TorchBackendSettings)
+    data: DataSettings = Field(default_factory=DataSettings)
+    rollout: RolloutRequestSettings = Field(default_factory=RolloutRequestSettings)
+    queue: QueueSettings = Field(default_factory=QueueSettings)
+    publish: PublishSettings = Field(default_factory=PublishSettings)
+    checkpoint: CheckpointSettings = Field(default_factory=CheckpointSettings)
+    observability: ObservabilitySettings = Field(default_factory=ObservabilitySettings)
+    exit_when_done: bool = Field(default=True, description="Exit the process once training has finished.")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "LearnerSettings":
+        if self.data.path is None:
+            raise ValueError("data.path is required: a JSONL/Parquet prompt set or a saved HF dataset directory")
+        name = self.algorithm.name
+        if name in ("grpo", "rloo") and self.rollout.group_size < 2:
+            raise ValueError(f"{name} compares samples within a group: set rollout.group_size >= 2")
+        if self.train.freeze_actor_steps and name != "ppo":
+            raise ValueError("train.freeze_actor_steps warms up a critic: it only applies to algorithm.name=ppo")
+        return self
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return Path(self.checkpoint.dir) if self.checkpoint.dir else Path(self.run_dir) / "checkpoints"

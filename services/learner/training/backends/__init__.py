@@ -1,0 +1,10 @@
+"""Optimizer backends by name: ``torch`` (one device) and ``deepspeed`` (ZeRO-2/3), chosen by settings.
+
+``build_engine(backend_settings, model, lr, optim, total_steps, accumulation)`` returns a
+:class:`~.base.TrainEngine`; trainers only call its ``backward`` / ``step`` / ``save_state`` /
+``load_state`` / ``lr``.
+"""
+
+from .base import BACKENDS, TrainEngine, build_engine
+
+__all__ = ["BACKENDS", "TrainEngine", "build_engine"]

@@ -1,0 +1,75 @@
+"""The optimizer-backend seam and its registry."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from services.learner.settings import OptimSettings
+
+from .schedule import SCHEDULES, Schedule
+
+
+class TrainEngine(ABC):
+    """One trainable model with its optimizer and LR schedule."""
+
+    model: nn.Module
+
+    @abstractmethod
+    def backward(self, loss: torch.Tensor) -> None:
+        """Accumulate gradients of ``loss`` (already scaled for accumulation by the caller)."""
+
+    @abstractmethod
+    def step(self) -> float:
+        """Clip, apply the accumulated gradients, advance the schedule, zero grads. Returns the grad norm."""
+
+    @abstractmethod
+    def lr(self) -> float:
+        """The current learning rate."""
+
+    @abstractmethod
+    def save_state(self, out_dir: Path) -> None:
+        """Write optimizer + scheduler state under ``out_dir`` (our own files only)."""
+
+    @abstractmethod
+    def load_state(self, in_dir: Path) -> None:
+        """Restore what :meth:`save_state` wrote."""
+
+    @property
+    def optimizer_steps(self) -> int:
+        return 0
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The complete model weights on this rank (gathered where the backend shards them)."""
+        return self.model.state_dict()
+
+
+def make_schedule(optim: OptimSettings, total_steps: int) -> Schedule:
+    warmup = int(optim.warmup_ratio * total_steps)
+    return SCHEDULES[optim.schedule](total_steps, warmup, optim.min_lr_ratio)
+
+
+EngineBuilder = Callable[..., TrainEngine]
+BACKENDS: dict[str, EngineBuilder] = {}
+
+
+def register_backend(name: str) -> Callable[[EngineBuilder], EngineBuilder]:
+    def deco(builder: EngineBuilder) -> EngineBuilder:
+        BACKENDS[name] = builder
+        return builder
+
+    return deco
+
+
+def build_engine(backend, model: nn.Module, lr: float, optim: OptimSettings, total_steps: int,
+                 accumulation: int = 1) -> TrainEngine:
+    """The engine for ``backend.name`` (``torch`` | ``deepspeed``)."""
+    from . import deepspeed_engine, torch_engine  # noqa: F401  (register the builders)
+
+    if backend.name not in BACKENDS:
+        raise ValueError(f"unknown backend {backend.name!r}; known: {sorted(BACKENDS)}")
+    return BACKENDS[backend.name](backend, model, lr, optim, total_steps, accumulation)

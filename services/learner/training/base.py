@@ -1,0 +1,93 @@
+"""What the RL and SFT trainers share: device, tokenizer, the actor engine, save / restore."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+
+import torch
+
+from services.learner.settings import LearnerSettings
+
+from .backends import TrainEngine, build_engine
+from .models import load_actor, load_tokenizer, merged_state_dict, resolve_device, save_actor_export
+from .rng import load_rng, save_rng, seed_everything
+
+log = logging.getLogger(__name__)
+
+
+class TrainerBase:
+    """Owns the actor. ``resume_dir`` (a checkpoint's ``trainer/`` directory) restores an exact state."""
+
+    def __init__(self, settings: LearnerSettings, total_optimizer_steps: int, samples_per_step: int,
+                 resume_dir: Path | None = None) -> None:
+        self.settings = settings
+        self.device = resolve_device(settings.model.device)
+        if settings.train.torch_threads:
+            torch.set_num_threads(settings.train.torch_threads)
+        seed_everything(settings.train.seed)
+        self.tokenizer = load_tokenizer(settings.model)
+        self.pad_id = int(self.tokenizer.pad_token_id)
+        self.global_step = 0
+        self.total_optimizer_steps = max(1, total_optimizer_steps)
+        micro = settings.train.micro_batch_size
+        self.accumulation = max(1, math.ceil(samples_per_step / micro))
+        self.actor = self._build_actor(resume_dir)
+
+    # ---- construction -----------------------------------------------------------------------------
+    def _build_actor(self, resume_dir: Path | None) -> TrainEngine:
+        m = self.settings.model
+        if resume_dir is None:
+            model = load_actor(m, self.device)
+        elif m.lora is not None:  # base weights from the original directory, adapters from the checkpoint
+            model = load_actor(m, self.device, adapter_dir=str(resume_dir / "actor"))
+        else:
+            model = load_actor(m.model_copy(update={"actor": str(resume_dir / "actor")}), self.device)
+        return self._engine(model, self.settings.optim.actor_lr)
+
+    def _engine(self, model: torch.nn.Module, lr: float) -> TrainEngine:
+        return build_engine(self.settings.backend, model, lr, self.settings.optim, self.total_optimizer_steps,
+                            self.accumulation)
+
+    # ---- state ------------------------------------------------------------------------------------
+    def extra_state(self) -> dict:
+        return {}
+
+    def load_extra_state(self, state: dict) -> None:
+        pass
+
+    def save(self, out_dir: Path) -> None:
+        """Write the complete training state into ``out_dir`` (a fresh directory)."""
+        out_dir.mkdir(parents=True, exist_ok=True)
+        actor_dir = out_dir / "actor"
+        self.actor.model.save_pretrained(actor_dir, state_dict=self.actor.full_state_dict(), safe_serialization=True)
+        self.tokenizer.save_pretrained(actor_dir)
+        self.actor.save_state(out_dir / "actor_optim")
+        self._save_more(out_dir)
+        save_rng(out_dir / "rng.pt")
+        (out_dir / "trainer.json").write_text(json.dumps({"global_step": self.global_step, **self.extra_state()}))
+
+    def _save_more(self, out_dir: Path) -> None:
+        pass
+
+    def restore(self, in_dir: Path) -> None:
+        """Load optimizer, scheduler, RNG and counters saved by :meth:`save` (weights were loaded at build)."""
+        self.actor.load_state(in_dir / "actor_optim")
+        self._restore_more(in_dir)
+        load_rng(in_dir / "rng.pt")
+        state = json.loads((in_dir / "trainer.json").read_text())
+        self.global_step = int(state["global_step"])
+        self.load_extra_state(state)
+
+    def _restore_more(self, in_dir: Path) -> None:
+        pass
+
+    # ---- weights out ------------------------------------------------------------------------------
+    def policy_weights(self) -> dict[str, torch.Tensor]:
+        """Actor weights under the base model's parameter names (LoRA merged) for the weight sync."""
+        return merged_state_dict(self.actor.model)
+
+    def export(self, out_dir: Path) -> None:
+        save_actor_export(self.actor.model, self.tokenizer, out_dir)

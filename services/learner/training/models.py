@@ -1,0 +1,136 @@
+"""Load the actor, the frozen reference and the critic from local Hugging Face directories.
+
+The critic is a causal-LM trunk with a scalar value head: ``AutoModelForSequenceClassification``
+with one label, whose ``score`` layer is applied to every position (not only the last). Loading it
+from a reward-model checkpoint reuses the RM's trunk *and* head (OpenRLHF's "critic initialised
+from the reward model"); loading it from a causal LM gives a freshly initialised head.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from services.learner.settings import LoraSettings, ModelSettings
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def _local_dir(path: str, what: str) -> str:
+    p = Path(path)
+    if not (p / "config.json").is_file():
+        raise FileNotFoundError(f"{what}: {p} is not a local Hugging Face model directory (no config.json)")
+    return str(p)
+
+
+def load_tokenizer(settings: ModelSettings):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(_local_dir(settings.tokenizer or settings.actor, "tokenizer"))
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_causal_lm(path: str, settings: ModelSettings, device: torch.device, what: str) -> nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(_local_dir(path, what), dtype=DTYPES[settings.dtype])
+    model.config.use_cache = False
+    return model.to(device)
+
+
+def load_actor(settings: ModelSettings, device: torch.device, adapter_dir: str | None = None) -> nn.Module:
+    """The trainable policy; with LoRA, a peft model (``adapter_dir`` resumes saved adapters)."""
+    model = load_causal_lm(settings.actor, settings, device, "model.actor")
+    if settings.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if settings.lora is not None:
+        model = apply_lora(model, settings.lora, adapter_dir)
+    return model
+
+
+def apply_lora(model: nn.Module, lora: LoraSettings, adapter_dir: str | None = None) -> nn.Module:
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    if adapter_dir is not None:
+        return PeftModel.from_pretrained(model, adapter_dir, is_trainable=True)
+    config = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                        target_modules=lora.target_modules, task_type="CAUSAL_LM")
+    if getattr(model, "is_gradient_checkpointing", False):
+        model.enable_input_require_grads()
+    return get_peft_model(model, config)
+
+
+def load_reference(settings: ModelSettings, device: torch.device) -> nn.Module:
+    model = load_causal_lm(settings.reference or settings.actor, settings, device, "model.reference")
+    model.eval()
+    model.requires_grad_(False)
+    return model
+
+
+class Critic(nn.Module):
+    """Per-token values: a transformer trunk plus a linear head from hidden size to 1."""
+
+    def __init__(self, seq_cls_model: nn.Module) -> None:
+        super().__init__()
+        self.inner = seq_cls_model
+
+    @property
+    def trunk(self) -> nn.Module:
+        return getattr(self.inner, self.inner.base_model_prefix)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        hidden = self.trunk(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        return self.inner.score(hidden).squeeze(-1).float()  # [B, L]
+
+    def save_pretrained(self, out_dir: str | Path, **kwargs) -> None:
+        """HF sequence-classification format: reloadable as a critic or served as a reward model."""
+        self.inner.save_pretrained(out_dir, **kwargs)
+
+
+def load_critic(path: str, settings: ModelSettings, device: torch.device) -> Critic:
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    path = _local_dir(path, "model.critic")
+    config = AutoConfig.from_pretrained(path)
+    from_rm = any(a.endswith("ForSequenceClassification") for a in (config.architectures or []))
+    config.num_labels = 1
+    model = AutoModelForSequenceClassification.from_pretrained(path, config=config, dtype=DTYPES[settings.dtype])
+    log.info("critic from %s (%s)", path, "reward model: trunk and head reused" if from_rm else "causal LM: new head")
+    if settings.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return Critic(model).to(device)
+
+
+def merged_state_dict(actor: nn.Module) -> dict[str, torch.Tensor]:
+    """The actor's weights under the base model's names (LoRA merged in), for publishing / export."""
+    if hasattr(actor, "merge_and_unload"):
+        import copy
+
+        return copy.deepcopy(actor).merge_and_unload().state_dict()
+    return actor.state_dict()
+
+
+def save_actor_export(actor: nn.Module, tokenizer, out_dir: str | Path) -> None:
+    """Save a plain HF checkpoint of the actor (LoRA merged in) that any engine can load."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if hasattr(actor, "merge_and_unload"):
+        import copy
+
+        copy.deepcopy(actor).merge_and_unload().save_pretrained(out, safe_serialization=True)
+    else:
+        actor.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)

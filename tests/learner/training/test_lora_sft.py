@@ -1,0 +1,52 @@
+"""LoRA on CPU (trains adapters only, saves adapters and merged weights) and SFT (loss on answers only)."""
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from services.learner.checkpoint import CheckpointManager
+from services.learner.training.rl_trainer import RLTrainer
+from services.learner.training.sft_trainer import SFTTrainer
+from tests.learner.helpers import GOOD, good_bad_batch, response_logprob, settings
+
+
+def test_lora_trains_adapters_and_exports_merged_weights(tiny_model_dir, tmp_path):
+    s = settings(tiny_model_dir, tmp_path, algorithm={"name": "grpo"},
+                 model={"lora": {"rank": 4, "alpha": 8}}, optim={"actor_lr": 1e-2})
+    trainer = RLTrainer(s, total_steps=3)
+    model = trainer.actor.model
+    base = {k: v.clone() for k, v in model.named_parameters() if not v.requires_grad}
+    good0 = response_logprob(trainer, [GOOD] * 3)
+    for step in range(3):
+        trainer.train_step(good_bad_batch(step))
+    assert response_logprob(trainer, [GOOD] * 3) > good0 + 0.5
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
+    assert all(torch.equal(base[k], v) for k, v in model.named_parameters() if k in base)
+
+    ckpt = CheckpointManager(tmp_path / "ck").save(3, lambda d: trainer.save(d / "trainer"))
+    assert (ckpt / "trainer" / "actor" / "adapter_model.safetensors").is_file()
+    export = tmp_path / "export"
+    trainer.export(export)
+    merged = AutoModelForCausalLM.from_pretrained(export)
+    ids = torch.tensor([[1, 10, 20, 30, GOOD, GOOD]])
+    with torch.no_grad():
+        assert torch.allclose(merged(input_ids=ids).logits, model(input_ids=ids).logits, atol=1e-4)
+    # publishing sends plain (merged) parameter names
+    names = set(trainer.policy_weights())
+    assert names == set(merged.state_dict()) and not any("lora" in n for n in names)
+
+    resumed = RLTrainer(s, total_steps=3, resume_dir=ckpt / "trainer")
+    assert abs(response_logprob(resumed, [GOOD] * 3) - response_logprob(trainer, [GOOD] * 3)) < 1e-5
+
+
+def test_sft_learns_the_answer_not_the_prompt(tiny_model_dir, tmp_path):
+    s = settings(tiny_model_dir, tmp_path, algorithm={"name": "sft", "batch_size": 4}, optim={"actor_lr": 3e-3})
+    trainer = SFTTrainer(s, total_steps=8)
+    prompt, answer = [1, 50, 51, 52], [GOOD, GOOD, 2]
+    before_answer = response_logprob(trainer, answer, prompt=prompt)
+    # the loss is the mean NLL of the 3 answer tokens only (prompt tokens carry none)
+    expected_first_loss = -before_answer / len(answer)
+    losses = [trainer.train_step([(prompt, answer)] * 4)["sft_loss"] for _ in range(8)]
+    assert abs(losses[0] - expected_first_loss) < 1e-4
+    assert losses[-1] < losses[0] / 2
+    assert response_logprob(trainer, answer, prompt=prompt) > before_answer + 3.0
