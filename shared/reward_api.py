@@ -68,7 +68,7 @@ class ScoreResponse(BaseModel):
     errors: list[ItemError] = Field(default_factory=list, description="Marked failures (on_error: mark).")
 
     @model_validator(mode="after")
-    def _aligned(self) -> "ScoreResponse":
+    def _aligned(self) -> ScoreResponse:
         if len(self.scores) != len(self.components):
             raise ValueError(f"{len(self.scores)} scores but {len(self.components)} component rows")
         return self
@@ -87,7 +87,7 @@ class GetRewardRequest(BaseModel):
     labels: list[Any] | None = Field(default=None, description="Ground truth per query.")
 
     @model_validator(mode="after")
-    def _aligned(self) -> "GetRewardRequest":
+    def _aligned(self) -> GetRewardRequest:
         n = len(self.query)
         for name in ("prompts", "labels"):
             value = getattr(self, name)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
@@ -11,10 +12,12 @@ app = typer.Typer(add_completion=False, help="FleetRL reward service: /score, /g
 
 @app.callback(invoke_without_command=True)
 def main(
-    config: Path = typer.Option(None, "--config", "-c", help="YAML/TOML file with `scorers` (see examples/reward/)."),
-    host: str = typer.Option(None, help="Bind address (default 127.0.0.1)."),
-    port: int = typer.Option(None, help="HTTP port (default 8002)."),
-    log_level: str = typer.Option(None, help="Python logging level."),
+    config: Annotated[
+        Path | None, typer.Option("--config", "-c", help="YAML/TOML file with `scorers` (see examples/reward/).")
+    ] = None,
+    host: Annotated[str | None, typer.Option(help="Bind address (default 127.0.0.1).")] = None,
+    port: Annotated[int | None, typer.Option(help="HTTP port (default 8002).")] = None,
+    log_level: Annotated[str | None, typer.Option(help="Python logging level.")] = None,
 ) -> None:
     """Serve the reward service until SIGTERM / Ctrl-C."""
     from services.reward.settings import RewardSettings

@@ -48,7 +48,7 @@ class RewardService:
         for scorer in self.scorers:
             try:
                 await scorer.close()
-            except Exception:  # noqa: BLE001 - closing the rest matters more
+            except Exception:
                 log.exception("closing scorer %s failed", scorer.name)
 
     def describe(self) -> list[dict[str, Any]]:
@@ -93,7 +93,7 @@ class RewardService:
         except ScorerFailure as exc:
             self.metrics.scorer_errors.labels(*labels, type(exc).__name__).inc()
             raise
-        except Exception as exc:  # noqa: BLE001 - user code and libraries: wrapped with their cause
+        except Exception as exc:
             self.metrics.scorer_errors.labels(*labels, type(exc).__name__).inc()
             raise ScorerFailure(f"{type(exc).__name__}: {exc}") from exc
         finally:

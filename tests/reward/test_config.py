@@ -9,12 +9,12 @@ import typing
 import pytest
 import yaml
 
+from services.reward.errors import CircuitOpen
 from services.reward.scorer_config import ScorerConfig
 from services.reward.scorers.base import Scorer
 from services.reward.scorers.circuit_breaker import CircuitBreaker
 from services.reward.scorers.registry import SCORER_CLASSES, scorer_class
 from services.reward.settings import RewardSettings
-from services.reward.errors import CircuitOpen
 from shared.settings import SettingsError, load_settings
 from tests.procs import REPO
 
@@ -61,7 +61,7 @@ def test_cli_exits_with_the_reason_on_a_bad_config(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump({"scorers": [{"name": "a", "kind": "rule", "check": {"type": "nope"}}]}))
     proc = subprocess.run([sys.executable, "-m", "services.reward", "--config", str(path)], cwd=REPO,
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 2
     assert "scorers.0" in proc.stderr and "check" in proc.stderr
 

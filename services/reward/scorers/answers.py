@@ -88,7 +88,7 @@ def to_number(text: str) -> Fraction | None:
     s = _FRAC.sub(r"(\1)/(\2)", s)
     s = _FRAC_SHORT.sub(r"\1/\2", s)
     negative = False
-    if s.startswith("-(") or s.startswith("+("):
+    if s.startswith(("-(", "+(")):
         negative, s = s[0] == "-", s[1:]
     s = re.sub(r"^\(([^()]*)\)/\(([^()]*)\)$", r"\1/\2", s)
     if not s or not _NUMBER.fullmatch(s) or not any(c.isdigit() for c in s):

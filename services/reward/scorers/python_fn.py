@@ -33,7 +33,7 @@ def load_function(path: str, sys_path: Sequence[str] = ()) -> Callable[..., Any]
         raise ValueError(f"cannot import module {module_name!r} for function {path!r}: {exc}") from exc
     fn = getattr(module, attr, None)
     if not callable(fn):
-        raise ValueError(f"module {module_name!r} has no callable {attr!r}")
+        raise TypeError(f"module {module_name!r} has no callable {attr!r}")
     return fn
 
 
