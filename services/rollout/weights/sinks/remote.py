@@ -1,0 +1,47 @@
+"""Shared plumbing of sinks whose engine server receives the broadcast itself (SGLang, vLLM)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from services.rollout.weights.sinks.base import RoundFailed, WeightSink
+
+# added to a call's own collective / init bound so that the server answers before we give up on it
+HTTP_SLACK_S = 15.0
+
+
+class RemoteEngineSink(WeightSink):
+    """Calls the engine server's weight endpoints with the engine's own ``httpx.AsyncClient``.
+
+    If a round breaks after the server started loading, its weights may be partly updated: the sink
+    keeps generation paused (``dirty``) until a later round completes, so mixed weights never serve."""
+
+    def __init__(self, engine: Any, settings: Any) -> None:
+        super().__init__(engine, settings)
+        self.group_name: str | None = None
+        self.dirty = False
+
+    async def call(self, path: str, body: dict | None, timeout_s: float, params: dict | None = None) -> dict:
+        url = f"{str(self.engine.base_url).rstrip('/')}{path}"
+        try:
+            r = await self.engine.client.post(url, json=body, params=params, timeout=timeout_s)
+        except httpx.HTTPError as exc:
+            raise RoundFailed(f"POST {path}: {type(exc).__name__}: {exc}") from exc
+        if r.status_code >= 400:
+            raise RoundFailed(f"POST {path}: HTTP {r.status_code}: {r.text[:500]}")
+        try:
+            data = r.json() if r.content else {}
+        except ValueError:
+            data = {}
+        if isinstance(data, dict) and data.get("success") is False:
+            raise RoundFailed(f"POST {path}: {data.get('message', 'failed')}")
+        return data if isinstance(data, dict) else {}
+
+    async def _pause(self) -> None:
+        await self.paused().__aenter__()
+
+    async def _resume(self) -> None:
+        if not self.dirty:
+            await self.engine.resume()

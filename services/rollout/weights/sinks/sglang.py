@@ -1,0 +1,61 @@
+"""SGLang: the server's TP ranks join the group (``/init_weights_update_group``, ranks ``rank_offset +
+tp_rank``) and receive one flat bucket per ``/update_weights_from_distributed`` call
+(``load_format: "flattened_bucket"``): one control call per bucket, never one per parameter. The last
+call carries ``weight_version`` and flushes the cache. The group is kept between rounds and replaced
+(``/destroy_weights_update_group``) when the publisher forms a new one."""
+
+from __future__ import annotations
+
+from services.rollout.weights.sinks.base import RoundFailed, UpdateRefused
+from services.rollout.weights.sinks.remote import HTTP_SLACK_S, RemoteEngineSink
+from shared.weight_sync.wire import Manifest, Member, Rendezvous
+
+
+class SGLangSink(RemoteEngineSink):
+    kind = "sglang"
+
+    async def run_round(self, rdv: Rendezvous, member: Member, manifest: Manifest) -> None:
+        await self._pause()
+        try:
+            if self.group_name != rdv.group_name:
+                await self._leave()
+                if not rdv.fresh_group:
+                    raise RoundFailed(f"round {rdv.round} reuses group {rdv.group_name}, which this server is not in")
+                await self.call("/init_weights_update_group", {
+                    "master_address": rdv.master_addr, "master_port": rdv.master_port, "rank_offset": member.rank,
+                    "world_size": rdv.world_size, "group_name": rdv.group_name, "backend": rdv.backend,
+                }, rdv.init_timeout_s + HTTP_SLACK_S)
+                self.group_name = rdv.group_name
+            self.dirty = True
+            last = len(manifest.buckets) - 1
+            for b in manifest.buckets:
+                body = {
+                    "names": [e.name for e in b.tensors], "dtypes": [e.dtype for e in b.tensors],
+                    "shapes": [list(e.shape) for e in b.tensors], "group_name": rdv.group_name,
+                    "load_format": "flattened_bucket", "flush_cache": b.index == last,
+                    "abort_all_requests": False,
+                }
+                if b.index == last:
+                    body["weight_version"] = str(manifest.version)
+                await self.call("/update_weights_from_distributed", body, rdv.collective_timeout_s + HTTP_SLACK_S)
+            self.engine.set_weight_version(manifest.version)
+            self.dirty = False
+        except RoundFailed:
+            self.group_name = None  # the server's group may be broken: form a new one next round
+            raise
+        finally:
+            await self._resume()
+
+    async def _leave(self) -> None:
+        if self.group_name is not None:
+            name, self.group_name = self.group_name, None
+            try:
+                await self.call("/destroy_weights_update_group", {"group_name": name}, HTTP_SLACK_S)
+            except RoundFailed:
+                pass  # a server without the group (restarted) has nothing to destroy
+
+    async def load_snapshot(self, manifest: Manifest) -> None:
+        raise UpdateRefused("the sglang sink loads over the collective only; set transport=collective")
+
+    async def close(self) -> None:
+        await self._leave()

@@ -1,0 +1,72 @@
+"""One publisher (this process) and real rollout service processes (hf engine, tiny model), gloo on CPU."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from shared import keys
+from shared.weight_sync import WeightPublisher, WeightSyncSettings
+from tests.weight_sync.conftest import new_weights, reference_ids, wait_ready, wait_registered
+
+FAST = dict(init_timeout_s=20, collective_timeout_s=10, regroup_timeout_s=5, load_timeout_s=20, catch_up_poll_s=0.1)
+
+
+async def test_publish_reaches_every_replica_and_late_joiner(replicas, redis_client, tiny_model_dir):
+    run = "pub"
+    a, b = replicas(run), replicas(run)
+    before = a.generate()["output_ids"]
+    assert a.weight_version() == 0
+    await wait_registered(redis_client, run, 2)
+
+    model = new_weights(tiny_model_dir)
+    expected = reference_ids(model, tiny_model_dir)
+    async with WeightPublisher(redis_client, run, WeightSyncSettings(bucket_bytes=64 << 10, **FAST)) as pub:
+        version = await pub.publish(model)
+        report = pub.last_report
+        assert version == 1 and int(await redis_client.get(keys.weights_version(run))) == 1
+        assert len(report.loaded) == 2 and not report.dropped and not report.refused, report
+        assert report.rounds == 1
+
+        for rep in (a, b):
+            out = rep.generate()
+            assert out["meta_info"]["weight_version"] == "1"
+            assert out["output_ids"] == expected
+            assert rep.weight_version() == 1
+        assert expected != before
+
+        # a replica started afterwards is brought to the current version before it serves
+        c = replicas(run, wait=False)
+        await wait_ready(c)
+        assert c.weight_version() == 1
+        assert c.generate()["output_ids"] == expected
+
+        # the next version reaches all three (the group is re-formed with the newcomer)
+        model2 = new_weights(tiny_model_dir, seed=2)
+        t0 = time.monotonic()
+        assert await pub.publish(model2) == 2
+        assert len(pub.last_report.loaded) == 3, pub.last_report
+        expected2 = reference_ids(model2, tiny_model_dir)
+        for rep in (a, b, c):
+            out = rep.generate()
+            assert out["meta_info"]["weight_version"] == "2" and out["output_ids"] == expected2
+        # and a third version reuses the group (no re-formation): one round, quick
+        assert await pub.publish(model) == 3
+        assert pub.last_report.rounds == 1 and len(pub.last_report.loaded) == 3
+        assert time.monotonic() - t0 < 60
+        status = a.weights_status()
+        assert status["weight_version"] == 3 and status["latest_version"] == 3
+
+
+async def test_weight_routes_need_token_and_validate(replicas, redis_client):
+    import httpx
+
+    rep = replicas("routes")
+    r = httpx.get(f"{rep.url}/weights/version", timeout=10)
+    assert r.status_code == 401
+    hdr = {"Authorization": "Bearer weights-test-token"}
+    r = httpx.post(f"{rep.url}/weights/update", json={"version": 0}, headers=hdr, timeout=10)
+    assert r.status_code in (400, 422)
+    r = httpx.post(f"{rep.url}/weights/update", json={}, headers=hdr, timeout=10)
+    assert r.status_code == 409 and "no weight version" in r.text
+    await asyncio.sleep(0)
