@@ -1,0 +1,81 @@
+"""A replica SIGKILLed mid-broadcast is dropped within the timeout and the survivor gets the version; a
+corrupted bucket is refused."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+from shared.weight_sync import WeightPublisher, WeightSyncSettings
+from tests.weight_sync.conftest import new_weights, reference_ids, wait_registered
+
+FAST = dict(init_timeout_s=10, collective_timeout_s=4, regroup_timeout_s=4, load_timeout_s=10, catch_up_poll_s=0.1)
+
+
+class KillingPublisher(WeightPublisher):
+    """Kills a replica's process after the first bucket went out (so it dies mid-broadcast)."""
+
+    victim_pid: int = 0
+
+    def _wire_buffer(self, index, buf):
+        if index == 2 and self.victim_pid:
+            os.killpg(self.victim_pid, signal.SIGKILL)
+            self.victim_pid = 0
+            time.sleep(0.3)
+        return super()._wire_buffer(index, buf)
+
+
+class CorruptingPublisher(WeightPublisher):
+    """Flips a byte of bucket 0 after its checksum was taken (corruption on the wire)."""
+
+    def _wire_buffer(self, index, buf):
+        if index == 0:
+            buf = buf.clone()
+            buf[7] ^= 0xFF
+        return super()._wire_buffer(index, buf)
+
+
+async def test_replica_killed_mid_broadcast_is_dropped(replicas, redis_client, tiny_model_dir):
+    run = "kill"
+    a, b = replicas(run), replicas(run)
+    await wait_registered(redis_client, run, 2)
+    victim_id = next(i.replica_id for i in await wait_registered(redis_client, run, 2)
+                     if i.name.endswith(b.url.rsplit(":", 1)[1]))
+    model = new_weights(tiny_model_dir)
+    pub = KillingPublisher(redis_client, run, WeightSyncSettings(bucket_bytes=32 << 10, **FAST))
+    pub.victim_pid = b.proc.pid
+    t0 = time.monotonic()
+    try:
+        version = await asyncio.wait_for(pub.publish(model), 60)
+    finally:
+        await pub.close()
+    took = time.monotonic() - t0
+    report = pub.last_report
+    assert b.proc.poll() is not None, "the victim should be dead"
+    assert report.dropped == [victim_id], report
+    assert len(report.loaded) == 1 and report.rounds == 2, report
+    # bounded by: collective timeout + regroup + one clean round
+    assert took < FAST["collective_timeout_s"] + FAST["regroup_timeout_s"] + 20, took
+    out = a.generate()
+    assert out["meta_info"]["weight_version"] == str(version)
+    assert out["output_ids"] == reference_ids(model, tiny_model_dir)
+
+
+async def test_corrupted_bucket_is_refused(replicas, redis_client, tiny_model_dir):
+    run = "corrupt"
+    a = replicas(run)
+    await wait_registered(redis_client, run, 1)
+    before = a.generate()["output_ids"]
+    pub = CorruptingPublisher(redis_client, run, WeightSyncSettings(bucket_bytes=64 << 10, max_attempts=1, **FAST))
+    try:
+        await pub.publish(new_weights(tiny_model_dir))
+        report = pub.last_report
+        assert len(report.refused) == 1 and not report.loaded, report
+        status = a.weights_status()
+        assert status["weight_version"] == 0 and "checksum" in status["last_error"]
+        out = a.generate()
+        assert out["meta_info"]["weight_version"] == "0" and out["output_ids"] == before
+    finally:
+        await pub.close()
