@@ -83,18 +83,23 @@ async def bench_rules(url: str, requests: int, batch: int) -> float:
 
 
 async def bench_rm(url: str, clients: int, per_client: int) -> float:
+    # One AsyncClient per simulated client (as separate rollout workers would have): a single httpx
+    # client shared by 32 concurrent connections is itself the bottleneck (~60 req/s measured here).
     items = math_items(clients * per_client)
-    async with httpx.AsyncClient(timeout=300, limits=httpx.Limits(max_connections=clients)) as client:
-        await asyncio.gather(*(client.post(f"{url}/score", json={"items": [it]}) for it in items[:clients]))  # warm-up
+    pool = [httpx.AsyncClient(timeout=300) for _ in range(clients)]
+    try:
+        await asyncio.gather(*(c.post(f"{url}/score", json={"items": [it]}) for c, it in zip(pool, items)))  # warm-up
 
         async def worker(k: int) -> None:
             for j in range(per_client):
-                reply = await client.post(f"{url}/score", json={"items": [items[k * per_client + j]]})
+                reply = await pool[k].post(f"{url}/score", json={"items": [items[k * per_client + j]]})
                 reply.raise_for_status()
 
         start = time.perf_counter()
         await asyncio.gather(*(worker(k) for k in range(clients)))
         elapsed = time.perf_counter() - start
+    finally:
+        await asyncio.gather(*(c.aclose() for c in pool))
     return clients * per_client / elapsed
 
 
