@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from services.learner.algorithms.config import AlgorithmSettings, GRPOSettings
 from shared.schemas import SamplingOverrides
 from shared.settings import ServiceSettings, service_config
+from shared.weight_sync.settings import WeightSyncSettings
 
 
 class _Section(BaseModel):
@@ -77,9 +78,6 @@ class TrainSettings(_Section):
     max_steps: int | None = Field(default=None, ge=1, description="Stop after this many learner steps.")
     seed: int = Field(default=42, description="Seed of torch / python RNGs (saved and restored in checkpoints).")
     torch_threads: int | None = Field(default=None, ge=1, description="torch.set_num_threads; default: torch's choice.")
-    max_sequence_len: int | None = Field(
-        default=None, ge=2, description="Drop experiences whose prompt+response is longer (counted); null: no limit."
-    )
 
 
 class TorchBackendSettings(_Section):
@@ -148,15 +146,10 @@ class QueueSettings(_Section):
 
 
 class PublishSettings(_Section):
-    """When and how new weights go to the rollout fleet."""
+    """When new weights go to the rollout fleet (through shared.weight_sync's publisher)."""
 
     every: int = Field(default=1, ge=1, description="Publish weights every N learner steps (and at the end).")
-    transport: Literal["sidecar", "version_only"] = Field(
-        default="sidecar",
-        description="'sidecar': shared.weight_sync broadcast to rollout sidecars; 'version_only': only bump the "
-        "version key (tests, or a fleet that loads snapshots itself).",
-    )
-    sync: dict = Field(default_factory=dict, description="shared.weight_sync.WeightSyncSettings fields (sidecar).")
+    sync: WeightSyncSettings = Field(default_factory=WeightSyncSettings, description="Weight-sync transport settings.")
 
 
 class CheckpointSettings(_Section):
@@ -207,6 +200,9 @@ class LearnerSettings(ServiceSettings):
         name = self.algorithm.name
         if name in ("grpo", "rloo") and self.rollout.group_size < 2:
             raise ValueError(f"{name} compares samples within a group: set rollout.group_size >= 2")
+        if name != "sft" and self.rollout.window < self.train.groups_per_step:
+            raise ValueError(f"rollout.window ({self.rollout.window}) must be >= train.groups_per_step "
+                             f"({self.train.groups_per_step}), or a step can never fill")
         if self.train.freeze_actor_steps and name != "ppo":
             raise ValueError("train.freeze_actor_steps warms up a critic: it only applies to algorithm.name=ppo")
         return self

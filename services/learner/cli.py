@@ -1,0 +1,51 @@
+"""``python -m services.learner --config FILE`` / ``fleetrl learner``: settings first, then torch and the app."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+app = typer.Typer(add_completion=False, help="FleetRL learner: consumes experiences, trains, publishes weights.")
+
+
+@app.callback(invoke_without_command=True)
+def main(
+    config: Path = typer.Option(None, "--config", "-c", help="YAML/TOML learner settings (see examples/learner/)."),
+    host: str = typer.Option(None, help="Bind address (default 127.0.0.1)."),
+    port: int = typer.Option(None, help="HTTP port (default 8003)."),
+    run_name: str = typer.Option(None, help="Run namespace of the Redis keys."),
+    redis_url: str = typer.Option(None, help="Redis URL (default: $REDIS_URL, else an embedded server)."),
+    run_dir: str = typer.Option(None, help="Where metrics, plots and checkpoints go."),
+    log_level: str = typer.Option(None, help="Python logging level."),
+) -> None:
+    """Train until the prompt set is done (or POST /stop, SIGTERM); checkpoint on the way out."""
+    from services.learner.settings import LearnerSettings
+    from shared.settings import SettingsError, load_settings
+
+    try:
+        settings = load_settings(LearnerSettings, config_file=config, host=host, port=port, run_name=run_name,
+                                 redis_url=redis_url, run_dir=run_dir, log_level=log_level)
+    except SettingsError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+
+    import uvicorn
+
+    from services.learner.app import create_app
+    from shared.telemetry import setup_logging
+
+    setup_logging(settings.log_level, service="learner")
+    server: uvicorn.Server | None = None
+    exit_code = {"code": 0}
+
+    def on_exit(code: int) -> None:
+        exit_code["code"] = code
+        if server is not None:
+            server.should_exit = True
+
+    config_ = uvicorn.Config(create_app(settings, on_exit=on_exit), host=settings.host, port=settings.port,
+                             log_level=settings.log_level.lower(), timeout_graceful_shutdown=10)
+    server = uvicorn.Server(config_)
+    server.run()
+    raise typer.Exit(exit_code["code"])

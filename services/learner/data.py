@@ -1,0 +1,159 @@
+"""The prompt set on local disk: JSONL, Parquet (pyarrow), or a saved Hugging Face dataset directory.
+
+Rows are dicts; ``data.input_key`` holds the prompt (text, or chat messages as a list of
+``{"role", "content"}``), ``data.label_key`` the label for the reward service, ``data.output_key`` the
+answer (SFT). Each epoch visits the rows in a permutation seeded by ``seed + epoch``, so a dataset
+position ``(epoch, index)`` names the same row after a restart.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from services.learner.settings import DataSettings, RolloutRequestSettings
+from shared.schemas import ChatMessage, PromptTask
+
+
+class DataError(ValueError):
+    """The prompt set cannot be read or lacks a field; the message says which and where."""
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    rows = []
+    with path.open() as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{path}:{n}: not valid JSON ({exc.msg})") from exc
+            if not isinstance(row, dict):
+                raise DataError(f"{path}:{n}: each line must be a JSON object")
+            rows.append(row)
+    return rows
+
+
+def _read_parquet(path: Path) -> list[dict]:
+    import pyarrow.parquet as pq
+
+    return pq.read_table(path).to_pylist()
+
+
+def _read_hf_dataset(path: Path, split: str) -> list[dict]:
+    try:
+        import datasets  # optional extra: fleetrl[data]
+    except ImportError as exc:
+        raise DataError(f"{path} looks like a saved HF dataset; install the `data` extra (datasets)") from exc
+    ds = datasets.load_from_disk(str(path))
+    if isinstance(ds, datasets.DatasetDict):
+        if split not in ds:
+            raise DataError(f"{path}: no split {split!r} (has {sorted(ds)}); set data.split")
+        ds = ds[split]
+    return ds.to_list()
+
+
+def read_rows(path: str | Path, split: str = "train") -> list[dict]:
+    p = Path(path)
+    if p.is_dir():
+        return _read_hf_dataset(p, split)
+    if not p.is_file():
+        raise DataError(f"data.path {p} does not exist")
+    readers = {".jsonl": _read_jsonl, ".json": _read_jsonl, ".parquet": _read_parquet}
+    if p.suffix not in readers:
+        raise DataError(f"data.path {p}: use .jsonl, .parquet or a saved HF dataset directory")
+    return readers[p.suffix](p)
+
+
+def item_id(epoch: int, index: int, attempt: int = 0) -> str:
+    """PromptTask id of dataset position (epoch, index); re-issues get an attempt suffix."""
+    return f"e{epoch}-{index}" if attempt == 0 else f"e{epoch}-{index}-r{attempt}"
+
+
+def parse_item_id(prompt_id: str) -> tuple[str, int] | None:
+    """``(item key "e{epoch}-{index}", attempt)`` of a PromptTask id, or None if it is not one of ours."""
+    parts = prompt_id.split("-")
+    if len(parts) not in (2, 3) or not parts[0].startswith("e") or not parts[1].isdigit():
+        return None
+    if not parts[0][1:].isdigit():
+        return None
+    attempt = 0
+    if len(parts) == 3:
+        if not parts[2].startswith("r") or not parts[2][1:].isdigit():
+            return None
+        attempt = int(parts[2][1:])
+    return f"{parts[0]}-{parts[1]}", attempt
+
+
+@dataclass
+class PromptSet:
+    settings: DataSettings
+    rows: list[dict]
+    seed: int
+    tokenizer: Any = None
+
+    @classmethod
+    def load(cls, settings: DataSettings, seed: int, tokenizer: Any = None, need_output: bool = False) -> "PromptSet":
+        rows = read_rows(settings.path, settings.split)
+        if settings.max_samples is not None:
+            rows = rows[: settings.max_samples]
+        if not rows:
+            raise DataError(f"data.path {settings.path} holds no rows")
+        keys = [settings.input_key] + ([settings.output_key] if need_output else [])
+        for n, row in enumerate(rows):
+            for key in keys:
+                if key not in row:
+                    raise DataError(f"row {n} of {settings.path} has no {key!r} field (fields: {sorted(row)}); "
+                                    f"set data.input_key / data.output_key")
+        if settings.apply_chat_template and tokenizer is None:
+            raise DataError("data.apply_chat_template needs the tokenizer")
+        return cls(settings, rows, seed, tokenizer)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def order(self, epoch: int) -> np.ndarray:
+        if not self.settings.shuffle:
+            return np.arange(len(self.rows))
+        return np.random.RandomState((self.seed + epoch) % 2**32).permutation(len(self.rows))
+
+    def row(self, epoch: int, index: int) -> dict:
+        return self.rows[int(self.order(epoch)[index])]
+
+    def render_prompt(self, row: dict) -> str | list[ChatMessage]:
+        value = row[self.settings.input_key]
+        if self.settings.apply_chat_template:
+            messages = value if isinstance(value, list) else [{"role": "user", "content": str(value)}]
+            return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        if isinstance(value, list):
+            return [ChatMessage.model_validate(m) for m in value]
+        text = str(value)
+        return self.settings.input_template.format(text) if self.settings.input_template else text
+
+    def label(self, row: dict) -> Any:
+        key = self.settings.label_key
+        return row.get(key) if key else None
+
+    def task(self, epoch: int, index: int, attempt: int, rollout: RolloutRequestSettings) -> PromptTask:
+        row = self.row(epoch, index)
+        return PromptTask(id=item_id(epoch, index, attempt), prompt=self.render_prompt(row), label=self.label(row),
+                          n=rollout.group_size, sampling=rollout.sampling,
+                          metadata={"epoch": epoch, "index": index, "attempt": attempt})
+
+    def sft_pair(self, epoch: int, index: int) -> tuple[list[int], list[int]]:
+        """Token ids of (prompt, answer + EOS) for SFT."""
+        row = self.row(epoch, index)
+        prompt = self.render_prompt(row)
+        if isinstance(prompt, list):
+            prompt = self.tokenizer.apply_chat_template([m.model_dump() for m in prompt], tokenize=False,
+                                                        add_generation_prompt=True)
+        prompt_ids = list(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
+        if not prompt_ids:
+            prompt_ids = [self.tokenizer.bos_token_id or self.tokenizer.eos_token_id]
+        answer_ids = list(self.tokenizer(str(row[self.settings.output_key]), add_special_tokens=False)["input_ids"])
+        return prompt_ids, answer_ids + [self.tokenizer.eos_token_id]

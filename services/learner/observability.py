@@ -1,0 +1,161 @@
+"""Where a run's numbers go: Prometheus (own registry), metrics.jsonl, a tqdm bar, TensorBoard / wandb if
+installed, and ``reward_curve.png`` at the end."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from services.learner.settings import ObservabilitySettings
+
+log = logging.getLogger(__name__)
+
+STEP_GAUGES = ("reward_mean", "reward_std", "kl", "entropy", "clip_frac", "actor_grad_norm", "critic_grad_norm",
+               "policy_loss", "value_loss", "sft_loss", "tokens_per_s", "actor_lr", "tis_mean", "staleness_mean",
+               "response_len_mean", "step_time_s", "wait_time_s")
+STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 32)
+
+
+class MetricsSink:
+    def __init__(self, settings: ObservabilitySettings, run_dir: Path, registry: CollectorRegistry) -> None:
+        self.settings = settings
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.jsonl_path = self.run_dir / "metrics.jsonl"
+        self.plot_path = self.run_dir / "reward_curve.png"
+        self.step_gauges = {
+            k: Gauge(f"fleetrl_learner_{k}", f"Last learner step's {k}", registry=registry) for k in STEP_GAUGES
+        }
+        self.step = Gauge("fleetrl_learner_step", "Learner steps done", registry=registry)
+        self.version = Gauge("fleetrl_learner_weight_version", "Latest published weight version", registry=registry)
+        self.counters = {
+            name: Counter(f"fleetrl_learner_{name}", f"Learner {name.replace('_', ' ')}", registry=registry)
+            for name in ("experiences_consumed", "experiences_deduplicated", "experiences_dropped_stale",
+                         "prompts_issued", "prompts_reissued", "samples_trained")
+        }
+        self.staleness = Histogram("fleetrl_learner_staleness", "Weight versions between generation and training",
+                                   buckets=STALENESS_BUCKETS, registry=registry)
+        self.in_flight = Gauge("fleetrl_learner_prompts_in_flight", "Prompt groups issued, not yet trained",
+                               registry=registry)
+        self.staleness_counts: dict[int, int] = {}
+        self._bar = None
+        self._tb = None
+        self._wandb = None
+
+    # ---- lifecycle ---------------------------------------------------------------------------------
+    def open(self, total_steps: int, initial_step: int) -> None:
+        if self.settings.progress_bar:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total_steps, initial=initial_step, desc="learner", unit="step", dynamic_ncols=True)
+        if self.settings.tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self._tb = SummaryWriter(str(self.run_dir / "tensorboard"))
+            except ImportError:
+                log.warning("observability.tensorboard is on but tensorboard is not installed; skipping it")
+        if self.settings.wandb_project:
+            try:
+                import wandb
+
+                self._wandb = wandb.init(project=self.settings.wandb_project, dir=str(self.run_dir), resume="allow")
+            except ImportError:
+                log.warning("observability.wandb_project is set but wandb is not installed; skipping it")
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+        if self._tb is not None:
+            self._tb.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+        if self.settings.plot:
+            try:
+                plot_reward_curve(self.jsonl_path, self.plot_path)
+            except Exception:  # a plot must never fail a finished run
+                log.exception("could not write %s", self.plot_path)
+
+    # ---- per event ---------------------------------------------------------------------------------
+    def count(self, name: str, n: int = 1) -> None:
+        if name in self.counters and n:
+            self.counters[name].inc(n)
+
+    def observe_staleness(self, values: list[int]) -> None:
+        for v in values:
+            self.staleness.observe(v)
+            self.staleness_counts[v] = self.staleness_counts.get(v, 0) + 1
+
+    def log_step(self, step: int, metrics: dict[str, Any]) -> None:
+        self.step.set(step)
+        for k, g in self.step_gauges.items():
+            v = metrics.get(k)
+            if isinstance(v, (int, float)) and math.isfinite(v):
+                g.set(v)
+        if "weight_version" in metrics:
+            self.version.set(metrics["weight_version"])
+        if self.settings.metrics_jsonl:
+            with self.jsonl_path.open("a") as f:
+                f.write(json.dumps({"time": time.time(), **metrics}) + "\n")
+        scalars = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        if self._tb is not None:
+            for k, v in scalars.items():
+                self._tb.add_scalar(k, v, step)
+        if self._wandb is not None:
+            self._wandb.log(scalars, step=step)
+        if self._bar is not None:
+            self._bar.update(max(0, step - self._bar.n))
+            shown = {k: f"{metrics[k]:.3g}" for k in ("reward_mean", "kl", "sft_loss", "weight_version")
+                     if isinstance(metrics.get(k), (int, float))}
+            self._bar.set_postfix(shown, refresh=False)
+
+
+def read_history(jsonl_path: Path) -> dict[int, dict]:
+    """Metrics per step from metrics.jsonl; a step replayed after a crash keeps its latest line."""
+    history: dict[int, dict] = {}
+    if not jsonl_path.is_file():
+        return history
+    for line in jsonl_path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:  # a line cut by a crash
+            continue
+        if isinstance(row, dict) and "step" in row:
+            history[int(row["step"])] = row
+    return history
+
+
+def plot_reward_curve(jsonl_path: Path, out_path: Path) -> Path | None:
+    """Reward mean (RL) or SFT loss per step, with a moving average, as a PNG (matplotlib Agg)."""
+    history = read_history(jsonl_path)
+    key = "reward_mean" if any("reward_mean" in r for r in history.values()) else "sft_loss"
+    points = sorted((s, r[key]) for s, r in history.items() if key in r)
+    if not points:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps, values = zip(*points)
+    window = max(1, len(values) // 10)
+    smooth = [sum(values[max(0, i - window + 1): i + 1]) / len(values[max(0, i - window + 1): i + 1])
+              for i in range(len(values))]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(steps, values, alpha=0.35, label=key)
+    ax.plot(steps, smooth, label=f"{key} (moving avg, {window})")
+    ax.set_xlabel("learner step")
+    ax.set_ylabel(key)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out_path, dpi=110)
+    plt.close(fig)
+    return out_path

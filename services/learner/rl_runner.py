@@ -1,0 +1,382 @@
+"""The RL run owner: issues prompts, takes experiences, trains on complete groups, publishes, checkpoints.
+
+Loop (one asyncio task; the torch step runs in a worker thread so the HTTP routes stay responsive)::
+
+    feed prompts while fewer than rollout.window groups are in flight
+    re-issue prompts whose group has not completed within rollout.prompt_timeout_s
+    if groups_per_step complete, fresh groups are buffered: train on them
+        (then publish every publish.every steps, checkpoint every checkpoint.every steps)
+    else: consume experiences (group "learner") and file them by group
+
+**Ack rule: experiences are acknowledged only after a checkpoint that includes the step that used them
+is on disk.** At that commit the trained sample ids are added to ``ProcessedIds`` and every entry
+consumed since the previous commit and either trained or dropped is XACKed (entries of groups still
+being assembled stay pending). The commit lists are also written into the checkpoint and settled again
+on resume, so a crash between the write and the acks loses nothing.
+
+**What a crash replays.** A restarted learner loads the latest checkpoint (weights, optimizer, RNG,
+dataset position, prompts in flight) and its step counter continues from there. The experiences of
+steps after that checkpoint were never acknowledged: they come back from the consumer's pending list
+and are trained again — on the restored weights, so no sample is in two committed steps. Prompts
+issued after the checkpoint are issued again with the same ids; their samples carry the same sample
+ids, so the copies are dropped as duplicates. The restored weights are published as a new version at
+start, so the fleet leaves the abandoned branch.
+
+**Staleness.** A complete group whose oldest sample has ``weight_version < current - max_staleness`` is
+dropped (counted) and its prompt re-issued under a new attempt id (``e{epoch}-{index}-r{n}``), so no
+prompt is lost. Dedupe is by sample id (ProcessedIds for committed ones, memory for held ones) and by
+dataset position (a position already trained takes no more groups).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from shared import keys
+from shared.experience_queue import BackpressureTimeout, Delivery, ProcessedIds, StreamQueue
+from shared.schemas import Experience, PromptTask
+
+from .checkpoint import CheckpointManager
+from .data import PromptSet, parse_item_id
+from .observability import MetricsSink
+from .run_state import InFlight, RunState
+from .settings import LearnerSettings
+
+log = logging.getLogger(__name__)
+
+
+class RLRunner:
+    """Owns one RL run. ``await run(stop)``; ``status()`` for the HTTP surface; ``request_checkpoint()``."""
+
+    needs_redis = True
+
+    def __init__(self, settings: LearnerSettings, redis: Any, sink: MetricsSink) -> None:
+        self.s = settings
+        self.redis = redis
+        self.sink = sink
+        q = settings.queue
+        run = settings.run_name
+        self.prompts = StreamQueue(redis, keys.prompts_stream(run), "rollout", PromptTask, max_backlog=q.max_backlog)
+        self.experiences = StreamQueue(redis, keys.experiences_stream(run), "learner", Experience,
+                                       max_deliveries=q.max_deliveries, claim_idle_ms=q.claim_idle_ms)
+        self.processed = ProcessedIds(redis, keys.processed_ids(run, "learner"))
+        self.ckpt = CheckpointManager(settings.checkpoint_dir, settings.checkpoint.keep)
+        self.state = RunState()
+        self.trainer = None
+        self.data: PromptSet | None = None
+        self.publisher = None
+        self.phase = "starting"
+        self.error: str | None = None
+        self.total_steps = 0
+        self.last_metrics: dict[str, Any] = {}
+        self.last_checkpoint: str | None = None
+        self._buffer: dict[str, dict[int, tuple[str, Experience]]] = {}  # group id -> index -> (entry, exp)
+        self._complete: deque[str] = deque()  # complete group ids, oldest first
+        self._held_samples: set[str] = set()  # sample ids buffered or trained since the last commit
+        self._held_entries: set[str] = set()  # stream entry ids we hold (buffered or awaiting the commit)
+        self._steps_since_commit = 0
+        self._published_step = -1
+        self._checkpoint_waiters: list[asyncio.Future] = []
+        self._wait_started: float | None = None
+        self._wait_s = 0.0
+
+    # ---- start -----------------------------------------------------------------------------------
+    async def _start(self) -> None:
+        from .training.models import load_tokenizer
+        from .training.rl_trainer import RLTrainer
+
+        tokenizer = await asyncio.to_thread(load_tokenizer, self.s.model)
+        self.data = await asyncio.to_thread(PromptSet.load, self.s.data, self.s.train.seed, tokenizer)
+        latest = self.ckpt.latest() if self.s.checkpoint.resume else None
+        if latest is not None:
+            self.state = RunState.load(latest / "run_state.json")
+            log.info("resuming from %s", latest)
+        items = len(self.data) * self.s.data.epochs
+        self.total_steps = math.ceil(items / self.s.train.groups_per_step)
+        if self.s.train.max_steps:
+            self.total_steps = min(self.total_steps, self.s.train.max_steps)
+        resume_dir = latest / "trainer" if latest is not None else None
+        self.trainer = await asyncio.to_thread(RLTrainer, self.s, self.total_steps, resume_dir)
+        await self.experiences.ensure_group()
+        await self.prompts.ensure_group()
+        if latest is not None:  # finish the commit that checkpoint recorded (idempotent)
+            await self._settle(self.state.commit_sample_ids, self.state.commit_entry_ids)
+            self.state.commit_sample_ids, self.state.commit_entry_ids = [], []
+            self.last_checkpoint = str(latest)
+        from shared.weight_sync import WeightPublisher
+
+        self.publisher = WeightPublisher(self.redis, self.s.run_name, self.s.publish.sync)
+        published = int(await self.redis.get(keys.weights_version(self.s.run_name)) or 0)
+        if published != self.state.weight_version:
+            # the fleet holds weights we are not resuming from: give it ours under a new version
+            await self._publish()
+        self._published_step = self.trainer.global_step
+        self.sink.open(self.total_steps, self.trainer.global_step)
+
+    # ---- the loop ----------------------------------------------------------------------------------
+    async def run(self, stop: asyncio.Event) -> None:
+        try:
+            await self._start()
+            self.phase = "running"
+            while not stop.is_set() and not self._done():
+                await self._feed()
+                await self._reissue_timeouts()
+                groups = await self._take_batch()
+                if groups:
+                    await self._train(groups)
+                elif self._checkpoint_waiters:
+                    await self._commit()
+                else:
+                    await self._receive()
+            await self._finish(stopped=stop.is_set())
+        except asyncio.CancelledError:
+            self.phase = "stopped"
+            raise
+        except Exception as exc:
+            self.phase, self.error = "failed", f"{type(exc).__name__}: {exc}"
+            log.exception("learner run failed")
+            raise
+        finally:
+            for fut in self._checkpoint_waiters:
+                if not fut.done():
+                    fut.set_exception(RuntimeError(f"run ended ({self.phase}) before the checkpoint"))
+            if self.publisher is not None:
+                await self.publisher.close()
+
+    def _exhausted(self) -> bool:
+        return self.state.epoch >= self.s.data.epochs
+
+    def _done(self) -> bool:
+        if self.s.train.max_steps and self.trainer.global_step >= self.s.train.max_steps:
+            return True
+        return self._exhausted() and not self.state.in_flight
+
+    # ---- prompts out ---------------------------------------------------------------------------------
+    async def _feed(self) -> None:
+        st, data = self.state, self.data
+        room = self.s.rollout.window - len(st.in_flight)
+        if room <= 0 or self._exhausted():
+            return
+        positions: list[tuple[int, int]] = []
+        epoch, index = st.epoch, st.next_index
+        while len(positions) < room and epoch < self.s.data.epochs:
+            positions.append((epoch, index))
+            index += 1
+            if index >= len(data):
+                epoch, index = epoch + 1, 0
+        tasks = [data.task(e, i, 0, self.s.rollout) for e, i in positions]
+        try:
+            await self.prompts.produce(tasks, timeout=self.s.queue.produce_timeout_s)
+        except BackpressureTimeout as exc:
+            log.warning("prompt stream is full, retrying later: %s", exc)
+            return
+        now = time.time()
+        for e, i in positions:
+            st.in_flight[f"e{e}-{i}"] = InFlight(epoch=e, index=i, attempt=0, issued_at=now)
+        st.epoch, st.next_index = epoch, index
+        st.bump("prompts_issued", len(tasks))
+        self.sink.count("prompts_issued", len(tasks))
+
+    async def _reissue(self, key: str) -> None:
+        item = self.state.in_flight[key]
+        task = self.data.task(item.epoch, item.index, item.attempt + 1, self.s.rollout)
+        await self.prompts.produce([task], timeout=self.s.queue.produce_timeout_s)
+        item.attempt += 1
+        item.issued_at = time.time()
+        self.state.bump("prompts_issued")
+        self.state.bump("prompts_reissued")
+        self.sink.count("prompts_issued")
+        self.sink.count("prompts_reissued")
+
+    async def _reissue_timeouts(self) -> None:
+        limit = time.time() - self.s.rollout.prompt_timeout_s
+        completed = {parse_item_id(g)[0] for g in self._complete}
+        for key, item in list(self.state.in_flight.items()):
+            if item.issued_at < limit and key not in completed:
+                log.warning("prompt %s (attempt %d) timed out; re-issuing", key, item.attempt)
+                await self._reissue(key)
+
+    # ---- experiences in ------------------------------------------------------------------------------
+    async def _receive(self) -> None:
+        if self._wait_started is None:
+            self._wait_started = time.perf_counter()
+        deliveries = await self.experiences.consume(self.s.queue.consumer, count=self.s.queue.consume_count,
+                                                    block_ms=self.s.queue.block_ms)
+        await self._admit(deliveries)
+
+    async def _admit(self, deliveries: list[Delivery[Experience]]) -> None:
+        fresh = [d for d in deliveries if d.id not in self._held_entries]  # our own entries reclaimed: ignore
+        if not fresh:
+            return
+        new = set(await self.processed.filter_new([d.record.id for d in fresh]))
+        st = self.state
+        for d in fresh:
+            e = d.record
+            self._held_entries.add(d.id)
+            st.bump("experiences_consumed")
+            self.sink.count("experiences_consumed")
+            parsed = parse_item_id(e.group_id)
+            if e.id not in new or e.id in self._held_samples or parsed is None or parsed[0] not in st.in_flight:
+                st.bump("experiences_deduplicated")
+                self.sink.count("experiences_deduplicated")
+                st.commit_entry_ids.append(d.id)
+                continue
+            group = self._buffer.setdefault(e.group_id, {})
+            group[e.index] = (d.id, e)
+            self._held_samples.add(e.id)
+            if len(group) == e.group_size:
+                self._complete.append(e.group_id)
+
+    def _drop_group(self, gid: str) -> list[Experience]:
+        group = self._buffer.pop(gid, {})
+        for entry, e in group.values():
+            self.state.commit_entry_ids.append(entry)
+            self._held_samples.discard(e.id)
+        return [e for _, e in group.values()]
+
+    async def _take_batch(self) -> list[str]:
+        """Pop up to groups_per_step fresh complete groups (dropping stale ones), or [] if not ready."""
+        limit = self.state.weight_version - self.s.rollout.max_staleness
+        for gid in list(self._complete):
+            oldest = min(e.weight_version for _, e in self._buffer[gid].values())
+            if oldest >= limit:
+                continue
+            self._complete.remove(gid)
+            dropped = self._drop_group(gid)
+            self.state.bump("experiences_dropped_stale", len(dropped))
+            self.sink.count("experiences_dropped_stale", len(dropped))
+            key, attempt = parse_item_id(gid)
+            log.info("dropped stale group %s (version %d < %d); re-issuing", gid, oldest, limit)
+            if self.state.in_flight[key].attempt == attempt:  # not re-issued already
+                await self._reissue(key)
+        want = self.s.train.groups_per_step
+        ready = len(self._complete) >= want
+        if not ready and self._complete and self._exhausted():
+            # the last, smaller batch: every prompt still in flight has a complete group
+            ready = {parse_item_id(g)[0] for g in self._complete} >= set(self.state.in_flight)
+        if not ready:
+            return []
+        return [self._complete.popleft() for _ in range(min(want, len(self._complete)))]
+
+    # ---- training --------------------------------------------------------------------------------------
+    async def _train(self, gids: list[str]) -> None:
+        if self._wait_started is not None:
+            self._wait_s += time.perf_counter() - self._wait_started
+            self._wait_started = None
+        st = self.state
+        exps: list[Experience] = []
+        for gid in gids:
+            exps += [e for _, (_, e) in sorted(self._buffer[gid].items())]
+        staleness = [st.weight_version - e.weight_version for e in exps]
+        metrics = await asyncio.to_thread(self.trainer.train_step, exps)
+        step = self.trainer.global_step
+        for gid in gids:
+            key, _ = parse_item_id(gid)
+            group = self._buffer.pop(gid)
+            st.commit_entry_ids += [entry for entry, _ in group.values()]
+            st.commit_sample_ids += [e.id for _, e in group.values()]
+            del st.in_flight[key]
+            for other in [g for g in self._buffer if parse_item_id(g)[0] == key]:  # other attempts: superseded
+                if other in self._complete:
+                    self._complete.remove(other)
+                st.bump("experiences_deduplicated", len(self._drop_group(other)))
+        st.bump("groups_trained", len(gids))
+        st.bump("samples_trained", len(exps))
+        self.sink.count("samples_trained", len(exps))
+        self.sink.observe_staleness(staleness)
+        self._steps_since_commit += 1
+        if step % self.s.publish.every == 0:
+            await self._publish()
+        metrics.update({
+            "step": step, "weight_version": st.weight_version, "groups": len(gids),
+            "staleness_mean": sum(staleness) / len(staleness), "staleness_max": max(staleness),
+            "wait_time_s": self._wait_s, "in_flight": len(st.in_flight), "epoch": st.epoch,
+            **{k: v for k, v in st.counters.items()},
+        })
+        if self.s.observability.log_sample_ids:
+            metrics["sample_ids"] = [e.id for e in exps]
+        self._wait_s = 0.0
+        self.sink.in_flight.set(len(st.in_flight))
+        self.last_metrics = metrics
+        self.sink.log_step(step, metrics)
+        if step % self.s.checkpoint.every == 0 or self._checkpoint_waiters:
+            await self._commit()
+
+    async def _publish(self) -> None:
+        weights = await asyncio.to_thread(self.trainer.policy_weights)
+        self.state.weight_version = await self.publisher.publish(weights)
+        self._published_step = self.trainer.global_step
+
+    # ---- commit ------------------------------------------------------------------------------------------
+    async def _commit(self) -> None:
+        """Checkpoint, then settle (mark processed + ack) what the checkpoint covers."""
+        st = self.state
+        step = self.trainer.global_step
+        snapshot = st.to_json()
+
+        def write(tmp: Path) -> None:
+            self.trainer.save(tmp / "trainer")
+            (tmp / "run_state.json").write_text(snapshot)
+
+        path = await asyncio.to_thread(self.ckpt.save, step, write)
+        sample_ids, entry_ids = st.commit_sample_ids, st.commit_entry_ids
+        st.commit_sample_ids, st.commit_entry_ids = [], []
+        await self._settle(sample_ids, entry_ids)
+        self._held_samples.difference_update(sample_ids)
+        self._held_entries.difference_update(entry_ids)
+        self._steps_since_commit = 0
+        self.last_checkpoint = str(path)
+        log.info("checkpoint %s (acked %d entries)", path, len(entry_ids))
+        waiters, self._checkpoint_waiters = self._checkpoint_waiters, []
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result({"step": step, "path": str(path)})
+
+    async def _settle(self, sample_ids: list[str], entry_ids: list[str]) -> None:
+        await self.processed.mark(sample_ids)
+        await self.experiences.ack(entry_ids)
+
+    def request_checkpoint(self) -> asyncio.Future:
+        """A future resolved with ``{"step", "path"}`` once a checkpoint is written (at a step boundary)."""
+        fut = asyncio.get_running_loop().create_future()
+        self._checkpoint_waiters.append(fut)
+        return fut
+
+    async def _finish(self, stopped: bool) -> None:
+        self.phase = "stopping" if stopped else "finishing"
+        step = self.trainer.global_step
+        if self._published_step != step and not stopped:
+            await self._publish()
+        if self._steps_since_commit or self._checkpoint_waiters or self.last_checkpoint is None:
+            await self._commit()
+        if self.s.checkpoint.export_dir and not stopped:
+            await asyncio.to_thread(self.trainer.export, Path(self.s.checkpoint.export_dir))
+        self.phase = "stopped" if stopped else "finished"
+        log.info("run %s at step %d (weight version %d)", self.phase, step, self.state.weight_version)
+
+    # ---- status --------------------------------------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        st = self.state
+        return {
+            "phase": self.phase,
+            "error": self.error,
+            "algorithm": self.s.algorithm.name,
+            "step": self.trainer.global_step if self.trainer else 0,
+            "total_steps": self.total_steps,
+            "weight_version": st.weight_version,
+            "epoch": st.epoch,
+            "next_index": st.next_index,
+            "prompts_in_flight": len(st.in_flight),
+            "groups_buffered": len(self._buffer),
+            "groups_complete": len(self._complete),
+            "counters": dict(st.counters),
+            "staleness_histogram": {str(k): v for k, v in sorted(self.sink.staleness_counts.items())},
+            "last_checkpoint": self.last_checkpoint,
+            "last_metrics": {k: v for k, v in self.last_metrics.items() if k != "sample_ids"},
+        }

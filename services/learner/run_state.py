@@ -1,0 +1,61 @@
+"""The run owner's durable state, saved in every checkpoint as ``run_state.json``."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+COUNTERS = (
+    "experiences_consumed",  # deliveries taken from the experiences stream (duplicates included)
+    "experiences_deduplicated",  # dropped: sample already trained, already held, or its prompt is finished
+    "experiences_dropped_stale",  # dropped: weight_version < current - max_staleness
+    "prompts_issued",  # PromptTasks produced (re-issues included)
+    "prompts_reissued",  # after a stale drop or a timeout
+    "groups_trained",
+    "samples_trained",
+)
+
+
+@dataclass
+class InFlight:
+    """A dataset position whose prompt group has been produced but not yet trained on."""
+
+    epoch: int
+    index: int
+    attempt: int
+    issued_at: float
+
+
+@dataclass
+class RunState:
+    epoch: int = 0  # dataset position of the next prompt to issue
+    next_index: int = 0
+    in_flight: dict[str, InFlight] = field(default_factory=dict)  # item key "e{epoch}-{index}" -> InFlight
+    weight_version: int = 0  # latest version this learner published
+    counters: dict[str, int] = field(default_factory=lambda: {k: 0 for k in COUNTERS})
+    # settled (marked processed + acked) right after this checkpoint is written, and again at a resume
+    commit_sample_ids: list[str] = field(default_factory=list)
+    commit_entry_ids: list[str] = field(default_factory=list)
+
+    def bump(self, name: str, n: int = 1) -> None:
+        self.counters[name] = self.counters.get(name, 0) + n
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> "RunState":
+        raw = json.loads(text)
+        raw["in_flight"] = {k: InFlight(**v) for k, v in raw.get("in_flight", {}).items()}
+        counters = {k: 0 for k in COUNTERS}
+        counters.update(raw.get("counters", {}))
+        raw["counters"] = counters
+        return cls(**raw)
+
+    def save(self, path: Path) -> None:
+        path.write_text(self.to_json())
+
+    @classmethod
+    def load(cls, path: Path) -> "RunState":
+        return cls.from_json(path.read_text())

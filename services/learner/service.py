@@ -1,0 +1,128 @@
+"""``LearnerService``: the one object the app owns. Starts the run owner (RL or SFT, by algorithm name)
+as an asyncio task, answers status / health, and forwards control (checkpoint now, stop)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from .observability import MetricsSink
+from .rl_runner import RLRunner
+from .settings import LearnerSettings
+from .sft_runner import SFTRunner
+
+log = logging.getLogger(__name__)
+
+RUNNERS: dict[str, type] = {"ppo": RLRunner, "grpo": RLRunner, "reinforce_pp": RLRunner, "rloo": RLRunner,
+                            "sft": SFTRunner}
+
+
+class ControlError(Exception):
+    """A control request cannot be served now; ``status`` is the HTTP status."""
+
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(detail)
+        self.status, self.detail = status, detail
+
+
+class LearnerService:
+    def __init__(self, settings: LearnerSettings, on_exit: Callable[[int], None] | None = None) -> None:
+        self.settings = settings
+        self.on_exit = on_exit
+        self.registry = CollectorRegistry()
+        self.sink = MetricsSink(settings.observability, Path(settings.run_dir), self.registry)
+        self.runner: RLRunner | SFTRunner | None = None
+        self.redis = None
+        self._embedded = None
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self.exit_code: int | None = None
+
+    async def start(self) -> None:
+        runner_cls = RUNNERS[self.settings.algorithm.name]
+        if runner_cls.needs_redis:
+            import redis.asyncio as aioredis
+
+            from shared.redis_server import resolve_redis_url
+
+            url, self._embedded = await asyncio.to_thread(resolve_redis_url, self.settings.redis_url,
+                                                          self.settings.run_dir)
+            timeout = max(30.0, self.settings.queue.block_ms / 1000 + 10)
+            self.redis = aioredis.from_url(url, socket_timeout=timeout, socket_connect_timeout=5)
+        self.runner = runner_cls(self.settings, self.redis, self.sink)
+        self._task = asyncio.create_task(self._run(), name="learner-run")
+
+    async def _run(self) -> None:
+        code = 0
+        try:
+            await self.runner.run(self._stop)
+        except asyncio.CancelledError:
+            code = 1
+            raise
+        except Exception:
+            code = 1
+        finally:
+            self.exit_code = code
+            try:
+                self.sink.close()
+            except Exception:
+                log.exception("closing the metrics sink failed")
+            if self.settings.exit_when_done and self.on_exit is not None:
+                self.on_exit(code)
+
+    async def close(self, timeout: float = 300.0) -> None:
+        """Stop at the next step boundary (checkpointing), then release Redis."""
+        self._stop.set()
+        if self._task is not None and not self._task.done():
+            try:
+                await asyncio.wait_for(asyncio.shield(self._task), timeout)
+            except (asyncio.TimeoutError, Exception):
+                self._task.cancel()
+                await asyncio.gather(self._task, return_exceptions=True)
+        if self.redis is not None:
+            await self.redis.aclose()
+        if self._embedded is not None:
+            await asyncio.to_thread(self._embedded.stop)
+
+    # ---- queries -------------------------------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        if self.runner is None:
+            return {"phase": "starting"}
+        return {"run_name": self.settings.run_name, **self.runner.status()}
+
+    async def health(self) -> tuple[bool, dict[str, Any]]:
+        phase = self.runner.phase if self.runner else "starting"
+        checks: dict[str, Any] = {"phase": phase}
+        ok = phase not in ("failed",)
+        if self.redis is not None:
+            try:
+                await asyncio.wait_for(self.redis.ping(), 2.0)
+                checks["redis"] = "ok"
+            except Exception as exc:
+                checks["redis"] = f"unreachable: {type(exc).__name__}"
+                ok = False
+        if self.runner is not None and self.runner.error:
+            checks["error"] = self.runner.error
+        return ok, checks
+
+    # ---- control -------------------------------------------------------------------------------------
+    async def checkpoint(self, timeout: float = 600.0) -> dict[str, Any]:
+        if self.runner is None or self.runner.phase != "running":
+            phase = self.runner.phase if self.runner else "starting"
+            raise ControlError(409, f"cannot checkpoint while the run is {phase!r}")
+        fut = self.runner.request_checkpoint()
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut), timeout)
+        except asyncio.TimeoutError as exc:
+            raise ControlError(504, f"no checkpoint within {timeout:.0f}s (a step may still be running)") from exc
+        except RuntimeError as exc:
+            raise ControlError(409, str(exc)) from exc
+
+    def request_stop(self) -> dict[str, Any]:
+        self._stop.set()
+        return {"stopping": True, "phase": self.runner.phase if self.runner else "starting"}

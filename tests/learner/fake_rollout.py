@@ -1,0 +1,60 @@
+"""A stand-in rollout fleet for learner tests: takes PromptTasks, pushes scored Experiences to Redis.
+
+Responses are fixed token patterns (GOOD tokens rewarded 1, BAD tokens 0), stamped with the weight
+version currently in Redis, like a real fleet after it loaded the latest weights.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from shared import keys
+from shared.experience_queue import StreamQueue
+from shared.schemas import Experience, PromptTask, sample_id
+from tests.learner.helpers import BAD, GOOD
+
+
+@dataclass
+class FakeFleet:
+    redis: object
+    run: str
+    budget: int = 10**9  # prompt groups it may still produce (raise it to let more through)
+    stale_prompt_ids: set[str] = field(default_factory=set)  # stamp these with weight version 0
+    duplicate: bool = False  # push every experience twice (a fleet that retried after a crash)
+    produced_groups: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.prompts = StreamQueue(self.redis, keys.prompts_stream(self.run), "rollout", PromptTask)
+        self.experiences = StreamQueue(self.redis, keys.experiences_stream(self.run), "learner", Experience)
+
+    def experiences_for(self, task: PromptTask, version: int) -> list[Experience]:
+        prompt = [1] + [5 + b % 200 for b in str(task.prompt).encode()][:16]
+        out = []
+        for i in range(task.n):
+            good = i % 2 == 0
+            length = 2 + i % 3
+            out.append(Experience(
+                id=sample_id(task.id, i), prompt_id=task.id, group_id=task.id, group_size=task.n, index=i,
+                prompt_token_ids=prompt, response_token_ids=[GOOD if good else BAD] * length,
+                response_logprobs=[-5.5] * length, finish_reason="stop", reward=1.0 if good else 0.0,
+                weight_version=version, label=task.label,
+            ))
+        return out
+
+    async def run_forever(self, consumer: str = "fake-0") -> None:
+        await self.prompts.ensure_group()
+        while True:
+            if self.budget <= 0:
+                await asyncio.sleep(0.05)
+                continue
+            for d in await self.prompts.consume(consumer, count=1, block_ms=100):
+                raw = await self.redis.get(keys.weights_version(self.run))
+                version = 0 if d.record.id in self.stale_prompt_ids else int(raw or 0)
+                exps = self.experiences_for(d.record, version)
+                await self.experiences.produce(exps)
+                if self.duplicate:
+                    await self.experiences.produce(exps)
+                await self.prompts.ack([d.id])
+                self.produced_groups.append(d.record.id)
+                self.budget -= 1
