@@ -17,7 +17,7 @@ from dataclasses import replace
 from typing import Any
 
 from services.rollout.engines.base import Engine, PauseMode, create_engine
-from services.rollout.engines.types import SamplingParams, SequenceDelta, SequenceOutput, SequenceRequest
+from services.rollout.engines.types import Finish, SamplingParams, SequenceDelta, SequenceOutput, SequenceRequest
 from services.rollout.errors import Overloaded, RequestError
 from services.rollout.metrics import RolloutMetrics
 from services.rollout.settings import RolloutSettings
@@ -167,7 +167,11 @@ class RolloutService:
     async def generate(self, seqs: list[SequenceRequest]) -> list[SequenceOutput]:
         """Run the sequences to the end (the engine batches them)."""
         async with self.admit(len(seqs)):
-            outs = await self.engine.generate_many(seqs, admit_timeout=self._pause_wait())
+            try:
+                outs = await self.engine.generate_many(seqs, admit_timeout=self._pause_wait())
+            except asyncio.CancelledError:
+                self.metrics.sequences.labels("abort").inc(len(seqs))
+                raise
         for seq, out in zip(seqs, outs):
             self._record(seq, out)
         return outs
@@ -192,6 +196,9 @@ class RolloutService:
                             queue.put_nowait((i, delta, None))
                     self._record(seq, out)
                 except asyncio.CancelledError:
+                    if out.finish is None:  # the client went away: the engine aborted it
+                        out.finish = Finish("abort", message="client went away")
+                        self._record(seq, out)
                     raise
                 except Exception as exc:
                     queue.put_nowait((i, None, exc))

@@ -1,0 +1,106 @@
+"""The sglang and vllm engines against a stand-in server (own process) that speaks their documented HTTP
+protocols: request mapping, responses, streaming, logprobs, finish reasons."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from shared.redis_server import free_port
+from tests.procs import spawn, stop, wait_http_ok
+from tests.rollout.conftest import THREAD_ENV, start_rollout
+from tests.rollout.standin_engine import tokens_for
+
+
+@pytest.fixture(scope="module")
+def standin(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("standin")
+    port = free_port()
+    proc = spawn(["-m", "tests.rollout.standin_engine", "--port", str(port)], tmp / "standin.log", env=THREAD_ENV)
+    url = f"http://127.0.0.1:{port}"
+    wait_http_ok(f"{url}/health", proc, timeout=60, log=tmp / "standin.log")
+    yield url
+    stop(proc)
+
+
+@pytest.fixture(scope="module", params=["sglang", "vllm"])
+def remote_rollout(request, standin, tiny_model_dir, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp(f"remote-{request.param}")
+    config = {"model": str(tiny_model_dir), "served_model_name": "tiny",
+              "engine": {"kind": request.param, "base_url": standin, **({"served_model_name": "served-tiny"}
+                                                                       if request.param == "vllm" else {})}}
+    proc, url, _ = start_rollout(tmp, f"rollout-{request.param}", config)
+    yield request.param, url
+    stop(proc)
+
+
+def test_generate_maps_request_and_response(remote_rollout, standin):
+    kind, url = remote_rollout
+    body = {"input_ids": [10, 20, 30], "return_logprob": True,
+            "sampling_params": {"max_new_tokens": 6, "temperature": 0.5, "top_k": 7, "sampling_seed": 11}}
+    r = httpx.post(f"{url}/generate", json=body, timeout=30)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    ids, lps, _ = tokens_for([10, 20, 30], 6, [])
+    assert out["output_ids"] == ids
+    assert [t[0] for t in out["meta_info"]["output_token_logprobs"]] == pytest.approx(lps)
+    assert out["meta_info"]["finish_reason"] == {"type": "length", "length": 6}
+    assert out["meta_info"]["weight_version"] == ("3" if kind == "sglang" else "0")  # SGLang's integer version adopted
+    sent = httpx.get(f"{standin}/_last/{'generate' if kind == 'sglang' else 'completions'}", timeout=5).json()
+    if kind == "sglang":
+        assert sent["input_ids"] == [10, 20, 30] and sent["return_logprob"] is True
+        assert sent["sampling_params"]["sampling_seed"] == 11 and sent["sampling_params"]["top_k"] == 7
+    else:
+        assert sent["prompt"] == [10, 20, 30] and sent["model"] == "served-tiny"
+        assert sent["seed"] == 11 and sent["top_k"] == 7 and sent["max_tokens"] == 6 and sent["return_token_ids"]
+
+
+def test_stop_token_and_openai_route(remote_rollout):
+    _, url = remote_rollout
+    ids, _, _ = tokens_for([1, 2], 10, [])
+    stop_id = ids[3]
+    r = httpx.post(f"{url}/v1/completions", json={"model": "tiny", "prompt": [1, 2], "max_tokens": 10, "logprobs": 0,
+                                                  "stop_token_ids": [stop_id], "return_token_ids": True}, timeout=30)
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    assert choice["token_ids"] == ids[: ids.index(stop_id) + 1]
+    assert choice["finish_reason"] == "stop" and choice["stop_reason"] == stop_id
+
+
+def test_streaming_through_remote_engine(remote_rollout):
+    _, url = remote_rollout
+    body = {"input_ids": [4, 5], "stream": True, "return_logprob": True, "sampling_params": {"max_new_tokens": 5}}
+    with httpx.stream("POST", f"{url}/generate", json=body, timeout=30) as r:
+        lines = [ln for ln in r.iter_lines() if ln.startswith("data:")]
+    assert lines[-1] == "data: [DONE]"
+    chunks = [json.loads(ln[5:]) for ln in lines[:-1]]
+    ids, lps, _ = tokens_for([4, 5], 5, [])
+    assert [len(c["output_ids"]) for c in chunks] == [1, 2, 3, 4, 5]
+    assert chunks[-1]["output_ids"] == ids
+    assert [t[0] for t in chunks[-1]["meta_info"]["output_token_logprobs"]] == pytest.approx(lps)
+    assert chunks[-1]["meta_info"]["finish_reason"]["type"] == "length"
+
+
+def test_health_and_model_info(remote_rollout):
+    kind, url = remote_rollout
+    assert httpx.get(f"{url}/health", timeout=10).status_code == 200
+    assert httpx.get(f"{url}/model_info", timeout=10).json()["engine"] == kind
+
+
+def test_engine_server_down_is_503_not_500(tiny_model_dir, tmp_path):
+    dead = f"http://127.0.0.1:{free_port()}"
+    proc, url, _ = None, None, None
+    port = free_port()
+    cfg = tmp_path / "dead.yaml"
+    cfg.write_text(json.dumps({"model": str(tiny_model_dir), "port": port, "engine": {"kind": "sglang", "base_url": dead}}))
+    proc = spawn(["-m", "services.rollout", "--config", str(cfg)], tmp_path / "dead.log", env=THREAD_ENV)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_http_ok(f"{url}/model_info", proc, timeout=60, log=tmp_path / "dead.log")
+        assert httpx.get(f"{url}/health", timeout=30).status_code == 503
+        r = httpx.post(f"{url}/generate", json={"input_ids": [1, 2]}, timeout=30)
+        assert r.status_code == 503 and "engine server" in r.json()["detail"]
+    finally:
+        stop(proc)
