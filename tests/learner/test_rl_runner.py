@@ -1,0 +1,163 @@
+"""The RL run owner in-process against a real Redis and a fake rollout fleet."""
+
+import asyncio
+import json
+
+import pytest
+
+from services.learner.observability import read_history
+from services.learner.service import LearnerService
+from shared import keys
+from shared.experience_queue import ProcessedIds, StreamQueue
+from shared.schemas import Experience, PromptTask
+from tests.learner.fake_rollout import FakeFleet
+from tests.learner.helpers import settings
+
+N_PROMPTS = 8
+
+
+@pytest.fixture()
+def prompts_file(tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps({"input": f"question {i}", "label": i}) + "\n" for i in range(N_PROMPTS)))
+    return path
+
+
+def learner_settings(tiny_model_dir, tmp_path, redis_server, **sections):
+    base = dict(redis_url=redis_server.url, exit_when_done=False, algorithm={"name": "grpo"},
+                rollout={"window": 4, "max_staleness": 1},
+                observability={"progress_bar": False, "log_sample_ids": True},
+                checkpoint={"every": 2})
+    for k, v in sections.items():
+        base[k] = {**base[k], **v} if isinstance(base.get(k), dict) and k != "algorithm" else v
+    return settings(tiny_model_dir, tmp_path, **base)
+
+
+async def run_to_end(svc: LearnerService, timeout: float = 90.0) -> dict:
+    await svc.start()
+    deadline = asyncio.get_running_loop().time() + timeout
+    while svc.runner.phase not in ("finished", "failed", "stopped"):
+        assert asyncio.get_running_loop().time() < deadline, svc.status()
+        await asyncio.sleep(0.05)
+    status = svc.status()
+    await svc.close()
+    return status
+
+
+async def stop_task(task: asyncio.Task) -> None:
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+
+def trained_items(run_dir) -> dict[str, int]:
+    """Prompt item -> samples trained, from the last metrics line of each step."""
+    out: dict[str, int] = {}
+    for row in read_history(run_dir / "metrics.jsonl").values():
+        for sid in row["sample_ids"]:
+            item = "-".join(sid.split("#")[0].split("-")[:2])
+            out[item] = out.get(item, 0) + 1
+    return out
+
+
+async def test_trains_every_prompt_once_and_acks_everything(tiny_model_dir, tmp_path, redis_server, redis_client,
+                                                            prompts_file):
+    s = learner_settings(tiny_model_dir, tmp_path, redis_server)
+    fleet = FakeFleet(redis_client, s.run_name)
+    fleet_task = asyncio.create_task(fleet.run_forever())
+    try:
+        status = await run_to_end(LearnerService(s))
+    finally:
+        await stop_task(fleet_task)
+    assert status["phase"] == "finished", status
+    assert status["step"] == status["total_steps"] == N_PROMPTS // 2
+    c = status["counters"]
+    assert c["samples_trained"] == N_PROMPTS * 4 and c["groups_trained"] == N_PROMPTS
+    assert c["experiences_deduplicated"] == 0 and c["experiences_dropped_stale"] == 0
+    # weights published every step; the key holds the last version
+    assert status["weight_version"] == 4 == int(await redis_client.get(keys.weights_version(s.run_name)))
+    # every experience acknowledged and marked processed; nothing pending
+    exp_q = StreamQueue(redis_client, keys.experiences_stream(s.run_name), "learner", Experience)
+    stats = await exp_q.stats()
+    assert stats.backlog == 0 and stats.pending == 0
+    assert await ProcessedIds(redis_client, keys.processed_ids(s.run_name, "learner")).count() == N_PROMPTS * 4
+    run_dir = tmp_path / "run"
+    assert trained_items(run_dir) == {f"e0-{i}": 4 for i in range(N_PROMPTS)}
+    assert (run_dir / "reward_curve.png").stat().st_size > 1000
+    assert sorted(p.name for p in (run_dir / "checkpoints").glob("step-*")) == ["step-00000002", "step-00000004"]
+    assert sum(status["staleness_histogram"].values()) == N_PROMPTS * 4
+
+
+async def test_window_bounds_prompts_in_flight(tiny_model_dir, tmp_path, redis_server, redis_client, prompts_file):
+    s = learner_settings(tiny_model_dir, tmp_path, redis_server, rollout={"window": 3}, train={"groups_per_step": 1})
+    fleet = FakeFleet(redis_client, s.run_name, budget=0)  # a fleet that produces nothing yet
+    fleet_task = asyncio.create_task(fleet.run_forever())
+    svc = LearnerService(s)
+    await svc.start()
+    try:
+        prompts = StreamQueue(redis_client, keys.prompts_stream(s.run_name), "rollout", PromptTask)
+        for _ in range(200):
+            if svc.runner.phase == "running" and (await prompts.stats()).length == 3:
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.5)
+        assert (await prompts.stats()).length == 3 and svc.status()["prompts_in_flight"] == 3
+        fleet.budget = 1  # one group through -> one step -> exactly one more prompt issued
+        for _ in range(200):
+            if svc.status()["step"] == 1 and svc.status()["counters"]["prompts_issued"] == 4:
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.3)
+        st = svc.status()
+        assert st["step"] == 1 and st["counters"]["prompts_issued"] == 4 and st["prompts_in_flight"] == 3
+    finally:
+        await stop_task(fleet_task)
+        await svc.close()
+
+
+async def test_stale_groups_are_dropped_and_their_prompts_reissued(tiny_model_dir, tmp_path, redis_server,
+                                                                   redis_client, prompts_file):
+    s = learner_settings(tiny_model_dir, tmp_path, redis_server, rollout={"max_staleness": 1, "window": 2},
+                         train={"groups_per_step": 1})
+    # the fleet answers two prompts late (with weight version 0) after the learner moved on
+    fleet = FakeFleet(redis_client, s.run_name, stale_prompt_ids={"e0-5", "e0-6"})
+    fleet_task = asyncio.create_task(fleet.run_forever())
+    try:
+        status = await run_to_end(LearnerService(s))
+    finally:
+        await stop_task(fleet_task)
+    assert status["phase"] == "finished", status
+    c = status["counters"]
+    assert c["experiences_dropped_stale"] == 8 and c["prompts_reissued"] == 2
+    assert c["samples_trained"] == N_PROMPTS * 4
+    assert {"e0-5-r1", "e0-6-r1"} <= set(fleet.produced_groups)
+    assert trained_items(tmp_path / "run") == {f"e0-{i}": 4 for i in range(N_PROMPTS)}
+    histogram = status["staleness_histogram"]
+    assert set(histogram) <= {"0", "1"}  # max_staleness 1: nothing older was trained
+
+
+async def test_redelivered_duplicates_are_dropped(tiny_model_dir, tmp_path, redis_server, redis_client, prompts_file):
+    s = learner_settings(tiny_model_dir, tmp_path, redis_server)
+    fleet = FakeFleet(redis_client, s.run_name, duplicate=True)
+    fleet_task = asyncio.create_task(fleet.run_forever())
+    try:
+        status = await run_to_end(LearnerService(s))
+    finally:
+        await stop_task(fleet_task)
+    c = status["counters"]
+    assert status["phase"] == "finished"
+    assert c["samples_trained"] == N_PROMPTS * 4
+    assert c["experiences_deduplicated"] >= N_PROMPTS * 4 - 8  # copies that arrived before the run ended
+    assert trained_items(tmp_path / "run") == {f"e0-{i}": 4 for i in range(N_PROMPTS)}
+
+
+async def test_sft_run_exports_a_model(tiny_model_dir, tmp_path, redis_server):
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("".join(json.dumps({"input": f"{i}+{i}=", "output": str(2 * i)}) + "\n" for i in range(6)))
+    s = settings(tiny_model_dir, tmp_path, algorithm={"name": "sft", "batch_size": 4, "epochs": 2},
+                 data={"path": str(path)}, exit_when_done=False,
+                 observability={"progress_bar": False}, checkpoint={"export_dir": str(tmp_path / "sft-out")})
+    status = await run_to_end(LearnerService(s))
+    assert status["phase"] == "finished" and status["step"] == 4 and status["epoch"] == 2
+    assert (tmp_path / "sft-out" / "config.json").is_file() and (tmp_path / "sft-out" / "tokenizer.json").is_file()
+    history = read_history(tmp_path / "run" / "metrics.jsonl")
+    assert history[4]["sft_loss"] < history[1]["sft_loss"]
