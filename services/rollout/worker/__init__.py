@@ -1,0 +1,1 @@
+"""The rollout worker: prompts stream -> n samples per prompt -> reward service -> experiences stream."""

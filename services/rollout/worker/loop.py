@@ -1,0 +1,195 @@
+"""The rollout worker loop (runs inside the rollout service process when ``worker.enabled``).
+
+For each prompt task taken from ``keys.prompts_stream(run)`` (consumer group "rollout"): generate
+``task.n`` samples as one group on this service's engine, score them all with one ``/score`` call,
+push one Experience per sample to ``keys.experiences_stream(run)``, and only then ack the prompt. A
+worker that dies mid-group leaves the prompt pending; another worker reclaims it after
+``claim_idle_ms`` and regenerates it (sample ids are deterministic, so the learner drops duplicates).
+
+Admission: no new prompt is taken while the experiences backlog is over ``max_experience_backlog`` or
+while the learner's published version (``keys.weights_version(run)``) is more than ``max_staleness``
+ahead of this engine's ``weight_version``. A group with aborted samples (a weight switch in abort
+mode) is regenerated whole, so a group never mixes versions or carries a truncated sample.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import uuid
+from dataclasses import replace
+
+import redis.asyncio as aioredis
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from services.rollout.engines.base import EngineError
+from services.rollout.engines.types import SequenceOutput, SequenceRequest
+from services.rollout.errors import Overloaded
+from services.rollout.worker.group import experiences, task_sampling
+from services.rollout.worker.reward_client import RewardClient, RewardRejected
+from shared import keys
+from shared.experience_queue import BackpressureTimeout, Delivery, StreamQueue
+from shared.reward_api import ScoreItem
+from shared.schemas import ChatMessage, Experience, PromptTask
+
+log = logging.getLogger(__name__)
+
+
+class GroupFailed(RuntimeError):
+    """This delivery cannot be completed now; it is failed (redelivered later, or dead-lettered)."""
+
+
+class RolloutWorker:
+    def __init__(self, settings, service, registry: CollectorRegistry) -> None:
+        self.settings = settings
+        self.cfg = settings.worker
+        self.service = service
+        self.consumer = self.cfg.consumer_name or f"{socket.gethostname()}-{os.getpid()}"
+        self._task: asyncio.Task | None = None
+        self._stopping = asyncio.Event()
+        self.redis: aioredis.Redis | None = None
+        r = registry
+        self.m_prompts = Counter("fleetrl_rollout_worker_prompts", "Prompt tasks by outcome.", ["outcome"], registry=r)
+        self.m_experiences = Counter("fleetrl_rollout_worker_experiences", "Experiences pushed.", registry=r)
+        self.m_reward_retries = Counter("fleetrl_rollout_worker_reward_retries", "Retried /score calls.", registry=r)
+        self.m_held = Counter("fleetrl_rollout_worker_held_back", "Admission checks that held back.", ["reason"], registry=r)
+        self.m_active = Gauge("fleetrl_rollout_worker_active_groups", "Prompt groups in progress.", registry=r)
+
+    # ---- lifecycle ---------------------------------------------------------------------------------
+    async def start(self) -> None:
+        url = self.settings.redis_url or os.environ.get("REDIS_URL")
+        if not url:
+            raise RuntimeError("the rollout worker needs redis_url (or $REDIS_URL)")
+        self.redis = aioredis.from_url(url, socket_timeout=30, socket_connect_timeout=5)
+        run = self.settings.run_name
+        self.prompts = StreamQueue(self.redis, keys.prompts_stream(run), "rollout", PromptTask,
+                                   max_deliveries=self.cfg.prompts_max_deliveries, claim_idle_ms=self.cfg.claim_idle_ms)
+        self.experiences = StreamQueue(self.redis, keys.experiences_stream(run), "learner", Experience,
+                                       max_backlog=self.cfg.max_experience_backlog)
+        await self.prompts.ensure_group()
+        await self.experiences.ensure_group()
+        self.rewards = RewardClient(self.cfg.reward_url, self.cfg.reward_timeout_s, self.cfg.reward_backoff_max_s,
+                                    on_retry=lambda _: self.m_reward_retries.inc())
+        self._task = asyncio.create_task(self._run(), name="rollout-worker")
+        log.info("rollout worker %s started (run %s, concurrency %d)", self.consumer, run, self.cfg.concurrency)
+
+    async def stop(self) -> None:
+        self._stopping.set()
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        if self.redis is not None:
+            await self.rewards.aclose()
+            await self.redis.aclose()
+
+    # ---- loop --------------------------------------------------------------------------------------
+    async def _run(self) -> None:
+        active: set[asyncio.Task] = set()
+        try:
+            while not self._stopping.is_set():
+                try:
+                    if not await self._may_take():
+                        await asyncio.sleep(self.cfg.poll_interval_s)
+                        continue
+                    room = self.cfg.concurrency - len(active)
+                    if room <= 0:
+                        await asyncio.wait(active, return_when=asyncio.FIRST_COMPLETED)
+                        continue
+                    for d in await self.prompts.consume(self.consumer, count=room, block_ms=500):
+                        t = asyncio.create_task(self._handle(d))
+                        active.add(t)
+                        t.add_done_callback(active.discard)
+                    self.m_active.set(len(active))
+                except (aioredis.ConnectionError, aioredis.TimeoutError) as exc:
+                    log.warning("redis unavailable (%s); retrying", exc)
+                    await asyncio.sleep(1.0)
+        finally:
+            for t in active:
+                t.cancel()
+            await asyncio.gather(*active, return_exceptions=True)
+
+    async def _may_take(self) -> bool:
+        backlog = await self.experiences.backlog()
+        if backlog >= self.cfg.max_experience_backlog:
+            self.m_held.labels("backlog").inc()
+            return False
+        raw = await self.redis.get(keys.weights_version(self.settings.run_name))
+        latest = int(raw) if raw is not None else 0
+        if latest - self.service.engine.weight_version > self.cfg.max_staleness:
+            self.m_held.labels("staleness").inc()
+            return False
+        return True
+
+    async def _handle(self, d: Delivery[PromptTask]) -> None:
+        try:
+            group = await self._rollout(d.record)
+            await self._push(group)
+            await self.prompts.ack([d.id])
+            self.m_prompts.labels("done").inc()
+            self.m_experiences.inc(len(group))
+        except asyncio.CancelledError:
+            raise  # stays pending; reclaimed by a worker after claim_idle_ms
+        except (GroupFailed, RewardRejected) as exc:
+            dead = await self.prompts.fail(d, str(exc))
+            self.m_prompts.labels("dead_letter" if dead else "failed").inc()
+            log.warning("prompt %s failed (delivery %d): %s", d.record.id, d.deliveries, exc)
+        except Exception as exc:  # a bug or an outage: never lose the prompt, let it be redelivered
+            log.exception("prompt %s: unexpected error", d.record.id)
+            await self.prompts.fail(d, f"{type(exc).__name__}: {exc}")
+            self.m_prompts.labels("failed").inc()
+
+    # ---- one group ---------------------------------------------------------------------------------
+    def _prompt(self, task: PromptTask) -> tuple[list[int], str | list[ChatMessage]]:
+        if task.prompt_token_ids:
+            ids = list(task.prompt_token_ids)
+            return ids, self.service.tokenizer.decode(ids, skip_special_tokens=False)
+        if isinstance(task.prompt, str):
+            return self.service.encode(task.prompt), task.prompt
+        messages = [m.model_dump() for m in task.prompt]
+        return self.service.apply_chat_template(messages), task.prompt
+
+    async def _rollout(self, task: PromptTask) -> list[Experience]:
+        try:
+            ids, prompt = self._prompt(task)
+            params = task_sampling(self.cfg.sampling, task)
+            max_new = min(params.max_new_tokens, self.service.engine.context_length - len(ids))
+            self.service.check_prompt(ids, max_new)
+        except ValueError as exc:  # RequestError: this task can never be generated as given
+            raise GroupFailed(f"bad prompt task: {exc}") from exc
+        params = replace(params, max_new_tokens=max_new)
+        outs = await self._generate(task, ids, params)
+        prompt_text = prompt if isinstance(prompt, str) else self.service.tokenizer.decode(ids, skip_special_tokens=False)
+        items = [ScoreItem(prompt=prompt, response=o.text, label=task.label, metadata=task.metadata) for o in outs]
+        scores = await self.rewards.score(items)
+        if any(s is None for s in scores.scores):
+            raise GroupFailed(f"the reward service could not score every sample: {scores.errors}")
+        return experiences(task, ids, prompt_text, outs, scores)
+
+    async def _generate(self, task: PromptTask, ids: list[int], params) -> list[SequenceOutput]:
+        aborted_attempts = 0
+        while True:
+            rid = f"w{uuid.uuid4().hex[:12]}"
+            seqs = [SequenceRequest(rid=f"{rid}-{j}", prompt_ids=tuple(ids), params=params) for j in range(task.n)]
+            try:
+                outs = await self.service.generate(seqs)
+            except (Overloaded, EngineError) as exc:  # capacity, pause past its wait, engine down: wait, retry
+                log.info("group %s: %s; retrying", task.id, exc)
+                await asyncio.sleep(self.cfg.poll_interval_s)
+                continue
+            if all(o.finish is not None and o.finish.type != "abort" for o in outs):
+                return outs
+            aborted_attempts += 1
+            if aborted_attempts > self.cfg.group_retries:
+                raise GroupFailed(f"group {task.id} was aborted {aborted_attempts} times")
+            log.info("group %s had aborted samples; regenerating the whole group", task.id)
+
+    async def _push(self, group: list[Experience]) -> None:
+        while True:
+            try:
+                await self.experiences.produce(group, timeout=30.0)
+                return
+            except BackpressureTimeout:
+                self.m_held.labels("backlog").inc()
+                log.info("experiences backlog full; still waiting to push %d experiences", len(group))

@@ -1,0 +1,163 @@
+"""The rollout worker against a real Redis and a real reward service process: prompts become acknowledged
+experiences; the reward service being down delays (never invents) rewards; staleness holds the worker
+back; a worker SIGKILLed mid-group loses no prompt."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import pytest
+import yaml
+
+from shared import keys
+from shared.experience_queue import StreamQueue
+from shared.redis_server import free_port
+from shared.schemas import Experience, PromptTask, SamplingOverrides, sample_id
+from tests.procs import kill9, spawn, stop, wait_http_ok
+from tests.rollout.conftest import THREAD_ENV, start_rollout
+
+REWARD_CONFIG = {"scorers": [{"name": "has_a", "kind": "rule", "check": {"type": "format", "pattern": "a"}}]}
+
+
+def start_reward(tmp, port: int):
+    cfg = tmp / "reward.yaml"
+    cfg.write_text(yaml.safe_dump({**REWARD_CONFIG, "port": port}))
+    log = tmp / f"reward-{time.monotonic_ns()}.log"
+    proc = spawn(["-m", "services.reward", "--config", str(cfg)], log, env=THREAD_ENV)
+    wait_http_ok(f"http://127.0.0.1:{port}/health", proc, timeout=60, log=log)
+    return proc
+
+
+def worker_config(model_dir, redis_url: str, run: str, reward_port: int, **worker) -> dict:
+    return {
+        "model": str(model_dir), "redis_url": redis_url, "run_name": run,
+        "engine": {"kind": "hf", "device": "cpu", "torch_threads": 1, "max_wait_ms": 2},
+        "worker": {"enabled": True, "reward_url": f"http://127.0.0.1:{reward_port}", "concurrency": 4,
+                   "poll_interval_s": 0.2, "reward_backoff_max_s": 0.5,
+                   "sampling": {"max_new_tokens": 6, "temperature": 1.0}, **worker},
+    }
+
+
+async def wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if await predicate():
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+async def read_experiences(redis_client, run: str) -> list[Experience]:
+    q = StreamQueue(redis_client, keys.experiences_stream(run), "learner", Experience)
+    out = []
+    while True:
+        ds = await q.consume("test-learner", count=100, block_ms=100)
+        if not ds:
+            return out
+        out.extend(d.record for d in ds)
+        await q.ack([d.id for d in ds])  # as the learner does once it holds them
+
+
+async def test_prompts_become_acked_experiences(redis_server, redis_client, tiny_model_dir, tmp_path):
+    run = "worker-e2e"
+    reward_port = free_port()
+    cfg = worker_config(tiny_model_dir, redis_server.url, run, reward_port, max_staleness=1)
+    rollout_proc, url, _ = start_rollout(tmp_path, "worker", cfg)
+    reward_proc = None
+    try:
+        prompts = StreamQueue(redis_client, keys.prompts_stream(run), "rollout", PromptTask)
+        tasks = [PromptTask(id=f"t{i}", prompt=f"say a {i}", n=3, label="a", metadata={"k": i}) for i in range(3)]
+        tasks.append(PromptTask(id="ids", prompt_token_ids=[72, 105], n=2, sampling=SamplingOverrides(max_new_tokens=4)))
+        tasks.append(PromptTask(id="chat", prompt=[{"role": "user", "content": "hi"}], n=2))
+        await prompts.produce(tasks)
+        # the reward service is down: the worker generates, then waits; no experience, no ack
+        await asyncio.sleep(2.5)
+        assert await redis_client.xlen(keys.experiences_stream(run)) == 0
+        assert await prompts.backlog() == len(tasks)
+        metrics = httpx.get(f"{url}/metrics", timeout=10).text
+        assert "fleetrl_rollout_worker_reward_retries_total" in metrics
+        reward_proc = start_reward(tmp_path, reward_port)
+
+        async def all_pushed():
+            return await redis_client.xlen(keys.experiences_stream(run)) >= 13
+
+        await wait_for(all_pushed, 60, "13 experiences")
+        await wait_for(lambda: _zero(prompts), 10, "all prompts acked")
+        exps = await read_experiences(redis_client, run)
+        by_id = {e.id: e for e in exps}
+        assert len(by_id) == 13
+        for t in tasks:
+            group = [by_id[sample_id(t.id, i)] for i in range(t.n)]
+            assert all(e.group_id == t.id and e.group_size == t.n and e.prompt_id == t.id for e in group)
+            assert [e.index for e in group] == list(range(t.n))
+            for e in group:
+                assert len(e.response_logprobs) == len(e.response_token_ids) >= 1
+                assert all(lp <= 0 for lp in e.response_logprobs)
+                assert e.weight_version == 0 and e.finish_reason in ("stop", "length")
+                assert e.reward == (1.0 if "a" in e.response_text else 0.0)  # the real reward service's rule
+                assert e.reward_components == {"has_a": e.reward}
+                assert e.label == t.label and e.metadata == t.metadata
+        assert by_id["ids#0"].prompt_token_ids == [72, 105] and len(by_id["ids#0"].response_token_ids) <= 4
+        assert by_id["chat#0"].prompt_token_ids[0] == 3  # <|im_start|> from the chat template
+
+        # staleness: the learner is 5 versions ahead, the replica at 0, max_staleness 1 -> hold back
+        await redis_client.set(keys.weights_version(run), 5)
+        await asyncio.sleep(1.0)  # the worker checks before each (0.5 s) blocking read
+        await prompts.produce(PromptTask(id="late", prompt="wait for me", n=1))
+        await asyncio.sleep(2.0)
+        assert await prompts.backlog() == 1
+        assert await redis_client.xlen(keys.experiences_stream(run)) == 0  # nothing new was generated
+        await redis_client.set(keys.weights_version(run), 1)
+        await wait_for(lambda: _zero(prompts), 30, "the held-back prompt")
+        late = await read_experiences(redis_client, run)
+        assert [e.id for e in late] == ["late#0"]
+    finally:
+        stop(rollout_proc)
+        if reward_proc is not None:
+            stop(reward_proc)
+
+
+async def _zero(q: StreamQueue) -> bool:
+    return await q.backlog() == 0
+
+
+@pytest.fixture()
+def reward_service(tmp_path):
+    port = free_port()
+    proc = start_reward(tmp_path, port)
+    yield port
+    stop(proc)
+
+
+async def test_sigkilled_worker_loses_no_prompt(redis_server, redis_client, tiny_model_dir, tmp_path, reward_service):
+    run = "worker-kill"
+    slow = {"claim_idle_ms": 1500, "sampling": {"max_new_tokens": 400, "temperature": 1.0, "ignore_eos": True}}
+    cfg_a = worker_config(tiny_model_dir, redis_server.url, run, reward_service, consumer_name="worker-a", **slow)
+    proc_a, _, _ = start_rollout(tmp_path, "worker-a", cfg_a)
+    prompts = StreamQueue(redis_client, keys.prompts_stream(run), "rollout", PromptTask)
+    task = PromptTask(id="victim", prompt="long story", n=8)
+    try:
+        await prompts.produce(task)
+
+        async def pending_on_a():
+            info = await redis_client.xpending(keys.prompts_stream(run), "rollout")
+            return any(c["name"] in (b"worker-a", "worker-a") for c in info.get("consumers", []))
+
+        await wait_for(pending_on_a, 30, "worker A to take the prompt")
+        await asyncio.sleep(0.2)
+        assert await redis_client.xlen(keys.experiences_stream(run)) == 0  # mid-group
+    finally:
+        kill9(proc_a)
+    assert await prompts.backlog() == 1  # still pending on the dead worker, not lost
+    cfg_b = worker_config(tiny_model_dir, redis_server.url, run, reward_service, consumer_name="worker-b",
+                          claim_idle_ms=1500, sampling={"max_new_tokens": 8})
+    proc_b, _, _ = start_rollout(tmp_path, "worker-b", cfg_b)
+    try:
+        await wait_for(lambda: _zero(prompts), 60, "worker B to reclaim and finish the prompt")
+        exps = await read_experiences(redis_client, run)
+        assert sorted(e.id for e in exps) == sorted(sample_id("victim", i) for i in range(8))
+        assert all(e.group_size == 8 for e in exps)
+    finally:
+        stop(proc_b)
