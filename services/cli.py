@@ -19,6 +19,18 @@ queue_app = typer.Typer(no_args_is_help=True, help="Inspect the experience queue
 app.add_typer(queue_app, name="queue")
 
 
+def _add_service(name: str, module: str, help_text: str) -> None:
+    """Register a service's own typer app (its module imports nothing heavy at import time)."""
+    import importlib
+
+    app.add_typer(importlib.import_module(module).app, name=name, help=help_text)
+
+
+_add_service("rollout", "services.rollout.cli", "Run the rollout (generation) service and its worker.")
+_add_service("reward", "services.reward.cli", "Run the reward service (/score, /get_reward).")
+_add_service("learner", "services.learner.cli", "Run the learner (PPO / GRPO / REINFORCE++ / RLOO / SFT).")
+
+
 @app.command("redis")
 def redis_cmd(
     data_dir: Path = typer.Option(Path("runs/redis"), help="Where the AOF files live."),
