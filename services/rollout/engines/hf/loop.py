@@ -4,7 +4,8 @@ Sequences wait in a queue; the loop admits up to ``max_batch_size`` of them into
 every step boundary (prefill of the newcomers, merged into the cache), steps all rows together,
 samples per row (own temperature / top-k / top-p / seed), and retires rows as they finish (stop token,
 stop string, length, abort) — so a long sequence never holds a short one back. When the loop is
-idle, the first arrival waits ``max_wait`` for company before the batch starts.
+idle, the first arrival waits for company as long as more keep arriving within ``max_wait`` of each
+other (at most ``8 x max_wait``), so a burst of clients starts as one batch.
 
 Results go back to the asyncio side through ``deliver`` (called from this thread with a list of
 ``(row, delta)`` pairs; the engine hops them onto the event loop).
@@ -98,7 +99,9 @@ class DecodeLoop:
     def submit(self, req: SequenceRequest) -> Row:
         p = req.params
         stops = frozenset(p.stop_token_ids) | (frozenset() if p.ignore_eos else self.eos_ids)
-        text = IncrementalText(self.tokenizer, p.skip_special_tokens, p.stop, p.no_stop_trim)
+        # incremental text only where it is needed during decoding (stop strings, streaming)
+        text = (IncrementalText(self.tokenizer, p.skip_special_tokens, p.stop, p.no_stop_trim)
+                if p.stop or req.stream else None)
         gen = None
         if p.seed is not None:
             gen = torch.Generator(device=self.device)
@@ -154,12 +157,19 @@ class DecodeLoop:
             if self._stopping:
                 return None
             if not self._active and self.max_wait_s > 0:
+                # gather a burst: keep waiting while arrivals keep coming (each within max_wait of the
+                # previous), until the batch is full or 8 x max_wait passed; a lone request waits max_wait once
+                cap = time.monotonic() + 8 * self.max_wait_s
+                seen = len(self._pending)
                 deadline = time.monotonic() + self.max_wait_s
                 while len(self._pending) < self.max_batch_size and not self._stopping:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
+                    now = time.monotonic()
+                    if len(self._pending) > seen:
+                        seen = len(self._pending)
+                        deadline = min(now + self.max_wait_s, cap)
+                    if now >= deadline:
                         break
-                    self._cond.wait(remaining)
+                    self._cond.wait(deadline - now)
             room = self.max_batch_size - len(self._active)
             return [self._pending.popleft() for _ in range(min(room, len(self._pending)))]
 
@@ -243,7 +253,10 @@ class DecodeLoop:
         row.done = True
         if row.text is not None:
             row.text.flush()
-        text = row.text.take_visible(final=True) if row.text is not None else ""
+            text = row.text.take_visible(final=True)
+        else:
+            text = self.tokenizer.decode(row.out_ids, skip_special_tokens=row.req.params.skip_special_tokens,
+                                         clean_up_tokenization_spaces=False)
         if not row.req.stream:
             return SequenceDelta(list(row.out_ids), list(row.logprobs), text, finish, row.top)
         if sampled:
