@@ -35,9 +35,9 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from shared.redis_server import free_port  # noqa: E402
-from shared.tiny_model import build_tiny_causal_lm  # noqa: E402
-from tests.procs import spawn, stop, wait_http_ok  # noqa: E402
+from shared.redis_server import free_port
+from shared.tiny_model import build_tiny_causal_lm
+from tests.procs import spawn, stop, wait_http_ok
 
 
 def prompts(batch: int) -> list[str]:
@@ -107,7 +107,7 @@ async def rounds(engine, port: int, args) -> dict[str, float]:
     best = dict.fromkeys(runs, 0.0)
     for rep in range(args.repeats + 1):
         for name, run in runs.items():
-            tps = await timed(lambda: run(rep))
+            tps = await timed(lambda run=run, rep=rep: run(rep))
             if rep:
                 best[name] = max(best[name], tps)
     return best

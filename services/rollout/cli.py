@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
@@ -10,36 +11,28 @@ from shared.settings import SettingsError, load_settings
 
 app = typer.Typer(add_completion=False, help="FleetRL rollout service (generation fleet).")
 
+Opt = typer.Option
+
 
 @app.callback(invoke_without_command=True)
 def main(
-    config: Path | None = typer.Option(None, "--config", "-c", help="Settings file (.yaml/.yml/.toml)."),
-    model: str | None = typer.Option(None, help="Model directory (Hugging Face format)."),
-    engine: str | None = typer.Option(None, help="Engine kind: hf | sglang | vllm."),
-    engine_url: str | None = typer.Option(None, help="Base URL of the SGLang / vLLM server (sglang, vllm)."),
-    device: str | None = typer.Option(None, help="hf engine device: auto | cpu | cuda[:i]."),
-    host: str | None = typer.Option(None, help="Bind address (default 127.0.0.1)."),
-    port: int | None = typer.Option(None, help="HTTP port."),
-    served_model_name: str | None = typer.Option(None, help="Model name in the OpenAI routes."),
-    redis_url: str | None = typer.Option(None, help="Redis URL (worker)."),
-    run_name: str | None = typer.Option(None, help="Run namespace of Redis keys."),
-    worker: bool | None = typer.Option(None, "--worker/--no-worker", help="Run the rollout worker loop."),
-    reward_url: str | None = typer.Option(None, help="Reward service base URL (worker)."),
-    log_level: str | None = typer.Option(None, help="Logging level."),
+    config: Annotated[Path | None, Opt("--config", "-c", help="Settings file (.yaml/.yml/.toml).")] = None,
+    model: Annotated[str | None, Opt(help="Model directory (Hugging Face format).")] = None,
+    engine: Annotated[str | None, Opt(help="Engine kind: hf | sglang | vllm.")] = None,
+    engine_url: Annotated[str | None, Opt(help="Base URL of the SGLang / vLLM server (sglang, vllm).")] = None,
+    device: Annotated[str | None, Opt(help="hf engine device: auto | cpu | cuda[:i].")] = None,
+    host: Annotated[str | None, Opt(help="Bind address (default 127.0.0.1).")] = None,
+    port: Annotated[int | None, Opt(help="HTTP port (default 8001).")] = None,
+    served_model_name: Annotated[str | None, Opt(help="Model name in the OpenAI routes.")] = None,
+    redis_url: Annotated[str | None, Opt(help="Redis URL (worker).")] = None,
+    run_name: Annotated[str | None, Opt(help="Run namespace of Redis keys.")] = None,
+    worker: Annotated[bool | None, Opt("--worker/--no-worker", help="Run the rollout worker loop.")] = None,
+    reward_url: Annotated[str | None, Opt(help="Reward service base URL (worker).")] = None,
+    log_level: Annotated[str | None, Opt(help="Logging level.")] = None,
 ) -> None:
-    """Serve /generate, the OpenAI routes, health, metrics and control."""
-    engine_over: dict = {}
-    if engine is not None:
-        engine_over["kind"] = engine
-    if engine_url is not None:
-        engine_over["base_url"] = engine_url
-    if device is not None:
-        engine_over["device"] = device
-    worker_over: dict = {}
-    if worker is not None:
-        worker_over["enabled"] = worker
-    if reward_url is not None:
-        worker_over["reward_url"] = reward_url
+    """Serve /generate, the OpenAI routes, health, metrics and control (and the worker, if enabled)."""
+    engine_over = {k: v for k, v in (("kind", engine), ("base_url", engine_url), ("device", device)) if v is not None}
+    worker_over = {k: v for k, v in (("enabled", worker), ("reward_url", reward_url)) if v is not None}
     from services.rollout.settings import RolloutSettings
 
     try:

@@ -17,7 +17,13 @@ from dataclasses import replace
 from typing import Any
 
 from services.rollout.engines.base import Engine, PauseMode, create_engine
-from services.rollout.engines.types import Finish, SamplingParams, SequenceDelta, SequenceOutput, SequenceRequest
+from services.rollout.engines.types import (
+    Finish,
+    SamplingParams,
+    SequenceDelta,
+    SequenceOutput,
+    SequenceRequest,
+)
 from services.rollout.errors import Overloaded, RequestError
 from services.rollout.metrics import RolloutMetrics
 from services.rollout.settings import RolloutSettings
@@ -200,7 +206,7 @@ class RolloutService:
                         out.finish = Finish("abort", message="client went away")
                         self._record(seq, out)
                     raise
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001 - handed to the consumer, which re-raises it
                     queue.put_nowait((i, None, exc))
 
             tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(seqs)]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from services.rollout.engines.settings import EngineSettings, HFEngineSettings
 from shared.settings import ServiceSettings, service_config
@@ -63,7 +65,7 @@ class WorkerSettings(BaseModel):
     sampling: WorkerSampling = Field(default_factory=WorkerSampling)
 
     @model_validator(mode="after")
-    def _reward(self) -> "WorkerSettings":
+    def _reward(self) -> WorkerSettings:
         if self.enabled and not self.reward_url:
             raise ValueError("worker.enabled needs worker.reward_url (the reward service's base URL)")
         return self
@@ -86,6 +88,14 @@ class RolloutSettings(ServiceSettings):
     incremental_streaming_output: bool = Field(
         default=False, description="/generate streams deltas instead of SGLang's default cumulative chunks."
     )
+
+    @field_validator("model")
+    @classmethod
+    def _model_exists(cls, v: str) -> str:
+        looks_local = v.startswith(("/", ".", "~")) or Path(v).exists()
+        if looks_local and not (Path(v).expanduser() / "config.json").is_file():
+            raise ValueError(f"model {v!r}: no Hugging Face checkpoint there (config.json missing)")
+        return v
 
     @property
     def model_name(self) -> str:

@@ -16,7 +16,7 @@ AUTH = {"Authorization": f"Bearer {CONTROL_TOKEN}"}
 def metric(text: str, name: str) -> float:
     total = 0.0
     for line in text.splitlines():
-        if line.startswith(name + " ") or line.startswith(name + "{"):
+        if line.startswith((name + " ", name + "{")):
             total += float(line.rsplit(" ", 1)[1])
     return total
 

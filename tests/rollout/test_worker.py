@@ -76,7 +76,8 @@ async def test_prompts_become_acked_experiences(redis_server, redis_client, tiny
         await asyncio.sleep(2.5)
         assert await redis_client.xlen(keys.experiences_stream(run)) == 0
         assert await prompts.backlog() == len(tasks)
-        metrics = httpx.get(f"{url}/metrics", timeout=10).text
+        async with httpx.AsyncClient() as c:
+            metrics = (await c.get(f"{url}/metrics", timeout=10)).text
         assert "fleetrl_rollout_worker_reward_retries_total" in metrics
         reward_proc = start_reward(tmp_path, reward_port)
 

@@ -112,7 +112,7 @@ class Engine(ABC):
         if self._inflight:
             try:
                 await self._abort_all()
-            except Exception as exc:  # stopping must not fail because the engine already went away
+            except Exception as exc:  # noqa: BLE001 - stopping must not fail because the engine already went away
                 log.warning("aborting in-flight sequences on stop failed: %s", exc)
         self._started = False
         await self._stop()
@@ -123,7 +123,7 @@ class Engine(ABC):
             return False
         try:
             return bool(await asyncio.wait_for(self._probe(), self.settings.health_timeout_s))
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - any failure of the probe means "cannot generate"
             log.warning("health probe failed: %r", exc)
             return False
 

@@ -33,7 +33,7 @@ class SGLangEngine(RemoteEngine):
             version = r.json().get("weight_version") if r.status_code == 200 else None
             if isinstance(version, str) and version.isdigit():
                 self.set_weight_version(int(version))
-        except Exception as exc:  # the server may not be up yet; health will say so
+        except Exception as exc:  # noqa: BLE001 - the server may not be up yet; health will say so
             log.info("SGLang server not reachable yet at %s: %r", self.base_url, exc)
 
     async def _probe(self) -> bool:
@@ -44,7 +44,7 @@ class SGLangEngine(RemoteEngine):
         for rid in rids:
             try:
                 await self.client.post("/abort_request", json={"rid": rid}, timeout=self.settings.health_timeout_s)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - best effort: closing the request aborts it anyway
                 log.warning("SGLang /abort_request %s failed: %r", rid, exc)
 
     def payload(self, request: SequenceRequest) -> dict:

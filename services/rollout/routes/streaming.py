@@ -38,7 +38,7 @@ async def sse_response(deltas: AsyncIterator, render: Callable[[AsyncIterator], 
         try:
             async for chunk in render(chained()):
                 yield chunk
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - headers are sent: report it in-band, never a torn stream
             log.warning("stream failed: %r", exc)
             err = {"error": {"message": f"generation failed: {exc}", "type": type(exc).__name__, "code": 500}}
             yield f"data: {json.dumps(err)}\n\n".encode()

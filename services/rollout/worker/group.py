@@ -13,7 +13,7 @@ from shared.schemas import Experience, PromptTask, sample_id
 def task_sampling(defaults: WorkerSampling, task: PromptTask) -> SamplingParams:
     """The worker's default sampling with the task's overrides applied."""
     o = task.sampling
-    pick = lambda name: getattr(o, name) if getattr(o, name) is not None else getattr(defaults, name)  # noqa: E731
+    pick = lambda name: getattr(o, name) if getattr(o, name) is not None else getattr(defaults, name)
     return SamplingParams(
         max_new_tokens=pick("max_new_tokens"), temperature=pick("temperature"), top_p=pick("top_p"),
         top_k=pick("top_k"), stop=tuple(pick("stop")), stop_token_ids=tuple(pick("stop_token_ids")),

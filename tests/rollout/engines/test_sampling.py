@@ -45,7 +45,7 @@ def test_min_p_and_greedy():
 
 def test_per_row_seeds_are_independent_of_batch_company():
     logits = torch.randn(1, 50).repeat(3, 1)
-    g = lambda s: torch.Generator().manual_seed(s)  # noqa: E731
+    g = lambda s: torch.Generator().manual_seed(s)
     alone, _, _ = sample(logits[:1], rows(1, gens=[g(5)]), torch.Generator().manual_seed(0))
     batch, _, _ = sample(logits, rows(3, gens=[None, g(5), g(6)]), torch.Generator().manual_seed(1))
     assert batch[1] == alone[0]
