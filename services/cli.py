@@ -40,6 +40,9 @@ def redis_cmd(
     """Run the embedded Redis-compatible server in the foreground until Ctrl-C."""
     from shared.redis_server import EmbeddedRedis, RedisServerError
 
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):  # before the server starts, so no signal can orphan it
+        signal.signal(sig, lambda *_: stop.set())
     server = EmbeddedRedis(data_dir=data_dir, host=host, port=port)
     try:
         server.start()
@@ -47,9 +50,6 @@ def redis_cmd(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from exc
     typer.echo(f"REDIS_URL={server.url}  (data in {data_dir}; Ctrl-C stops it)")
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
     while not stop.wait(0.5) and server.running:
         pass
     server.stop()

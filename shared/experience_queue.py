@@ -12,9 +12,13 @@ Guarantees
   ``max_deliveries`` times, or that a consumer ``fail``-ed that often, moves to ``<stream>:dead``
   with the error text and original id; the consumer goes on.
 - **No trimming of pending work.** Nothing is ever trimmed by length. An entry is deleted (XDEL)
-  only when it is acknowledged, so the stream length *is* the backlog (pending + undelivered).
-- **Backpressure.** ``produce`` waits while the backlog is at ``max_backlog`` (bounded by its
-  timeout; the wait is visible in ``stats`` and metrics) instead of dropping anything.
+  only when it is acknowledged (or dead-lettered), so the stream length is exactly
+  pending (delivered, not yet acknowledged) + backlog (not yet delivered to any consumer).
+- **Backpressure.** ``produce`` waits while the backlog — entries no consumer has taken yet — is
+  at ``max_backlog`` (bounded by its timeout; the wait is visible in ``stats`` and metrics)
+  instead of dropping anything. Entries a consumer holds unacknowledged do not count: a consumer
+  that acknowledges late on purpose (the learner acks at checkpoints) must not stall its own
+  producers, which would deadlock the loop. The consumer bounds what it holds.
 
 Idempotency: redelivery means a handler can see a record twice. :class:`ProcessedIds` records
 the ids whose results are durable; mark them in the same MULTI as the result when you can.
@@ -114,20 +118,29 @@ class StreamQueue(Generic[R]):
         self.dead_stream = keys.dead_letter_stream(stream)
         self._counters = _Counters()
         self._history_done: set[str] = set()  # consumers that have re-read their own pending entries
+        self._group_ready = False
 
     # ---- set-up -------------------------------------------------------------------------------
-    async def ensure_group(self) -> None:
-        """Create the stream and its consumer group if missing (idempotent)."""
+    async def ensure_group(self, force: bool = False) -> None:
+        """Create the stream and its consumer group if missing (idempotent; one round trip per queue object)."""
+        if self._group_ready and not force:
+            return
         try:
             await self.redis.xgroup_create(self.stream, self.group, id="0", mkstream=True)
         except ResponseError as exc:
             if "BUSYGROUP" not in str(exc):
                 raise
+        self._group_ready = True
 
     # ---- producing ------------------------------------------------------------------------------
     async def backlog(self) -> int:
-        """Entries not yet acknowledged (pending + undelivered)."""
-        return int(await self.redis.xlen(self.stream))
+        """Entries no consumer has taken yet (stream length minus entries pending on consumers)."""
+        await self.ensure_group()
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.xlen(self.stream)
+        pipe.xpending(self.stream, self.group)
+        length, pending = await pipe.execute()
+        return max(0, int(length) - int(pending.get("pending", 0)))
 
     async def produce(self, records: list[R] | R, timeout: float | None = 60.0) -> list[str]:
         """Append records, waiting while the backlog is at ``max_backlog``. Returns entry ids.
@@ -205,7 +218,13 @@ class StreamQueue(Generic[R]):
         return out
 
     async def _read(self, consumer: str, start: str, count: int, block_ms: int | None):
-        resp = await self.redis.xreadgroup(self.group, consumer, {self.stream: start}, count=count, block=block_ms)
+        try:
+            resp = await self.redis.xreadgroup(self.group, consumer, {self.stream: start}, count=count, block=block_ms)
+        except ResponseError as exc:  # the stream or group was deleted under us: recreate, read again
+            if "NOGROUP" not in str(exc):
+                raise
+            await self.ensure_group(force=True)
+            resp = await self.redis.xreadgroup(self.group, consumer, {self.stream: start}, count=count, block=block_ms)
         entries: list[tuple[str, dict | None]] = []
         for _stream, items in resp or []:
             for eid, fields in items:
@@ -280,7 +299,7 @@ class StreamQueue(Generic[R]):
     # ---- observing ------------------------------------------------------------------------------
     async def stats(self) -> QueueStats:
         await self.ensure_group()
-        pipe = self.redis.pipeline(transaction=False)
+        pipe = self.redis.pipeline(transaction=True)
         pipe.xlen(self.stream)
         pipe.xpending(self.stream, self.group)
         pipe.xlen(self.dead_stream)
@@ -290,7 +309,7 @@ class StreamQueue(Generic[R]):
         return QueueStats(
             stream=self.stream,
             length=int(length),
-            backlog=int(length),
+            backlog=max(0, int(length) - int(pending.get("pending", 0))),
             pending=int(pending.get("pending", 0)),
             pending_per_consumer=per_consumer,
             dead_letters=int(dead),

@@ -33,7 +33,7 @@ async def test_consumer_killed_mid_batch_loses_nothing_and_processes_nothing_twi
     seen = ProcessedIds(redis_client, qc.SEEN)
     survivor = StreamQueue(redis_client, qc.STREAM, qc.GROUP, PromptTask, claim_idle_ms=300)
     deadline = time.monotonic() + 30
-    while (await survivor.stats()).backlog > 0:
+    while (await survivor.stats()).length > 0:  # pending on the dead consumer or undelivered
         assert time.monotonic() < deadline, await survivor.stats()
         await qc.handle_batch(survivor, seen, await survivor.consume("survivor", count=10, block_ms=100), 0.0)
 
@@ -65,7 +65,7 @@ async def test_undecodable_entry_goes_to_dead_letter_with_reason(redis_client):
     dead = await q.dead_letters()
     assert len(dead) == 1 and "undecodable" in dead[0]["error"] and "not a FleetRL record" in dead[0]["error"]
     stats = await q.stats()
-    assert stats.dead_letters == 1 and stats.backlog == 2  # the poison entry left the stream
+    assert stats.dead_letters == 1 and stats.length == 2 and stats.pending == 2  # the poison entry left the stream
 
 
 async def test_entry_failing_max_deliveries_times_is_dead_lettered(redis_client):
@@ -83,7 +83,7 @@ async def test_entry_failing_max_deliveries_times_is_dead_lettered(redis_client)
     assert attempts == 3
     dead = await q.dead_letters()
     assert "failed 3 times: handler exploded" in dead[0]["error"]
-    assert (await q.stats()).backlog == 0
+    assert (await q.stats()).length == 0
 
 
 async def test_backpressure_blocks_producer_until_consumer_catches_up(redis_client):
@@ -93,21 +93,42 @@ async def test_backpressure_blocks_producer_until_consumer_catches_up(redis_clie
     await asyncio.sleep(0.3)
     assert not blocked.done(), "producer should wait while the backlog is at the limit"
     assert await q.backlog() == 5
-    got = await q.consume("w", count=5, block_ms=10)
-    await q.ack([d.id for d in got[:3]])
+    got = await q.consume("w", count=3, block_ms=10)
     ids = await asyncio.wait_for(blocked, 5)
     assert len(ids) == 2 and await q.backlog() == 4
     assert (await q.stats()).produce_wait_s_total >= 0.3
+    assert await q.ack([d.id for d in got]) == 3
+
+
+async def test_entries_held_unacked_by_a_consumer_do_not_stall_producers(redis_client):
+    """A learner that acks only at checkpoints holds many pending entries; producers must go on."""
+    q = StreamQueue(redis_client, "s", "g", PromptTask, max_backlog=4)
+    held = []
+    for round_ in range(5):
+        await q.produce(tasks(4, f"r{round_}-"), timeout=2)
+        held += await q.consume("learner", count=4, block_ms=10)
+    stats = await q.stats()
+    assert (stats.pending, stats.backlog, stats.length) == (20, 0, 20)
+    assert await q.ack([d.id for d in held]) == 20
 
 
 async def test_backpressure_times_out_and_never_trims_pending(redis_client):
     q = StreamQueue(redis_client, "s", "g", PromptTask, max_backlog=3)
     await q.produce(tasks(3))
-    pending = await q.consume("w", count=3, block_ms=10)
     with pytest.raises(BackpressureTimeout, match="max_backlog=3"):
         await q.produce(tasks(1, "late"), timeout=0.3)
     assert await q.backlog() == 3
-    assert await q.ack([d.id for d in pending]) == 3  # nothing pending was lost
+    pending = await q.consume("w", count=3, block_ms=10)
+    assert await q.ack([d.id for d in pending]) == 3  # nothing was trimmed or lost
+
+
+async def test_consume_recovers_when_the_stream_is_deleted(redis_client):
+    q = StreamQueue(redis_client, "s", "g", PromptTask)
+    await q.produce(tasks(1))
+    await redis_client.delete("s")
+    assert await q.consume("w", count=1, block_ms=10) == []
+    await q.produce(tasks(1, "again"))
+    assert [d.record.id for d in await q.consume("w", count=1, block_ms=10)] == ["again0"]
 
 
 async def test_processed_ids_filter(redis_client):
