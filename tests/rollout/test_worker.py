@@ -75,7 +75,7 @@ async def test_prompts_become_acked_experiences(redis_server, redis_client, tiny
         # the reward service is down: the worker generates, then waits; no experience, no ack
         await asyncio.sleep(2.5)
         assert await redis_client.xlen(keys.experiences_stream(run)) == 0
-        assert await prompts.backlog() == len(tasks)
+        assert await _unacked(redis_client, run) == len(tasks)
         async with httpx.AsyncClient() as c:
             metrics = (await c.get(f"{url}/metrics", timeout=10)).text
         assert "fleetrl_rollout_worker_reward_retries_total" in metrics
@@ -108,7 +108,7 @@ async def test_prompts_become_acked_experiences(redis_server, redis_client, tiny
         await asyncio.sleep(1.0)  # the worker checks before each (0.5 s) blocking read
         await prompts.produce(PromptTask(id="late", prompt="wait for me", n=1))
         await asyncio.sleep(2.0)
-        assert await prompts.backlog() == 1
+        assert await prompts.backlog() == 1  # not even taken
         assert await redis_client.xlen(keys.experiences_stream(run)) == 0  # nothing new was generated
         await redis_client.set(keys.weights_version(run), 1)
         await wait_for(lambda: _zero(prompts), 30, "the held-back prompt")
@@ -121,7 +121,12 @@ async def test_prompts_become_acked_experiences(redis_server, redis_client, tiny
 
 
 async def _zero(q: StreamQueue) -> bool:
-    return await q.backlog() == 0
+    """Every prompt acknowledged (acked entries are deleted from the stream)."""
+    return await q.redis.xlen(q.stream) == 0
+
+
+async def _unacked(redis_client, run: str) -> int:
+    return await redis_client.xlen(keys.prompts_stream(run))
 
 
 @pytest.fixture()
@@ -151,7 +156,7 @@ async def test_sigkilled_worker_loses_no_prompt(redis_server, redis_client, tiny
         assert await redis_client.xlen(keys.experiences_stream(run)) == 0  # mid-group
     finally:
         kill9(proc_a)
-    assert await prompts.backlog() == 1  # still pending on the dead worker, not lost
+    assert await _unacked(redis_client, run) == 1  # still pending on the dead worker, not lost
     cfg_b = worker_config(tiny_model_dir, redis_server.url, run, reward_service, consumer_name="worker-b",
                           claim_idle_ms=1500, sampling={"max_new_tokens": 8})
     proc_b, _, _ = start_rollout(tmp_path, "worker-b", cfg_b)
