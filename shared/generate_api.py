@@ -83,7 +83,7 @@ class GenerateRequest(_Strict):
     rid: str | list[str] | None = Field(default=None, description="Request id(s); generated when absent.")
 
     @model_validator(mode="after")
-    def _one_input(self) -> "GenerateRequest":
+    def _one_input(self) -> GenerateRequest:
         if (self.text is None) == (self.input_ids is None):
             raise ValueError("give exactly one of `text` and `input_ids`")
         if isinstance(self.text, str) and not self.text:
@@ -189,7 +189,7 @@ class CompletionRequest(_OpenAICommon):
     best_of: int | None = None
 
     @model_validator(mode="after")
-    def _checks(self) -> "CompletionRequest":
+    def _checks(self) -> CompletionRequest:
         if self.echo:
             raise ValueError("echo=true is not supported")
         if self.suffix:
@@ -247,7 +247,7 @@ class ChatCompletionRequest(_OpenAICommon):
     chat_template_kwargs: dict[str, Any] | None = None
 
     @model_validator(mode="after")
-    def _checks(self) -> "ChatCompletionRequest":
+    def _checks(self) -> ChatCompletionRequest:
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs=true")
         if self.continue_final_message and self.add_generation_prompt:
