@@ -1,0 +1,33 @@
+"""Greedy held-out accuracy of whatever policy a rollout service serves, judged by the reward service."""
+
+from __future__ import annotations
+
+import httpx
+
+
+def greedy_accuracy(rollout_url: str, reward_url: str, rows: list[dict], *, max_new_tokens: int = 8,
+                    batch: int = 100, timeout: float = 300.0) -> tuple[float, str]:
+    """Generate greedily for each row's ``input`` through /generate, score against ``label`` with /score.
+
+    Returns (accuracy, weight_version the answers came from).
+    """
+    correct = 0.0
+    versions: set[str] = set()
+    with httpx.Client(timeout=timeout) as client:
+        for i in range(0, len(rows), batch):
+            chunk = rows[i:i + batch]
+            r = client.post(f"{rollout_url}/generate", json={
+                "text": [row["input"] for row in chunk],
+                "sampling_params": {"temperature": 0.0, "max_new_tokens": max_new_tokens},
+            })
+            r.raise_for_status()
+            outs = r.json()
+            versions.update(str(o["meta_info"]["weight_version"]) for o in outs)
+            s = client.post(f"{reward_url}/score", json={"items": [
+                {"prompt": row["input"], "response": o["text"], "label": row["label"]} for row, o in zip(chunk, outs)
+            ]})
+            s.raise_for_status()
+            correct += sum(1.0 for v in s.json()["scores"] if v is not None and v >= 0.999)
+    if len(versions) != 1:
+        raise RuntimeError(f"held-out answers came from several weight versions: {sorted(versions)}")
+    return correct / len(rows), versions.pop()

@@ -1,0 +1,152 @@
+"""Run FleetRL services as local processes: start, wait for health, stop — also on Ctrl-C.
+
+Each service runs as ``python -m services.<name> --config FILE`` in its own process group, with
+its output in ``<run_dir>/logs/<name>.log``. The fleet stops everything it started, in reverse
+order, with SIGTERM then SIGKILL; a Redis it started itself is shut down last.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import yaml
+
+from shared.redis_server import EmbeddedRedis, free_port, resolve_redis_url
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class FleetError(RuntimeError):
+    """A service failed to start or died; the message carries the tail of its log."""
+
+
+@dataclass
+class ServiceProcess:
+    name: str
+    proc: subprocess.Popen
+    log_path: Path
+    url: str
+
+    def log_tail(self, chars: int = 3000) -> str:
+        return self.log_path.read_text(errors="replace")[-chars:] if self.log_path.exists() else ""
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+
+@dataclass
+class Fleet:
+    """The processes of one local FleetRL deployment."""
+
+    run_dir: Path
+    redis_url: str | None = None
+    threads_per_service: int = 1
+    services: dict[str, ServiceProcess] = field(default_factory=dict)
+    _redis: EmbeddedRedis | None = None
+
+    def __post_init__(self) -> None:
+        self.run_dir = Path(self.run_dir)
+        (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "configs").mkdir(parents=True, exist_ok=True)
+
+    def start_redis(self) -> str:
+        """Use $REDIS_URL / the given URL, else start an embedded server under the run dir."""
+        self.redis_url, self._redis = resolve_redis_url(self.redis_url, self.run_dir)
+        return self.redis_url
+
+    def write_config(self, name: str, config: dict) -> Path:
+        path = self.run_dir / "configs" / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
+        return path
+
+    def start(self, name: str, module: str, config: dict, *, health_path: str = "/health",
+              wait: bool = True, timeout: float = 180.0, env: dict[str, str] | None = None) -> ServiceProcess:
+        """Start ``python -m <module> --config <run_dir>/configs/<name>.yaml`` and wait for its health route."""
+        config = dict(config)
+        config.setdefault("port", free_port())
+        if self.redis_url and module != "services.reward":
+            config.setdefault("redis_url", self.redis_url)
+        path = self.write_config(name, config)
+        log_path = self.run_dir / "logs" / f"{name}.log"
+        threads = str(self.threads_per_service)
+        proc_env = {
+            **os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
+            "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, **(env or {}),
+        }
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen([sys.executable, "-m", module, "--config", str(path)], cwd=REPO, env=proc_env,
+                                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    start_new_session=True)
+        svc = ServiceProcess(name, proc, log_path, f"http://{config.get('host', '127.0.0.1')}:{config['port']}")
+        self.services[name] = svc
+        if wait:
+            self.wait_healthy(name, health_path, timeout)
+        return svc
+
+    def wait_healthy(self, name: str, path: str = "/health", timeout: float = 180.0) -> None:
+        svc = self.services[name]
+        deadline = time.monotonic() + timeout
+        last = "no answer yet"
+        with httpx.Client(timeout=5.0) as client:
+            while time.monotonic() < deadline:
+                if not svc.alive:
+                    raise FleetError(f"{name} exited with code {svc.proc.returncode} while starting:\n{svc.log_tail()}")
+                try:
+                    r = client.get(svc.url + path)
+                    if r.status_code == 200:
+                        return
+                    last = f"HTTP {r.status_code}: {r.text[:200]}"
+                except httpx.HTTPError as exc:
+                    last = type(exc).__name__
+                time.sleep(0.3)
+        raise FleetError(f"{name} not healthy after {timeout:.0f}s ({last}):\n{svc.log_tail()}")
+
+    def check_alive(self, *names: str) -> None:
+        """Raise FleetError if one of the named services (default: all) has died."""
+        for name in names or tuple(self.services):
+            svc = self.services[name]
+            if not svc.alive:
+                raise FleetError(f"{name} died with code {svc.proc.returncode}:\n{svc.log_tail()}")
+
+    def stop(self, name: str, timeout: float = 20.0) -> int | None:
+        svc = self.services.pop(name, None)
+        if svc is None:
+            return None
+        return _stop_group(svc.proc, timeout)
+
+    def stop_all(self) -> None:
+        for name in reversed(list(self.services)):
+            self.stop(name)
+        if self._redis is not None:
+            self._redis.stop()
+            self._redis = None
+
+    def __enter__(self) -> "Fleet":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop_all()
+
+
+def _stop_group(proc: subprocess.Popen, timeout: float) -> int | None:
+    if proc.poll() is not None:
+        return proc.returncode
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        return proc.wait(timeout=10)
+    except ProcessLookupError:
+        return proc.wait(timeout=10)
