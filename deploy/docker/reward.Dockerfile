@@ -1,0 +1,17 @@
+# FleetRL reward service: the shared base image plus the project code (a thin layer).
+#   docker build -f deploy/docker/base.Dockerfile -t fleetrl-base .
+#   docker build -f deploy/docker/reward.Dockerfile -t fleetrl-reward .
+ARG BASE_IMAGE=fleetrl-base
+FROM ${BASE_IMAGE}
+
+COPY --chown=fleetrl:fleetrl shared /app/shared
+COPY --chown=fleetrl:fleetrl services /app/services
+COPY --chown=fleetrl:fleetrl deploy/__init__.py /app/deploy/__init__.py
+COPY --chown=fleetrl:fleetrl deploy/local /app/deploy/local
+COPY --chown=fleetrl:fleetrl deploy/compose /app/deploy/compose
+COPY --chown=fleetrl:fleetrl deploy/docker/__init__.py deploy/docker/entrypoint.py /app/deploy/docker/
+USER fleetrl
+EXPOSE 8002
+# The entrypoint waits for what $FLEETRL_WAIT_FOR lists (Redis, other services' /health, files), then execs.
+ENTRYPOINT ["python", "-m", "deploy.docker.entrypoint"]
+CMD ["python", "-m", "services.reward", "--config", "/config/reward.yaml"]

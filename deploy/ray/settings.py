@@ -1,0 +1,73 @@
+"""The Ray launcher's one config file: where Redis is, and per service its replica count, resources and
+its own service settings (the same YAML keys as ``python -m services.<svc> --config``).
+
+Importable without ray. Example: deploy/ray/fleet.example.yaml.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class ServiceGroup(BaseModel):
+    """Replicas of one service: what each asks Ray for and the service's own settings."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    replicas: int = Field(default=1, ge=0, description="Actors to run (learner: ranks of its world).")
+    num_cpus: float = Field(default=1.0, ge=0, description="CPUs Ray reserves per replica.")
+    num_gpus: float = Field(default=0.0, ge=0, description="GPUs Ray reserves per replica (engine TP size, learner 1).")
+    port: int = Field(default=0, ge=0, le=65535,
+                      description="HTTP port of replica 0; replica i uses port + i (0: a free port per start).")
+    config: dict[str, Any] = Field(default_factory=dict, description="The service's settings (its YAML keys).")
+    config_file: Path | None = Field(default=None, description="Or: a YAML file with them (config keys win).")
+    env: dict[str, str] = Field(default_factory=dict, description="Extra environment of the service process.")
+    max_restarts: int = Field(default=-1, ge=-1, description="Restarts Ray allows per replica (-1: unlimited).")
+    health_timeout_s: float = Field(default=300.0, gt=0, description="How long a (re)started replica has to be healthy.")
+
+    def settings(self) -> dict[str, Any]:
+        base = yaml.safe_load(self.config_file.read_text()) if self.config_file else {}
+        return {**(base or {}), **self.config}
+
+
+class LearnerGroup(ServiceGroup):
+    """The learner's ranks, placed together in one placement group (DeepSpeed's world)."""
+
+    placement_strategy: Literal["PACK", "STRICT_PACK", "SPREAD", "STRICT_SPREAD"] = Field(
+        default="PACK", description="How the ranks' bundles are placed across nodes.")
+    dist_port: int = Field(default=29500, ge=1, le=65535, description="MASTER_PORT of the learner's world.")
+
+
+class LaunchSettings(BaseModel):
+    """A FleetRL deployment on a Ray cluster."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    ray_address: str | None = Field(default=None, description="'auto', 'ray://head:10001', or unset: a local Ray.")
+    namespace: str = Field(default="fleetrl", description="Ray namespace of the actors.")
+    run_name: str = Field(default="default", pattern=r"^[A-Za-z0-9_.-]+$", description="Run namespace (Redis keys).")
+    redis_url: str = Field(description="Redis every service uses (Ray does not manage the queue's state).")
+    control_token_env: str = Field(
+        default="FLEETRL_TOKEN", description="Environment variable holding the control-plane token (required).")
+    workdir: Path | None = Field(default=None, description="Where the services' code is on every node; default: "
+                                                            "this checkout (or use a Ray runtime_env).")
+    reward: ServiceGroup = Field(default_factory=lambda: ServiceGroup(port=8002))
+    rollout: ServiceGroup = Field(default_factory=lambda: ServiceGroup(port=8001))
+    learner: LearnerGroup = Field(default_factory=lambda: LearnerGroup(port=8003))
+
+    @model_validator(mode="after")
+    def _check(self) -> LaunchSettings:
+        if self.learner.replicas < 1:
+            raise ValueError("learner.replicas (its ranks) must be at least 1")
+        if self.rollout.replicas and not self.reward.replicas:
+            raise ValueError("rollout replicas score through the reward service: set reward.replicas >= 1")
+        return self
+
+    @classmethod
+    def from_file(cls, path: str | Path, **overrides: Any) -> LaunchSettings:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+        return cls(**{**data, **overrides})
