@@ -23,6 +23,7 @@ class FakeFleet:
     stale_prompt_ids: set[str] = field(default_factory=set)  # stamp these with weight version 0
     duplicate: bool = False  # push every experience twice (a fleet that retried after a crash)
     produced_groups: list[str] = field(default_factory=list)
+    stopped: bool = False
 
     def __post_init__(self) -> None:
         self.prompts = StreamQueue(self.redis, keys.prompts_stream(self.run), "rollout", PromptTask)
@@ -42,9 +43,17 @@ class FakeFleet:
             ))
         return out
 
+    async def stop(self, task: asyncio.Task) -> None:
+        """Stop between reads (cancelling a blocked redis-py read can hang on its socket timeout)."""
+        self.stopped = True
+        try:
+            await asyncio.wait_for(task, 10)
+        except asyncio.TimeoutError:
+            task.cancel()
+
     async def run_forever(self, consumer: str = "fake-0") -> None:
         await self.prompts.ensure_group()
-        while True:
+        while not self.stopped:
             if self.budget <= 0:
                 await asyncio.sleep(0.05)
                 continue

@@ -105,8 +105,7 @@ async def test_http_surface_and_control(tmp_path, tiny_model_dir, redis_server, 
         assert await wait_exit(proc, 60) == 0
     finally:
         stop(proc)
-        fleet_task.cancel()
-        await asyncio.gather(fleet_task, return_exceptions=True)
+        await fleet.stop(fleet_task)
 
 
 async def test_sigkill_mid_run_resumes_without_losing_or_double_training(tmp_path, tiny_model_dir, redis_server,
@@ -137,8 +136,7 @@ async def test_sigkill_mid_run_resumes_without_losing_or_double_training(tmp_pat
         assert await wait_exit(proc, 120) == 0, log2.read_text()[-3000:]
     finally:
         stop(proc)
-        fleet_task.cancel()
-        await asyncio.gather(fleet_task, return_exceptions=True)
+        await fleet.stop(fleet_task)
 
     log_text = log2.read_text()
     assert "resuming from" in log_text and "step-00000002" in log_text

@@ -44,11 +44,6 @@ async def run_to_end(svc: LearnerService, timeout: float = 90.0) -> dict:
     return status
 
 
-async def stop_task(task: asyncio.Task) -> None:
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
-
-
 def trained_items(run_dir) -> dict[str, int]:
     """Prompt item -> samples trained, from the last metrics line of each step."""
     out: dict[str, int] = {}
@@ -67,7 +62,7 @@ async def test_trains_every_prompt_once_and_acks_everything(tiny_model_dir, tmp_
     try:
         status = await run_to_end(LearnerService(s))
     finally:
-        await stop_task(fleet_task)
+        await fleet.stop(fleet_task)
     assert status["phase"] == "finished", status
     assert status["step"] == status["total_steps"] == N_PROMPTS // 2
     c = status["counters"]
@@ -110,7 +105,7 @@ async def test_window_bounds_prompts_in_flight(tiny_model_dir, tmp_path, redis_s
         st = svc.status()
         assert st["step"] == 1 and st["counters"]["prompts_issued"] == 4 and st["prompts_in_flight"] == 3
     finally:
-        await stop_task(fleet_task)
+        await fleet.stop(fleet_task)
         await svc.close()
 
 
@@ -124,7 +119,7 @@ async def test_stale_groups_are_dropped_and_their_prompts_reissued(tiny_model_di
     try:
         status = await run_to_end(LearnerService(s))
     finally:
-        await stop_task(fleet_task)
+        await fleet.stop(fleet_task)
     assert status["phase"] == "finished", status
     c = status["counters"]
     assert c["experiences_dropped_stale"] == 8 and c["prompts_reissued"] == 2
@@ -142,7 +137,7 @@ async def test_redelivered_duplicates_are_dropped(tiny_model_dir, tmp_path, redi
     try:
         status = await run_to_end(LearnerService(s))
     finally:
-        await stop_task(fleet_task)
+        await fleet.stop(fleet_task)
     c = status["counters"]
     assert status["phase"] == "finished"
     assert c["samples_trained"] == N_PROMPTS * 4
