@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
@@ -11,13 +12,14 @@ app = typer.Typer(add_completion=False, help="FleetRL learner: consumes experien
 
 @app.callback(invoke_without_command=True)
 def main(
-    config: Path = typer.Option(None, "--config", "-c", help="YAML/TOML learner settings (see examples/learner/)."),
-    host: str = typer.Option(None, help="Bind address (default 127.0.0.1)."),
-    port: int = typer.Option(None, help="HTTP port (default 8003)."),
-    run_name: str = typer.Option(None, help="Run namespace of the Redis keys."),
-    redis_url: str = typer.Option(None, help="Redis URL (default: $REDIS_URL, else an embedded server)."),
-    run_dir: str = typer.Option(None, help="Where metrics, plots and checkpoints go."),
-    log_level: str = typer.Option(None, help="Python logging level."),
+    config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML/TOML learner settings "
+                                                "(see services/learner/configs/).")] = None,
+    host: Annotated[str | None, typer.Option(help="Bind address (default 127.0.0.1).")] = None,
+    port: Annotated[int | None, typer.Option(help="HTTP port (default 8003).")] = None,
+    run_name: Annotated[str | None, typer.Option(help="Run namespace of the Redis keys.")] = None,
+    redis_url: Annotated[str | None, typer.Option(help="Redis URL (default: $REDIS_URL, else embedded).")] = None,
+    run_dir: Annotated[str | None, typer.Option(help="Where metrics, plots and checkpoints go.")] = None,
+    log_level: Annotated[str | None, typer.Option(help="Python logging level.")] = None,
 ) -> None:
     """Train until the prompt set is done (or POST /stop, SIGTERM); checkpoint on the way out."""
     from services.learner.settings import LearnerSettings

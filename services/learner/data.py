@@ -98,7 +98,7 @@ class PromptSet:
     tokenizer: Any = None
 
     @classmethod
-    def load(cls, settings: DataSettings, seed: int, tokenizer: Any = None, need_output: bool = False) -> "PromptSet":
+    def load(cls, settings: DataSettings, seed: int, tokenizer: Any = None, need_output: bool = False) -> PromptSet:
         rows = read_rows(settings.path, settings.split)
         if settings.max_samples is not None:
             rows = rows[: settings.max_samples]

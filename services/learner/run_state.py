@@ -45,7 +45,7 @@ class RunState:
         return json.dumps(asdict(self))
 
     @classmethod
-    def from_json(cls, text: str) -> "RunState":
+    def from_json(cls, text: str) -> RunState:
         raw = json.loads(text)
         raw["in_flight"] = {k: InFlight(**v) for k, v in raw.get("in_flight", {}).items()}
         counters = {k: 0 for k in COUNTERS}
@@ -57,5 +57,5 @@ class RunState:
         path.write_text(self.to_json())
 
     @classmethod
-    def load(cls, path: Path) -> "RunState":
+    def load(cls, path: Path) -> RunState:
         return cls.from_json(path.read_text())

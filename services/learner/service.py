@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry
+from redis.exceptions import RedisError
 
 from .observability import MetricsSink
 from .rl_runner import RLRunner
@@ -64,7 +65,7 @@ class LearnerService:
         except asyncio.CancelledError:
             code = 1
             raise
-        except Exception:
+        except Exception:  # noqa: BLE001 - the runner logged it and holds it in .error; we only set the exit code
             code = 1
         finally:
             self.exit_code = code
@@ -79,9 +80,9 @@ class LearnerService:
         """Stop at the next step boundary (checkpointing), then release Redis."""
         self._stop.set()
         if self._task is not None and not self._task.done():
-            try:
-                await asyncio.wait_for(asyncio.shield(self._task), timeout)
-            except (asyncio.TimeoutError, Exception):
+            done, _ = await asyncio.wait({self._task}, timeout=timeout)
+            if not done:
+                log.error("the run did not stop within %.0fs; cancelling it", timeout)
                 self._task.cancel()
                 await asyncio.gather(self._task, return_exceptions=True)
         if self.redis is not None:
@@ -103,7 +104,7 @@ class LearnerService:
             try:
                 await asyncio.wait_for(self.redis.ping(), 2.0)
                 checks["redis"] = "ok"
-            except Exception as exc:
+            except (RedisError, OSError, asyncio.TimeoutError) as exc:
                 checks["redis"] = f"unreachable: {type(exc).__name__}"
                 ok = False
         if self.runner is not None and self.runner.error:

@@ -9,7 +9,7 @@ Nested sections: ``model``, ``optim``, ``train``, ``algorithm`` (discriminated o
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -96,7 +96,7 @@ class DeepSpeedBackendSettings(_Section):
     bf16: bool = Field(default=True, description="bf16 mixed precision.")
 
 
-BackendSettings = Annotated[Union[TorchBackendSettings, DeepSpeedBackendSettings], Field(discriminator="name")]
+BackendSettings = Annotated[TorchBackendSettings | DeepSpeedBackendSettings, Field(discriminator="name")]
 
 
 class DataSettings(_Section):
@@ -194,7 +194,7 @@ class LearnerSettings(ServiceSettings):
     exit_when_done: bool = Field(default=True, description="Exit the process once training has finished.")
 
     @model_validator(mode="after")
-    def _consistent(self) -> "LearnerSettings":
+    def _consistent(self) -> LearnerSettings:
         if self.data.path is None:
             raise ValueError("data.path is required: a JSONL/Parquet prompt set or a saved HF dataset directory")
         name = self.algorithm.name

@@ -24,10 +24,10 @@ def prompts_file(tmp_path):
 
 
 def learner_settings(tiny_model_dir, tmp_path, redis_server, **sections):
-    base = dict(redis_url=redis_server.url, exit_when_done=False, algorithm={"name": "grpo"},
-                rollout={"window": 4, "max_staleness": 1},
-                observability={"progress_bar": False, "log_sample_ids": True},
-                checkpoint={"every": 2})
+    base = {"redis_url": redis_server.url, "exit_when_done": False, "algorithm": {"name": "grpo"},
+            "rollout": {"window": 4, "max_staleness": 1},
+            "observability": {"progress_bar": False, "log_sample_ids": True},
+            "checkpoint": {"every": 2}}
     for k, v in sections.items():
         base[k] = {**base[k], **v} if isinstance(base.get(k), dict) and k != "algorithm" else v
     return settings(tiny_model_dir, tmp_path, **base)

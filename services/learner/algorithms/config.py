@@ -6,7 +6,7 @@ the class that computes advantages. Defaults follow OpenRLHF / the papers unless
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -93,8 +93,8 @@ class SFTSettings(BaseModel):
 
 
 RLAlgorithmSettings = Annotated[
-    Union[PPOSettings, GRPOSettings, ReinforcePPSettings, RLOOSettings], Field(discriminator="name")
+    PPOSettings | GRPOSettings | ReinforcePPSettings | RLOOSettings, Field(discriminator="name")
 ]
 AlgorithmSettings = Annotated[
-    Union[PPOSettings, GRPOSettings, ReinforcePPSettings, RLOOSettings, SFTSettings], Field(discriminator="name")
+    PPOSettings | GRPOSettings | ReinforcePPSettings | RLOOSettings | SFTSettings, Field(discriminator="name")
 ]

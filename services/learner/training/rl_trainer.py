@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -126,10 +127,7 @@ class RLTrainer(TrainerBase):
                 for ms in range(0, len(m_idx), train.micro_batch_size):
                     idx = m_idx[ms : ms + train.micro_batch_size]
                     mb = batch.select(idx)
-                    r = mb.action_mask.shape[1]
-
-                    def cols(t: torch.Tensor) -> torch.Tensor:
-                        return t[idx][:, :r]
+                    cols = functools.partial(_rows_cols, idx=idx, width=mb.action_mask.shape[1])
 
                     if train_actor:
                         self._actor_micro(mb, cols, old_lp, adv, tis, ref_lp, n_tok, n_seq, acc)
@@ -193,6 +191,11 @@ class RLTrainer(TrainerBase):
         acc.add("entropy", ent.item())
         acc.count("clip_frac", float((out.clipped * m).sum()), float(m.sum()))
         acc.count("ratio_mean", float((out.ratio.detach() * m).sum()), float(m.sum()))
+
+
+def _rows_cols(t: torch.Tensor, idx: torch.Tensor, width: int) -> torch.Tensor:
+    """Rows ``idx`` of a full-batch ``[B, R]`` tensor, cut to a micro-batch's response width."""
+    return t[idx][:, :width]
 
 
 class _Accumulator:

@@ -4,8 +4,14 @@ import pytest
 import torch
 from pydantic import TypeAdapter
 
-from services.learner.algorithms.config import AlgorithmSettings, GRPOSettings, PPOSettings, RLOOSettings
-from services.learner.algorithms.config import ReinforcePPSettings, KLSettings
+from services.learner.algorithms.config import (
+    AlgorithmSettings,
+    GRPOSettings,
+    KLSettings,
+    PPOSettings,
+    ReinforcePPSettings,
+    RLOOSettings,
+)
 from services.learner.algorithms.registry import ALGORITHMS, AdvantageInputs, build_algorithm
 
 T = torch.tensor
@@ -37,7 +43,7 @@ def test_grpo():
     algo = build_algorithm(GRPOSettings())
     inputs = AdvantageInputs(scores=T([1.0, 0.0]), groups=T([0, 0]), mask=T([[1.0, 1.0], [1.0, 0.0]]),
                              kl=torch.zeros(2, 2))
-    adv, ret = algo.advantages(inputs)
+    adv, _ = algo.advantages(inputs)
     close(adv, [[0.7071, 0.7071], [-0.7071, 0.0]])
     assert not algo.needs_critic and not algo.needs_reference and algo.kl_loss_coef == 0.0
 
