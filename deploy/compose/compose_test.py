@@ -45,7 +45,7 @@ class Failure(RuntimeError):
 def sh(cmd: list[str] | str, *, check: bool = True, capture: bool = False, env: dict | None = None,
        timeout: float | None = None) -> subprocess.CompletedProcess:
     args = shlex.split(cmd) if isinstance(cmd, str) else cmd
-    res = subprocess.run(args, cwd=REPO, env=env, text=True, timeout=timeout,
+    res = subprocess.run(args, cwd=REPO, env=env, text=True, timeout=timeout, check=False,
                          stdout=subprocess.PIPE if capture else None, stderr=subprocess.STDOUT if capture else None)
     if check and res.returncode != 0:
         raise Failure(f"{' '.join(args)} failed ({res.returncode}){':' + res.stdout[-3000:] if capture else ''}")
@@ -126,7 +126,7 @@ def healthy(url: str) -> bool:
 
 
 def metric_sum(text: str, name: str) -> float:
-    return sum(float(m.group(1)) for m in re.finditer(rf"^{name}(?:_total)?(?:{{[^}}]*}})? ([0-9.e+-]+)$", text, re.M))
+    return sum(float(m.group(1)) for m in re.finditer(rf"^{name}(?:_total)?(?:{{[^}}]*}})? ([0-9.e+-]+)$", text, re.MULTILINE))
 
 
 def run_checks(stack: Stack, args: argparse.Namespace, token: str) -> dict:
@@ -139,7 +139,7 @@ def run_checks(stack: Stack, args: argparse.Namespace, token: str) -> dict:
     reward_url = stack.url(ctr["reward"][0], 8002)
     rollout_url = stack.url(ctr["rollout"][0], 8001)
     learner_url = stack.url(ctr["learner"][0], 8003)
-    dump = lambda: "\n".join(f"--- {c}\n{stack.logs(c)}" for cs in ctr.values() for c in cs)  # noqa: E731
+    dump = lambda: "\n".join(f"--- {c}\n{stack.logs(c)}" for cs in ctr.values() for c in cs)
     wait_until("reward /health", lambda: healthy(reward_url), 300, on_timeout=dump)
     wait_until("rollout /health (after the init service's SFT warm-up)", lambda: healthy(rollout_url),
                args.timeout, on_timeout=dump)
@@ -185,18 +185,20 @@ def run_checks(stack: Stack, args: argparse.Namespace, token: str) -> dict:
         except httpx.HTTPError:
             return stack_learner_exited(stack)
         figures["learner_last_status"] = {k: st.get(k) for k in ("phase", "step", "weight_version")}
+        figures["learner_last_reward_mean"] = (st.get("last_metrics") or {}).get("reward_mean")
         return st.get("phase") in ("finished", "stopped") or stack_learner_exited(stack)
 
     wait_until(f"learner to finish {args.rl_steps} steps", finished, args.timeout, poll=3, on_timeout=dump)
     figures["rl_wall_s"] = round(time.monotonic() - t_rl, 1)
     figures["learner_steps_after_scale"] = (figures.get("learner_last_status", {}).get("step") or 0) - step_at_scale
-    # Every replica reports the learner's final version (the second one joined mid-run and caught up).
-    final = figures.get("learner_last_status", {}).get("weight_version")
+    # Every replica reports the learner's final version (publish.every=1: version == steps); the second
+    # replica joined mid-run and caught up through the weight-sync registry.
+    final = str(args.rl_steps)
     versions = wait_until(
-        "every rollout replica on the final version",
+        f"every rollout replica on the final version {final}",
         lambda: (vs := {c: httpx.get(f"{u}/model_info", timeout=10).json()["weight_version"]
-                        for c, u in zip(rollouts, urls)}) and len(set(vs.values())) == 1
-        and (final is None or set(vs.values()) == {str(final)}) and vs, 120, on_timeout=dump)
+                        for c, u in zip(rollouts, urls)}) and set(vs.values()) == {final} and vs,
+        120, on_timeout=dump)
     figures["replica_final_versions"] = versions
     metrics = httpx.get(f"{reward_url}/metrics", timeout=10).text
     figures["reward_items_scored_total"] = metric_sum(metrics, "fleetrl_reward_scorer_items")

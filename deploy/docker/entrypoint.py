@@ -33,7 +33,7 @@ from urllib.parse import urlsplit
 
 def _http_ready(url: str) -> bool:
     try:
-        with urllib.request.urlopen(url, timeout=5) as r:  # noqa: S310 - URLs come from the deployment's env
+        with urllib.request.urlopen(url, timeout=5) as r:
             return r.status == 200
     except (urllib.error.URLError, OSError, ValueError):
         return False
@@ -94,8 +94,15 @@ def supervise(engine_cmd: str, engine_health: str, service: list[str], timeout_s
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
 
-    signal.signal(signal.SIGTERM, forward)
-    signal.signal(signal.SIGINT, forward)
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        return _run_pair(engine, engine_health, service, timeout_s, procs, stopping, forward)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _run_pair(engine, engine_health, service, timeout_s, procs, stopping, forward) -> int:
     deadline = time.monotonic() + timeout_s
     while not _http_ready(engine_health):
         if engine.poll() is not None or stopping["sig"] or time.monotonic() > deadline:

@@ -23,7 +23,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from deploy.ray.service_actor import ServiceProcessActor
-from deploy.ray.settings import LaunchSettings, ServiceGroup
+from deploy.ray.settings import LaunchSettings, ServiceGroup, merge
 
 log = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parents[2]
@@ -55,7 +55,7 @@ class FleetLauncher:
             common |= {"redis_url": self.s.redis_url, "run_name": self.s.run_name}
         return {
             "name": f"{service}-{index}", "module": f"services.{service}",
-            "settings": _merge(group.settings(), {**common, **extra}),
+            "settings": merge(group.settings(), {**common, **extra}),
             "port": group.port + index if group.port else 0, "workdir": self.workdir,
             "env": {"OMP_NUM_THREADS": str(max(1, int(group.num_cpus))), **group.env, **(env or {})},
         }
@@ -127,7 +127,7 @@ class FleetLauncher:
             refs = [a.stop.remote() for a in self.actors[svc]]
             try:
                 ray.get(refs, timeout=60)
-            except Exception as exc:  # an actor mid-restart: killing it below is enough
+            except (ray.exceptions.RayError, TimeoutError) as exc:  # mid-restart: killing it below is enough
                 log.warning("stopping %s: %s", svc, exc)
             for a in self.actors[svc]:
                 ray.kill(a, no_restart=True)
@@ -140,11 +140,3 @@ class FleetLauncher:
 @ray.remote
 def _node_ip() -> str:
     return ray.util.get_node_ip_address()
-
-
-def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-    """Deep-merge ``extra`` into ``base`` (the launcher's wiring wins over the file's values)."""
-    out = dict(base)
-    for k, v in extra.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out

@@ -57,7 +57,8 @@ class ServiceProcessActor:
         with open(self.log_path, "ab") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", spec["module"], "--config", str(config)], cwd=spec["workdir"], env=env,
-                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent,
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                preexec_fn=_die_with_parent,  # noqa: PLW1509 - only prctl, async-signal-safe
             )
         self.stopping = False
         threading.Thread(target=self._watch, name=f"watch-{self.name}", daemon=True).start()

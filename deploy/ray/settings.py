@@ -71,3 +71,11 @@ class LaunchSettings(BaseModel):
     def from_file(cls, path: str | Path, **overrides: Any) -> LaunchSettings:
         data = yaml.safe_load(Path(path).read_text()) or {}
         return cls(**{**data, **overrides})
+
+
+def merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """Deep-merge ``extra`` into ``base`` (the launcher's wiring wins over the file's values)."""
+    out = dict(base)
+    for k, v in extra.items():
+        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out

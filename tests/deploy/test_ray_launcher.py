@@ -12,9 +12,9 @@ import pytest
 
 ray = pytest.importorskip("ray", reason="ray is in the `ray` extra: pip install -e '.[ray]' (make test-ray)")
 
-from deploy.local.sort_task import make_splits, write_jsonl  # noqa: E402
-from deploy.ray.launcher import REPO, FleetLauncher  # noqa: E402
-from deploy.ray.settings import LaunchSettings  # noqa: E402
+from deploy.local.sort_task import make_splits, write_jsonl
+from deploy.ray.launcher import REPO, FleetLauncher
+from deploy.ray.settings import LaunchSettings
 
 STEPS = 10
 

@@ -1,0 +1,67 @@
+"""deploy/k8s/ manifests: valid against the Kubernetes OpenAPI schemas (kubernetes-validate, strict: an
+unknown or misspelt field fails), probes on /health, Services that select something, secrets by reference.
+
+kubernetes-validate ships the JSON schemas of every Kubernetes release in its wheel, so it works without
+network (kubeconform would need a binary and its schema download)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+kubernetes_validate = pytest.importorskip("kubernetes_validate")
+
+REPO = Path(__file__).resolve().parents[2]
+K8S = REPO / "deploy/k8s"
+K8S_VERSION = "1.30.0"
+MANIFESTS = sorted(p for p in K8S.glob("*.yaml") if p.name != "kustomization.yaml")
+DOCS = [(p.name, d) for p in MANIFESTS for d in yaml.safe_load_all(p.read_text()) if d]
+
+
+@pytest.mark.parametrize("name,doc", DOCS, ids=[f"{n}:{d['kind']}/{d['metadata']['name']}" for n, d in DOCS])
+def test_manifest_is_valid_against_the_schema(name, doc):
+    kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+def test_a_misspelt_field_is_caught():
+    bad = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "x"}, "spec": {"portz": []}}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(bad, K8S_VERSION, strict=True)
+
+
+def test_kustomization_lists_every_manifest():
+    kust = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    assert sorted(kust["resources"]) == sorted(p.name for p in MANIFESTS)
+
+
+def workloads():
+    return [d for _, d in DOCS if d["kind"] in ("Deployment", "StatefulSet")]
+
+
+@pytest.mark.parametrize("doc", [d for d in workloads() if d["metadata"]["name"] != "fleetrl-redis"],
+                         ids=lambda d: d["metadata"]["name"])
+def test_services_probe_health_on_their_port_and_run_as_non_root(doc):
+    pod = doc["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    (c,) = pod["containers"]
+    port = c["ports"][0]["name"]
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert c[probe]["httpGet"] == {"path": "/health", "port": port}, probe
+    token = next(e for e in c["env"] if e["name"].endswith("_CONTROL_TOKEN"))
+    assert token["valueFrom"]["secretKeyRef"]["name"] == "fleetrl-token"
+
+
+def test_every_service_selects_a_workload():
+    labels = [d["spec"]["template"]["metadata"]["labels"] for d in workloads()]
+    for _, svc in [(n, d) for n, d in DOCS if d["kind"] == "Service"]:
+        sel = svc["spec"]["selector"]
+        assert any(sel.items() <= lab.items() for lab in labels), svc["metadata"]["name"]
+
+
+def test_learner_advertises_its_pod_ip_for_weight_sync():
+    learner = next(d for d in workloads() if d["metadata"]["name"] == "fleetrl-learner")
+    env = {e["name"]: e for e in learner["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["FLEETRL_LEARNER_PUBLISH__SYNC__MASTER_ADDR"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    assert learner["spec"]["strategy"]["type"] == "Recreate"
