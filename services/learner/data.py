@@ -118,9 +118,14 @@ class PromptSet:
         return len(self.rows)
 
     def order(self, epoch: int) -> np.ndarray:
-        if not self.settings.shuffle:
-            return np.arange(len(self.rows))
-        return np.random.RandomState((self.seed + epoch) % 2**32).permutation(len(self.rows))
+        """Row indices in the order epoch ``epoch`` visits them (cached per epoch)."""
+        cache = self.__dict__.setdefault("_orders", {})
+        if epoch not in cache:
+            if len(cache) > 4:
+                cache.clear()
+            cache[epoch] = (np.random.RandomState((self.seed + epoch) % 2**32).permutation(len(self.rows))
+                            if self.settings.shuffle else np.arange(len(self.rows)))
+        return cache[epoch]
 
     def row(self, epoch: int, index: int) -> dict:
         return self.rows[int(self.order(epoch)[index])]
