@@ -28,9 +28,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from deploy.local.demo import MAX_NEW_TOKENS, reward_config, rollout_config  # noqa: E402
-from deploy.local.fleet import Fleet, FleetError  # noqa: E402
-from deploy.local.sort_task import make_splits, write_jsonl  # noqa: E402
+from deploy.local.demo import MAX_NEW_TOKENS, reward_config, rollout_config
+from deploy.local.fleet import Fleet, FleetError
+from deploy.local.sort_task import make_splits, write_jsonl
 
 MODES = {
     "sync": lambda g: {"window": g, "max_staleness": 0},
