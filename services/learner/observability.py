@@ -37,7 +37,7 @@ class MetricsSink:
         self.counters = {
             name: Counter(f"fleetrl_learner_{name}", f"Learner {name.replace('_', ' ')}", registry=registry)
             for name in ("experiences_consumed", "experiences_deduplicated", "experiences_dropped_stale",
-                         "prompts_issued", "prompts_reissued", "samples_trained")
+                         "experiences_rejected", "prompts_issued", "prompts_reissued", "samples_trained")
         }
         self.staleness = Histogram("fleetrl_learner_staleness", "Weight versions between generation and training",
                                    buckets=STALENESS_BUCKETS, registry=registry)

@@ -38,6 +38,8 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from shared import keys
 from shared.experience_queue import BackpressureTimeout, Delivery, ProcessedIds, StreamQueue
 from shared.schemas import Experience, PromptTask
@@ -103,6 +105,7 @@ class RLRunner:
             self.total_steps = min(self.total_steps, self.s.train.max_steps)
         resume_dir = latest / "trainer" if latest is not None else None
         self.trainer = await asyncio.to_thread(RLTrainer, self.s, self.total_steps, resume_dir)
+        self._limits = self.trainer.limits()
         await self.experiences.ensure_group()
         await self.prompts.ensure_group()
         if latest is not None:  # finish the commit that checkpoint recorded (idempotent)
@@ -221,6 +224,13 @@ class RLRunner:
             self._held_entries.add(d.id)
             st.bump("experiences_consumed")
             self.sink.count("experiences_consumed")
+            problem = self._invalid(e)
+            if problem is not None:
+                log.warning("rejecting experience %s: %s", e.id, problem)
+                st.bump("experiences_rejected")
+                self.sink.count("experiences_rejected")
+                st.commit_entry_ids.append(d.id)  # its prompt is re-issued when the group times out
+                continue
             parsed = parse_item_id(e.group_id)
             if e.id not in new or e.id in self._held_samples or parsed is None or parsed[0] not in st.in_flight:
                 st.bump("experiences_deduplicated")
@@ -232,6 +242,19 @@ class RLRunner:
             self._held_samples.add(e.id)
             if len(group) == e.group_size:
                 self._complete.append(e.group_id)
+
+    def _invalid(self, e: Experience) -> str | None:
+        vocab, max_len = self._limits
+        length = len(e.prompt_token_ids) + len(e.response_token_ids)
+        if max_len is not None and length > max_len:
+            return f"{length} tokens exceed the model's {max_len} positions"
+        for name in ("prompt_token_ids", "response_token_ids"):
+            ids = np.asarray(getattr(e, name))
+            if ids.size and (ids.min() < 0 or ids.max() >= vocab):
+                return f"{name} holds ids outside the vocabulary [0, {vocab})"
+        if not np.isfinite(np.asarray(e.response_logprobs, dtype=np.float64)).all() or not math.isfinite(e.reward):
+            return "non-finite logprob or reward"
+        return None
 
     def _drop_group(self, gid: str) -> list[Experience]:
         group = self._buffer.pop(gid, {})

@@ -10,6 +10,7 @@ COUNTERS = (
     "experiences_consumed",  # deliveries taken from the experiences stream (duplicates included)
     "experiences_deduplicated",  # dropped: sample already trained, already held, or its prompt is finished
     "experiences_dropped_stale",  # dropped: weight_version < current - max_staleness
+    "experiences_rejected",  # dropped: token ids outside the vocabulary or longer than the model's context
     "prompts_issued",  # PromptTasks produced (re-issues included)
     "prompts_reissued",  # after a stale drop or a timeout
     "groups_trained",

@@ -21,6 +21,7 @@ class FakeFleet:
     run: str
     budget: int = 10**9  # prompt groups it may still produce (raise it to let more through)
     stale_prompt_ids: set[str] = field(default_factory=set)  # stamp these with weight version 0
+    bad_prompt_ids: set[str] = field(default_factory=set)  # answer these with out-of-vocabulary token ids
     duplicate: bool = False  # push every experience twice (a fleet that retried after a crash)
     produced_groups: list[str] = field(default_factory=list)
     stopped: bool = False
@@ -35,9 +36,10 @@ class FakeFleet:
         for i in range(task.n):
             good = i % 2 == 0
             length = 2 + i % 3
+            token = 99_999 if task.id in self.bad_prompt_ids else GOOD if good else BAD
             out.append(Experience(
                 id=sample_id(task.id, i), prompt_id=task.id, group_id=task.id, group_size=task.n, index=i,
-                prompt_token_ids=prompt, response_token_ids=[GOOD if good else BAD] * length,
+                prompt_token_ids=prompt, response_token_ids=[token] * length,
                 response_logprobs=[-5.5] * length, finish_reason="stop", reward=1.0 if good else 0.0,
                 weight_version=version, label=task.label,
             ))

@@ -130,6 +130,21 @@ async def test_stale_groups_are_dropped_and_their_prompts_reissued(tiny_model_di
     assert set(histogram) <= {"0", "1"}  # max_staleness 1: nothing older was trained
 
 
+async def test_malformed_experiences_are_rejected_and_the_prompt_retried(tiny_model_dir, tmp_path, redis_server,
+                                                                      redis_client, prompts_file):
+    s = learner_settings(tiny_model_dir, tmp_path, redis_server, rollout={"prompt_timeout_s": 1.0})
+    fleet = FakeFleet(redis_client, s.run_name, bad_prompt_ids={"e0-3"})  # out-of-vocabulary token ids
+    fleet_task = asyncio.create_task(fleet.run_forever())
+    try:
+        status = await run_to_end(LearnerService(s))
+    finally:
+        await fleet.stop(fleet_task)
+    c = status["counters"]
+    assert status["phase"] == "finished", status
+    assert c["experiences_rejected"] == 4 and c["prompts_reissued"] >= 1 and "e0-3-r1" in fleet.produced_groups
+    assert trained_items(tmp_path / "run") == {f"e0-{i}": 4 for i in range(N_PROMPTS)}
+
+
 async def test_redelivered_duplicates_are_dropped(tiny_model_dir, tmp_path, redis_server, redis_client, prompts_file):
     s = learner_settings(tiny_model_dir, tmp_path, redis_server)
     fleet = FakeFleet(redis_client, s.run_name, duplicate=True)

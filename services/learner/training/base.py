@@ -84,6 +84,11 @@ class TrainerBase:
     def _restore_more(self, in_dir: Path) -> None:
         pass
 
+    def limits(self) -> tuple[int, int | None]:
+        """(vocabulary size, longest sequence) this model accepts."""
+        config = self.actor.model.config
+        return int(config.vocab_size), getattr(config, "max_position_embeddings", None)
+
     # ---- weights out ------------------------------------------------------------------------------
     def policy_weights(self) -> dict[str, torch.Tensor]:
         """Actor weights under the base model's parameter names (LoRA merged) for the weight sync."""
