@@ -41,3 +41,10 @@ clean:
 compose-test: $(STAMP)
 	$(BIN)/python -m pip install -q 'podman-compose>=1.1'
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m deploy.compose.compose_test
+
+## the Ray launcher on a local CPU Ray cluster (ray is in the `ray` extra; without it the test skips)
+test-ray: $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[learner,dev,ray]'
+	$(BIN)/python -m pytest -q tests/deploy/test_ray_launcher.py
+
+.PHONY: compose-test test-ray

@@ -86,6 +86,16 @@ class Stack:
     def run(self, *args: str, check: bool = True, capture: bool = False, timeout: float | None = 900):
         return sh(self.compose + list(args), check=check, capture=capture, env=self.env, timeout=timeout)
 
+    def down(self) -> None:
+        """``down -v``, plus any container of the project it does not know about (scaled replicas)."""
+        self.run("down", "-v", check=False, timeout=300)
+        left = sh(self.podman + ["ps", "-aq", "--filter", f"label=io.podman.compose.project={PROJECT}"],
+                  capture=True).stdout.split()
+        if left:
+            sh(self.podman + ["rm", "-f", *left], check=False, capture=True)
+            self.run("down", "-v", check=False, timeout=300)
+        sh(self.podman + ["network", "rm", "-f", f"{PROJECT}_fleet"], check=False, capture=True)
+
     def containers(self, service: str, everything: bool = False) -> list[str]:
         out = sh(self.podman + ["ps", *(["-a"] if everything else []), "--format", "{{.Names}}", "--filter", f"label=io.podman.compose.project={PROJECT}",
                                 "--filter", f"label=com.docker.compose.service={service}"], capture=True).stdout
@@ -240,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
            "FLEETRL_DEMO_RL_STEPS": str(args.rl_steps), "FLEETRL_LEARNER_PORT": str(free_port()),
            "FLEETRL_THREADS": "1"}
     stack = Stack(podman, wrapper, env)
-    stack.run("down", "-v", check=False)
+    stack.down()
     rc = 1
     try:
         t_up = time.monotonic()
@@ -248,15 +258,16 @@ def main(argv: list[str] | None = None) -> int:
         figures["up_s"] = round(time.monotonic() - t_up, 1)
         figures.update(run_checks(stack, args, token))
         demo = stack.containers("demo", everything=True)
-        if demo:
-            figures["demo_log_tail"] = stack.logs(demo[0], 8).strip().splitlines()
+        if demo:  # the demo service measures held-out accuracy once the learner is done: let it finish
+            wait_until("the demo service to exit", lambda: not stack.containers("demo"), 300)
+            figures["demo_log_tail"] = stack.logs(demo[0], 4).strip().splitlines()
         rc = 0
     except (Failure, subprocess.TimeoutExpired) as exc:
         say(f"FAILED: {exc}")
     finally:
         figures["total_s"] = round(time.monotonic() - t0, 1)
         if not args.keep:
-            stack.run("down", "-v", check=False, timeout=300)
+            stack.down()
     print(json.dumps(figures, indent=2))
     say("PASSED" if rc == 0 else "FAILED")
     return rc

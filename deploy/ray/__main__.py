@@ -19,9 +19,13 @@ def main(argv: list[str] | None = None) -> int:
 
     import ray
 
-    from deploy.ray.launcher import FleetLauncher, LaunchError
+    from deploy.ray.launcher import REPO, FleetLauncher, LaunchError
 
-    ray.init(address=args.address or settings.ray_address, namespace=settings.namespace)
+    address = args.address or settings.ray_address
+    # Workers import the launcher's actor class: on a local Ray, point them at this checkout; on a cluster,
+    # the nodes run the FleetRL image (or pass a runtime_env working_dir).
+    runtime_env = None if address else {"env_vars": {"PYTHONPATH": str(settings.workdir or REPO)}}
+    ray.init(address=address, namespace=settings.namespace, runtime_env=runtime_env)
     launcher = None
     try:
         launcher = FleetLauncher(settings)
