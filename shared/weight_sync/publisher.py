@@ -69,6 +69,12 @@ class _HeldGroup:
     rendezvous: Rendezvous
 
 
+def group_name_for(master_port: int) -> str:
+    """A group's name follows from its rendezvous port (fresh per group), so an engine whose init call
+    carries no group name (vLLM's ``init_info``) can still name it."""
+    return f"fleetrl-weights-{master_port}"
+
+
 class WeightPublisher:
     """Publishes versioned weights; see the module docstring. Not safe to share across event loops."""
 
@@ -83,6 +89,7 @@ class WeightPublisher:
         self._lock = asyncio.Lock()
         self._catch_up_task: asyncio.Task | None = None
         self._catch_up_tries: Counter[tuple[str, int]] = Counter()
+        self._closing = asyncio.Event()
 
     async def __aenter__(self) -> WeightPublisher:
         return self
@@ -131,9 +138,14 @@ class WeightPublisher:
     async def close(self) -> None:
         """Stop the catch-up task and leave the held group."""
         if self._catch_up_task is not None:
-            self._catch_up_task.cancel()
+            # the loop ends at its next sleep (cancelling it inside a redis call can stall the client)
+            self._closing.set()
+            _, late = await asyncio.wait([self._catch_up_task], timeout=self.settings.catch_up_poll_s + 5.0)
+            for t in late:
+                t.cancel()
             await asyncio.gather(self._catch_up_task, return_exceptions=True)
             self._catch_up_task = None
+            self._closing = asyncio.Event()
         self._drop_group()
 
     # ---- packing -------------------------------------------------------------------------------------
@@ -195,10 +207,11 @@ class WeightPublisher:
             for m in members:
                 placed.append(Member(replica_id=m.replica_id, rank=rank, ranks=m.ranks))
                 rank += m.ranks
+            port = free_port(s.master_addr)
             rdv = Rendezvous(
                 round=round_id, version=manifest.version, manifest_key=wkeys.manifest(self.run, manifest.version),
-                group_name=f"fleetrl-{self.run}-w{round_id}", fresh_group=True, backend=s.backend,
-                master_addr=s.master_addr, master_port=free_port(s.master_addr), world_size=rank,
+                group_name=group_name_for(port), fresh_group=True, backend=s.backend,
+                master_addr=s.master_addr, master_port=port, world_size=rank,
                 members=tuple(placed), init_timeout_s=s.init_timeout_s,
                 collective_timeout_s=s.collective_timeout_s, load_timeout_s=s.load_timeout_s,
             )
@@ -220,7 +233,9 @@ class WeightPublisher:
                 group.close()
             if main:
                 self._held = None
-            return await self._settle(round_id, members, s.regroup_timeout_s, error=str(exc))
+            # survivors may sit in a broadcast until their own collective timeout fires, then report
+            return await self._settle(round_id, members, s.collective_timeout_s + s.regroup_timeout_s,
+                                      error=str(exc))
         if main:
             self._held = _HeldGroup(group, rdv)
         else:
@@ -281,11 +296,13 @@ class WeightPublisher:
 
     async def _catch_up_loop(self) -> None:
         while True:
-            await asyncio.sleep(self.settings.catch_up_poll_s)
+            try:
+                await asyncio.wait_for(self._closing.wait(), self.settings.catch_up_poll_s)
+                return
+            except (asyncio.TimeoutError, TimeoutError):
+                pass
             try:
                 await self._catch_up_once()
-            except asyncio.CancelledError:
-                raise
             except Exception as exc:
                 log.warning("catch-up pass failed: %s", exc)
 

@@ -29,7 +29,8 @@ class WeightSyncSettings(BaseModel):
     )
     regroup_timeout_s: float = Field(
         default=10.0, gt=0,
-        description="After a failed round, how long to wait for members to say they are alive before dropping them.",
+        description="After a failed round, how long (beyond collective_timeout_s) to wait for members to say they "
+                    "are alive before dropping them.",
     )
     load_timeout_s: float = Field(
         default=60.0, gt=0, description="After the broadcast, how long members have to report the version loaded."

@@ -56,8 +56,8 @@ async def test_replica_killed_mid_broadcast_is_dropped(replicas, redis_client, t
     assert b.proc.poll() is not None, "the victim should be dead"
     assert report.dropped == [victim_id], report
     assert len(report.loaded) == 1 and report.rounds == 2, report
-    # bounded by: collective timeout + regroup + one clean round
-    assert took < FAST["collective_timeout_s"] + FAST["regroup_timeout_s"] + 20, took
+    # bounded by: the broken broadcast's timeout + the regroup wait + one clean round
+    assert took < 2 * FAST["collective_timeout_s"] + FAST["regroup_timeout_s"] + 20, took
     out = a.generate()
     assert out["meta_info"]["weight_version"] == str(version)
     assert out["output_ids"] == reference_ids(model, tiny_model_dir)

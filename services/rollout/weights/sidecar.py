@@ -49,6 +49,7 @@ class WeightSidecar:
         self._busy = asyncio.Lock()
         self._changed = asyncio.Condition()
         self._tasks: list[asyncio.Task] = []
+        self._stopping = asyncio.Event()
 
     # ---- lifecycle ---------------------------------------------------------------------------------
     @property
@@ -76,7 +77,10 @@ class WeightSidecar:
                             latest, self.settings.join_timeout_s, self.weight_version)
 
     async def stop(self) -> None:
-        for t in self._tasks:
+        # loops end at their next sleep; cancelling one inside a redis call can stall the client's cleanup
+        self._stopping.set()
+        _, late = await asyncio.wait(self._tasks, timeout=5.0) if self._tasks else (set(), set())
+        for t in late:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
@@ -119,9 +123,16 @@ class WeightSidecar:
                 "updating": self._busy.locked(), "last_update": self.last_update, "last_error": self.last_error}
 
     # ---- loops -------------------------------------------------------------------------------------
+    async def _sleep(self, seconds: float) -> bool:
+        """Sleep unless stopping; False once the sidecar is stopping."""
+        try:
+            await asyncio.wait_for(self._stopping.wait(), seconds)
+        except (asyncio.TimeoutError, TimeoutError):
+            return True
+        return False
+
     async def _heartbeat_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.settings.heartbeat_s)
+        while await self._sleep(self.settings.heartbeat_s):
             try:
                 await self.registry.put(self.info(), self.settings.heartbeat_ttl_s)
             except Exception as exc:
@@ -129,8 +140,7 @@ class WeightSidecar:
 
     async def _latest_loop(self) -> None:
         """Fell behind (dropped, refused, restarted)? Ask for the latest version again."""
-        while True:
-            await asyncio.sleep(self.settings.heartbeat_s)
+        while await self._sleep(self.settings.heartbeat_s):
             try:
                 latest = await self.latest()
                 if latest > self.weight_version and not self._busy.locked():
@@ -139,15 +149,16 @@ class WeightSidecar:
                 log.warning("checking the latest weight version failed: %s", exc)
 
     async def _round_loop(self) -> None:
-        while True:
+        while await self._sleep(self.settings.poll_s):
             try:
-                rdv, member = await self.watcher.next_round()
-            except asyncio.CancelledError:
-                raise
+                found = await self.watcher.current()
             except Exception as exc:
                 log.warning("reading the rendezvous failed: %s", exc)
-                await asyncio.sleep(1.0)
+                await self._sleep(1.0)
                 continue
+            if found is None:
+                continue
+            rdv, member = found
             async with self._busy:
                 t0 = time.perf_counter()
                 state, detail = "loaded", ""

@@ -1,0 +1,90 @@
+"""SGLang / vLLM sinks against a stand-in server that speaks their documented weight endpoints and runs
+the receiving side of the broadcast itself (gloo on CPU here; NCCL in the gpu test)."""
+
+from __future__ import annotations
+
+import zlib
+
+import httpx
+import pytest
+import torch
+
+from services.rollout.weights.settings import SidecarSettings
+from services.rollout.weights.sidecar import WeightSidecar
+from shared.redis_server import free_port
+from shared.weight_sync import WeightPublisher, WeightSyncSettings
+from tests.procs import spawn, stop, wait_http_ok
+from tests.weight_sync.conftest import wait_registered
+
+
+class RemoteEngine:
+    """What the sink uses of the rollout's sglang / vllm engine objects."""
+
+    def __init__(self, kind: str, base_url: str) -> None:
+        self.kind, self.base_url, self.client = kind, base_url, httpx.AsyncClient()
+        self.weight_version, self.paused, self.pauses = 0, False, 0
+
+    def set_weight_version(self, v: int) -> None:
+        self.weight_version = v
+
+    async def pause(self, mode: str = "wait", timeout: float | None = None) -> None:
+        self.paused = True
+        self.pauses += 1
+
+    async def resume(self) -> None:
+        self.paused = False
+
+
+def weights(seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for i in range(12):
+        out[f"model.layers.{i}.mlp.weight"] = torch.randn(64, 48, generator=g)
+        out[f"model.layers.{i}.norm.weight"] = torch.randn(48, generator=g).to(torch.bfloat16)
+        out[f"model.layers.{i}.mlp.experts.count"] = torch.arange(i + 3, dtype=torch.int64)
+    return out
+
+
+def crc(t: torch.Tensor) -> int:
+    return zlib.crc32(memoryview(t.contiguous().view(-1).view(torch.uint8).numpy()))
+
+
+@pytest.mark.parametrize("kind", ["sglang", "vllm"])
+async def test_remote_sink_maps_requests_and_bytes_arrive(kind, tmp_path, redis_client):
+    port = free_port()
+    log = tmp_path / "standin.log"
+    proc = spawn(["-m", "tests.weight_sync.standin_engine", str(port)], log, {"OMP_NUM_THREADS": "1"})
+    run = f"sink-{kind}"
+    engine = RemoteEngine(kind, f"http://127.0.0.1:{port}")
+    sidecar = WeightSidecar(engine, redis_client, run, SidecarSettings(join_timeout_s=0, heartbeat_s=0.3))
+    try:
+        wait_http_ok(f"{engine.base_url}/health", proc, 60, log)
+        await sidecar.start()
+        await wait_registered(redis_client, run, 1)
+        settings = WeightSyncSettings(bucket_bytes=16 << 10, init_timeout_s=30, collective_timeout_s=20,
+                                      load_timeout_s=30)
+        async with WeightPublisher(redis_client, run, settings) as pub:
+            for version, seed in ((1, 1), (2, 2)):
+                w = weights(seed)
+                assert await pub.publish(w) == version
+                assert pub.last_report.loaded == [sidecar.replica_id], pub.last_report
+                got = httpx.get(f"{engine.base_url}/standin/state", timeout=10).json()
+                assert got["crc"] == {n: crc(t) for n, t in w.items()}
+                assert engine.weight_version == version and not engine.paused
+            nb = len(pub._manifest.buckets)
+        assert nb > 3
+        calls = got["calls"]
+        if kind == "sglang":
+            # one group formed once and reused; one control call per bucket, never one per tensor
+            assert calls.count("/init_weights_update_group") == 1
+            assert calls.count("/update_weights_from_distributed") == 2 * nb
+            assert got["weight_version"] == "2"
+        else:
+            assert calls.count("/init_weight_transfer_engine") == 1
+            assert calls.count("/update_weights") == 2
+            assert calls.count("/start_weight_update") == calls.count("/finish_weight_update") == 2
+        assert engine.pauses == 2
+    finally:
+        await sidecar.stop()
+        await engine.client.aclose()
+        stop(proc)
