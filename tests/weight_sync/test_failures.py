@@ -39,7 +39,7 @@ class CorruptingPublisher(WeightPublisher):
 
 async def test_replica_killed_mid_broadcast_is_dropped(replicas, redis_client, tiny_model_dir):
     run = "kill"
-    a, b = replicas(run), replicas(run)
+    a, b = replicas.all(run, 2)
     await wait_registered(redis_client, run, 2)
     victim_id = next(i.replica_id for i in await wait_registered(redis_client, run, 2)
                      if i.name.endswith(b.url.rsplit(":", 1)[1]))

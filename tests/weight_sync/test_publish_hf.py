@@ -14,7 +14,7 @@ FAST = dict(init_timeout_s=20, collective_timeout_s=10, regroup_timeout_s=5, loa
 
 async def test_publish_reaches_every_replica_and_late_joiner(replicas, redis_client, tiny_model_dir):
     run = "pub"
-    a, b = replicas(run), replicas(run)
+    a, b = replicas.all(run, 2)
     before = a.generate()["output_ids"]
     assert a.weight_version() == 0
     await wait_registered(redis_client, run, 2)

@@ -8,7 +8,7 @@ import http.server
 import threading
 
 from shared.weight_sync import WeightPublisher, WeightSyncSettings
-from tests.weight_sync.conftest import new_weights, reference_ids, wait_registered
+from tests.weight_sync.conftest import new_weights, reference_ids, wait_ready, wait_registered
 
 FAST = dict(init_timeout_s=20, collective_timeout_s=10, regroup_timeout_s=5, load_timeout_s=20)
 
@@ -30,9 +30,11 @@ async def test_snapshot_transport_matches_broadcast(replicas, redis_client, tiny
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}"
 
-    broadcast = replicas(run)
-    by_path = replicas(run, transport="snapshot")
+    broadcast = replicas(run, wait=False)
+    by_path = replicas(run, wait=False, transport="snapshot")
     by_http = replicas(run, transport="snapshot", snapshot_prefer_url="true")
+    for rep in (broadcast, by_path):
+        await wait_ready(rep)
     await wait_registered(redis_client, run, 3)
     settings = WeightSyncSettings(bucket_bytes=64 << 10, snapshot_dir=str(snap_dir), snapshot_url=url,
                                   snapshot_keep=1, **FAST)

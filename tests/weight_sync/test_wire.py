@@ -1,0 +1,68 @@
+"""Pure parts of the protocol: bucket planning, packing, checksums, snapshot files, in-place loading."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from shared.weight_sync import tensors as T
+from shared.weight_sync.snapshot import read_snapshot, write_snapshot
+from shared.weight_sync.wire import Manifest, Rendezvous, plan_buckets
+
+
+def test_buckets_close_after_passing_the_limit_and_stay_in_order():
+    specs = [("a", "float32", (10,)), ("b", "bfloat16", (3, 4)), ("c", "float32", (100,)), ("d", "int8", (5,))]
+    buckets = plan_buckets(specs, 50)
+    assert [[e.name for e in b.tensors] for b in buckets] == [["a", "b"], ["c"], ["d"]]
+    assert [(e.offset, e.nbytes) for e in buckets[0].tensors] == [(0, 40), (40, 24)]
+    assert [b.nbytes for b in buckets] == [64, 400, 5]
+    with pytest.raises(ValueError, match="complex64"):
+        plan_buckets([("z", "complex64", (2,))], 50)
+
+
+def test_wire_records_round_trip_as_json_and_reject_unknown_fields():
+    m = Manifest(version=3, bucket_bytes=50, total_bytes=64,
+                 buckets=tuple(plan_buckets([("a", "float32", (10,)), ("b", "bfloat16", (3, 4))], 50)))
+    assert Manifest.loads(m.dumps()) == m
+    with pytest.raises(ValueError):
+        Rendezvous.loads('{"round": 1, "pickle": "x"}')
+
+
+def test_pack_unpack_tied_weights_checksum_and_in_place_load(tmp_path):
+    src = torch.nn.Sequential(torch.nn.Embedding(7, 4), torch.nn.Linear(4, 7, bias=True))
+    src[1].weight = src[0].weight  # tied: sent once
+    src[1].bias.data = src[1].bias.data.to(torch.bfloat16)
+    named = T.named_tensors(src)
+    assert [n for n, _ in named] == ["0.weight", "1.bias"]
+    buckets = plan_buckets(T.specs(named), 1 << 20)
+    buf = T.pack_bucket(buckets[0], dict(named))
+    assert dict(T.unpack(buckets[0], buf))["1.bias"].dtype == torch.bfloat16
+    crc = T.checksum(buf)
+    buf2 = buf.clone()
+    buf2[3] ^= 1
+    assert T.checksum(buf2) != crc
+
+    dst = torch.nn.Sequential(torch.nn.Embedding(7, 4), torch.nn.Linear(4, 7, bias=True))
+    dst[1].weight = dst[0].weight
+    dst[1].bias.data = dst[1].bias.data.to(torch.bfloat16)
+    ptr = dst[0].weight.data_ptr()
+    loader = T.InPlaceLoader(dst)
+    loader.check(buckets[0].tensors)
+    for e in buckets[0].tensors:
+        loader.copy_bytes(e, buf)
+    assert dst[0].weight.data_ptr() == ptr  # in place
+    assert torch.equal(dst[0].weight, src[0].weight) and torch.equal(dst[1].weight, src[0].weight)
+    assert torch.equal(dst[1].bias, src[1].bias)
+
+    bad = plan_buckets([("0.weight", "float32", (3, 3))], 1 << 20)
+    with pytest.raises(ValueError, match="shape"):
+        loader.check(bad[0].tensors)
+
+    info = write_snapshot(tmp_path, 5, buckets, [buf], keep=1)
+    on_disk = load_file(f"{info.path}/{info.files[0]}")  # a plain safetensors file
+    assert torch.equal(on_disk["0.weight"], src[0].weight)
+    assert torch.equal(next(read_snapshot(info))["1.bias"], src[1].bias)
+    (tmp_path / info.path / info.files[0]).write_bytes(b"x" * 10)
+    with pytest.raises(Exception, match="checksum"):
+        next(read_snapshot(info))
