@@ -22,6 +22,7 @@ import os
 import secrets
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -97,11 +98,16 @@ def rollout_config(model: Path, redis_url: str, reward_url: str, token: str) -> 
     }
 
 
+_interrupted = threading.Event()
+
+
 def wait_for_exit(fleet: Fleet, name: str, timeout: float, progress_url: str | None = None) -> int:
     svc = fleet.services[name]
     deadline = time.monotonic() + timeout
     last_step = -1
     while svc.alive:
+        if _interrupted.is_set():  # a signal whose KeyboardInterrupt a library swallowed
+            raise KeyboardInterrupt("interrupted")
         if time.monotonic() > deadline:
             raise FleetError(f"{name} did not finish within {timeout:.0f}s:\n{svc.log_tail()}")
         for other in fleet.services:
@@ -129,9 +135,11 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
 
     def on_signal(signum, _frame):
+        _interrupted.set()
         raise KeyboardInterrupt(f"signal {signum}")
 
-    signal.signal(signal.SIGTERM, on_signal)
+    for sig in (signal.SIGINT, signal.SIGTERM):  # explicit: a shell may start us with SIGINT ignored
+        signal.signal(sig, on_signal)
     fleet = Fleet(run_dir=run)
     try:
         redis_url = fleet.start_redis()
