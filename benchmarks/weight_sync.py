@@ -97,7 +97,8 @@ async def receiver(args) -> None:
     shapes = moe_shapes(args.layers, args.experts, args.hidden, args.ffn, args.vocab)
     model = build_module(shapes, "zeros")
     r = aioredis.from_url(args.redis)
-    sidecar = WeightSidecar(ModuleEngine(model), r, "bench", SidecarSettings(join_timeout_s=0, poll_s=0.005),
+    sidecar = WeightSidecar(ModuleEngine(model), r, "bench", SidecarSettings(join_timeout_s=0, poll_s=0.005,
+                                                                   keep_staging=args.keep_staging),
                             name=f"recv{args.index}")
     await sidecar.start()
     me = f"{BENCH}:ctl:{args.index}"
@@ -122,7 +123,7 @@ async def receiver(args) -> None:
             buf = torch.empty(cmd["nbytes"], dtype=torch.uint8)
             for _ in range(cmd["repeat"]):
                 work = g.broadcast(buf)
-                await r.rpush(f"{BENCH}:ack", json.dumps({"i": args.index, "ready": True}))
+                await r.rpush(f"{BENCH}:ready", json.dumps({"i": args.index, "ready": True}))
                 await asyncio.to_thread(g.wait, work)
                 await r.rpush(f"{BENCH}:ack", json.dumps({"i": args.index, "done": time.time()}))
             del buf
@@ -145,10 +146,10 @@ async def receiver(args) -> None:
 
 
 # ---- driver ------------------------------------------------------------------------------------------
-async def acks(r, n: int, timeout: float = 600) -> list[dict]:
+async def acks(r, n: int, timeout: float = 600, queue: str = "ack") -> list[dict]:
     out = []
     for _ in range(n):
-        item = await r.blpop([f"{BENCH}:ack"], timeout=timeout)
+        item = await r.blpop([f"{BENCH}:{queue}"], timeout=timeout)
         if item is None:
             raise TimeoutError("a receiver did not answer")
         out.append(json.loads(item[1]))
@@ -223,7 +224,7 @@ async def driver(args) -> None:
         flat = torch.empty(total, dtype=torch.uint8)
         raws = []
         for _ in range(args.repeat):
-            await acks(r, 2)
+            await acks(r, 2, queue="ready")
             t0 = time.time()
             await asyncio.to_thread(lambda: g.wait(g.broadcast(flat)))
             raws.append(max(a["done"] for a in await acks(r, 2)) - t0)
@@ -246,7 +247,8 @@ async def driver(args) -> None:
         bucketed_s = min(steady)
         mbs = lambda s: total / 1e6 / s  # noqa: E731
         nb = len(pub._manifest.buckets)
-        print(f"bucket size: {args.bucket_mb} MiB ({nb} buckets), checksum: {'off' if args.no_checksum else 'crc32'}")
+        print(f"bucket size: {args.bucket_mb} MiB ({nb} buckets), checksum: {'off' if args.no_checksum else 'crc32'}, "
+              f"receive buffers: {'kept' if args.keep_staging else 'per update (default)'}")
         print(f"(1) bucketed publish, end to end:   {bucketed_s:7.3f} s  {mbs(bucketed_s):7.1f} MB/s  "
               f"(best of {len(steady)}: {', '.join(f'{s:.3f}' for s in steady)}; first publish incl. group "
               f"formation {first:.3f} s)")
@@ -276,6 +278,7 @@ def main() -> None:
     ap.add_argument("--index", type=int, default=0)
     ap.add_argument("--bucket-mb", type=int, default=64)
     ap.add_argument("--no-checksum", action="store_true")
+    ap.add_argument("--keep-staging", action="store_true", help="receivers keep their receive buffers")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--layers", type=int, default=11)
     ap.add_argument("--experts", type=int, default=64)

@@ -152,9 +152,13 @@ class WeightPublisher:
     def _pack_all(self, buckets: list, lookup: dict) -> tuple[list, list]:
         from shared.weight_sync import tensors as T
 
+        # same layout as the retained version (the usual case: same model, next step)? pack into its
+        # buffers: no new allocation, and no page faults, which cost more than the copy itself
+        old = self._manifest
+        reuse = old is not None and [b.tensors for b in old.buckets] == [b.tensors for b in buckets]
         buffers, out = [], []
-        for b in buckets:
-            buf = T.pack_bucket(b, lookup)
+        for i, b in enumerate(buckets):
+            buf = T.pack_bucket(b, lookup, out=self._buffers[i] if reuse else None)
             buffers.append(buf)
             out.append(b.model_copy(update={"checksum": T.checksum(buf) if self.settings.checksum else None}))
         return buffers, out

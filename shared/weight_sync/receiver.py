@@ -78,9 +78,11 @@ class BucketReceiver:
     Holds the group between rounds so that the publisher can reuse it; a round with a new group name
     closes the old group and forms the new one."""
 
-    def __init__(self, device: Any = "cpu") -> None:
+    def __init__(self, device: Any = "cpu", keep_staging: bool = False) -> None:
         self.device = device
         self.group: Any = None
+        self.keep_staging = keep_staging
+        self._kept: tuple[list, list] | None = None  # (bucket layouts, buffers) of the last round
 
     def receive(self, rdv: Rendezvous, member: Member, manifest: Manifest) -> list[Any]:
         """Join (or reuse) the group, receive every bucket, verify checksums. Blocking.
@@ -106,7 +108,14 @@ class BucketReceiver:
                 raise RoundFailed(str(exc)) from exc
         group = self.group
         try:
-            buffers = [torch.empty(b.nbytes, dtype=torch.uint8, device=self.device) for b in manifest.buckets]
+            layout = [b.tensors for b in manifest.buckets]
+            if self._kept is not None and self._kept[0] == layout:
+                buffers = self._kept[1]
+            else:
+                self._kept = None
+                buffers = [torch.empty(b.nbytes, dtype=torch.uint8, device=self.device) for b in manifest.buckets]
+            if self.keep_staging:
+                self._kept = (layout, buffers)
             works = [group.broadcast(buf, src=0) for buf in buffers]
             bad = []
             for b, buf, work in zip(manifest.buckets, buffers, works):
@@ -121,6 +130,7 @@ class BucketReceiver:
         return buffers
 
     def close(self) -> None:
+        self._kept = None
         if self.group is not None:
             self.group.close()
             self.group = None

@@ -29,6 +29,11 @@ class SidecarSettings(FleetSettings):
     pause_timeout_s: float = Field(
         default=120.0, gt=0, description="Longest wait for in-flight requests before aborting them."
     )
+    keep_staging: bool = Field(
+        default=False,
+        description="hf: keep the receive buffers (one copy of the weights) between updates instead of freeing "
+                    "them after each; faster updates (no fresh pages to fault in) for that memory.",
+    )
     heartbeat_s: float = Field(default=1.0, gt=0, description="Registry heartbeat period.")
     heartbeat_ttl_s: float = Field(default=5.0, gt=0, description="A replica silent this long is considered dead.")
     poll_s: float = Field(default=0.05, gt=0, description="How often to look for a new update round.")

@@ -56,7 +56,7 @@ class HFSink(WeightSink):
     async def _receive(self, rdv: Rendezvous, member: Member, manifest: Manifest) -> list[Any]:
         if self._receiver is None:
             device = self._device() if rdv.backend == "nccl" else "cpu"
-            self._receiver = BucketReceiver(device=device)
+            self._receiver = BucketReceiver(device=device, keep_staging=self.settings.keep_staging)
         return await asyncio.to_thread(self._receiver.receive, rdv, member, manifest)
 
     def _apply(self, manifest: Manifest, buffers: list[Any]) -> None:
