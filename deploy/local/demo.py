@@ -94,7 +94,6 @@ def rollout_config(model: Path, redis_url: str, reward_url: str, token: str) -> 
         "engine": {"kind": "hf", "device": "cpu", "max_batch_size": 256, "torch_threads": 1},
         "worker": {"enabled": True, "reward_url": reward_url, "concurrency": 32, "max_staleness": 1,
                    "sampling": {"max_new_tokens": MAX_NEW_TOKENS, "temperature": 1.0}},
-        "extensions": ["services.rollout.weights.routes:weight_router"],
     }
 
 

@@ -51,7 +51,7 @@ def create_app(settings: RolloutSettings, *, service: RolloutService | None = No
     install_error_handlers(app, settings.limits.retry_after_s)
     app.add_middleware(RequestGuard, max_bytes=settings.limits.max_body_bytes, metrics=service.metrics)
     routers = [generate.router, openai.router, info.router, control.router, *extra_routers]
-    routers += [load_extension(p, service) for p in settings.extensions]
+    routers += [load_extension(p, service) for p in settings.all_extensions]
     for router in routers:
         app.include_router(router)
     return app

@@ -10,6 +10,9 @@ from services.rollout.engines.settings import EngineSettings, HFEngineSettings
 from shared.settings import ServiceSettings, service_config
 
 
+WEIGHT_SIDECAR_EXTENSION = "services.rollout.weights.routes:weight_router"
+
+
 class LimitsSettings(BaseModel):
     """Admission control: what the service accepts before it answers 4xx / 429 / 503."""
 
@@ -85,6 +88,11 @@ class RolloutSettings(ServiceSettings):
     extensions: list[str] = Field(
         default_factory=list, description="'module:factory' import paths; factory(service) -> APIRouter (weight routes)."
     )
+    weight_sidecar: bool | None = Field(
+        default=None,
+        description="Join the learner's weight updates (sidecar + /weights routes; sidecar settings: FLEETRL_WEIGHTS_*). "
+        "Default: on when the rollout worker is enabled, i.e. when this replica trains with a learner.",
+    )
     incremental_streaming_output: bool = Field(
         default=False, description="/generate streams deltas instead of SGLang's default cumulative chunks."
     )
@@ -96,6 +104,15 @@ class RolloutSettings(ServiceSettings):
         if looks_local and not (Path(v).expanduser() / "config.json").is_file():
             raise ValueError(f"model {v!r}: no Hugging Face checkpoint there (config.json missing)")
         return v
+
+    @property
+    def all_extensions(self) -> list[str]:
+        """``extensions`` plus the weight sidecar's when it is on."""
+        on = self.weight_sidecar if self.weight_sidecar is not None else self.worker.enabled
+        exts = list(self.extensions)
+        if on and WEIGHT_SIDECAR_EXTENSION not in exts:
+            exts.append(WEIGHT_SIDECAR_EXTENSION)
+        return exts
 
     @property
     def model_name(self) -> str:

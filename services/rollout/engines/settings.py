@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
 
 
 class _EngineSettingsBase(BaseModel):
@@ -79,6 +79,15 @@ class VLLMEngineSettings(_RemoteEngineSettings):
     )
 
 
+def _engine_kind(value: object) -> str:
+    """The union's tag; a partial engine section without ``kind`` (e.g. ``--device cpu`` alone) means hf."""
+    kind = value.get("kind") if isinstance(value, dict) else getattr(value, "kind", None)
+    return kind or "hf"
+
+
 EngineSettings = Annotated[
-    HFEngineSettings | SGLangEngineSettings | VLLMEngineSettings, Field(discriminator="kind")
+    Annotated[HFEngineSettings, Tag("hf")]
+    | Annotated[SGLangEngineSettings, Tag("sglang")]
+    | Annotated[VLLMEngineSettings, Tag("vllm")],
+    Discriminator(_engine_kind),
 ]

@@ -1,0 +1,25 @@
+import pytest
+
+from services.rollout.settings import WEIGHT_SIDECAR_EXTENSION, RolloutSettings
+from shared.settings import SettingsError, load_settings
+
+
+def test_partial_engine_section_defaults_to_hf(tiny_model_dir):
+    s = load_settings(RolloutSettings, model=str(tiny_model_dir), engine={"device": "cpu"})
+    assert (s.engine.kind, s.engine.device) == ("hf", "cpu")
+
+
+def test_unknown_engine_kind_names_the_choices(tiny_model_dir):
+    with pytest.raises(SettingsError, match="'hf', 'sglang', 'vllm'"):
+        load_settings(RolloutSettings, model=str(tiny_model_dir), engine={"kind": "trt"})
+
+
+@pytest.mark.parametrize(
+    "worker, sidecar, expected",
+    [(False, None, False), (True, None, True), (True, False, False), (False, True, True)],
+)
+def test_weight_sidecar_is_on_for_training_replicas(tiny_model_dir, worker, sidecar, expected):
+    s = load_settings(RolloutSettings, model=str(tiny_model_dir), weight_sidecar=sidecar,
+                      worker={"enabled": worker, "reward_url": "http://127.0.0.1:1"})
+    assert (WEIGHT_SIDECAR_EXTENSION in s.all_extensions) is expected
+    assert s.all_extensions.count(WEIGHT_SIDECAR_EXTENSION) <= 1
