@@ -69,9 +69,16 @@ class FleetLauncher:
         return actor
 
     def _wait_healthy(self, service: str, group: ServiceGroup) -> list[str]:
+        """Wait for every replica's /health; an actor Ray cannot place (too few resources) fails too."""
+        refs = [a.wait_healthy.remote(group.health_timeout_s) for a in self.actors[service]]
         try:
-            return ray.get([a.wait_healthy.remote(group.health_timeout_s) for a in self.actors[service]])
-        except Exception as exc:
+            return ray.get(refs, timeout=group.health_timeout_s + 60)
+        except ray.exceptions.GetTimeoutError as exc:
+            raise LaunchError(
+                f"{service} replicas not healthy after {group.health_timeout_s + 60:.0f}s: each asks for "
+                f"{group.num_cpus} CPU / {group.num_gpus} GPU; cluster has {ray.available_resources()} free"
+            ) from exc
+        except (ray.exceptions.RayError, TimeoutError, RuntimeError) as exc:
             raise LaunchError(f"{service} replicas did not become healthy: {exc}") from exc
 
     # ---- lifecycle -------------------------------------------------------------------------------
@@ -90,7 +97,11 @@ class FleetLauncher:
         bundle = {"CPU": lg.num_cpus, **({"GPU": lg.num_gpus} if lg.num_gpus else {})}
         self.pg = placement_group([bundle] * lg.replicas, strategy=lg.placement_strategy,
                                   name=f"{s.run_name}-learner")
-        ray.get(self.pg.ready(), timeout=lg.health_timeout_s)
+        try:
+            ray.get(self.pg.ready(), timeout=lg.health_timeout_s)
+        except ray.exceptions.GetTimeoutError as exc:
+            raise LaunchError(f"learner placement group ({lg.replicas} x {bundle}) not placed after "
+                              f"{lg.health_timeout_s:.0f}s; cluster has {ray.available_resources()} free") from exc
         master = ray.get(_node_ip.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
             self.pg, placement_group_bundle_index=0), num_cpus=0).remote())
         for rank in range(lg.replicas):
