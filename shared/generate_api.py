@@ -38,6 +38,15 @@ def _stop_list(v: str | list[str] | None) -> list[str]:
     return items
 
 
+def _only_neutral(model: BaseModel, fields: dict[str, Any]) -> None:
+    """SGLang-schema fields FleetRL accepts (routers such as sglang-router re-send the whole schema) but
+    supports only at their neutral value: anything else is a clear 400, never silently ignored."""
+    for name, neutral in fields.items():
+        value = getattr(model, name)
+        if value != neutral:
+            raise ValueError(f"{name}={value!r} is not supported by this server (leave it at {neutral!r})")
+
+
 # ---- SGLang /generate ----------------------------------------------------------------------------------
 class SamplingParamsIn(_Strict):
     """``sampling_params`` of ``/generate`` (SGLang names and defaults)."""
@@ -81,9 +90,19 @@ class GenerateRequest(_Strict):
     return_text_in_logprobs: bool = False
     stream: bool = False
     rid: str | list[str] | None = Field(default=None, description="Request id(s); generated when absent.")
+    # Accepted for SGLang-client / sglang-router compatibility; informational or neutral-only.
+    model: str | None = Field(default=None, description="Ignored by /generate (SGLang serves one model).")
+    log_metrics: bool = Field(default=True, description="Accepted; metrics are always recorded.")
+    no_logs: bool = Field(default=False, description="Accepted; requests are never logged with their text.")
+    return_hidden_states: bool = False
+    return_entropy: bool = False
+    return_bytes: bool = False
+    background: bool = False
 
     @model_validator(mode="after")
     def _one_input(self) -> GenerateRequest:
+        _only_neutral(self, {"return_hidden_states": False, "return_entropy": False, "return_bytes": False,
+                             "background": False})
         if (self.text is None) == (self.input_ids is None):
             raise ValueError("give exactly one of `text` and `input_ids`")
         if isinstance(self.text, str) and not self.text:
@@ -245,9 +264,15 @@ class ChatCompletionRequest(_OpenAICommon):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    # SGLang's chat extras (sglang-router sends them): no reasoning parser runs here, so they have no effect.
+    separate_reasoning: bool = True
+    stream_reasoning: bool = True
+    no_stop_trim: bool = False
+    return_hidden_states: bool = False
 
     @model_validator(mode="after")
     def _checks(self) -> ChatCompletionRequest:
+        _only_neutral(self, {"no_stop_trim": False, "return_hidden_states": False})
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs=true")
         if self.continue_final_message and self.add_generation_prompt:

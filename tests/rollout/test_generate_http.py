@@ -127,3 +127,18 @@ def test_model_info_health_metrics(rollout):
                  "fleetrl_rollout_queue_depth", "fleetrl_rollout_batch_size_bucket",
                  "fleetrl_rollout_request_latency_seconds_bucket"):
         assert name in metrics
+
+
+def test_sglang_schema_fields_at_neutral_values_are_accepted(rollout):
+    """sglang-router re-sends SGLang's whole request schema; neutral values must not be refused."""
+    base = {"text": "The answer is", "sampling_params": {"max_new_tokens": 3, "temperature": 0}}
+    plain = post(rollout, base).json()
+    routed = post(rollout, {**base, "model": "anything", "log_metrics": True, "no_logs": False,
+                            "return_hidden_states": False, "return_entropy": False, "return_bytes": False,
+                            "background": False})
+    assert routed.status_code == 200, routed.text
+    assert routed.json()["output_ids"] == plain["output_ids"]
+    chat = httpx.post(f"{rollout.url}/v1/chat/completions", timeout=60, json={
+        "model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
+        "separate_reasoning": True, "stream_reasoning": True, "no_stop_trim": False, "return_hidden_states": False})
+    assert chat.status_code == 200, chat.text
