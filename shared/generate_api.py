@@ -182,9 +182,13 @@ class _OpenAICommon(_Strict):
     include_stop_str_in_output: bool = False
     return_token_ids: bool = Field(default=False, description="Add prompt_token_ids and per-choice token_ids (vLLM).")
     return_tokens_as_token_ids: bool = Field(default=False, description="Logprob tokens as 'token_id:<id>' (vLLM).")
+    # SGLang extras that sglang-router re-sends: accepted at their neutral value only.
+    no_stop_trim: bool = False
+    return_hidden_states: bool = False
 
     @model_validator(mode="after")
     def _neutral_only(self):
+        _only_neutral(self, {"no_stop_trim": False, "return_hidden_states": False})
         if self.presence_penalty or self.frequency_penalty:
             raise ValueError("presence_penalty / frequency_penalty are not supported (leave them at 0)")
         if self.logit_bias:
@@ -267,12 +271,9 @@ class ChatCompletionRequest(_OpenAICommon):
     # SGLang's chat extras (sglang-router sends them): no reasoning parser runs here, so they have no effect.
     separate_reasoning: bool = True
     stream_reasoning: bool = True
-    no_stop_trim: bool = False
-    return_hidden_states: bool = False
 
     @model_validator(mode="after")
     def _checks(self) -> ChatCompletionRequest:
-        _only_neutral(self, {"no_stop_trim": False, "return_hidden_states": False})
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs=true")
         if self.continue_final_message and self.add_generation_prompt:

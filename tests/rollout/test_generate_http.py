@@ -142,3 +142,9 @@ def test_sglang_schema_fields_at_neutral_values_are_accepted(rollout):
         "model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
         "separate_reasoning": True, "stream_reasoning": True, "no_stop_trim": False, "return_hidden_states": False})
     assert chat.status_code == 200, chat.text
+
+
+def test_openai_routes_accept_sglang_extras_at_neutral_values(rollout):
+    r = httpx.post(f"{rollout.url}/v1/completions", timeout=60, json={
+        "model": "tiny", "prompt": "hi", "max_tokens": 2, "no_stop_trim": False, "return_hidden_states": False})
+    assert r.status_code == 200, r.text
