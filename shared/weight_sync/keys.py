@@ -18,6 +18,11 @@ def manifest(run: str, version: int) -> str:
     return f"{keys.weights_prefix(run)}:manifest:{version}"
 
 
+def checksums(run: str, version: int) -> str:
+    """JSON :class:`~shared.weight_sync.wire.Checksums` of ``version`` (written once its buckets are packed)."""
+    return f"{keys.weights_prefix(run)}:checksums:{version}"
+
+
 def reports(run: str, round_id: int) -> str:
     """Hash replica id -> JSON :class:`~shared.weight_sync.wire.MemberReport` for one update round."""
     return f"{keys.weights_prefix(run)}:reports:{round_id}"

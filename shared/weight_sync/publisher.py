@@ -7,14 +7,21 @@
 
 What ``publish`` does, in order (every wait bounded by a setting):
 
-1. packs the tensors into flat CPU buckets (one copy, retained until the next version so that replicas
-   joining late can be served) and computes a CRC32 per bucket;
-2. writes the manifest (JSON) to Redis, and the safetensors snapshot when ``snapshot_dir`` is set;
-3. runs update rounds with the live collective replicas: writes a :class:`Rendezvous`, forms (or
-   reuses) the group as rank 0, broadcasts each bucket once, then collects each member's report. A round
-   that breaks (a member died or hung) is abandoned: survivors report ``failed`` and the next round
-   re-runs the version with them in a fresh group; members that never report are dropped;
+1. plans the buckets and writes the manifest (JSON) to Redis (with the safetensors snapshot when
+   ``snapshot_dir`` is set: then every bucket is packed first);
+2. runs update rounds with the live collective replicas: writes a :class:`Rendezvous`, forms (or
+   reuses) the group as rank 0, and broadcasts each bucket once, packing it into its flat CPU buffer
+   (one copy, retained until the next version so that replicas joining late can be served) and
+   digesting it just before it goes out, while the previous buckets are still on the wire (a pipeline:
+   at most ``inflight_buckets`` broadcasts outstanding). Once every bucket is packed, and before the last
+   one is broadcast, the :class:`Checksums` record is written; then each member's report is collected.
+   A round that breaks (a member died or hung) is abandoned: survivors report ``failed`` and the next
+   round re-runs the version with them in a fresh group; members that never report are dropped;
+3. packs whatever no round sent (no replica, or rounds that broke early), for late joiners;
 4. sets ``shared.keys.weights_version(run)`` to the version and returns it.
+
+Buffers are reused while the layout stays the same (the usual case: same model, next step), so steady
+state publishes fault in no fresh pages; the cost is one flat copy of the weights held by the learner.
 
 A background task (started on first publish) brings replicas that join later (or were dropped) to the
 latest version from the retained buckets, in a group of their own. Keep the event loop responsive (run
@@ -26,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,7 +42,15 @@ from shared.redis_server import free_port
 from shared.weight_sync import keys as wkeys
 from shared.weight_sync.registry import ReplicaRegistry
 from shared.weight_sync.settings import WeightSyncSettings
-from shared.weight_sync.wire import Manifest, Member, MemberReport, ReplicaInfo, Rendezvous, plan_buckets
+from shared.weight_sync.wire import (
+    Checksums,
+    Manifest,
+    Member,
+    MemberReport,
+    Rendezvous,
+    ReplicaInfo,
+    plan_buckets,
+)
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +99,13 @@ class WeightPublisher:
         self.registry = ReplicaRegistry(redis, run)
         self.last_report: PublishReport | None = None
         self._manifest: Manifest | None = None
-        self._buffers: list[Any] = []
+        self._buffers: list[Any] = []          # one flat uint8 buffer per bucket (None until first packed)
+        self._packed: list[bool] = []          # bucket i of the current version is in _buffers[i]
+        self._sums: list[int | None] = []
+        self._sums_written = False
+        self._lookup: dict[str, Any] | None = None  # the tensors being published, while packing
+        self._plan_key: list | None = None
+        self._plan: list | None = None
         self._held: _HeldGroup | None = None
         self._lock = asyncio.Lock()
         self._catch_up_task: asyncio.Task | None = None
@@ -112,20 +133,29 @@ class WeightPublisher:
             named = T.named_tensors(weights)
             if not named:
                 raise ValueError("nothing to publish: no tensors")
-            buckets = plan_buckets(T.specs(named), s.bucket_bytes)
-            buffers, buckets = await asyncio.to_thread(self._pack_all, buckets, dict(named))
-            snapshot = None
-            if s.snapshot_dir:
-                from shared.weight_sync.snapshot import write_snapshot
-
-                snapshot = await asyncio.to_thread(write_snapshot, s.snapshot_dir, v, buckets, buffers,
-                                                   s.snapshot_url, s.snapshot_keep)
+            buckets = self._plan_for(list(T.specs(named)))
             manifest = Manifest(version=v, bucket_bytes=s.bucket_bytes, total_bytes=sum(b.nbytes for b in buckets),
-                                buckets=tuple(buckets), snapshot=snapshot)
-            await self.redis.set(wkeys.manifest(self.run, v), manifest.dumps(), ex=s.key_ttl_s)
-            self._manifest, self._buffers = manifest, buffers
-            targets = [i for i in await self.registry.alive() if self._collective(i)]
-            report = await self._sync(targets, main=True)
+                                buckets=tuple(buckets), checksum=s.checksum_algo if s.checksum else None)
+            self._begin(manifest, dict(named))
+            try:
+                if s.snapshot_dir:
+                    from shared.weight_sync.snapshot import write_snapshot
+
+                    await asyncio.to_thread(self._pack_rest)
+                    snapshot = await asyncio.to_thread(write_snapshot, s.snapshot_dir, v, buckets, self._buffers,
+                                                       s.snapshot_url, s.snapshot_keep)
+                    manifest = manifest.model_copy(update={"snapshot": snapshot})
+                    self._manifest = manifest
+                await self.redis.set(wkeys.manifest(self.run, v), manifest.dumps(), ex=s.key_ttl_s)
+                targets = [i for i in await self.registry.alive() if self._collective(i)]
+                report = await self._sync(targets, main=True)
+                await asyncio.to_thread(self._pack_rest)
+                await self._write_checksums()
+            except BaseException:
+                self._manifest = None  # half-packed: nothing to serve late joiners from
+                raise
+            finally:
+                self._lookup = None
             await self.redis.set(keys.weights_version(self.run), str(v))
             report.seconds = time.perf_counter() - t0
             self.last_report = report
@@ -149,19 +179,56 @@ class WeightPublisher:
         self._drop_group()
 
     # ---- packing -------------------------------------------------------------------------------------
-    def _pack_all(self, buckets: list, lookup: dict) -> tuple[list, list]:
-        from shared.weight_sync import tensors as T
+    def _plan_for(self, specs: list) -> list:
+        """The bucket plan of these tensor specs (reused while they stay the same)."""
+        if specs != self._plan_key:
+            self._plan_key, self._plan = specs, plan_buckets(specs, self.settings.bucket_bytes)
+        return self._plan
 
-        # same layout as the retained version (the usual case: same model, next step)? pack into its
-        # buffers: no new allocation, and no page faults, which cost more than the copy itself
+    def _begin(self, manifest: Manifest, lookup: dict) -> None:
+        """Make ``manifest`` the retained version; its buckets get packed on the way out."""
         old = self._manifest
-        reuse = old is not None and [b.tensors for b in old.buckets] == [b.tensors for b in buckets]
-        buffers, out = [], []
-        for i, b in enumerate(buckets):
-            buf = T.pack_bucket(b, lookup, out=self._buffers[i] if reuse else None)
-            buffers.append(buf)
-            out.append(b.model_copy(update={"checksum": T.checksum(buf) if self.settings.checksum else None}))
-        return buffers, out
+        # same layout (the usual case: same model, next step)? pack into the same buffers: no allocation
+        # and no page faults, which cost more than the copy itself
+        same = old is not None and len(self._buffers) == len(manifest.buckets) and \
+            all(a.nbytes == b.nbytes for a, b in zip(old.buckets, manifest.buckets))
+        if not same:
+            self._buffers = [None] * len(manifest.buckets)
+        n = len(manifest.buckets)
+        self._manifest, self._lookup = manifest, lookup
+        self._packed, self._sums, self._sums_written = [False] * n, [None] * n, False
+
+    def _pack(self, i: int) -> Any:
+        """Bucket ``i`` of the retained version, packed (and digested) on first use."""
+        if not self._packed[i]:
+            from shared.weight_sync import tensors as T
+
+            assert self._lookup is not None and self._manifest is not None
+            b = self._manifest.buckets[i]
+            buf = self._buffers[i]
+            if buf is None:
+                buf = self._buffers[i] = T.staging_buffers([b.nbytes])[0]
+            T.pack_bucket(b, self._lookup, out=buf)
+            if self._manifest.checksum:
+                self._sums[i] = T.checksum(buf, self._manifest.checksum)
+            self._packed[i] = True
+        return self._buffers[i]
+
+    def _pack_rest(self) -> None:
+        for i in range(len(self._packed)):
+            self._pack(i)
+
+    async def _write_checksums(self) -> None:
+        m = self._manifest
+        if m is None or self._sums_written or not m.checksum:
+            return
+        rec = Checksums(version=m.version, algo=m.checksum, values=tuple(int(x) for x in self._sums))
+        await self.redis.set(wkeys.checksums(self.run, m.version), rec.dumps(), ex=self.settings.key_ttl_s)
+        self._sums_written = True
+
+    def _prepare(self, index: int) -> Any:
+        """Pack bucket ``index`` if needed; the tensor to broadcast for it."""
+        return self._wire_buffer(index, self._pack(index))
 
     def _wire_buffer(self, index: int, buf: Any) -> Any:
         """The tensor broadcast for bucket ``index`` (on the GPU for nccl)."""
@@ -229,7 +296,7 @@ class WeightPublisher:
                     CollectiveGroup.open, backend=rdv.backend, master_addr=rdv.master_addr,
                     master_port=rdv.master_port, rank=0, world_size=rdv.world_size, group_name=rdv.group_name,
                     init_timeout_s=rdv.init_timeout_s, collective_timeout_s=rdv.collective_timeout_s)
-            await asyncio.to_thread(self._send, group)
+            await self._send(group)
         except Exception as exc:
             log.warning("round %d (version %d, members %s) broke: %s", round_id, manifest.version, ids, exc)
             if group is not None:
@@ -249,23 +316,30 @@ class WeightPublisher:
             self._drop_group()  # membership changed: the next round forms a new group
         return out
 
-    def _send(self, group: Any) -> None:
-        """Broadcast every bucket from rank 0, at most two in flight."""
-        pending: list[Any] = []
-        for i, buf in enumerate(self._buffers):
-            pending.append(group.broadcast(self._wire_buffer(i, buf), src=0))
-            if len(pending) >= 2:
-                group.wait(pending.pop(0))
-        for work in pending:
-            group.wait(work)
+    async def _send(self, group: Any) -> None:
+        """Broadcast every bucket from rank 0, packing bucket k+1 while bucket k is on the wire (at most
+        ``inflight_buckets`` outstanding); the checksums go out before the last bucket does."""
+        n = len(self._manifest.buckets)
+        pending: deque[Any] = deque()
+        for i in range(n):
+            wire = await asyncio.to_thread(self._prepare, i)
+            if i == n - 1:
+                await self._write_checksums()
+            pending.append(group.broadcast(wire, src=0))
+            while len(pending) > self.settings.inflight_buckets:
+                await asyncio.to_thread(group.wait, pending.popleft())
+        while pending:
+            await asyncio.to_thread(group.wait, pending.popleft())
 
     async def _settle(self, round_id: int, members: list[ReplicaInfo], timeout_s: float, error: str = "") -> _Outcome:
         """Collect members' reports for a round until all reported, died, or ``timeout_s`` passed."""
         key = wkeys.reports(self.run, round_id)
         by_id = {m.replica_id: m for m in members}
         reports: dict[str, MemberReport] = {}
-        deadline = time.monotonic() + timeout_s
+        start = time.monotonic()
+        deadline = start + timeout_s
         dead: set[str] = set()
+        pause, next_alive_check = 0.002, start + 0.5
         while True:
             raw = await self.redis.hgetall(key)
             for value in raw.values():
@@ -273,12 +347,18 @@ class WeightPublisher:
                 if r.replica_id in by_id:
                     reports[r.replica_id] = r
             waiting = [rid for rid in by_id if rid not in reports and rid not in dead]
-            if not waiting or time.monotonic() >= deadline:
+            now = time.monotonic()
+            if not waiting or now >= deadline:
                 break
-            for rid in waiting:
-                if not await self.registry.is_alive(rid):
-                    dead.add(rid)
-            await asyncio.sleep(0.02)
+            if now >= next_alive_check:
+                next_alive_check = now + 0.5
+                for rid in waiting:
+                    if not await self.registry.is_alive(rid):
+                        dead.add(rid)
+            # reports usually land within milliseconds of the last bucket: poll fast for a second, then back off
+            await asyncio.sleep(pause)
+            if now - start > 1.0:
+                pause = min(pause * 1.5, 0.05)
         await self.redis.expire(key, self.settings.key_ttl_s)
         return _Outcome(
             loaded=[rid for rid, r in reports.items() if r.state == "loaded"],

@@ -4,18 +4,26 @@ results, and (for engines whose sidecar receives the bytes itself) receive and v
     watcher = RoundWatcher(redis, run, replica_id)
     rdv, member = await watcher.next_round()           # a round that names this replica
     manifest = await watcher.manifest(rdv)
-    buffers = BucketReceiver().receive(rdv, member, manifest)   # blocking: run it in a thread
+    got = BucketReceiver().receive(rdv, member, manifest)   # blocking: run it in a thread
+    got.verify(await watcher.checksums(rdv, manifest))      # UpdateRefused if a bucket is corrupt
+    ... load got.buffers ...
     await watcher.report(rdv, "loaded")                # or "failed" (alive, round broke) / "refused" (bad data)
+
+Each bucket is digested as soon as it has arrived, while the next one is still on the wire; the
+publisher's digests (:class:`~shared.weight_sync.wire.Checksums`) are compared at the end.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import time
+from dataclasses import dataclass
 from typing import Any
 
 from shared.weight_sync import keys as wkeys
-from shared.weight_sync.wire import Manifest, Member, MemberReport, Rendezvous, ReportState
+from shared.weight_sync.wire import Checksums, Manifest, Member, MemberReport, Rendezvous, ReportState
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +40,7 @@ class RoundWatcher:
     def __init__(self, redis: Any, run: str, replica_id: str, poll_s: float = 0.05) -> None:
         self.redis, self.run, self.replica_id, self.poll_s = redis, run, replica_id, poll_s
         self.last_round = 0
+        self._layout: tuple[Any, Manifest] | None = None  # (raw buckets, parsed manifest) of the last layout
 
     async def current(self) -> tuple[Rendezvous, Member] | None:
         """The newest round naming this replica that it has not handled yet, if any."""
@@ -58,7 +67,36 @@ class RoundWatcher:
         raw = await self.redis.get(rdv.manifest_key)
         if raw is None:
             raise RoundFailed(f"manifest {rdv.manifest_key} is gone")
-        return Manifest.loads(raw)
+        return self._parse(raw)
+
+    def _parse(self, raw: bytes | str) -> Manifest:
+        """Parse a manifest, reusing the validated buckets of the previous one when the layout is the same
+        (the usual case; validating thousands of tensor entries again costs milliseconds per update)."""
+        data = json.loads(raw)
+        cached = self._layout
+        if cached is not None and data.get("buckets") == cached[0]:
+            head = Manifest.model_validate({**data, "buckets": ()})
+            return head.model_copy(update={"buckets": cached[1].buckets})
+        manifest = Manifest.model_validate(data)
+        self._layout = (data.get("buckets"), manifest)
+        return manifest
+
+    async def checksums(self, rdv: Rendezvous, manifest: Manifest) -> Checksums | None:
+        """The publisher's digests of ``manifest``'s buckets (None if it has none). The publisher writes them
+        before it broadcasts the last bucket, so after a complete receive they are there; a short wait
+        covers readers that come early."""
+        if not manifest.checksum:
+            return None
+        key = wkeys.checksums(self.run, manifest.version)
+        deadline = time.monotonic() + rdv.collective_timeout_s
+        while (raw := await self.redis.get(key)) is None:
+            if time.monotonic() >= deadline:
+                raise RoundFailed(f"checksums of version {manifest.version} never arrived")
+            await asyncio.sleep(0.005)
+        rec = Checksums.loads(raw)
+        if rec.version != manifest.version or len(rec.values) != len(manifest.buckets):
+            raise UpdateRefused(f"checksums record does not match version {manifest.version}'s manifest")
+        return rec
 
     async def latest_manifest(self, version: int) -> Manifest | None:
         raw = await self.redis.get(wkeys.manifest(self.run, version))
@@ -72,25 +110,55 @@ class RoundWatcher:
         await self.redis.expire(key, 24 * 3600)
 
 
+@dataclass
+class Received:
+    """A version's buckets as received, with the digest this replica computed of each."""
+
+    manifest: Manifest
+    buffers: list[Any]
+    digests: list[int | None]
+
+    def verify(self, sums: Checksums | None) -> None:
+        """Raise :class:`UpdateRefused` unless every bucket matches the publisher's digest."""
+        if sums is None:
+            return
+        bad = [i for i, (mine, theirs) in enumerate(zip(self.digests, sums.values)) if mine != theirs]
+        if bad:
+            raise UpdateRefused(f"version {self.manifest.version}: bucket(s) {bad} failed the checksum")
+
+
 class BucketReceiver:
-    """Receives a version's buckets into staging buffers over the round's group, and verifies them.
+    """Receives a version's buckets into staging buffers over the round's group, digesting each bucket
+    as it lands (while the next is still on the wire).
 
     Holds the group between rounds so that the publisher can reuse it; a round with a new group name
-    closes the old group and forms the new one."""
+    closes the old group and forms the new one. A receive takes the spare staging set (one flat copy of
+    the weights, pages touched when allocated) when its sizes fit, else allocates one; the caller hands a
+    set back with :meth:`recycle` once nothing reads it. Without ``keep_staging`` nothing is kept (less
+    memory; each update then faults in fresh pages, which costs more than the transfer's copies)."""
 
-    def __init__(self, device: Any = "cpu", keep_staging: bool = False) -> None:
+    def __init__(self, device: Any = "cpu", keep_staging: bool = True) -> None:
         self.device = device
         self.group: Any = None
         self.keep_staging = keep_staging
-        self._kept: tuple[list, list] | None = None  # (bucket layouts, buffers) of the last round
+        self._spare: list[Any] | None = None
 
-    def receive(self, rdv: Rendezvous, member: Member, manifest: Manifest) -> list[Any]:
-        """Join (or reuse) the group, receive every bucket, verify checksums. Blocking.
+    def recycle(self, buffers: list[Any]) -> None:
+        """``buffers`` are free again (applied by copy, refused, or no longer the model's storage)."""
+        if self.keep_staging:
+            self._spare = buffers
 
-        Raises :class:`RoundFailed` if the group or a broadcast fails, :class:`UpdateRefused` if a bucket
-        does not match its checksum."""
-        import torch
+    def ensure_spare(self, sizes: list[int]) -> None:
+        """Allocate (and touch) a spare set of these sizes now, off the update path."""
+        from shared.weight_sync import tensors as T
 
+        if self.keep_staging and (self._spare is None or [b.numel() for b in self._spare] != sizes):
+            self._spare = T.staging_buffers(sizes, self.device)
+
+    def receive(self, rdv: Rendezvous, member: Member, manifest: Manifest) -> Received:
+        """Join (or reuse) the group, receive every bucket and digest it. Blocking.
+
+        Raises :class:`RoundFailed` if the group or a broadcast fails."""
         from shared.weight_sync import tensors as T
         from shared.weight_sync.group import CollectiveError, CollectiveGroup
 
@@ -108,29 +176,22 @@ class BucketReceiver:
                 raise RoundFailed(str(exc)) from exc
         group = self.group
         try:
-            layout = [b.tensors for b in manifest.buckets]
-            if self._kept is not None and self._kept[0] == layout:
-                buffers = self._kept[1]
-            else:
-                self._kept = None
-                buffers = [torch.empty(b.nbytes, dtype=torch.uint8, device=self.device) for b in manifest.buckets]
-            if self.keep_staging:
-                self._kept = (layout, buffers)
+            sizes = [b.nbytes for b in manifest.buckets]
+            spare, self._spare = self._spare, None
+            buffers = spare if spare is not None and [b.numel() for b in spare] == sizes else \
+                T.staging_buffers(sizes, self.device)
             works = [group.broadcast(buf, src=0) for buf in buffers]
-            bad = []
-            for b, buf, work in zip(manifest.buckets, buffers, works):
+            digests: list[int | None] = []
+            for buf, work in zip(buffers, works):
                 group.wait(work)
-                if b.checksum is not None and T.checksum(buf) != b.checksum:
-                    bad.append(b.index)
+                digests.append(T.checksum(buf, manifest.checksum) if manifest.checksum else None)
         except CollectiveError as exc:
             self.close()
             raise RoundFailed(str(exc)) from exc
-        if bad:
-            raise UpdateRefused(f"version {manifest.version}: bucket(s) {bad} failed the checksum")
-        return buffers
+        return Received(manifest, buffers, digests)
 
     def close(self) -> None:
-        self._kept = None
+        self._spare = None
         if self.group is not None:
             self.group.close()
             self.group = None

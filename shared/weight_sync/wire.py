@@ -1,7 +1,10 @@
 """Wire records of the weight-sync protocol (JSON in Redis; no torch, no pickle).
 
 - :class:`Manifest` — one version: its buckets, each a list of tensors (name, dtype, shape, byte offset)
-  packed back to back as raw bytes, plus an optional CRC32 per bucket and where its snapshot lives.
+  packed back to back as raw bytes, the checksum algorithm, and where its snapshot lives. Written before
+  any bucket is packed, so replicas join the round while the publisher packs.
+- :class:`Checksums` — one digest per bucket, written by the publisher once every bucket is packed and
+  before the last bucket is broadcast (a replica holding every bucket can always read it).
 - :class:`Rendezvous` — one update round: which group to join (address, port, world size, group name,
   backend), who is in it at which rank, the version it carries and the timeouts everyone uses.
 - :class:`MemberReport` — what a replica says about a round (loaded / failed / refused).
@@ -55,7 +58,6 @@ class Bucket(_Record):
     index: int = Field(ge=0)
     nbytes: int = Field(ge=0)
     tensors: tuple[TensorEntry, ...]
-    checksum: int | None = Field(default=None, description="CRC32 of the bucket's bytes, when enabled.")
 
 
 class SnapshotInfo(_Record):
@@ -72,6 +74,9 @@ class Manifest(_Record):
     bucket_bytes: int
     total_bytes: int
     buckets: tuple[Bucket, ...]
+    checksum: str | None = Field(
+        default=None, description="Digest algorithm of the version's Checksums record (None: no checksums)."
+    )
     snapshot: SnapshotInfo | None = None
     created_at: float = Field(default_factory=time.time)
 
@@ -81,6 +86,14 @@ class Manifest(_Record):
 
     def tensor_names(self) -> list[str]:
         return [t.name for b in self.buckets for t in b.tensors]
+
+
+class Checksums(_Record):
+    """Digest of each bucket's bytes, in bucket order (see :mod:`shared.weight_sync.digest`)."""
+
+    version: int = Field(ge=1)
+    algo: str
+    values: tuple[int, ...]
 
 
 class Member(_Record):

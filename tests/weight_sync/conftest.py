@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from shared.redis_server import free_port
-from tests.procs import spawn, stop, wait_http_ok
+from tests.procs import kill9, spawn, stop, wait_http_ok
 
 TOKEN = "weights-test-token"
 PROMPT = "The quick brown fox"
@@ -72,9 +72,14 @@ def replicas(tmp_path, redis_server, tiny_model_dir):
         return reps
 
     start.all = start_all
-    yield start
-    for rep in started:
-        stop(rep.proc)
+    try:
+        yield start
+    finally:
+        for rep in started:  # every one, even if stopping another failed
+            try:
+                stop(rep.proc)
+            except Exception:
+                kill9(rep.proc)
 
 
 async def wait_ready(rep: Replica, timeout: float = 120) -> None:

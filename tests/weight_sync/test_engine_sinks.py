@@ -85,6 +85,8 @@ async def test_remote_sink_maps_requests_and_bytes_arrive(kind, tmp_path, redis_
             assert calls.count("/start_weight_update") == calls.count("/finish_weight_update") == 2
         assert engine.pauses == 2
     finally:
-        await sidecar.stop()
-        await engine.client.aclose()
-        stop(proc)
+        try:
+            await sidecar.stop()
+            await engine.client.aclose()
+        finally:
+            stop(proc)

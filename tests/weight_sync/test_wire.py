@@ -66,3 +66,39 @@ def test_pack_unpack_tied_weights_checksum_and_in_place_load(tmp_path):
     (tmp_path / info.path / info.files[0]).write_bytes(b"x" * 10)
     with pytest.raises(Exception, match="checksum"):
         next(read_snapshot(info))
+
+
+def test_adopt_repoints_tensors_and_alternating_sets_stay_independent():
+    src = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Linear(6, 3))
+    named = T.named_tensors(src)
+    buckets = plan_buckets(T.specs(named), 64)
+    assert len(buckets) > 1
+    dst = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Linear(6, 3))
+    loader = T.InPlaceLoader(dst)
+    sets = [T.staging_buffers([b.nbytes for b in buckets]) for _ in range(2)]
+    for b, buf in zip(buckets, sets[0]):
+        T.pack_bucket(b, dict(named), out=buf)
+    assert loader.adopt(buckets, sets[0])
+    assert all(torch.equal(a, b) for a, b in zip(dst.state_dict().values(), src.state_dict().values()))
+    sets[1][0].fill_(0)  # receiving the next version into the other set leaves the model alone
+    assert torch.equal(dst[0].weight, src[0].weight)
+    assert loader.adopt(buckets, sets[1]) and float(dst[0].weight.abs().sum()) == 0.0
+    # a checksum still catches a single flipped byte
+    crc = T.checksum(sets[0][0])
+    sets[0][0][5] ^= 1
+    assert T.checksum(sets[0][0]) != crc
+
+
+def test_adopt_copies_into_aliased_tensors():
+    class Tied(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = torch.nn.Parameter(torch.zeros(3, 2))
+            self.b = torch.nn.Parameter(self.a.data)  # shares storage, another Parameter object
+
+    dst = Tied()
+    w = {"a": torch.arange(6, dtype=torch.float32).reshape(3, 2)}
+    buckets = plan_buckets(T.specs(w.items()), 1 << 20)
+    bufs = [T.pack_bucket(buckets[0], w)]
+    T.InPlaceLoader(dst).adopt(buckets, bufs)
+    assert torch.equal(dst.a, w["a"]) and torch.equal(dst.b, w["a"])  # both names see the update

@@ -30,9 +30,17 @@ class SidecarSettings(FleetSettings):
         default=120.0, gt=0, description="Longest wait for in-flight requests before aborting them."
     )
     keep_staging: bool = Field(
-        default=False,
-        description="hf: keep the receive buffers (one copy of the weights) between updates instead of freeing "
-                    "them after each; faster updates (no fresh pages to fault in) for that memory.",
+        default=True,
+        description="hf: keep the receive buffers (one flat copy of the weights, in host memory for gloo or on "
+                    "the device for nccl) between updates, so updates fault in no fresh pages; off frees them "
+                    "after each update (less memory, slower updates).",
+    )
+    apply_mode: Literal["swap", "copy"] = Field(
+        default="swap",
+        description="hf: how a verified version enters the model: swap = its tensors are re-pointed at the "
+                    "received buffers (no copy; for engines that read weights through the module, as the hf "
+                    "engine does); copy = copied into the model's own storage (for code that holds raw "
+                    "pointers to the weights, e.g. captured CUDA graphs).",
     )
     heartbeat_s: float = Field(default=1.0, gt=0, description="Registry heartbeat period.")
     heartbeat_ttl_s: float = Field(default=5.0, gt=0, description="A replica silent this long is considered dead.")

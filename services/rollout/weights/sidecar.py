@@ -164,7 +164,7 @@ class WeightSidecar:
                 state, detail = "loaded", ""
                 try:
                     manifest = await self.watcher.manifest(rdv)
-                    await self.sink.run_round(rdv, member, manifest)
+                    await self.sink.run_round(rdv, member, manifest, self.watcher)
                 except UpdateRefused as exc:
                     state, detail = "refused", str(exc)
                 except (RoundFailed, Exception) as exc:  # noqa: B014 - any failure: alive, retryable

@@ -2,7 +2,7 @@
 ("hf", "sglang", "vllm") to sinks.
 
 - ``run_round`` takes part in one collective update round (the sidecar calls it when a rendezvous names
-  the replica). It raises :class:`RoundFailed` when the round broke (the replica is alive and can take
+  the replica; ``watcher`` reads the round's checksums for sinks that verify the bytes themselves). It raises :class:`RoundFailed` when the round broke (the replica is alive and can take
   part in a retry) and :class:`UpdateRefused` when the data is wrong; on success the engine serves the
   version and reports it as ``weight_version``.
 - ``load_snapshot`` loads a version from the fallback transport (same versioning).
@@ -17,7 +17,7 @@ from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
 from services.rollout.weights.settings import SidecarSettings
-from shared.weight_sync.receiver import RoundFailed, UpdateRefused
+from shared.weight_sync.receiver import RoundFailed, RoundWatcher, UpdateRefused
 from shared.weight_sync.wire import Manifest, Member, Rendezvous
 
 log = logging.getLogger(__name__)
@@ -36,7 +36,7 @@ class WeightSink(ABC):
         return self.engine.weight_version
 
     @abstractmethod
-    async def run_round(self, rdv: Rendezvous, member: Member, manifest: Manifest) -> None: ...
+    async def run_round(self, rdv: Rendezvous, member: Member, manifest: Manifest, watcher: RoundWatcher) -> None: ...
 
     @abstractmethod
     async def load_snapshot(self, manifest: Manifest) -> None: ...

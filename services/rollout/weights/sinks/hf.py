@@ -1,8 +1,14 @@
 """hf engine: the sidecar receives the buckets itself and copies them into the model's own tensors.
 
-Buckets are staged (received and checksummed while generation goes on), then generation is paused only
-for the in-place copy, so a version is applied whole or not at all. The staging buffers (one copy of the
-weights) are freed as soon as the copy is done.
+Buckets are staged (received and digested while generation goes on, each bucket while the next is on
+the wire) and verified against the publisher's checksums; then generation is paused only for the switch,
+so a version is applied whole or not at all. The switch (``apply_mode``):
+
+- ``swap`` (default): the model's tensors are re-pointed at the verified staging buffers (no copy, ~1 us
+  per tensor); the set they used before becomes the next staging set. Two flat sets alternate.
+- ``copy``: one batched copy into the model's own storage; the staging set is reused.
+
+Either way the memory cost is one flat copy of the weights beside the model (``keep_staging``).
 """
 
 from __future__ import annotations
@@ -11,7 +17,7 @@ import asyncio
 from typing import Any
 
 from services.rollout.weights.sinks.base import RoundFailed, UpdateRefused, WeightSink
-from shared.weight_sync.receiver import BucketReceiver
+from shared.weight_sync.receiver import BucketReceiver, Received, RoundWatcher
 from shared.weight_sync.wire import Manifest, Member, Rendezvous
 
 
@@ -22,6 +28,8 @@ class HFSink(WeightSink):
         super().__init__(engine, settings)
         self._loader: Any = None
         self._receiver: BucketReceiver | None = None
+        self._live: tuple[list, list] | None = None  # (layout, buffers) the model's tensors point into (swap)
+        self._prefault: asyncio.Future | None = None
 
     def _model(self) -> Any:
         model = getattr(self.engine, "model", None)
@@ -39,31 +47,45 @@ class HFSink(WeightSink):
     def _device(self) -> Any:
         return next(self._model().parameters()).device
 
-    async def run_round(self, rdv: Rendezvous, member: Member, manifest: Manifest) -> None:
+    async def run_round(self, rdv: Rendezvous, member: Member, manifest: Manifest, watcher: RoundWatcher) -> None:
         loader = self._loader_for()
-        try:
-            loader.check(e for b in manifest.buckets for e in b.tensors)
-        except (KeyError, ValueError) as exc:
-            # still take part in the broadcast (the group needs every rank), then refuse
-            await self._receive(rdv, member, manifest)
-            raise UpdateRefused(str(exc)) from exc
-        buffers = await self._receive(rdv, member, manifest)
-        async with self.paused():
-            await asyncio.to_thread(self._apply, manifest, buffers)
-            self.engine.set_weight_version(manifest.version)
-        del buffers
-
-    async def _receive(self, rdv: Rendezvous, member: Member, manifest: Manifest) -> list[Any]:
         if self._receiver is None:
             device = self._device() if rdv.backend == "nccl" else "cpu"
             self._receiver = BucketReceiver(device=device, keep_staging=self.settings.keep_staging)
-        return await asyncio.to_thread(self._receiver.receive, rdv, member, manifest)
-
-    def _apply(self, manifest: Manifest, buffers: list[Any]) -> None:
-        loader = self._loader_for()
-        for b, buf in zip(manifest.buckets, buffers):
-            for e in b.tensors:
-                loader.copy_bytes(e, buf)
+        receiver = self._receiver
+        if self._prefault is not None:
+            await asyncio.gather(self._prefault, return_exceptions=True)
+            self._prefault = None
+        # the group needs every rank: start receiving first, check names and shapes while bytes arrive
+        receiving = asyncio.ensure_future(asyncio.to_thread(receiver.receive, rdv, member, manifest))
+        try:
+            loader.check(e for b in manifest.buckets for e in b.tensors)
+        except (KeyError, ValueError) as exc:
+            await receiving
+            raise UpdateRefused(str(exc)) from exc
+        got: Received = await receiving
+        try:
+            got.verify(await watcher.checksums(rdv, manifest))
+        except BaseException:
+            receiver.recycle(got.buffers)
+            raise
+        layout = [b.tensors for b in manifest.buckets]
+        swap = self.settings.apply_mode == "swap"
+        async with self.paused():
+            if swap:
+                swap = await asyncio.to_thread(loader.adopt, manifest.buckets, got.buffers)
+            else:
+                await asyncio.to_thread(loader.apply, manifest.buckets, got.buffers)
+            self.engine.set_weight_version(manifest.version)
+        if not swap:
+            receiver.recycle(got.buffers)
+            return
+        old, self._live = self._live, (layout, got.buffers)
+        if old is not None and old[0] == layout:
+            receiver.recycle(old[1])  # every tensor moved off it
+        else:  # the model's first flat set: touch the pages of the next staging set now, off the update path
+            self._prefault = asyncio.ensure_future(
+                asyncio.to_thread(receiver.ensure_spare, [b.nbytes for b in manifest.buckets]))
 
     async def load_snapshot(self, manifest: Manifest) -> None:
         from shared.weight_sync.snapshot import SnapshotError, read_snapshot
@@ -92,6 +114,9 @@ class HFSink(WeightSink):
             self.engine.set_weight_version(manifest.version)
 
     async def close(self) -> None:
+        if self._prefault is not None:
+            await asyncio.gather(self._prefault, return_exceptions=True)
+            self._prefault = None
         if self._receiver is not None:
             await asyncio.to_thread(self._receiver.close)
             self._receiver = None

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 from services.rollout.weights.sinks.base import RoundFailed, UpdateRefused
 from services.rollout.weights.sinks.remote import HTTP_SLACK_S, RemoteEngineSink
+from shared.weight_sync.receiver import RoundWatcher
 from shared.weight_sync.wire import Manifest, Member, Rendezvous
 
 
 class VLLMSink(RemoteEngineSink):
     kind = "vllm"
 
-    async def run_round(self, rdv: Rendezvous, member: Member, manifest: Manifest) -> None:
+    async def run_round(self, rdv: Rendezvous, member: Member, manifest: Manifest, watcher: RoundWatcher) -> None:
         await self._pause()
         try:
             if self.group_name != rdv.group_name:
