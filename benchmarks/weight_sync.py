@@ -4,13 +4,17 @@ One run, gloo on CPU, 3 processes (this one publishes; 2 receivers), a mixture-o
 checkpoint (>= 2,000 tensors, >= 200 MB). Measures, each until both receivers hold the bytes:
 
 1. ``WeightPublisher.publish`` end to end (pack + checksum + announce + broadcast + receivers verify and
-   copy into their model + report), steady state (the group formed by a warm-up publish), and the first
+   load into their model + report), steady state (the group formed by a warm-up publish), and the first
    publish (group formation included);
-2. the floor: one ``dist.broadcast`` of a flat buffer of the same bytes in an already formed group;
+2. the floor: one ``dist.broadcast`` of a flat buffer of the same bytes in an already formed group of the
+   same 3 processes (buffers allocated and touched beforehand on every rank, as the kept staging buffers
+   of (1) are). (1) and (2) alternate, so that both see the same load on a shared machine;
 3. the per-parameter pattern of peers: per tensor one control request to each receiver (name, dtype,
    shape, over Redis, acknowledged) and one broadcast of that tensor.
 
-    .venv/bin/python benchmarks/weight_sync.py [--bucket-mb 64] [--layers 11] [--experts 64]
+    .venv/bin/python benchmarks/weight_sync.py [--bucket-mb 32] [--layers 11] [--experts 64]
+
+Every process this script starts is killed when it ends, whether the run succeeded or not.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -98,14 +103,17 @@ async def receiver(args) -> None:
     model = build_module(shapes, "zeros")
     r = aioredis.from_url(args.redis)
     sidecar = WeightSidecar(ModuleEngine(model), r, "bench", SidecarSettings(join_timeout_s=0, poll_s=0.005,
-                                                                   keep_staging=args.keep_staging),
+                                                                   keep_staging=not args.free_staging),
                             name=f"recv{args.index}")
     await sidecar.start()
     me = f"{BENCH}:ctl:{args.index}"
     params = dict(model.named_parameters())
+    parent = os.getppid()
+
     async def pop() -> dict:
         while (item := await r.blpop([me], timeout=1)) is None:
-            pass
+            if os.getppid() != parent:  # the driver is gone: do not linger
+                return {"op": "quit"}
         return json.loads(item[1])
 
     while True:
@@ -116,16 +124,17 @@ async def receiver(args) -> None:
             total = sum(float(p.float().sum()) for p in params.values())
             await r.rpush(f"{BENCH}:ack", json.dumps({"i": args.index, "sum": total,
                                                        "version": sidecar.weight_version}))
-        elif cmd["op"] == "raw":
+        elif cmd["op"] == "raw-open":
             g = await asyncio.to_thread(CollectiveGroup.open, backend="gloo", master_addr="127.0.0.1",
                                         master_port=cmd["port"], rank=args.index + 1, world_size=3,
                                         group_name=cmd["group"], init_timeout_s=60, collective_timeout_s=600)
-            buf = torch.empty(cmd["nbytes"], dtype=torch.uint8)
-            for _ in range(cmd["repeat"]):
-                work = g.broadcast(buf)
-                await r.rpush(f"{BENCH}:ready", json.dumps({"i": args.index, "ready": True}))
-                await asyncio.to_thread(g.wait, work)
-                await r.rpush(f"{BENCH}:ack", json.dumps({"i": args.index, "done": time.time()}))
+            buf = torch.zeros(cmd["nbytes"], dtype=torch.uint8)
+        elif cmd["op"] == "raw":
+            work = g.broadcast(buf)
+            await r.rpush(f"{BENCH}:ready", json.dumps({"i": args.index, "ready": True}))
+            await asyncio.to_thread(g.wait, work)
+            await r.rpush(f"{BENCH}:ack", json.dumps({"i": args.index, "done": time.time()}))
+        elif cmd["op"] == "per-param":
             del buf
             # per-parameter pattern in the same group: one control request, then one broadcast, per tensor
             while True:
@@ -181,7 +190,9 @@ async def driver(args) -> None:
     for i in range(2):
         log = open(tmp / f"recv{i}.log", "wb")
         procs.append(subprocess.Popen([sys.executable, __file__, "--role", "receiver", "--redis", server.url,
-                                       "--index", str(i), *sys.argv[1:]], env=env, stdout=log, stderr=log))
+                                       "--index", str(i), *sys.argv[1:]], env=env, stdout=log, stderr=log,
+                                      start_new_session=True))
+    pub = None
     try:
         reg = ReplicaRegistry(r, "bench")
         deadline = time.monotonic() + 120
@@ -189,15 +200,37 @@ async def driver(args) -> None:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"receivers did not register; see {tmp}")
             await asyncio.sleep(0.2)
-        settings = WeightSyncSettings(bucket_bytes=args.bucket_mb << 20, checksum=not args.no_checksum)
+        settings = WeightSyncSettings(bucket_bytes=args.bucket_mb << 20, checksum=not args.no_checksum,
+                                      checksum_algo=args.checksum_algo)
         pub = WeightPublisher(r, "bench", settings)
 
         t = time.perf_counter()
         await pub.publish(model)
         first = time.perf_counter() - t
         assert sorted(pub.last_report.loaded) == sorted(i.replica_id for i in await reg.alive()), pub.last_report
-        steady = []
-        for _ in range(args.repeat):
+
+        # the raw group of (2) and (3), formed untimed
+        port, group = free_port(), "bench-raw"
+        for i in range(2):
+            await r.rpush(f"{BENCH}:ctl:{i}", json.dumps({"op": "raw-open", "port": port, "group": group,
+                                                          "nbytes": total}))
+        g = await asyncio.to_thread(CollectiveGroup.open, backend="gloo", master_addr="127.0.0.1",
+                                    master_port=port, rank=0, world_size=3, group_name=group,
+                                    init_timeout_s=60, collective_timeout_s=600)
+        flat = torch.zeros(total, dtype=torch.uint8)
+        flat.copy_(torch.cat([p.detach().reshape(-1).view(torch.uint8) for _, p in named]))
+
+        async def raw_once() -> float:
+            for i in range(2):
+                await r.rpush(f"{BENCH}:ctl:{i}", json.dumps({"op": "raw"}))
+            await acks(r, 2, queue="ready")
+            t0 = time.time()
+            await asyncio.to_thread(lambda: g.wait(g.broadcast(flat)))
+            return max(a["done"] for a in await acks(r, 2)) - t0
+
+        steady, raws = [], []
+        for _ in range(args.repeat):  # (1) and (2) alternate
+            raws.append(await raw_once())
             with torch.no_grad():
                 for _, p in named[:5]:
                     p.add_(1)
@@ -213,24 +246,10 @@ async def driver(args) -> None:
         for a in await acks(r, 2):
             assert a["version"] == v and abs(a["sum"] - expect) < 1e-3 * max(1.0, abs(expect)), (a, expect)
 
-        # (2) + (3) in one fresh group (formation not timed)
-        port, group = free_port(), "bench-raw"
-        for i in range(2):
-            await r.rpush(f"{BENCH}:ctl:{i}", json.dumps({"op": "raw", "port": port, "group": group,
-                                                          "nbytes": total, "repeat": args.repeat}))
-        g = await asyncio.to_thread(CollectiveGroup.open, backend="gloo", master_addr="127.0.0.1",
-                                    master_port=port, rank=0, world_size=3, group_name=group,
-                                    init_timeout_s=60, collective_timeout_s=600)
-        flat = torch.empty(total, dtype=torch.uint8)
-        raws = []
-        for _ in range(args.repeat):
-            await acks(r, 2, queue="ready")
-            t0 = time.time()
-            await asyncio.to_thread(lambda: g.wait(g.broadcast(flat)))
-            raws.append(max(a["done"] for a in await acks(r, 2)) - t0)
         raw_s = min(raws)
-        del flat
 
+        for i in range(2):
+            await r.rpush(f"{BENCH}:ctl:{i}", json.dumps({"op": "per-param"}))
         t0 = time.time()
         for name, p in named:
             msg = json.dumps({"op": "param", "name": name, "dtype": dtype_name(p.dtype), "shape": list(p.shape)})
@@ -247,8 +266,9 @@ async def driver(args) -> None:
         bucketed_s = min(steady)
         mbs = lambda s: total / 1e6 / s  # noqa: E731
         nb = len(pub._manifest.buckets)
-        print(f"bucket size: {args.bucket_mb} MiB ({nb} buckets), checksum: {'off' if args.no_checksum else 'crc32'}, "
-              f"receive buffers: {'kept' if args.keep_staging else 'per update (default)'}")
+        print(f"bucket size: {args.bucket_mb} MiB ({nb} buckets), checksum: "
+              f"{'off' if args.no_checksum else args.checksum_algo}, "
+              f"receive buffers: {'per update' if args.free_staging else 'kept (default)'}")
         print(f"(1) bucketed publish, end to end:   {bucketed_s:7.3f} s  {mbs(bucketed_s):7.1f} MB/s  "
               f"(best of {len(steady)}: {', '.join(f'{s:.3f}' for s in steady)}; first publish incl. group "
               f"formation {first:.3f} s)")
@@ -256,19 +276,38 @@ async def driver(args) -> None:
               f"(best of {len(raws)}: {', '.join(f'{s:.3f}' for s in raws)})")
         print(f"(3) per-parameter RPC + broadcast:  {per_param_s:7.3f} s  {mbs(per_param_s):7.1f} MB/s  "
               f"({len(named)} control round trips)")
-        print(f"ratio (1)/(2) bandwidth: {raw_s / bucketed_s:.2f}  (target >= 0.9)")
+        print(f"ratio (1)/(2) bandwidth: {raw_s / bucketed_s:.2f}  (target >= 0.9; best vs best)")
+        pairs = [rs / bs for rs, bs in zip(raws, steady)]
+        print(f"ratio per alternating pair: {', '.join(f'{x:.2f}' for x in pairs)}  (median "
+              f"{sorted(pairs)[len(pairs) // 2]:.2f})")
         print(f"speed-up (1) vs (3):     {per_param_s / bucketed_s:.1f}x  (target >= 5x)")
-        for i in range(2):
-            await r.rpush(f"{BENCH}:ctl:{i}", json.dumps({"op": "quit"}))
-        await pub.close()
     finally:
-        for p in procs:
+        try:
+            for i in range(2):
+                await r.rpush(f"{BENCH}:ctl:{i}", json.dumps({"op": "quit"}))
+            if pub is not None:
+                await pub.close()
+        finally:
+            reap(procs)
+            await r.aclose()
+            server.stop()
+
+
+def reap(procs: list[subprocess.Popen], grace_s: float = 10.0) -> None:
+    """Let the receivers quit, then kill whatever is left (their whole process groups)."""
+    deadline = time.monotonic() + grace_s
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+    for p in procs:
+        if p.poll() is None:
             try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        await r.aclose()
-        server.stop()
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait(timeout=10)
 
 
 def main() -> None:
@@ -276,10 +315,11 @@ def main() -> None:
     ap.add_argument("--role", default="driver", choices=["driver", "receiver"])
     ap.add_argument("--redis")
     ap.add_argument("--index", type=int, default=0)
-    ap.add_argument("--bucket-mb", type=int, default=64)
+    ap.add_argument("--bucket-mb", type=int, default=32)
     ap.add_argument("--no-checksum", action="store_true")
-    ap.add_argument("--keep-staging", action="store_true", help="receivers keep their receive buffers")
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--checksum-algo", default="xxh3_64", choices=["xxh3_64", "crc32"])
+    ap.add_argument("--free-staging", action="store_true", help="receivers free their receive buffers after each update")
+    ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--layers", type=int, default=11)
     ap.add_argument("--experts", type=int, default=64)
     ap.add_argument("--hidden", type=int, default=256)
