@@ -38,8 +38,8 @@ MAX_NEW_TOKENS = 8
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="make demo", description=__doc__.splitlines()[0])
     ap.add_argument("--run-dir", type=Path, default=None, help="default: runs/demo-<time>")
-    ap.add_argument("--sft-steps", type=int, default=30, help="supervised warm-up steps (batch 64)")
-    ap.add_argument("--rl-steps", type=int, default=400, help="GRPO learner steps")
+    ap.add_argument("--sft-steps", type=int, default=40, help="supervised warm-up steps (batch 64)")
+    ap.add_argument("--rl-steps", type=int, default=500, help="GRPO learner steps")
     ap.add_argument("--groups-per-step", type=int, default=16, help="prompt groups per learner step")
     ap.add_argument("--group-size", type=int, default=8, help="samples per prompt")
     ap.add_argument("--lr", type=float, default=5e-4, help="GRPO actor learning rate")
