@@ -32,12 +32,23 @@ def main(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
 
+    from services.learner.distributed.env import RankInfo
+    from shared.telemetry import setup_logging
+
+    ranks = RankInfo.from_env()
+    if ranks.multi and settings.algorithm.name == "sft":
+        typer.echo("error: SFT runs on one rank (WORLD_SIZE=1); data-parallel ranks are for RL algorithms", err=True)
+        raise typer.Exit(2)
+    setup_logging(settings.log_level, service="learner")
+    if not ranks.owner:  # a follower rank: no HTTP, no Redis; trains on the shards rank 0 ships
+        from services.learner.distributed.ranks import Follower
+
+        Follower(settings, ranks).run()
+        raise typer.Exit(0)
+
     import uvicorn
 
     from services.learner.app import create_app
-    from shared.telemetry import setup_logging
-
-    setup_logging(settings.log_level, service="learner")
     server: uvicorn.Server | None = None
     exit_code = {"code": 0}
 

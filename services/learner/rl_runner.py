@@ -46,6 +46,7 @@ from shared.schemas import Experience, PromptTask
 
 from .checkpoint import CheckpointManager
 from .data import PromptSet, parse_item_id
+from .distributed.env import RankInfo
 from .observability import MetricsSink
 from .run_state import InFlight, RunState
 from .settings import LearnerSettings
@@ -87,6 +88,8 @@ class RLRunner:
         self._checkpoint_waiters: list[asyncio.Future] = []
         self._wait_started: float | None = None
         self._wait_s = 0.0
+        self.ranks = RankInfo.from_env()
+        self.link = None  # OwnerLink to the follower ranks when WORLD_SIZE > 1
 
     # ---- start -----------------------------------------------------------------------------------
     async def _start(self) -> None:
@@ -104,6 +107,11 @@ class RLRunner:
         if self.s.train.max_steps:
             self.total_steps = min(self.total_steps, self.s.train.max_steps)
         resume_dir = latest / "trainer" if latest is not None else None
+        if self.ranks.multi:
+            from .distributed.ranks import OwnerLink
+
+            self.link = await asyncio.to_thread(OwnerLink, self.s, self.ranks)
+            await asyncio.to_thread(self.link.start, self.total_steps, resume_dir)
         self.trainer = await asyncio.to_thread(RLTrainer, self.s, self.total_steps, resume_dir)
         self._limits = self.trainer.limits()
         await self.experiences.ensure_group()
@@ -128,6 +136,8 @@ class RLRunner:
             await self._start()
             self.phase = "running"
             while not stop.is_set() and not self._done():
+                if self.link is not None:
+                    await asyncio.to_thread(self.link.heartbeat)
                 await self._feed()
                 await self._reissue_timeouts()
                 groups = await self._take_batch()
@@ -151,6 +161,11 @@ class RLRunner:
                     fut.set_exception(RuntimeError(f"run ended ({self.phase}) before the checkpoint"))
             if self.publisher is not None:
                 await self.publisher.close()
+            if self.link is not None:
+                try:  # followers leave their loop (a follower stuck in a collective times out instead)
+                    await asyncio.to_thread(self.link.stop)
+                except Exception:
+                    log.exception("could not stop the follower ranks")
 
     def _exhausted(self) -> bool:
         return self.state.epoch >= self.s.data.epochs
@@ -297,7 +312,11 @@ class RLRunner:
         for gid in gids:
             exps += [e for _, (_, e) in sorted(self._buffer[gid].items())]
         staleness = [st.weight_version - e.weight_version for e in exps]
-        metrics = await asyncio.to_thread(self.trainer.train_step, exps)
+        if self.link is not None:
+            groups = [[e for _, (_, e) in sorted(self._buffer[gid].items())] for gid in gids]
+            metrics = await asyncio.to_thread(self.link.train, self.trainer, groups)
+        else:
+            metrics = await asyncio.to_thread(self.trainer.train_step, exps)
         step = self.trainer.global_step
         for gid in gids:
             key, _ = parse_item_id(gid)
@@ -332,7 +351,10 @@ class RLRunner:
             await self._commit()
 
     async def _publish(self) -> None:
-        weights = await asyncio.to_thread(self.trainer.policy_weights)
+        if self.link is not None:
+            weights = await asyncio.to_thread(self.link.policy_weights, self.trainer)
+        else:
+            weights = await asyncio.to_thread(self.trainer.policy_weights)
         self.state.weight_version = await self.publisher.publish(weights)
         self._published_step = self.trainer.global_step
 
@@ -344,7 +366,10 @@ class RLRunner:
         snapshot = st.to_json()
 
         def write(tmp: Path) -> None:
-            self.trainer.save(tmp / "trainer")
+            if self.link is not None:
+                self.link.save(self.trainer, tmp / "trainer")
+            else:
+                self.trainer.save(tmp / "trainer")
             (tmp / "run_state.json").write_text(snapshot)
 
         path = await asyncio.to_thread(self.ckpt.save, step, write)
@@ -401,5 +426,7 @@ class RLRunner:
             "counters": dict(st.counters),
             "staleness_histogram": {str(k): v for k, v in sorted(self.sink.staleness_counts.items())},
             "last_checkpoint": self.last_checkpoint,
+            "ranks": self.ranks.world_size,
+            "replica_digests": self.link.replica_digests if self.link is not None else [],
             "last_metrics": {k: v for k, v in self.last_metrics.items() if k != "sample_ids"},
         }

@@ -173,6 +173,17 @@ class ObservabilitySettings(_Section):
     log_sample_ids: bool = Field(default=False, description="Include the trained sample ids in each metrics line.")
 
 
+class DistributedSettings(_Section):
+    """Data-parallel ranks (RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT from the launcher)."""
+
+    backend: Literal["auto", "gloo", "nccl"] = Field(default="auto", description="auto: nccl on CUDA, else gloo.")
+    timeout_s: float = Field(default=600.0, gt=0.0, description="Timeout of every collective (process group).")
+    heartbeat_s: float = Field(
+        default=60.0, gt=0.0, description="Rank 0 pings followers this often while it waits for rollouts "
+        "(keep it well under timeout_s).",
+    )
+
+
 class LearnerSettings(ServiceSettings):
     """Everything the learner needs; see each section."""
 
@@ -191,6 +202,7 @@ class LearnerSettings(ServiceSettings):
     publish: PublishSettings = Field(default_factory=PublishSettings)
     checkpoint: CheckpointSettings = Field(default_factory=CheckpointSettings)
     observability: ObservabilitySettings = Field(default_factory=ObservabilitySettings)
+    distributed: DistributedSettings = Field(default_factory=DistributedSettings)
     exit_when_done: bool = Field(default=True, description="Exit the process once training has finished.")
 
     @model_validator(mode="after")
@@ -205,6 +217,8 @@ class LearnerSettings(ServiceSettings):
                              f"({self.train.groups_per_step}), or a step can never fill")
         if self.train.freeze_actor_steps and name != "ppo":
             raise ValueError("train.freeze_actor_steps warms up a critic: it only applies to algorithm.name=ppo")
+        if self.distributed.heartbeat_s >= self.distributed.timeout_s:
+            raise ValueError("distributed.heartbeat_s must be below distributed.timeout_s")
         return self
 
     @property

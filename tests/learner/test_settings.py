@@ -48,3 +48,9 @@ def test_invalid_settings_say_what_to_fix(patch, message, tmp_path):
     cfg.write_text(yaml.safe_dump(base))
     with pytest.raises(SettingsError, match=message):
         load_settings(LearnerSettings, cfg)
+
+
+def test_heartbeat_must_be_under_the_collective_timeout(tmp_path):
+    with pytest.raises(ValueError, match="heartbeat_s must be below"):
+        LearnerSettings(model={"actor": "m"}, data={"path": "d.jsonl"},
+                        distributed={"timeout_s": 10, "heartbeat_s": 30})

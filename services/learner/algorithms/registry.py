@@ -27,6 +27,7 @@ class AdvantageInputs:
     mask: torch.Tensor  # [B, T] action mask
     kl: torch.Tensor  # [B, T] per-token KL estimate of the behaviour policy vs the reference (0 if off)
     values: torch.Tensor | None = None  # [B, T] critic values (PPO)
+    whiten: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = masked_whiten  # batch-global on N ranks
 
 
 class Algorithm:
@@ -63,7 +64,7 @@ class Algorithm:
         returns = discounted_returns(self.token_rewards(inputs), inputs.mask, self.settings.gamma)
         advantages = returns
         if self.settings.normalize_advantages:
-            advantages = masked_whiten(advantages, inputs.mask)
+            advantages = inputs.whiten(advantages, inputs.mask)
         return advantages, returns
 
 
@@ -92,7 +93,7 @@ class PPO(Algorithm):
         adv, returns = gae(self.token_rewards(inputs), inputs.values, inputs.mask, self.settings.gamma,
                            self.settings.lambd)
         if self.settings.normalize_advantages:
-            adv = masked_whiten(adv, inputs.mask)
+            adv = inputs.whiten(adv, inputs.mask)
         return adv, returns
 
 

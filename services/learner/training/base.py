@@ -72,6 +72,17 @@ class TrainerBase:
     def _save_more(self, out_dir: Path) -> None:
         pass
 
+    def save_follower(self, out_dir: Path) -> None:
+        """A follower rank's part of :meth:`save` (rank 0 writes the rest). Replicated backends: nothing;
+        sharded ones (DeepSpeed) join the gathers and write their own optimizer / parameter shards."""
+        if not self.actor.sharded:
+            return
+        self.actor.full_state_dict()
+        self.actor.save_state(out_dir / "actor_optim")
+        critic = getattr(self, "critic", None)
+        if critic is not None:
+            critic.save_state(out_dir / "critic_optim")
+
     def restore(self, in_dir: Path) -> None:
         """Load optimizer, scheduler, RNG and counters saved by :meth:`save` (weights were loaded at build)."""
         self.actor.load_state(in_dir / "actor_optim")
@@ -92,7 +103,7 @@ class TrainerBase:
     # ---- weights out ------------------------------------------------------------------------------
     def policy_weights(self) -> dict[str, torch.Tensor]:
         """Actor weights under the base model's parameter names (LoRA merged) for the weight sync."""
-        return merged_state_dict(self.actor.model)
+        return self.actor.gathered(lambda: merged_state_dict(self.actor.model))
 
     def export(self, out_dir: Path) -> None:
         save_actor_export(self.actor.model, self.tokenizer, out_dir)

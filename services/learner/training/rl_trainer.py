@@ -15,6 +15,7 @@ from services.learner.algorithms.losses import aggregate, clipped_surrogate, tru
 from services.learner.algorithms.masked import masked_mean
 from services.learner.algorithms.normalize import RunningMeanStd
 from services.learner.algorithms.registry import AdvantageInputs, build_algorithm
+from services.learner.distributed.collectives import all_sum, global_whiten
 from services.learner.settings import LearnerSettings
 from shared.schemas import Experience
 
@@ -75,20 +76,59 @@ class RLTrainer(TrainerBase):
                 out[idx, : mb.action_mask.shape[1]] = fn(mb).float()
         return out
 
-    def _scores(self, raw: torch.Tensor) -> torch.Tensor:
+    def _scores(self, raw: torch.Tensor, batch_scores: torch.Tensor) -> torch.Tensor:
         a = self.algo_settings
         scores = raw
-        if a.normalize_rewards:
-            self.reward_stats.update(raw)
+        if a.normalize_rewards:  # statistics of the whole step batch: the same on every rank
+            self.reward_stats.update(batch_scores)
             scores = self.reward_stats.normalize(raw)
         if a.reward_clip is not None:
             scores = scores.clamp(-a.reward_clip, a.reward_clip)
         return scores
 
-    def train_step(self, experiences: Sequence[Experience]) -> dict[str, float]:
-        """Train on ``experiences`` (complete groups). Returns the step's metrics."""
+    def _updates(self, total: int) -> int:
+        """Optimizer updates per PPO epoch for a step batch of ``total`` samples (over all ranks)."""
+        mini = min(self.settings.train.mini_batch_size or total, total)
+        return -(-total // mini)
+
+    def _chunks(self, size: int, total: int) -> list[torch.Tensor]:
+        """This rank's mini-batches of one epoch: on one rank ``mini_batch_size`` slices of a permutation;
+        on N ranks the local shard split into the same number of updates as every other rank."""
+        perm = torch.randperm(size).to(self.device)
+        if size == total:
+            mini = min(self.settings.train.mini_batch_size or size, size)
+            return [perm[start : start + mini] for start in range(0, size, mini)]
+        return list(torch.tensor_split(perm, self._updates(total)))
+
+    def _empty_step(self, total: int) -> dict[str, float]:
+        """A rank whose shard is empty (fewer groups than ranks) joins every collective with zeros."""
+        a = self.algo_settings
+        if a.normalize_advantages:
+            global_whiten(torch.zeros(1, 1, device=self.device), torch.zeros(1, 1, device=self.device))
+        train_actor = self.global_step >= self.settings.train.freeze_actor_steps
+        for _epoch in range(a.ppo_epochs):
+            for _ in range(self._updates(total)):
+                all_sum(torch.zeros(2, dtype=torch.float64, device=self.device))
+                if train_actor:
+                    self.actor.step()
+                if self.critic is not None:
+                    self.critic.step()
+        self.global_step += 1
+        return {"step": float(self.global_step), "samples": 0.0}
+
+    def train_step(self, experiences: Sequence[Experience], batch_scores: Sequence[float] | None = None,
+                   batch_samples: int | None = None) -> dict[str, float]:
+        """Train on ``experiences`` (complete groups). Returns the step's metrics.
+
+        On N ranks ``experiences`` is this rank's shard; ``batch_scores`` / ``batch_samples`` describe the
+        whole step batch (reward statistics and loss denominators are global, so N ranks x B/N samples
+        give the update of 1 rank x B samples).
+        """
         t0 = time.perf_counter()
         a, train = self.algo_settings, self.settings.train
+        total = batch_samples if batch_samples is not None else len(experiences)
+        if not experiences:
+            return self._empty_step(total)
         batch = build_rl_batch(experiences, self.pad_id).to(self.device)
         mask = batch.action_mask
         actor, temp = self.actor.model, self.temperature
@@ -104,9 +144,10 @@ class RLTrainer(TrainerBase):
             values = self._no_grad_pass(lambda mb: action_values(self.critic.model, mb), batch)
 
         kl = kl_estimate(old_lp, ref_lp, a.kl.estimator, mask) if ref_lp is not None else torch.zeros_like(mask)
-        scores = self._scores(batch.scores)
+        all_scores = batch.scores if batch_scores is None else torch.tensor(list(batch_scores), dtype=torch.float32)
+        scores = self._scores(batch.scores, all_scores)
         adv, returns = self.algorithm.advantages(
-            AdvantageInputs(scores=scores, groups=batch.groups, mask=mask, kl=kl, values=values)
+            AdvantageInputs(scores=scores, groups=batch.groups, mask=mask, kl=kl, values=values, whiten=global_whiten)
         )
         tis = (truncated_is_weights(old_lp, batch.engine_logprobs, a.tis_cap) if a.tis_cap is not None
                else torch.ones_like(mask))
@@ -114,16 +155,16 @@ class RLTrainer(TrainerBase):
         train_actor = self.global_step >= train.freeze_actor_steps
         acc = _Accumulator()
         size = batch.size
-        mini = min(train.mini_batch_size or size, size)
         actor.train()
         if self.critic is not None:
             self.critic.model.train()
         for _epoch in range(a.ppo_epochs):
-            perm = torch.randperm(size).to(self.device)
-            for start in range(0, size, mini):
-                m_idx = perm[start : start + mini]
-                n_tok = mask[m_idx].sum().clamp(min=1.0)
-                n_seq = float(len(m_idx))
+            for m_idx in self._chunks(size, total):
+                local = torch.stack([mask[m_idx].sum().double(),
+                                     torch.tensor(float(len(m_idx)), dtype=torch.float64, device=mask.device)])
+                counts = all_sum(local)  # global token / sequence counts of this update
+                n_tok = counts[0].to(mask.dtype).clamp(min=1.0)
+                n_seq = float(counts[1])
                 for ms in range(0, len(m_idx), train.micro_batch_size):
                     idx = m_idx[ms : ms + train.micro_batch_size]
                     mb = batch.select(idx)

@@ -43,6 +43,16 @@ class TrainEngine(ABC):
     def optimizer_steps(self) -> int:
         return 0
 
+    @property
+    def sharded(self) -> bool:
+        """True where ranks hold different parts of the model / optimizer (every rank saves its part)."""
+        return False
+
+    def gathered(self, fn: Callable[[], dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        """``fn()`` with the full parameters present; collective where the backend shards them (call on
+        every rank; only rank 0's result is meaningful there)."""
+        return fn()
+
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The complete model weights on this rank (gathered where the backend shards them)."""
         return self.model.state_dict()

@@ -9,6 +9,7 @@ must hold the same number of micro-batches (``accumulation``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -62,7 +63,8 @@ class DeepSpeedEngine(TrainEngine):
         self._last_norm = 0.0
 
     def backward(self, loss: torch.Tensor) -> None:
-        self.engine.backward(loss, scale_wrt_gas=False)
+        # our losses are divided by global (all-rank) counts; DeepSpeed averages gradients over ranks
+        self.engine.backward(loss * self.engine.dp_world_size, scale_wrt_gas=False)
         self.engine.step()
 
     def step(self) -> float:
@@ -80,6 +82,24 @@ class DeepSpeedEngine(TrainEngine):
         if self.engine.zero_optimization_stage() == 3:
             return self.engine._zero3_consolidated_16bit_state_dict()
         return self.model.state_dict()
+
+    @property
+    def sharded(self) -> bool:
+        return True
+
+    def gathered(self, fn: Callable[[], dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        """ZeRO-3: every rank enters ``GatheredParameters`` (a collective all-gather); rank 0 copies the
+        full weights to CPU inside it. ZeRO-2 keeps full parameters on every rank."""
+        if self.engine.zero_optimization_stage() != 3:
+            return fn()
+        import deepspeed
+        import torch.distributed as dist
+
+        params = list(self.model.parameters())
+        with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
+            if dist.get_rank() != 0:
+                return {}
+            return {k: v.detach().to("cpu", copy=True) for k, v in fn().items()}
 
     def save_state(self, out_dir: Path) -> None:
         self.engine.save_checkpoint(str(out_dir), tag="ds", save_latest=False)

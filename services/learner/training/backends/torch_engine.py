@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from services.learner.distributed.collectives import all_reduce_grads
 from services.learner.settings import OptimSettings, TorchBackendSettings
 
 from .base import TrainEngine, make_schedule, register_backend
@@ -28,6 +29,7 @@ class TorchEngine(TrainEngine):
         loss.backward()
 
     def step(self) -> float:
+        all_reduce_grads(self.params)  # data parallel: sum over ranks (losses use global denominators)
         if self.max_grad_norm is not None:
             norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
         else:

@@ -1,0 +1,104 @@
+"""Two learner ranks (real processes, gloo, torch backend) fed by the fake fleet through real Redis.
+
+Rank 0 serves HTTP, consumes the queue and ships each rank its shard; rank 1 only trains. After the run
+both ranks hold byte-identical weights, and the 2-rank run equals a 1-rank run on the same batches.
+"""
+
+import asyncio
+import json
+
+import pytest
+import yaml
+from safetensors.torch import load_file
+
+from services.learner.checkpoint import CheckpointManager
+from services.learner.observability import read_history
+from shared import keys
+from shared.experience_queue import StreamQueue
+from shared.redis_server import free_port
+from shared.schemas import Experience
+from tests.learner.fake_rollout import FakeFleet
+from tests.learner.test_process import ENV, wait_exit
+from tests.procs import spawn, stop
+
+N_PROMPTS, GROUP = 5, 4  # steps of 2, 2 and 1 groups: rank 1 gets an empty shard in the last one
+
+
+def write_config(tmp_path, name, tiny_model_dir, redis_url) -> tuple:
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"input": f"question {i}", "label": i}) + "\n" for i in range(N_PROMPTS)))
+    run_dir = tmp_path / name
+    cfg = {
+        "port": free_port(), "redis_url": redis_url, "run_name": name, "run_dir": str(run_dir), "log_level": "INFO",
+        "model": {"actor": str(tiny_model_dir), "device": "cpu"},
+        "optim": {"actor_lr": 1e-3, "warmup_ratio": 0.0},
+        "train": {"groups_per_step": 2, "micro_batch_size": 8, "torch_threads": 1},
+        # group baselines (shards keep groups whole), reward statistics and whitening over the whole batch
+        "algorithm": {"name": "grpo", "normalize_rewards": True, "normalize_advantages": True},
+        "data": {"path": str(prompts), "shuffle": False},
+        "rollout": {"group_size": GROUP, "window": 2, "max_staleness": 100},
+        "queue": {"block_ms": 100},
+        "checkpoint": {"every": 2, "export_dir": str(run_dir / "export")},
+        "observability": {"progress_bar": False, "log_sample_ids": True, "plot": False},
+        "distributed": {"timeout_s": 60, "heartbeat_s": 2},
+    }
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path, run_dir
+
+
+def rank_env(rank: int, world: int, master_port: int) -> dict[str, str]:
+    return {**ENV, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master_port)}
+
+
+@pytest.mark.timeout(180)
+async def test_two_ranks_match_each_other_and_one_rank(tmp_path, tiny_model_dir, redis_server, redis_client):
+    dp_cfg, dp_dir = write_config(tmp_path, "dp", tiny_model_dir, redis_server.url)
+    one_cfg, one_dir = write_config(tmp_path, "one", tiny_model_dir, redis_server.url)
+    fleets = [FakeFleet(redis_client, "dp"), FakeFleet(redis_client, "one")]
+    tasks = [asyncio.create_task(f.run_forever(consumer=f"fake-{f.run}")) for f in fleets]
+    master = free_port()
+    args = ["-m", "services.learner", "--config"]
+    procs = [spawn([*args, str(dp_cfg)], tmp_path / f"dp{r}.log", rank_env(r, 2, master)) for r in (0, 1)]
+    procs.append(spawn([*args, str(one_cfg)], tmp_path / "one.log", ENV))
+    try:
+        codes = [await wait_exit(p, 150) for p in procs]
+    finally:
+        for p in procs:
+            stop(p)
+        for f, t in zip(fleets, tasks):
+            await f.stop(t)
+    logs = {n: (tmp_path / f"{n}.log").read_text()[-3000:] for n in ("dp0", "dp1", "one")}
+    assert codes == [0, 0, 0], logs
+    assert "following rank 0" in logs["dp1"] and "stopping after 3 steps" in logs["dp1"], logs["dp1"]
+    assert "Uvicorn running" not in logs["dp1"]  # followers serve no HTTP
+
+    # the same batches, step by step, in both runs
+    dp_hist, one_hist = read_history(dp_dir / "metrics.jsonl"), read_history(one_dir / "metrics.jsonl")
+    assert sorted(dp_hist) == sorted(one_hist) == [1, 2, 3]
+    for step in dp_hist:
+        assert sorted(dp_hist[step]["sample_ids"]) == sorted(one_hist[step]["sample_ids"])
+        assert dp_hist[step]["samples"] == one_hist[step]["samples"] == (2 if step < 3 else 1) * GROUP
+
+    # rank 0 and rank 1 hold byte-identical weights at every checkpoint (digests gathered from both ranks)
+    final = CheckpointManager(dp_dir / "checkpoints", 2).latest()
+    assert final is not None and final.name == "step-00000003"
+    for ckpt in (dp_dir / "checkpoints").glob("step-*"):
+        digests = json.loads((ckpt / "trainer" / "replicas.json").read_text())["actor_sha256"]
+        assert len(digests) == 2 and digests[0] == digests[1], digests
+
+    # 2 ranks x 4 samples == 1 rank x 8 samples (float summation order aside)
+    base = load_file(str(tiny_model_dir / "model.safetensors"))
+    dp_w = load_file(str(dp_dir / "export" / "model.safetensors"))
+    one_w = load_file(str(one_dir / "export" / "model.safetensors"))
+    assert dp_w.keys() == one_w.keys()
+    moved = max(float((one_w[k].float() - base[k].float()).abs().max()) for k in base if k in one_w)
+    assert moved > 1e-3  # training did change the weights
+    worst = max(float((dp_w[k].float() - one_w[k].float()).abs().max()) for k in dp_w)
+    assert worst < 1e-5, worst
+
+    # rank 0 settled everything it consumed
+    for run in ("dp", "one"):
+        stats = await StreamQueue(redis_client, keys.experiences_stream(run), "learner", Experience).stats()
+        assert stats.pending == 0, (run, stats)
