@@ -7,6 +7,7 @@ both ranks hold byte-identical weights, and the 2-rank run equals a 1-rank run o
 import asyncio
 import json
 
+import httpx
 import pytest
 import yaml
 from safetensors.torch import load_file
@@ -18,15 +19,15 @@ from shared.experience_queue import StreamQueue
 from shared.redis_server import free_port
 from shared.schemas import Experience
 from tests.learner.fake_rollout import FakeFleet
-from tests.learner.test_process import ENV, wait_exit
-from tests.procs import spawn, stop
+from tests.learner.test_process import ENV, status, wait_exit, wait_for
+from tests.procs import spawn, stop, wait_http_ok
 
 N_PROMPTS, GROUP = 5, 4  # steps of 2, 2 and 1 groups: rank 1 gets an empty shard in the last one
 
 
-def write_config(tmp_path, name, tiny_model_dir, redis_url) -> tuple:
+def write_config(tmp_path, name, tiny_model_dir, redis_url, n_prompts=N_PROMPTS, **extra) -> tuple:
     prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"input": f"question {i}", "label": i}) + "\n" for i in range(N_PROMPTS)))
+    prompts.write_text("".join(json.dumps({"input": f"question {i}", "label": i}) + "\n" for i in range(n_prompts)))
     run_dir = tmp_path / name
     cfg = {
         "port": free_port(), "redis_url": redis_url, "run_name": name, "run_dir": str(run_dir), "log_level": "INFO",
@@ -42,9 +43,11 @@ def write_config(tmp_path, name, tiny_model_dir, redis_url) -> tuple:
         "observability": {"progress_bar": False, "log_sample_ids": True, "plot": False},
         "distributed": {"timeout_s": 60, "heartbeat_s": 2},
     }
+    for key, value in extra.items():
+        cfg[key] = {**cfg.get(key, {}), **value} if isinstance(value, dict) else value
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    return path, run_dir
+    return path, run_dir, f"http://127.0.0.1:{cfg['port']}"
 
 
 def rank_env(rank: int, world: int, master_port: int) -> dict[str, str]:
@@ -54,8 +57,8 @@ def rank_env(rank: int, world: int, master_port: int) -> dict[str, str]:
 
 @pytest.mark.timeout(180)
 async def test_two_ranks_match_each_other_and_one_rank(tmp_path, tiny_model_dir, redis_server, redis_client):
-    dp_cfg, dp_dir = write_config(tmp_path, "dp", tiny_model_dir, redis_server.url)
-    one_cfg, one_dir = write_config(tmp_path, "one", tiny_model_dir, redis_server.url)
+    dp_cfg, dp_dir, _ = write_config(tmp_path, "dp", tiny_model_dir, redis_server.url)
+    one_cfg, one_dir, _ = write_config(tmp_path, "one", tiny_model_dir, redis_server.url)
     fleets = [FakeFleet(redis_client, "dp"), FakeFleet(redis_client, "one")]
     tasks = [asyncio.create_task(f.run_forever(consumer=f"fake-{f.run}")) for f in fleets]
     master = free_port()
@@ -102,3 +105,64 @@ async def test_two_ranks_match_each_other_and_one_rank(tmp_path, tiny_model_dir,
     for run in ("dp", "one"):
         stats = await StreamQueue(redis_client, keys.experiences_stream(run), "learner", Experience).stats()
         assert stats.pending == 0, (run, stats)
+
+
+@pytest.mark.timeout(120)
+async def test_checkpoint_and_stop_on_rank0_reach_the_follower(tmp_path, tiny_model_dir, redis_server, redis_client):
+    cfg, run_dir, url = write_config(tmp_path, "ctl", tiny_model_dir, redis_server.url, control_token="tok")
+    fleet = FakeFleet(redis_client, "ctl", budget=0)  # nothing arrives: rank 0 waits and heartbeats the follower
+    task = asyncio.create_task(fleet.run_forever(consumer="fake-ctl"))
+    master = free_port()
+    procs = [spawn(["-m", "services.learner", "--config", str(cfg)], tmp_path / f"ctl{r}.log", rank_env(r, 2, master))
+             for r in (0, 1)]
+    auth = {"Authorization": "Bearer tok"}
+    try:
+        await asyncio.to_thread(wait_http_ok, f"{url}/health", procs[0], 90, tmp_path / "ctl0.log")
+        await wait_for(lambda: status(url)["phase"] == "running", 60, "running")
+        await asyncio.sleep(2.5)  # longer than heartbeat_s: the follower got a NOOP and is still in step
+        async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+            r = await http.post("/checkpoint", headers=auth)
+            assert r.status_code == 200 and r.json()["step"] == 0, r.text
+            st = (await http.get("/status")).json()
+            assert st["ranks"] == 2 and len(st["replica_digests"]) == 2
+            assert st["replica_digests"][0] == st["replica_digests"][1]
+            assert (await http.post("/stop", headers=auth)).status_code == 202
+        codes = [await wait_exit(p, 60) for p in procs]
+    finally:
+        for p in procs:
+            stop(p)
+        await fleet.stop(task)
+    assert codes == [0, 0], [(tmp_path / f"ctl{r}.log").read_text()[-3000:] for r in (0, 1)]
+    assert (run_dir / "checkpoints" / "step-00000000" / "trainer" / "replicas.json").is_file()
+    assert "stopping after 0 steps" in (tmp_path / "ctl1.log").read_text()
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(600)
+async def test_two_gpu_ranks_deepspeed_zero3(tmp_path, tiny_model_dir, redis_server, redis_client):
+    """Two GPUs, DeepSpeed ZeRO-3: rank 0 publishes gathered weights, checkpoints are written by both ranks."""
+    torch = pytest.importorskip("torch")
+    import importlib.util
+
+    if importlib.util.find_spec("deepspeed") is None or torch.cuda.device_count() < 2:
+        pytest.skip("needs deepspeed and two CUDA GPUs")
+    cfg, run_dir, _ = write_config(tmp_path, "ds", tiny_model_dir, redis_server.url, n_prompts=6,  # even shards
+                                model={"device": "cuda", "dtype": "bfloat16"},
+                                backend={"name": "deepspeed", "zero_stage": 3, "bf16": True},
+                                train={"micro_batch_size": 4})
+    fleet = FakeFleet(redis_client, "ds")
+    task = asyncio.create_task(fleet.run_forever(consumer="fake-ds"))
+    master = free_port()
+    procs = [spawn(["-m", "services.learner", "--config", str(cfg)], tmp_path / f"ds{r}.log", rank_env(r, 2, master))
+             for r in (0, 1)]
+    try:
+        codes = [await wait_exit(p, 500) for p in procs]
+    finally:
+        for p in procs:
+            stop(p)
+        await fleet.stop(task)
+    assert codes == [0, 0], [(tmp_path / f"ds{r}.log").read_text()[-3000:] for r in (0, 1)]
+    assert sorted(read_history(run_dir / "metrics.jsonl")) == [1, 2, 3]
+    assert int(await redis_client.get(keys.weights_version("ds"))) >= 3
+    final = CheckpointManager(run_dir / "checkpoints", 2).latest()
+    assert final is not None and (final / "trainer" / "actor_optim" / "ds").is_dir()
