@@ -119,6 +119,7 @@ class StreamQueue(Generic[R]):
         self._counters = _Counters()
         self._history_done: set[str] = set()  # consumers that have re-read their own pending entries
         self._group_ready = False
+        self._next_claim_at = 0.0  # monotonic time of the next XAUTOCLAIM scan
 
     # ---- set-up -------------------------------------------------------------------------------
     async def ensure_group(self, force: bool = False) -> None:
@@ -187,8 +188,12 @@ class StreamQueue(Generic[R]):
             raw = await self._read(consumer, "0", count, None)
             if not raw:
                 self._history_done.add(consumer)
-        if not raw:
+        if not raw and time.monotonic() >= self._next_claim_at:
+            # An entry becomes claimable only after claim_idle_ms of idleness, so scanning for such entries
+            # more often than every claim_idle_ms/2 (at most once a second) only costs round trips.
             raw = await self._autoclaim(consumer, count)
+            if len(raw) < count:  # nothing more to reclaim right now
+                self._next_claim_at = time.monotonic() + min(1.0, self.claim_idle_ms / 2000.0)
         fresh = False
         if not raw:
             raw = await self._read(consumer, ">", count, block_ms)
