@@ -4,7 +4,7 @@ FleetRL path: encode Experience -> StreamQueue.produce -> consume (decode, typed
 Raw path:     the same encoded bytes -> XADD (pipelined) -> XREADGROUP -> XACK (pipelined).
 Samples have 1,024 response tokens with logprobs. Target: FleetRL >= 0.5 of raw.
 
-    .venv/bin/python benchmarks/queue_throughput.py [--n 4000] [--batch 64] [--redis-url URL]
+    .venv/bin/python benchmarks/queue_throughput.py [--n 4000] [--batch 64] [--repeats 5] [--redis-url URL]
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
+import statistics
 import tempfile
 import time
 
@@ -87,6 +88,7 @@ async def main() -> None:
     ap.add_argument("--n", type=int, default=4000, help="experiences per path")
     ap.add_argument("--batch", type=int, default=64, help="produce/consume batch size")
     ap.add_argument("--tokens", type=int, default=1024, help="response tokens per sample")
+    ap.add_argument("--repeats", type=int, default=5, help="alternating raw / FleetRL pairs")
     ap.add_argument("--redis-url", default=None, help="use this server instead of a private embedded one")
     args = ap.parse_args()
 
@@ -102,13 +104,21 @@ async def main() -> None:
         payloads = [encode(s) for s in samples]
         size = sum(map(len, payloads)) / len(payloads)
         await raw_path(client, payloads[:200], args.batch)  # warm-up
-        await client.delete("bench:raw")
-        raw = await raw_path(client, payloads, args.batch)
-        fleet = await fleetrl_path(client, samples, args.batch)
-        print(f"samples: {args.n} x {args.tokens} tokens (+logprobs), {size / 1024:.1f} KiB each, batch {args.batch}")
-        print(f"raw redis-py XADD/XREADGROUP/XACK : {raw:10.0f} experiences/s")
-        print(f"FleetRL produce/consume/ack       : {fleet:10.0f} experiences/s  (encode + decode + validation included)")
-        print(f"ratio FleetRL / raw               : {fleet / raw:10.2f}  (target >= 0.5)")
+        raws, fleets = [], []
+        for _ in range(args.repeats):  # alternate, so both paths see the same machine load
+            await client.delete("bench:raw", "bench:fleet")
+            raws.append(await raw_path(client, payloads, args.batch))
+            await client.delete("bench:raw", "bench:fleet")
+            fleets.append(await fleetrl_path(client, samples, args.batch))
+        ratios = sorted(f / r for f, r in zip(fleets, raws))
+        print(f"samples: {args.n} x {args.tokens} tokens (+logprobs), {size / 1024:.1f} KiB each, batch {args.batch}, "
+              f"{args.repeats} alternating pairs")
+        for i, (r, f) in enumerate(zip(raws, fleets), 1):
+            print(f"  pair {i}: raw {r:8.0f}/s   FleetRL {f:8.0f}/s   ratio {f / r:.2f}")
+        print(f"raw redis-py XADD/XREADGROUP/XACK : {statistics.median(raws):10.0f} experiences/s (median)")
+        print(f"FleetRL produce/consume/ack       : {statistics.median(fleets):10.0f} experiences/s (median; encode + decode + "
+              "validation included)")
+        print(f"ratio FleetRL / raw               : {statistics.median(ratios):10.2f}  (median of pairs; target >= 0.5)")
     finally:
         await client.delete("bench:fleet", "bench:raw")
         await client.aclose()
