@@ -22,7 +22,7 @@ from pathlib import Path
 import yaml
 
 from deploy.local.demo import sft_config
-from deploy.local.sort_task import make_splits, write_jsonl
+from deploy.local.sort_task import prepare_run
 
 READY = "READY"
 
@@ -52,13 +52,8 @@ def prepare(args: argparse.Namespace) -> Path:
     work = out / ".prepare"
     shutil.rmtree(work, ignore_errors=True)
     (work / "data").mkdir(parents=True)
-    train, heldout = make_splits(args.seed, args.heldout)
-    write_jsonl(train, work / "data" / "train.jsonl")
-    write_jsonl(heldout, work / "data" / "heldout.jsonl")
-    from shared.tiny_model import build_tiny_causal_lm
-
-    base = build_tiny_causal_lm(work / "base-model", hidden_size=args.hidden_size, layers=args.layers, heads=4,
-                                max_positions=64, seed=args.seed)
+    train, heldout, base = prepare_run(work, seed=args.seed, heldout=args.heldout, hidden_size=args.hidden_size,
+                                       layers=args.layers)
     say(f"tiny model at {base}; {len(train)} train / {len(heldout)} held-out prompts; SFT {args.sft_steps} steps")
     config = sft_config(work, base, args, args.redis_url)
     config["run_dir"] = str(work / "sft")

@@ -30,7 +30,7 @@ import httpx
 
 from deploy.local.evaluate import greedy_accuracy
 from deploy.local.fleet import Fleet, FleetError
-from deploy.local.sort_task import make_splits, write_jsonl
+from deploy.local.sort_task import prepare_run
 
 MAX_NEW_TOKENS = 8
 
@@ -143,13 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         redis_url = fleet.start_redis()
         say(f"run dir {run}; Redis at {redis_url}")
-        train, heldout = make_splits(args.seed, args.heldout)
-        write_jsonl(train, run / "data" / "train.jsonl")
-        write_jsonl(heldout, run / "data" / "heldout.jsonl")
-        from shared.tiny_model import build_tiny_causal_lm
-
-        base = build_tiny_causal_lm(run / "base-model", hidden_size=args.hidden_size, layers=args.layers, heads=4,
-                                    max_positions=64, seed=args.seed)
+        train, heldout, base = prepare_run(run, seed=args.seed, heldout=args.heldout, hidden_size=args.hidden_size,
+                                           layers=args.layers)
         say(f"task: sort four digits ('sort 3721=' -> '1237'); {len(train)} train / {len(heldout)} held-out prompts")
 
         say(f"SFT warm-up: {args.sft_steps} steps")

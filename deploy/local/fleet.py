@@ -129,7 +129,7 @@ class Fleet:
             self._redis.stop()
             self._redis = None
 
-    def __enter__(self) -> "Fleet":
+    def __enter__(self) -> Fleet:  # noqa: PYI034
         return self
 
     def __exit__(self, *exc) -> None:

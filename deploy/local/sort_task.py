@@ -29,3 +29,15 @@ def write_jsonl(rows: list[dict], path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
+
+
+def prepare_run(run_dir: Path, *, seed: int, heldout: int, hidden_size: int, layers: int) -> tuple[list, list, Path]:
+    """Write ``data/train.jsonl``, ``data/heldout.jsonl`` and a fresh tiny model ``base-model`` under ``run_dir``."""
+    from shared.tiny_model import build_tiny_causal_lm
+
+    train, held = make_splits(seed, heldout)
+    write_jsonl(train, run_dir / "data" / "train.jsonl")
+    write_jsonl(held, run_dir / "data" / "heldout.jsonl")
+    base = build_tiny_causal_lm(run_dir / "base-model", hidden_size=hidden_size, layers=layers, heads=4,
+                                max_positions=64, seed=seed)
+    return train, held, base
