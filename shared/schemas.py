@@ -60,7 +60,7 @@ class PromptTask(BaseModel):
     created_at: float = Field(default_factory=time.time, description="Unix time the task was created.")
 
     @model_validator(mode="after")
-    def _one_prompt_form(self) -> "PromptTask":
+    def _one_prompt_form(self) -> PromptTask:
         has_text = self.prompt is not None and (not isinstance(self.prompt, str) or self.prompt != "")
         has_ids = bool(self.prompt_token_ids)
         if has_text == has_ids:
@@ -108,7 +108,7 @@ class Experience(BaseModel):
     generated_at: float = Field(default_factory=time.time, description="When the sample was finished.")
 
     @model_validator(mode="after")
-    def _aligned(self) -> "Experience":
+    def _aligned(self) -> Experience:
         if len(self.prompt_token_ids) == 0:
             raise ValueError("prompt_token_ids must hold at least one token")
         if len(self.response_logprobs) != len(self.response_token_ids):

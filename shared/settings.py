@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import contextvars
 import os
-import tomllib
 from pathlib import Path
 from typing import Any, TypeVar
 
+import tomllib
 import yaml
 from pydantic import Field, SecretStr, ValidationError
 from pydantic.fields import FieldInfo

@@ -9,7 +9,6 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from services.rollout.engines.settings import EngineSettings, HFEngineSettings
 from shared.settings import ServiceSettings, service_config
 
-
 WEIGHT_SIDECAR_EXTENSION = "services.rollout.weights.routes:weight_router"
 
 

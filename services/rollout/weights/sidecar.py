@@ -167,7 +167,7 @@ class WeightSidecar:
                     await self.sink.run_round(rdv, member, manifest, self.watcher)
                 except UpdateRefused as exc:
                     state, detail = "refused", str(exc)
-                except (RoundFailed, Exception) as exc:  # noqa: B014 - any failure: alive, retryable
+                except (RoundFailed, Exception) as exc:
                     state, detail = "failed", f"{type(exc).__name__}: {exc}"
                 self.last_error = detail
                 self.last_update = {"round": rdv.round, "version": rdv.version, "state": state,
@@ -193,7 +193,7 @@ class WeightSidecar:
             try:
                 await self.sink.load_snapshot(manifest)
                 state, self.last_error = "loaded", ""
-            except (UpdateRefused, Exception) as exc:  # noqa: B014
+            except (UpdateRefused, Exception) as exc:
                 state, self.last_error = "refused", f"{type(exc).__name__}: {exc}"
                 log.warning("loading snapshot of version %d failed: %s", version, exc)
             self.last_update = {"version": version, "state": state, "source": "snapshot",

@@ -1,5 +1,11 @@
 """Engine-specific weight sinks (see :mod:`services.rollout.weights.sinks.base`)."""
 
-from services.rollout.weights.sinks.base import RoundFailed, UpdateRefused, WeightSink, create_sink, register_sink
+from services.rollout.weights.sinks.base import (
+    RoundFailed,
+    UpdateRefused,
+    WeightSink,
+    create_sink,
+    register_sink,
+)
 
 __all__ = ["RoundFailed", "UpdateRefused", "WeightSink", "create_sink", "register_sink"]
