@@ -9,10 +9,14 @@ loopback on a free port, persists with AOF under a run directory, and is stopped
 from __future__ import annotations
 
 import atexit
+import ctypes
 import os
 import shutil
+import signal
 import socket
 import subprocess
+import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +24,21 @@ from pathlib import Path
 
 class RedisServerError(RuntimeError):
     """The embedded server could not be found or started."""
+
+
+def _die_with_parent_hook():
+    """A preexec hook asking Linux to SIGTERM the server when its parent dies, so a crashed or SIGKILLed
+    owner (a test run, the demo) never leaves an orphaned server behind. Only from the main thread: the
+    signal follows the *thread* that forked, and a worker thread may end before the process does. The libc
+    function is looked up here, in the parent, so the child only makes one system call before exec."""
+    if not sys.platform.startswith("linux") or threading.current_thread() is not threading.main_thread():
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    pr_set_pdeathsig = 1
+    return lambda: prctl(pr_set_pdeathsig, int(signal.SIGTERM))
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -78,7 +97,8 @@ class EmbeddedRedis:
             "--logfile", str(self.data_dir / "redis.log"),
         ]
         self._proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.PIPE, start_new_session=True)
+                                      stderr=subprocess.PIPE, start_new_session=True,
+                                      preexec_fn=_die_with_parent_hook())
         atexit.register(self.stop)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -84,3 +84,34 @@ def test_cli_redis_runs_and_stops_on_sigterm(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_server_dies_with_a_sigkilled_owner(tmp_path):
+    """An owner killed with SIGKILL (no atexit) must not leave an orphaned server behind."""
+    import subprocess
+    import sys
+    import time
+
+    from shared.redis_server import free_port
+
+    port = free_port()
+    script = (
+        "import sys, time\n"
+        "from shared.redis_server import EmbeddedRedis\n"
+        f"EmbeddedRedis(data_dir={str(tmp_path)!r}, port={port}).start()\n"
+        "print('up', flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    owner = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert owner.stdout.readline().strip() == "up"
+        assert _port_open(port)
+        owner.kill()
+        owner.wait(timeout=10)
+        deadline = time.monotonic() + 15
+        while _port_open(port):
+            assert time.monotonic() < deadline, "the server outlived its SIGKILLed owner"
+            time.sleep(0.1)
+    finally:
+        if owner.poll() is None:
+            owner.kill()
