@@ -6,6 +6,11 @@ Fields listed in :data:`PACKED_FIELDS` travel as ``{"dtype": "<i4"|"<f4", "n": N
 
 Decoding is strict: anything that is not a well-formed record of a known kind and version raises
 :class:`CodecError` whose message names what is wrong.
+
+Experiences, the hot record, take a fast path both ways (``shared.wire_structs``): encoded from the
+model's fields without a pydantic dump, decoded and type-checked by a compiled msgspec struct, arrays as
+zero-copy views. A payload the fast path refuses goes through full pydantic validation, so what is
+accepted, and the error for what is not, are the same either way; only the speed differs.
 """
 
 from __future__ import annotations
@@ -14,11 +19,13 @@ import threading
 from typing import Any, TypeVar
 
 import msgpack
+import msgspec
 import numpy as np
 from pydantic import BaseModel, ValidationError
 
 from shared.packed import PackedArray
-from shared.schemas import Experience, PromptTask
+from shared.schemas import Experience, PromptTask, experience_alignment_problem
+from shared.wire_structs import ExperienceEnvelope
 
 SCHEMA_VERSION = 1
 
@@ -84,6 +91,10 @@ def encode(record: BaseModel) -> bytes:
     kind = _KIND_OF.get(type(record))
     if kind is None:
         raise CodecError(f"no wire form for {type(record).__name__}; known: {sorted(RECORD_KINDS)}")
+    if kind == "experience":
+        fast = _encode_experience_fast(record)
+        if fast is not None:
+            return fast
     data = record.model_dump(mode="python", exclude=_EXCLUDE[kind])
     for field, dtype in PACKED_FIELDS[kind].items():
         value = getattr(record, field)
@@ -97,10 +108,82 @@ def encode(record: BaseModel) -> bytes:
     return _packer().pack({"schema": kind, "v": SCHEMA_VERSION, "data": data})
 
 
+_fast_encoder = msgspec.msgpack.Encoder()
+_fast_decoder = msgspec.msgpack.Decoder(ExperienceEnvelope)
+_EXPERIENCE_FIELDS = frozenset(Experience.model_fields)
+_I4, _F4 = _NP_DTYPES["<i4"], _NP_DTYPES["<f4"]
+
+
+def _packed_view(value: Any, dtype: np.dtype) -> dict[str, Any] | None:
+    if not isinstance(value, PackedArray) or value.dtype != dtype:
+        return None
+    arr = value.numpy()
+    if not arr.flags.c_contiguous:
+        return None
+    return {"dtype": dtype.str, "n": arr.shape[0], "b": arr.data}
+
+
+def _encode_experience_fast(record: Experience) -> bytes | None:
+    """The model's fields as they are (no pydantic dump), arrays straight from their buffers; None if a
+    field needs the general path (an unusual array, or a value msgspec cannot encode as-is)."""
+    data = dict(record.__dict__)
+    for field, dtype in (("prompt_token_ids", _I4), ("response_token_ids", _I4), ("response_logprobs", _F4)):
+        packed = _packed_view(data[field], dtype)
+        if packed is None:
+            return None
+        data[field] = packed
+    try:
+        return _fast_encoder.encode({"schema": "experience", "v": SCHEMA_VERSION, "data": data})
+    except (TypeError, ValueError, OverflowError):  # e.g. a pydantic model or a numpy scalar in metadata
+        return None
+
+
+def _trusted_model(cls: type[R], values: dict[str, Any], fields_set: frozenset[str]) -> R:
+    """Build a model from values already validated to its schema, without validating them again."""
+    obj = cls.__new__(cls)
+    object.__setattr__(obj, "__dict__", values)
+    object.__setattr__(obj, "__pydantic_fields_set__", set(fields_set))
+    object.__setattr__(obj, "__pydantic_extra__", None)
+    object.__setattr__(obj, "__pydantic_private__", None)
+    return obj
+
+
+def _decode_experience_fast(payload: bytes | bytearray | memoryview) -> Experience | None:
+    """Decode a complete v1 experience as the encoder writes it; None means "take the general path"."""
+    try:
+        envelope = _fast_decoder.decode(payload)
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return None
+    if envelope.v != SCHEMA_VERSION:
+        return None
+    values = msgspec.structs.asdict(envelope.data)
+    for field in ("prompt_token_ids", "response_token_ids", "response_logprobs"):
+        packed = values[field]
+        dtype = _F4 if field == "response_logprobs" else _I4
+        if len(packed.b) != packed.n * dtype.itemsize:
+            return None
+        values[field] = PackedArray.wrap(np.frombuffer(packed.b, dtype=dtype))
+    if experience_alignment_problem(
+        len(values["prompt_token_ids"]), len(values["response_token_ids"]), len(values["response_logprobs"]),
+        values["index"], values["group_size"],
+    ):
+        return None
+    return _trusted_model(Experience, values, _EXPERIENCE_FIELDS)
+
+
 def decode(payload: bytes, expect: type[R] | None = None) -> R:
     """Decode a queue payload; ``expect`` checks the record kind. Raises CodecError on any defect."""
     if not isinstance(payload, (bytes, bytearray, memoryview)):
         raise CodecError(f"payload must be bytes, got {type(payload).__name__}")
+    if expect is Experience:
+        fast = _decode_experience_fast(payload)
+        if fast is not None:
+            return fast  # type: ignore[return-value]
+    return decode_validated(payload, expect)
+
+
+def decode_validated(payload: bytes | bytearray | memoryview, expect: type[R] | None = None) -> R:
+    """The general decode: msgpack, envelope checks, full pydantic validation (and its error messages)."""
     try:
         envelope = msgpack.unpackb(payload, raw=False, strict_map_key=True)
     except Exception as exc:  # msgpack raises several unrelated types for garbage

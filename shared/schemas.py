@@ -15,7 +15,7 @@ from shared.packed import Logprobs, PackedArray, TokenIds
 
 FinishReason = Literal["stop", "length", "abort"]
 
-__all__ = ["ChatMessage", "Experience", "FinishReason", "PackedArray", "PromptTask", "SamplingOverrides", "sample_id"]
+__all__ = ["ChatMessage", "Experience", "FinishReason", "PackedArray", "PromptTask", "SamplingOverrides", "experience_alignment_problem", "sample_id"]
 
 
 class ChatMessage(BaseModel):
@@ -109,13 +109,21 @@ class Experience(BaseModel):
 
     @model_validator(mode="after")
     def _aligned(self) -> Experience:
-        if len(self.prompt_token_ids) == 0:
-            raise ValueError("prompt_token_ids must hold at least one token")
-        if len(self.response_logprobs) != len(self.response_token_ids):
-            raise ValueError(
-                f"response_logprobs has {len(self.response_logprobs)} entries for "
-                f"{len(self.response_token_ids)} response tokens; they must align one to one"
-            )
-        if self.index >= self.group_size:
-            raise ValueError(f"index {self.index} is outside a group of size {self.group_size}")
+        problem = experience_alignment_problem(
+            len(self.prompt_token_ids), len(self.response_token_ids), len(self.response_logprobs), self.index, self.group_size
+        )
+        if problem:
+            raise ValueError(problem)
         return self
+
+
+def experience_alignment_problem(prompt_len: int, response_len: int, logprobs_len: int, index: int, group_size: int) -> str:
+    """What is inconsistent across an experience's fields ('' if nothing). Shared by the model and the codec's fast path."""
+    if prompt_len == 0:
+        return "prompt_token_ids must hold at least one token"
+    if logprobs_len != response_len:
+        return (f"response_logprobs has {logprobs_len} entries for {response_len} response tokens; "
+                "they must align one to one")
+    if index >= group_size:
+        return f"index {index} is outside a group of size {group_size}"
+    return ""
