@@ -3,23 +3,17 @@
 import msgpack
 import numpy as np
 import pytest
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from shared import codec
 from shared.codec import CodecError, decode, decode_validated, encode
-from shared.schemas import Experience, sample_id
+from shared.schemas import Experience
 from shared.wire_structs import ExperienceData
+from tests.shared.test_codec import make_experience as make_codec_experience
 
 
 def make_experience(**over) -> Experience:
-    base = dict(
-        id=sample_id("p1", 1), prompt_id="p1", group_id="p1", group_size=4, index=1,
-        prompt_token_ids=[5, 6, 7], response_token_ids=[8, 9, 2], response_logprobs=[-0.5, -1.25, -0.125],
-        finish_reason="stop", reward=1.0, reward_components={"exact": 1.0}, weight_version=3,
-        prompt_text="1+1=", response_text="2", label={"answer": [2]}, metadata={"epoch": 0},
-    )
-    base.update(over)
-    return Experience(**base)
+    return make_codec_experience(**{"index": 1, "label": {"answer": [2]}, **over})
 
 
 def test_wire_struct_mirrors_the_model_fields():
@@ -35,7 +29,7 @@ def test_fast_path_round_trip_is_exact_and_taken():
     assert fast.model_fields_set == decode_validated(payload, Experience).model_fields_set
     assert isinstance(fast.response_logprobs.numpy(), np.ndarray)
     assert fast.response_logprobs.numpy().dtype == np.float32
-    with pytest.raises(Exception):  # records stay immutable
+    with pytest.raises(ValidationError):  # records stay immutable (frozen)
         fast.reward = 2.0  # type: ignore[misc]
 
 
