@@ -114,20 +114,20 @@ _EXPERIENCE_FIELDS = frozenset(Experience.model_fields)
 _I4, _F4 = _NP_DTYPES["<i4"], _NP_DTYPES["<f4"]
 
 
-def _packed_view(value: Any, dtype: np.dtype) -> dict[str, Any] | None:
-    if not isinstance(value, PackedArray) or value.dtype != dtype:
+def _packed_view(value: Any, dtype: str) -> dict[str, Any] | None:
+    if type(value) is not PackedArray:
         return None
     arr = value.numpy()
-    if not arr.flags.c_contiguous:
+    if arr.dtype.str != dtype or not arr.flags.c_contiguous:
         return None
-    return {"dtype": dtype.str, "n": arr.shape[0], "b": arr.data}
+    return {"dtype": dtype, "n": len(arr), "b": arr.data}
 
 
 def _encode_experience_fast(record: Experience) -> bytes | None:
     """The model's fields as they are (no pydantic dump), arrays straight from their buffers; None if a
     field needs the general path (an unusual array, or a value msgspec cannot encode as-is)."""
     data = dict(record.__dict__)
-    for field, dtype in (("prompt_token_ids", _I4), ("response_token_ids", _I4), ("response_logprobs", _F4)):
+    for field, dtype in PACKED_FIELDS["experience"].items():
         packed = _packed_view(data[field], dtype)
         if packed is None:
             return None
