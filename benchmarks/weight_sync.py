@@ -203,6 +203,9 @@ async def driver(args) -> None:
         settings = WeightSyncSettings(bucket_bytes=args.bucket_mb << 20, checksum=not args.no_checksum,
                                       checksum_algo=args.checksum_algo)
         pub = WeightPublisher(r, "bench", settings)
+        if args.in_place:
+            pub.flatten(model)
+            named = list(model.named_parameters())
 
         t = time.perf_counter()
         await pub.publish(model)
@@ -320,6 +323,8 @@ def main() -> None:
     ap.add_argument("--checksum-algo", default="xxh3_64", choices=["xxh3_64", "crc32"])
     ap.add_argument("--free-staging", action="store_true", help="receivers free their receive buffers after each update")
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--in-place", action="store_true",
+                    help="lay the weights out flat first (WeightPublisher.flatten): publish sends from their memory")
     ap.add_argument("--layers", type=int, default=11)
     ap.add_argument("--experts", type=int, default=64)
     ap.add_argument("--hidden", type=int, default=256)

@@ -49,6 +49,7 @@ from shared.weight_sync.wire import (
     MemberReport,
     Rendezvous,
     ReplicaInfo,
+    layout_id,
     plan_buckets,
 )
 
@@ -100,12 +101,15 @@ class WeightPublisher:
         self.last_report: PublishReport | None = None
         self._manifest: Manifest | None = None
         self._buffers: list[Any] = []          # one flat uint8 buffer per bucket (None until first packed)
-        self._packed: list[bool] = []          # bucket i of the current version is in _buffers[i]
+        self._wire: list[Any] = []             # what goes out for bucket i: _buffers[i], or a view in place
+        self._in_place: list[bool] = []        # _wire[i] is the weights' own memory (no copy retained)
+        self._packed: list[bool] = []          # bucket i of the current version is in _wire[i]
         self._sums: list[int | None] = []
         self._sums_written = False
         self._lookup: dict[str, Any] | None = None  # the tensors being published, while packing
         self._plan_key: list | None = None
-        self._plan: list | None = None
+        self._plan: tuple | None = None
+        self._layout_id = ""
         self._held: _HeldGroup | None = None
         self._lock = asyncio.Lock()
         self._catch_up_task: asyncio.Task | None = None
@@ -135,14 +139,15 @@ class WeightPublisher:
                 raise ValueError("nothing to publish: no tensors")
             buckets = self._plan_for(list(T.specs(named)))
             manifest = Manifest(version=v, bucket_bytes=s.bucket_bytes, total_bytes=sum(b.nbytes for b in buckets),
-                                buckets=tuple(buckets), checksum=s.checksum_algo if s.checksum else None)
+                                buckets=buckets, checksum=s.checksum_algo if s.checksum else None,
+                                layout_id=self._layout_id)
             self._begin(manifest, dict(named))
             try:
                 if s.snapshot_dir:
                     from shared.weight_sync.snapshot import write_snapshot
 
                     await asyncio.to_thread(self._pack_rest)
-                    snapshot = await asyncio.to_thread(write_snapshot, s.snapshot_dir, v, buckets, self._buffers,
+                    snapshot = await asyncio.to_thread(write_snapshot, s.snapshot_dir, v, buckets, self._wire,
                                                        s.snapshot_url, s.snapshot_keep)
                     manifest = manifest.model_copy(update={"snapshot": snapshot})
                     self._manifest = manifest
@@ -178,11 +183,30 @@ class WeightPublisher:
             self._closing = asyncio.Event()
         self._drop_group()
 
+    def flatten(self, model: Any) -> int:
+        """Lay ``model``'s tensors out in place the way :meth:`publish` buckets them: one flat buffer per
+        bucket, each parameter pointed at its slice (same Parameter objects; optimizers keep working).
+        Publishing ``model`` (or its ``state_dict()``) then sends straight from the weights' memory: no pack
+        copy, and the bucketed broadcast runs at the speed of one flat broadcast. Returns the bucket count.
+
+        Call it once, before training (for plain torch training; frameworks that flatten parameters
+        themselves, e.g. DeepSpeed, are sent in place whenever their layout matches). Trade-off: the
+        publisher retains no copy of the version it sent, so a replica that joins late is brought up
+        from memory only while the weights still hold that version (checked by digest); once training has
+        moved on, it gets the next version."""
+        from shared.weight_sync import tensors as T
+
+        named = T.named_tensors(model)
+        buckets = self._plan_for(list(T.specs(named)))
+        T.flatten_into_buckets(named, buckets)
+        return len(buckets)
+
     # ---- packing -------------------------------------------------------------------------------------
     def _plan_for(self, specs: list) -> list:
         """The bucket plan of these tensor specs (reused while they stay the same)."""
         if specs != self._plan_key:
-            self._plan_key, self._plan = specs, plan_buckets(specs, self.settings.bucket_bytes)
+            self._plan_key, self._plan = specs, tuple(plan_buckets(specs, self.settings.bucket_bytes))
+            self._layout_id = layout_id(self._plan, self.settings.bucket_bytes)
         return self._plan
 
     def _begin(self, manifest: Manifest, lookup: dict) -> None:
@@ -197,26 +221,50 @@ class WeightPublisher:
         n = len(manifest.buckets)
         self._manifest, self._lookup = manifest, lookup
         self._packed, self._sums, self._sums_written = [False] * n, [None] * n, False
+        self._wire, self._in_place = [None] * n, [False] * n
 
     def _pack(self, i: int) -> Any:
-        """Bucket ``i`` of the retained version, packed (and digested) on first use."""
+        """Bucket ``i`` of the retained version, packed on first use (see :meth:`_digest`)."""
         if not self._packed[i]:
             from shared.weight_sync import tensors as T
 
             assert self._lookup is not None and self._manifest is not None
             b = self._manifest.buckets[i]
-            buf = self._buffers[i]
+            buf = T.bucket_view(b, self._lookup)  # already flat in memory (see flatten): send it as it is
+            self._in_place[i] = buf is not None
             if buf is None:
-                buf = self._buffers[i] = T.staging_buffers([b.nbytes])[0]
-            T.pack_bucket(b, self._lookup, out=buf)
-            if self._manifest.checksum:
-                self._sums[i] = T.checksum(buf, self._manifest.checksum)
+                buf = self._buffers[i]
+                if buf is None:
+                    buf = self._buffers[i] = T.staging_buffers([b.nbytes])[0]
+                T.pack_bucket(b, self._lookup, out=buf)
+            self._wire[i] = buf
             self._packed[i] = True
-        return self._buffers[i]
+        return self._wire[i]
+
+    def _digest(self, i: int) -> None:
+        """Digest bucket ``i`` (packed) if the version has checksums and it has not been digested yet."""
+        if self._manifest is not None and self._manifest.checksum and self._sums[i] is None:
+            from shared.weight_sync import tensors as T
+
+            self._sums[i] = T.checksum(self._pack(i), self._manifest.checksum)
+
+    def _retained_intact(self) -> bool:
+        """Does what would be sent for the retained version still hold it? Always, for packed copies; for
+        buckets sent in place, only while the weights have not changed since (digests compared)."""
+        from shared.weight_sync import tensors as T
+
+        m = self._manifest
+        live = [i for i, flag in enumerate(self._in_place) if flag]
+        if m is None or not live:
+            return True
+        if not m.checksum or not all(self._packed):
+            return False
+        return all(T.checksum(self._wire[i], m.checksum) == self._sums[i] for i in live)
 
     def _pack_rest(self) -> None:
         for i in range(len(self._packed)):
             self._pack(i)
+            self._digest(i)
 
     async def _write_checksums(self) -> None:
         m = self._manifest
@@ -226,9 +274,12 @@ class WeightPublisher:
         await self.redis.set(wkeys.checksums(self.run, m.version), rec.dumps(), ex=self.settings.key_ttl_s)
         self._sums_written = True
 
-    def _prepare(self, index: int) -> Any:
-        """Pack bucket ``index`` if needed; the tensor to broadcast for it."""
-        return self._wire_buffer(index, self._pack(index))
+    def _prepare(self, index: int, digest: bool) -> Any:
+        """Pack bucket ``index`` if needed (and digest it, if asked); the tensor to broadcast for it."""
+        wire = self._wire_buffer(index, self._pack(index))
+        if digest:
+            self._digest(index)
+        return wire
 
     def _wire_buffer(self, index: int, buf: Any) -> Any:
         """The tensor broadcast for bucket ``index`` (on the GPU for nccl)."""
@@ -272,6 +323,7 @@ class WeightPublisher:
             base = held.rendezvous
             rdv = base.model_copy(update={"round": round_id, "version": manifest.version, "fresh_group": False,
                                           "manifest_key": wkeys.manifest(self.run, manifest.version),
+                                          "layout_id": manifest.layout_id, "checksum": manifest.checksum,
                                           "created_at": time.time()})
         else:
             placed, rank = [], 1
@@ -285,6 +337,7 @@ class WeightPublisher:
                 master_addr=s.master_addr, master_port=port, world_size=rank,
                 members=tuple(placed), init_timeout_s=s.init_timeout_s,
                 collective_timeout_s=s.collective_timeout_s, load_timeout_s=s.load_timeout_s,
+                layout_id=manifest.layout_id, checksum=manifest.checksum,
             )
         await self.redis.set(wkeys.rendezvous(self.run), rdv.dumps(), ex=s.key_ttl_s)
         group = held.group if reuse else None
@@ -318,14 +371,19 @@ class WeightPublisher:
 
     async def _send(self, group: Any) -> None:
         """Broadcast every bucket from rank 0, packing bucket k+1 while bucket k is on the wire (at most
-        ``inflight_buckets`` outstanding); the checksums go out before the last bucket does."""
+        ``inflight_buckets`` outstanding). A bucket is digested once its broadcast is under way (the first
+        bytes leave without waiting for a digest), except the last, whose digest completes the checksums
+        record before it goes out: a replica that holds every bucket can always read the record."""
         n = len(self._manifest.buckets)
         pending: deque[Any] = deque()
         for i in range(n):
-            wire = await asyncio.to_thread(self._prepare, i)
-            if i == n - 1:
+            last = i == n - 1
+            wire = await asyncio.to_thread(self._prepare, i, last)
+            if last:
                 await self._write_checksums()
             pending.append(group.broadcast(wire, src=0))
+            if not last:
+                await asyncio.to_thread(self._digest, i)
             while len(pending) > self.settings.inflight_buckets:
                 await asyncio.to_thread(group.wait, pending.popleft())
         while pending:
@@ -402,6 +460,12 @@ class WeightPublisher:
             return
         async with self._lock:
             if self._manifest is not manifest:
+                return
+            if not await asyncio.to_thread(self._retained_intact):
+                log.info("weights sent in place have changed since version %d: %s get the next version",
+                         v, [i.replica_id for i in behind])
+                for i in behind:
+                    self._catch_up_tries[(i.replica_id, v)] = self.settings.max_attempts
                 return
             for i in behind:
                 self._catch_up_tries[(i.replica_id, v)] += 1

@@ -64,6 +64,13 @@ class RoundWatcher:
             await asyncio.sleep(self.poll_s)
 
     async def manifest(self, rdv: Rendezvous) -> Manifest:
+        """The round's manifest. When the round names the layout this replica already holds (the usual case:
+        same model, next version), it is rebuilt from the rendezvous without a fetch, so the replica joins
+        the broadcast at once (the stored manifest differs only in fields a collective round does not use:
+        its snapshot and creation time)."""
+        cached = self._layout
+        if rdv.layout_id and cached is not None and cached[1].layout_id == rdv.layout_id:
+            return cached[1].model_copy(update={"version": rdv.version, "checksum": rdv.checksum, "snapshot": None})
         raw = await self.redis.get(rdv.manifest_key)
         if raw is None:
             raise RoundFailed(f"manifest {rdv.manifest_key} is gone")
@@ -76,7 +83,9 @@ class RoundWatcher:
         cached = self._layout
         if cached is not None and data.get("buckets") == cached[0]:
             head = Manifest.model_validate({**data, "buckets": ()})
-            return head.model_copy(update={"buckets": cached[1].buckets})
+            manifest = head.model_copy(update={"buckets": cached[1].buckets})
+            self._layout = (cached[0], manifest)
+            return manifest
         manifest = Manifest.model_validate(data)
         self._layout = (data.get("buckets"), manifest)
         return manifest

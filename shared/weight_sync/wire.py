@@ -78,7 +78,15 @@ class Manifest(_Record):
         default=None, description="Digest algorithm of the version's Checksums record (None: no checksums)."
     )
     snapshot: SnapshotInfo | None = None
+    layout_id: str = Field(
+        default="", description="Digest of the bucket layout (see layout_id()); equal ids mean equal buckets."
+    )
     created_at: float = Field(default_factory=time.time)
+
+    def dumps(self) -> str:
+        # the bucket list (thousands of entries) is serialised once per layout, not once per version
+        head = self.model_dump(mode="json", exclude={"buckets"})
+        return json.dumps(head)[:-1] + ', "buckets": ' + buckets_json(self.buckets) + "}"
 
     @property
     def num_tensors(self) -> int:
@@ -86,6 +94,27 @@ class Manifest(_Record):
 
     def tensor_names(self) -> list[str]:
         return [t.name for b in self.buckets for t in b.tensors]
+
+
+_BUCKETS_JSON: tuple[tuple[Bucket, ...], str] | None = None
+
+
+def buckets_json(buckets: tuple[Bucket, ...]) -> str:
+    """JSON of a bucket list, cached for the last list serialised (publishers reuse one plan per layout)."""
+    global _BUCKETS_JSON
+    cached = _BUCKETS_JSON
+    if cached is not None and len(cached[0]) == len(buckets) and all(a is b for a, b in zip(cached[0], buckets)):
+        return cached[1]
+    text = "[" + ", ".join(b.model_dump_json() for b in buckets) + "]"
+    _BUCKETS_JSON = (tuple(buckets), text)
+    return text
+
+
+def layout_id(buckets: tuple[Bucket, ...], bucket_bytes: int) -> str:
+    """A short digest naming a bucket layout, so replicas that already hold it need not fetch it again."""
+    import hashlib
+
+    return hashlib.sha1(f"{bucket_bytes}:".encode() + buckets_json(buckets).encode()).hexdigest()[:20]
 
 
 class Checksums(_Record):
@@ -116,6 +145,9 @@ class Rendezvous(_Record):
     init_timeout_s: float
     collective_timeout_s: float
     load_timeout_s: float
+    layout_id: str = Field(default="", description="The version manifest's layout_id (receivers that hold that "
+                                                    "layout start receiving without fetching the manifest).")
+    checksum: str | None = Field(default=None, description="The manifest's checksum algorithm.")
     created_at: float = Field(default_factory=time.time)
 
     def member(self, replica_id: str) -> Member | None:
