@@ -12,7 +12,7 @@ checkpoint (>= 2,000 tensors, >= 200 MB). Measures, each until both receivers ho
 3. the per-parameter pattern of peers: per tensor one control request to each receiver (name, dtype,
    shape, over Redis, acknowledged) and one broadcast of that tensor.
 
-    .venv/bin/python benchmarks/weight_sync.py [--bucket-mb 32] [--layers 11] [--experts 64]
+    .venv/bin/python benchmarks/weight_sync.py [--bucket-mb 32] [--no-checksum] [--scattered] [--layers 11] [--experts 64]
 
 Every process this script starts is killed when it ends, whether the run succeeded or not.
 """
@@ -203,7 +203,7 @@ async def driver(args) -> None:
         settings = WeightSyncSettings(bucket_bytes=args.bucket_mb << 20, checksum=not args.no_checksum,
                                       checksum_algo=args.checksum_algo)
         pub = WeightPublisher(r, "bench", settings)
-        if args.in_place:
+        if not args.scattered:
             pub.flatten(model)
             named = list(model.named_parameters())
 
@@ -270,8 +270,9 @@ async def driver(args) -> None:
         mbs = lambda s: total / 1e6 / s
         nb = len(pub._manifest.buckets)
         print(f"bucket size: {args.bucket_mb} MiB ({nb} buckets), checksum: "
-              f"{'off' if args.no_checksum else args.checksum_algo}, "
-              f"receive buffers: {'per update' if args.free_staging else 'kept (default)'}")
+              f"{'off' if args.no_checksum else settings.digest_algo}, "
+              f"receive buffers: {'per update' if args.free_staging else 'kept (default)'}, publisher sends "
+              f"{'packed copies (--scattered)' if args.scattered else 'from the weights in place (flatten, default)'}")
         print(f"(1) bucketed publish, end to end:   {bucketed_s:7.3f} s  {mbs(bucketed_s):7.1f} MB/s  "
               f"(best of {len(steady)}: {', '.join(f'{s:.3f}' for s in steady)}; first publish incl. group "
               f"formation {first:.3f} s)")
@@ -320,11 +321,12 @@ def main() -> None:
     ap.add_argument("--index", type=int, default=0)
     ap.add_argument("--bucket-mb", type=int, default=32)
     ap.add_argument("--no-checksum", action="store_true")
-    ap.add_argument("--checksum-algo", default="xxh3_64", choices=["xxh3_64", "crc32"])
+    ap.add_argument("--checksum-algo", default="auto", choices=["auto", "xxh3_64", "wsum64", "crc32"])
     ap.add_argument("--free-staging", action="store_true", help="receivers free their receive buffers after each update")
     ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--in-place", action="store_true",
-                    help="lay the weights out flat first (WeightPublisher.flatten): publish sends from their memory")
+    ap.add_argument("--scattered", action="store_true",
+                    help="leave the weights where they are (publish packs each bucket: one copy) instead of laying "
+                         "them out flat first as the learner does (WeightPublisher.flatten: publish sends from them)")
     ap.add_argument("--layers", type=int, default=11)
     ap.add_argument("--experts", type=int, default=64)
     ap.add_argument("--hidden", type=int, default=256)

@@ -123,6 +123,10 @@ class RLRunner:
         from shared.weight_sync import WeightPublisher
 
         self.publisher = WeightPublisher(self.redis, self.s.run_name, self.s.publish.sync)
+        actor = self.trainer.actor
+        if self.s.publish.in_place and not actor.owns_parameter_memory and not hasattr(actor.model, "merge_and_unload"):
+            buckets = await asyncio.to_thread(self.publisher.flatten, actor.model)
+            log.info("actor weights laid out in %d publish buckets: publishing sends them without a copy", buckets)
         published = int(await self.redis.get(keys.weights_version(self.s.run_name)) or 0)
         if published != self.state.weight_version:
             # the fleet holds weights we are not resuming from: give it ours under a new version

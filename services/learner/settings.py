@@ -150,6 +150,12 @@ class PublishSettings(_Section):
 
     every: int = Field(default=1, ge=1, description="Publish weights every N learner steps (and at the end).")
     sync: WeightSyncSettings = Field(default_factory=WeightSyncSettings, description="Weight-sync transport settings.")
+    in_place: bool = Field(
+        default=True,
+        description="Lay the actor's weights out the way they are published (one flat buffer per bucket), so a "
+                    "publish sends straight from them with no copy. Applies where the optimizer backend leaves "
+                    "parameter memory to us (plain torch) and the actor has no LoRA adapters.",
+    )
 
 
 class CheckpointSettings(_Section):

@@ -11,10 +11,11 @@ What ``publish`` does, in order (every wait bounded by a setting):
    ``snapshot_dir`` is set: then every bucket is packed first);
 2. runs update rounds with the live collective replicas: writes a :class:`Rendezvous`, forms (or
    reuses) the group as rank 0, and broadcasts each bucket once, packing it into its flat CPU buffer
-   (one copy, retained until the next version so that replicas joining late can be served) and
-   digesting it just before it goes out, while the previous buckets are still on the wire (a pipeline:
-   at most ``inflight_buckets`` broadcasts outstanding). Once every bucket is packed, and before the last
-   one is broadcast, the :class:`Checksums` record is written; then each member's report is collected.
+   (one copy, retained until the next version so that replicas joining late can be served; no copy at
+   all for weights laid out by :meth:`WeightPublisher.flatten`, which go out from their own memory)
+   while the previous buckets are still on the wire (a pipeline: at most ``inflight_buckets`` broadcasts
+   outstanding), and digesting it once its broadcast is under way. Before the last bucket is broadcast,
+   the :class:`Checksums` record is written; then each member's report is collected.
    A round that breaks (a member died or hung) is abandoned: survivors report ``failed`` and the next
    round re-runs the version with them in a fresh group; members that never report are dropped;
 3. packs whatever no round sent (no replica, or rounds that broke early), for late joiners;
@@ -110,6 +111,7 @@ class WeightPublisher:
         self._plan_key: list | None = None
         self._plan: tuple | None = None
         self._layout_id = ""
+        self._send_in_place = False  # set by flatten(): send buckets from the weights' memory when they can be
         self._held: _HeldGroup | None = None
         self._lock = asyncio.Lock()
         self._catch_up_task: asyncio.Task | None = None
@@ -139,7 +141,7 @@ class WeightPublisher:
                 raise ValueError("nothing to publish: no tensors")
             buckets = self._plan_for(list(T.specs(named)))
             manifest = Manifest(version=v, bucket_bytes=s.bucket_bytes, total_bytes=sum(b.nbytes for b in buckets),
-                                buckets=buckets, checksum=s.checksum_algo if s.checksum else None,
+                                buckets=buckets, checksum=s.digest_algo if s.checksum else None,
                                 layout_id=self._layout_id)
             self._begin(manifest, dict(named))
             try:
@@ -189,8 +191,8 @@ class WeightPublisher:
         Publishing ``model`` (or its ``state_dict()``) then sends straight from the weights' memory: no pack
         copy, and the bucketed broadcast runs at the speed of one flat broadcast. Returns the bucket count.
 
-        Call it once, before training (for plain torch training; frameworks that flatten parameters
-        themselves, e.g. DeepSpeed, are sent in place whenever their layout matches). Trade-off: the
+        Call it once, before training (plain torch training; not under frameworks that manage parameter
+        memory themselves, e.g. DeepSpeed). Trade-off: the
         publisher retains no copy of the version it sent, so a replica that joins late is brought up
         from memory only while the weights still hold that version (checked by digest); once training has
         moved on, it gets the next version."""
@@ -199,6 +201,7 @@ class WeightPublisher:
         named = T.named_tensors(model)
         buckets = self._plan_for(list(T.specs(named)))
         T.flatten_into_buckets(named, buckets)
+        self._send_in_place = True
         return len(buckets)
 
     # ---- packing -------------------------------------------------------------------------------------
@@ -230,7 +233,8 @@ class WeightPublisher:
 
             assert self._lookup is not None and self._manifest is not None
             b = self._manifest.buckets[i]
-            buf = T.bucket_view(b, self._lookup)  # already flat in memory (see flatten): send it as it is
+            # laid out flat by flatten(): send the weights' own memory
+            buf = T.bucket_view(b, self._lookup) if self._send_in_place else None
             self._in_place[i] = buf is not None
             if buf is None:
                 buf = self._buffers[i]

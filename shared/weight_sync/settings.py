@@ -37,8 +37,10 @@ class WeightSyncSettings(BaseModel):
     )
     max_attempts: int = Field(default=3, ge=1, description="Rounds per publish before giving up on the stragglers.")
     checksum: bool = Field(default=True, description="A digest per bucket; receivers verify it before loading.")
-    checksum_algo: Literal["xxh3_64", "crc32"] = Field(
-        default="xxh3_64", description="Digest algorithm (xxh3_64 runs at memory speed; crc32 at ~5 GB/s)."
+    checksum_algo: Literal["auto", "xxh3_64", "wsum64", "crc32"] = Field(
+        default="auto",
+        description="Digest algorithm (shared.weight_sync.digest). auto: xxh3_64 with gloo (memory speed on a "
+                    "CPU), wsum64 with nccl (computed on the GPU, no copy to the host).",
     )
     inflight_buckets: int = Field(
         default=2, ge=1,
@@ -56,6 +58,13 @@ class WeightSyncSettings(BaseModel):
         default=0.25, gt=0, description="How often the publisher looks for replicas that joined late."
     )
     key_ttl_s: int = Field(default=24 * 3600, ge=60, description="Expiry of per-version and per-round Redis keys.")
+
+    @property
+    def digest_algo(self) -> str:
+        """The digest algorithm in use (``checksum_algo`` with ``auto`` resolved for the backend)."""
+        if self.checksum_algo != "auto":
+            return self.checksum_algo
+        return "wsum64" if self.backend == "nccl" else "xxh3_64"
 
     @model_validator(mode="after")
     def _check(self) -> WeightSyncSettings:

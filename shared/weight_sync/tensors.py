@@ -169,6 +169,7 @@ class InPlaceLoader:
         self.targets: dict[str, torch.Tensor] = dict(module.state_dict(keep_vars=True))
         self._plan: tuple[Any, list, tuple, tuple, list] | None = None  # (layout, buffers, dst, src, slow)
         self._adopt_plans: list[tuple[Any, list, list, list]] = []       # (layout, buffers, pairs, slow), <= 2
+        self._checked: tuple[Bucket, ...] | None = None                  # the last layout check_buckets passed
         # names whose storage another tensor object shares (tied weights that are not one Parameter): only
         # a copy updates every alias, so these are never re-pointed by ``adopt``
         by_storage: dict[int, set[int]] = {}
@@ -177,6 +178,15 @@ class InPlaceLoader:
                 by_storage.setdefault(t.untyped_storage().data_ptr(), set()).add(id(t))
         self._aliased = {n for n, t in self.targets.items()
                          if t.numel() and len(by_storage[t.untyped_storage().data_ptr()]) > 1}
+
+    def check_buckets(self, buckets: Sequence[Bucket]) -> None:
+        """:meth:`check` every tensor of a layout, remembering the last layout that passed (replicas get
+        the same bucket objects for the same layout, see RoundWatcher.manifest)."""
+        if self._checked is not None and len(self._checked) == len(buckets) and \
+                all(a is b for a, b in zip(self._checked, buckets)):
+            return
+        self.check(e for b in buckets for e in b.tensors)
+        self._checked = tuple(buckets)
 
     def check(self, entries: Iterable[TensorEntry]) -> None:
         for e in entries:

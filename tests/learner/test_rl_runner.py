@@ -59,12 +59,16 @@ async def test_trains_every_prompt_once_and_acks_everything(tiny_model_dir, tmp_
     s = learner_settings(tiny_model_dir, tmp_path, redis_server)
     fleet = FakeFleet(redis_client, s.run_name)
     fleet_task = asyncio.create_task(fleet.run_forever())
+    svc = LearnerService(s)
     try:
-        status = await run_to_end(LearnerService(s))
+        status = await run_to_end(svc)
     finally:
         await fleet.stop(fleet_task)
     assert status["phase"] == "finished", status
     assert status["step"] == status["total_steps"] == N_PROMPTS // 2
+    # plain torch, no LoRA: the actor was laid out flat and every bucket went out from its memory
+    pub = svc.runner.publisher
+    assert pub._in_place and all(pub._in_place) and all(b is None for b in pub._buffers)
     c = status["counters"]
     assert c["samples_trained"] == N_PROMPTS * 4 and c["groups_trained"] == N_PROMPTS
     assert c["experiences_deduplicated"] == 0 and c["experiences_dropped_stale"] == 0

@@ -70,3 +70,36 @@ async def test_weight_routes_need_token_and_validate(replicas, redis_client):
     r = httpx.post(f"{rep.url}/weights/update", json={}, headers=hdr, timeout=10)
     assert r.status_code == 409 and "no weight version" in r.text
     await asyncio.sleep(0)
+
+
+async def test_in_place_publish_serves_late_joiners_only_while_the_weights_hold_the_version(
+        replicas, redis_client, tiny_model_dir):
+    import torch
+
+    run = "inplace"
+    a = replicas(run)
+    await wait_registered(redis_client, run, 1)
+    model = new_weights(tiny_model_dir)
+    async with WeightPublisher(redis_client, run, WeightSyncSettings(bucket_bytes=64 << 10, **FAST)) as pub:
+        assert pub.flatten(model) > 1
+        expected = reference_ids(model, tiny_model_dir)  # flattening changes where weights live, not their values
+        assert await pub.publish(model.state_dict()) == 1  # the learner publishes its state dict
+        assert pub.last_report.loaded == [a.weights_status()["replica_id"]], pub.last_report
+        assert all(pub._in_place) and all(b is None for b in pub._buffers)  # sent from the weights: no copy
+        assert a.generate()["output_ids"] == expected
+
+        # unchanged weights: a late joiner is brought up from them
+        c = replicas(run, wait=False)
+        await wait_ready(c)
+        assert c.weight_version() == 1 and c.generate()["output_ids"] == expected
+
+        # a training step moves the weights on: version 1 can no longer be served from them
+        with torch.no_grad():
+            for p in model.parameters():
+                p.mul_(0.5)
+        assert not pub._retained_intact()
+        assert await pub.publish(model) == 2
+        expected2 = reference_ids(model, tiny_model_dir)
+        assert expected2 != expected and len(pub.last_report.loaded) == 2
+        for rep in (a, c):
+            assert rep.generate()["output_ids"] == expected2

@@ -102,3 +102,66 @@ def test_adopt_copies_into_aliased_tensors():
     bufs = [T.pack_bucket(buckets[0], w)]
     T.InPlaceLoader(dst).adopt(buckets, bufs)
     assert torch.equal(dst.a, w["a"]) and torch.equal(dst.b, w["a"])  # both names see the update
+
+
+def test_flatten_puts_every_bucket_in_place_and_training_keeps_working():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    x = torch.randn(5, 8)
+    before = model(x).detach().clone()
+    named = T.named_tensors(model)
+    params = [p for _, p in named]
+    buckets = plan_buckets(T.specs(named), 200)
+    assert len(buckets) > 1
+    # scattered tensors must be packed (a bucket of one tensor is always in place)
+    assert all(T.bucket_view(b, dict(named)) is None for b in buckets if len(b.tensors) > 1)
+    assert any(len(b.tensors) > 1 for b in buckets)
+    T.flatten_into_buckets(named, buckets)
+    assert [p for _, p in T.named_tensors(model)] == params  # the same Parameter objects
+    assert torch.equal(model(x), before)
+    lookup = dict(T.named_tensors(model))
+    views = [T.bucket_view(b, lookup) for b in buckets]
+    assert all(v is not None for v in views)
+    assert all(torch.equal(v, T.pack_bucket(b, lookup)) for v, b in zip(views, buckets))
+    # a training step updates the parameters in place, so the views carry the new weights
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(x).square().mean().backward()
+    opt.step()
+    assert not torch.equal(model(x), before)
+    assert all(torch.equal(v, T.pack_bucket(b, lookup)) for v, b in zip(views, buckets))
+
+
+def test_a_tensor_that_cannot_be_aligned_keeps_its_bucket_packed():
+    w = {"odd": torch.ones(3, dtype=torch.bfloat16), "f": torch.arange(4, dtype=torch.float32)}
+    module = torch.nn.Module()
+    for k, v in w.items():
+        module.register_parameter(k, torch.nn.Parameter(v))
+    named = T.named_tensors(module)
+    buckets = plan_buckets(T.specs(named), 1 << 20)  # one bucket; "f" sits at byte 6, not 4-aligned
+    T.flatten_into_buckets(named, buckets)
+    lookup = dict(T.named_tensors(module))
+    assert T.bucket_view(buckets[0], lookup) is None
+    assert torch.equal(dict(T.unpack(buckets[0], T.pack_bucket(buckets[0], lookup)))["f"], w["f"])
+
+
+async def test_watcher_rebuilds_a_known_layout_without_fetching(redis_client):
+    from shared.weight_sync.receiver import RoundFailed, RoundWatcher
+    from shared.weight_sync.wire import Manifest, Rendezvous, layout_id
+
+    buckets = tuple(plan_buckets([("a", "float32", (4, 4)), ("b", "bfloat16", (8,))], 32))
+    lid = layout_id(buckets, 32)
+    m1 = Manifest(version=1, bucket_bytes=32, total_bytes=80, buckets=buckets, checksum="xxh3_64", layout_id=lid)
+    await redis_client.set("m:1", m1.dumps())
+
+    def rdv(version: int, key: str, layout: str) -> Rendezvous:
+        return Rendezvous(round=version, version=version, manifest_key=key, group_name="g", fresh_group=True,
+                          backend="gloo", master_addr="127.0.0.1", master_port=1, world_size=2, members=(),
+                          init_timeout_s=1, collective_timeout_s=1, load_timeout_s=1, layout_id=layout,
+                          checksum="crc32")
+
+    watcher = RoundWatcher(redis_client, "run", "r1")
+    assert await watcher.manifest(rdv(1, "m:1", lid)) == m1  # first sight: fetched
+    got = await watcher.manifest(rdv(2, "m:2", lid))          # m:2 was never written: rebuilt from the layout
+    assert got.version == 2 and got.buckets == buckets and got.checksum == "crc32"
+    with pytest.raises(RoundFailed, match="gone"):               # an unknown layout must be fetched
+        await watcher.manifest(rdv(3, "m:3", "other-layout"))

@@ -44,6 +44,12 @@ class TrainEngine(ABC):
         return 0
 
     @property
+    def owns_parameter_memory(self) -> bool:
+        """True where the backend lays parameters out itself (e.g. DeepSpeed's flat partitions), so nothing
+        else may re-point them (see WeightPublisher.flatten)."""
+        return False
+
+    @property
     def sharded(self) -> bool:
         """True where ranks hold different parts of the model / optimizer (every rank saves its part)."""
         return False

@@ -84,6 +84,10 @@ class DeepSpeedEngine(TrainEngine):
         return self.model.state_dict()
 
     @property
+    def owns_parameter_memory(self) -> bool:
+        return True
+
+    @property
     def sharded(self) -> bool:
         return True
 

@@ -59,7 +59,7 @@ class HFSink(WeightSink):
         # the group needs every rank: start receiving first, check names and shapes while bytes arrive
         receiving = asyncio.ensure_future(asyncio.to_thread(receiver.receive, rdv, member, manifest))
         try:
-            loader.check(e for b in manifest.buckets for e in b.tensors)
+            loader.check_buckets(manifest.buckets)
         except (KeyError, ValueError) as exc:
             await receiving
             raise UpdateRefused(str(exc)) from exc
