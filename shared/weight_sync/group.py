@@ -1,17 +1,26 @@
-"""A torch.distributed process group per update group, formed and torn down without touching the default
-group, with a timeout on forming it and on every collective.
+"""Update groups: one handle per member, formed and torn down without touching the default process group,
+with a timeout on forming it and on every collective. Two kinds, registered in :data:`GROUP_KINDS` by the
+name replicas advertise (``ReplicaInfo.group``) and rounds carry (``Rendezvous.group``):
 
-The group is built the way SGLang's ``init_weights_update_group`` builds its side (a ``tcp://``
-rendezvous, a ``PrefixStore`` named after the group, ``_new_process_group_helper``), so a FleetRL
-publisher and an SGLang server land in the same group. gloo cannot shrink a group, so a failed group is
-aborted and dropped, and the next round forms a fresh one (new port, new group name).
+- ``torch`` (:class:`CollectiveGroup`): a torch.distributed group (gloo or nccl), built the way SGLang's
+  ``init_weights_update_group`` builds its side (a ``tcp://`` rendezvous, a ``PrefixStore`` named after
+  the group, ``_new_process_group_helper``), so a FleetRL publisher, FleetRL's hf sidecar and an SGLang
+  server land in the same group.
+- ``pynccl`` (:class:`PyNcclGroup`): vLLM's own communicator (``StatelessProcessGroup`` +
+  ``PyNcclCommunicator``), which is what a vLLM server's native weight transfer
+  (``/init_weight_transfer_engine``) joins: the publisher takes rank 0 of it the way vLLM's
+  ``NCCLWeightTransferEngine.trainer_init`` does. Needs vLLM installed on the learner (``fleetrl[vllm]``).
+
+A failed group is aborted and dropped (neither kind can shrink a group), and the next round forms a
+fresh one (new port, new group name).
 """
 
 from __future__ import annotations
 
 import datetime
 import logging
-from typing import Any
+import time
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -81,3 +90,84 @@ class CollectiveGroup:
             dist.destroy_process_group(pg)
         except Exception as exc:
             log.debug("destroying group %s: %s", self.name, exc)
+
+
+class PyNcclGroup:
+    """The publisher's (rank 0) or a member's handle on a vLLM ``PyNcclCommunicator`` group.
+
+    Broadcasts are enqueued on the current CUDA stream; :meth:`wait` polls a CUDA event recorded after the
+    broadcast, so a peer that never joins the collective costs ``collective_timeout_s`` and marks the
+    group broken instead of blocking the caller forever (PyNccl has no abort: a broken communicator is
+    dropped, not reused)."""
+
+    def __init__(self, comm: Any, name: str, rank: int, world_size: int, timeout_s: float) -> None:
+        self.comm, self.name, self.rank, self.world_size = comm, name, rank, world_size
+        self.backend, self.timeout_s = "nccl", timeout_s
+        self.broken = False
+
+    @classmethod
+    def open(cls, *, backend: str, master_addr: str, master_port: int, rank: int, world_size: int,
+             group_name: str, init_timeout_s: float, collective_timeout_s: float) -> PyNcclGroup:
+        if backend != "nccl":
+            raise CollectiveError(f"group {group_name}: the pynccl kind runs on nccl only, not {backend!r}")
+        try:
+            from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
+            from vllm.distributed.utils import StatelessProcessGroup
+        except ImportError as exc:
+            raise CollectiveError(
+                f"group {group_name}: a vLLM replica's weight transfer needs vLLM on the publisher too "
+                f"(pip install 'fleetrl[vllm]'): {exc}") from exc
+        try:
+            pg = StatelessProcessGroup.create(host=master_addr, port=master_port, rank=rank, world_size=world_size,
+                                              store_timeout=max(1, int(init_timeout_s)))
+            comm = PyNcclCommunicator(pg, device=torch.cuda.current_device())
+        except Exception as exc:
+            raise CollectiveError(f"forming group {group_name} (rank {rank}/{world_size}) failed: {exc}") from exc
+        return cls(comm, group_name, rank, world_size, collective_timeout_s)
+
+    def broadcast(self, tensor: torch.Tensor, src: int = 0) -> Any:
+        try:
+            stream = torch.cuda.current_stream()
+            self.comm.broadcast(tensor, src=src, stream=stream)
+            done = torch.cuda.Event()
+            done.record(stream)
+        except Exception as exc:
+            self.broken = True
+            raise CollectiveError(f"broadcast in {self.name} failed: {exc}") from exc
+        return done, tensor  # the tensor stays referenced until the broadcast is done
+
+    def wait(self, work: Any, timeout_s: float | None = None) -> None:
+        done, _ = work
+        deadline = time.monotonic() + (timeout_s or self.timeout_s)
+        pause = 0.0002
+        while not done.query():
+            if time.monotonic() >= deadline:
+                self.broken = True
+                raise CollectiveError(f"broadcast in {self.name} did not finish within {timeout_s or self.timeout_s}s")
+            time.sleep(pause)
+            pause = min(pause * 2, 0.01)
+
+    def close(self) -> None:
+        self.comm = None
+
+
+class UpdateGroup(Protocol):
+    """What the publisher and receivers use of a group, whatever its kind."""
+
+    name: str
+    broken: bool
+
+    def broadcast(self, tensor: torch.Tensor, src: int = 0) -> Any: ...
+    def wait(self, work: Any, timeout_s: float | None = None) -> None: ...
+    def close(self) -> None: ...
+
+
+GROUP_KINDS: dict[str, Any] = {"torch": CollectiveGroup, "pynccl": PyNcclGroup}
+
+
+def open_group(kind: str, **kwargs: Any) -> UpdateGroup:
+    """Form (join) an update group of ``kind`` (see :data:`GROUP_KINDS`); ``kwargs`` as ``CollectiveGroup.open``."""
+    cls = GROUP_KINDS.get(kind)
+    if cls is None:
+        raise CollectiveError(f"unknown group kind {kind!r}; known: {sorted(GROUP_KINDS)}")
+    return cls.open(**kwargs)

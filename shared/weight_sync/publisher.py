@@ -112,7 +112,7 @@ class WeightPublisher:
         self._plan: tuple | None = None
         self._layout_id = ""
         self._send_in_place = False  # set by flatten(): send buckets from the weights' memory when they can be
-        self._held: _HeldGroup | None = None
+        self._held: dict[str, _HeldGroup] = {}  # group kind -> the group kept for the next version
         self._lock = asyncio.Lock()
         self._catch_up_task: asyncio.Task | None = None
         self._catch_up_tries: Counter[tuple[str, int]] = Counter()
@@ -298,31 +298,39 @@ class WeightPublisher:
         return info.transport == "collective" and info.backend == self.settings.backend
 
     async def _sync(self, targets: list[ReplicaInfo], *, main: bool) -> PublishReport:
+        """Bring ``targets`` to the retained version: one series of rounds per group kind (replicas of
+        different kinds cannot share a group; e.g. vLLM servers join a PyNccl group), one kind after the other."""
         assert self._manifest is not None
         report = PublishReport(version=self._manifest.version, total_bytes=self._manifest.total_bytes)
-        remaining = targets
-        for _ in range(self.settings.max_attempts):
-            if not remaining:
-                break
-            out = await self._round(remaining, main=main)
-            report.rounds += 1
-            report.loaded += out.loaded
-            report.refused += out.refused
-            report.dropped += out.dropped
-            if out.error:
-                report.errors.append(out.error)
-            remaining = out.retry
-        report.dropped += [i.replica_id for i in remaining]
+        by_kind: dict[str, list[ReplicaInfo]] = {}
+        for t in targets:
+            by_kind.setdefault(t.group, []).append(t)
+        for kind, remaining in by_kind.items():
+            for _ in range(self.settings.max_attempts):
+                if not remaining:
+                    break
+                out = await self._round(remaining, main=main, kind=kind)
+                report.rounds += 1
+                report.loaded += out.loaded
+                report.refused += out.refused
+                report.dropped += out.dropped
+                if out.error:
+                    report.errors.append(out.error)
+                remaining = out.retry
+            report.dropped += [i.replica_id for i in remaining]
+        if main:  # kinds with no member left: their held groups are of no use any more
+            for kind in [k for k in self._held if k not in by_kind]:
+                self._drop_group(kind)
         return report
 
-    async def _round(self, members: list[ReplicaInfo], *, main: bool) -> _Outcome:
+    async def _round(self, members: list[ReplicaInfo], *, main: bool, kind: str) -> _Outcome:
         s, manifest = self.settings, self._manifest
         round_id = int(await self.redis.incr(wkeys.round_counter(self.run)))
         ids = [m.replica_id for m in members]
-        held = self._held if main else None
+        held = self._held.get(kind) if main else None
         reuse = held is not None and not held.group.broken and [m.replica_id for m in held.rendezvous.members] == ids
         if main and not reuse:
-            self._drop_group()
+            self._drop_group(kind)
         if reuse:
             base = held.rendezvous
             rdv = base.model_copy(update={"round": round_id, "version": manifest.version, "fresh_group": False,
@@ -337,7 +345,7 @@ class WeightPublisher:
             port = free_port(s.master_addr)
             rdv = Rendezvous(
                 round=round_id, version=manifest.version, manifest_key=wkeys.manifest(self.run, manifest.version),
-                group_name=group_name_for(port), fresh_group=True, backend=s.backend,
+                group_name=group_name_for(port), fresh_group=True, backend=s.backend, group=kind,
                 master_addr=s.master_addr, master_port=port, world_size=rank,
                 members=tuple(placed), init_timeout_s=s.init_timeout_s,
                 collective_timeout_s=s.collective_timeout_s, load_timeout_s=s.load_timeout_s,
@@ -347,10 +355,10 @@ class WeightPublisher:
         group = held.group if reuse else None
         try:
             if group is None:
-                from shared.weight_sync.group import CollectiveGroup
+                from shared.weight_sync.group import open_group
 
                 group = await asyncio.to_thread(
-                    CollectiveGroup.open, backend=rdv.backend, master_addr=rdv.master_addr,
+                    open_group, kind, backend=rdv.backend, master_addr=rdv.master_addr,
                     master_port=rdv.master_port, rank=0, world_size=rdv.world_size, group_name=rdv.group_name,
                     init_timeout_s=rdv.init_timeout_s, collective_timeout_s=rdv.collective_timeout_s)
             await self._send(group)
@@ -360,17 +368,17 @@ class WeightPublisher:
                 group.broken = True
                 group.close()
             if main:
-                self._held = None
+                self._held.pop(kind, None)
             # survivors may sit in a broadcast until their own collective timeout fires, then report
             return await self._settle(round_id, members, s.collective_timeout_s + s.regroup_timeout_s,
                                       error=str(exc))
         if main:
-            self._held = _HeldGroup(group, rdv)
+            self._held[kind] = _HeldGroup(group, rdv)
         else:
             group.close()
         out = await self._settle(round_id, members, s.load_timeout_s)
         if main and (out.dropped or out.retry):
-            self._drop_group()  # membership changed: the next round forms a new group
+            self._drop_group(kind)  # membership changed: the next round forms a new group
         return out
 
     async def _send(self, group: Any) -> None:
@@ -430,10 +438,12 @@ class WeightPublisher:
             error=error,
         )
 
-    def _drop_group(self) -> None:
-        if self._held is not None:
-            self._held.group.close()
-            self._held = None
+    def _drop_group(self, kind: str | None = None) -> None:
+        """Leave the held group of ``kind`` (all held groups when None)."""
+        for k in [kind] if kind is not None else list(self._held):
+            held = self._held.pop(k, None)
+            if held is not None:
+                held.group.close()
 
     # ---- late joiners --------------------------------------------------------------------------------
     def _ensure_catch_up(self) -> None:

@@ -169,7 +169,7 @@ class BucketReceiver:
 
         Raises :class:`RoundFailed` if the group or a broadcast fails."""
         from shared.weight_sync import tensors as T
-        from shared.weight_sync.group import CollectiveError, CollectiveGroup
+        from shared.weight_sync.group import CollectiveError, open_group
 
         if self.group is not None and (self.group.name != rdv.group_name or self.group.broken):
             self.close()
@@ -177,8 +177,8 @@ class BucketReceiver:
             if not rdv.fresh_group:
                 raise RoundFailed(f"round {rdv.round} reuses group {rdv.group_name}, which this replica does not hold")
             try:
-                self.group = CollectiveGroup.open(
-                    backend=rdv.backend, master_addr=rdv.master_addr, master_port=rdv.master_port,
+                self.group = open_group(
+                    rdv.group, backend=rdv.backend, master_addr=rdv.master_addr, master_port=rdv.master_port,
                     rank=member.rank, world_size=rdv.world_size, group_name=rdv.group_name,
                     init_timeout_s=rdv.init_timeout_s, collective_timeout_s=rdv.collective_timeout_s)
             except CollectiveError as exc:

@@ -42,6 +42,9 @@ class _Record(BaseModel):
         return cls.model_validate_json(raw)
 
 
+GroupKind = Literal["torch", "pynccl"]
+
+
 class TensorEntry(_Record):
     """One tensor inside a bucket: ``bucket[offset:offset + nbytes]`` holds its raw bytes."""
 
@@ -138,6 +141,7 @@ class Rendezvous(_Record):
     group_name: str
     fresh_group: bool = Field(description="True when this round forms a new group; False reuses the members' group.")
     backend: Literal["gloo", "nccl"]
+    group: GroupKind = Field(default="torch", description="Kind of group to form (shared.weight_sync.group).")
     master_addr: str
     master_port: int
     world_size: int = Field(ge=2)
@@ -173,6 +177,9 @@ class ReplicaInfo(_Record):
     name: str = Field(description="Human label (host:port of the rollout service).")
     transport: Transport
     backend: Literal["gloo", "nccl"] = "gloo"
+    group: GroupKind = Field(
+        default="torch", description="Kind of update group the replica can join: torch (torch.distributed: FleetRL's "
+                                     "hf sidecar, SGLang) or pynccl (vLLM's native weight transfer).")
     ranks: int = 1
     engine: str = ""
     weight_version: int = 0

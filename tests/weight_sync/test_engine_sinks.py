@@ -56,7 +56,10 @@ async def test_remote_sink_maps_requests_and_bytes_arrive(kind, tmp_path, redis_
     proc = spawn(["-m", "tests.weight_sync.standin_engine", str(port)], log, {"OMP_NUM_THREADS": "1"})
     run = f"sink-{kind}"
     engine = RemoteEngine(kind, f"http://127.0.0.1:{port}")
-    sidecar = WeightSidecar(engine, redis_client, run, SidecarSettings(join_timeout_s=0, heartbeat_s=0.3))
+    # the stand-in receives over a torch gloo group on CPU; a real vLLM server joins a PyNccl group (the
+    # sidecar's default for vllm, test_vllm_weight_sync_gpu)
+    sidecar = WeightSidecar(engine, redis_client, run, SidecarSettings(join_timeout_s=0, heartbeat_s=0.3,
+                                                                       group="torch"))
     try:
         wait_http_ok(f"{engine.base_url}/health", proc, 60, log)
         await sidecar.start()
@@ -84,6 +87,52 @@ async def test_remote_sink_maps_requests_and_bytes_arrive(kind, tmp_path, redis_
             assert calls.count("/update_weights") == 2
             assert calls.count("/start_weight_update") == calls.count("/finish_weight_update") == 2
         assert engine.pauses == 2
+    finally:
+        try:
+            await sidecar.stop()
+            await engine.client.aclose()
+        finally:
+            stop(proc)
+
+
+async def test_replicas_of_different_group_kinds_update_in_separate_rounds(replicas, redis_client, tiny_model_dir,
+                                                                          tmp_path, monkeypatch):
+    """An hf replica (torch group) and a vLLM server (its own PyNccl group) in one fleet: each version goes
+    out in one round per kind, and each kind's group is kept for the next version."""
+    from shared.weight_sync import group as groups
+    from tests.weight_sync.conftest import new_weights, reference_ids
+
+    # No GPU here: the publisher forms the vLLM replicas' group with torch/gloo, which the stand-in server
+    # joins; everything else (registration, partitioning, rendezvous, reports) is the real path.
+    monkeypatch.setitem(groups.GROUP_KINDS, "pynccl", groups.CollectiveGroup)
+    run = "kinds"
+    hf = replicas(run)
+    port = free_port()
+    log = tmp_path / "standin.log"
+    proc = spawn(["-m", "tests.weight_sync.standin_engine", str(port)], log, {"OMP_NUM_THREADS": "1"})
+    engine = RemoteEngine("vllm", f"http://127.0.0.1:{port}")
+    sidecar = WeightSidecar(engine, redis_client, run, SidecarSettings(join_timeout_s=0, heartbeat_s=0.3))
+    assert sidecar.info().group == "pynccl"  # a vllm sink's own kind
+    try:
+        wait_http_ok(f"{engine.base_url}/health", proc, 60, log)
+        await sidecar.start()
+        await wait_registered(redis_client, run, 2)
+        settings = WeightSyncSettings(bucket_bytes=64 << 10, init_timeout_s=30, collective_timeout_s=20,
+                                      load_timeout_s=30)
+        async with WeightPublisher(redis_client, run, settings) as pub:
+            for version, seed in ((1, 1), (2, 2)):
+                model = new_weights(tiny_model_dir, seed=seed)
+                assert await pub.publish(model) == version
+                rep = pub.last_report
+                assert rep.rounds == 2 and len(rep.loaded) == 2 and not rep.dropped, rep
+                assert hf.generate()["output_ids"] == reference_ids(model, tiny_model_dir)
+                got = httpx.get(f"{engine.base_url}/standin/state", timeout=10).json()
+                names = pub._manifest.tensor_names()  # the tied lm_head goes once, as the embedding
+                state = model.state_dict()
+                assert got["crc"] == {n: crc(state[n]) for n in names}
+                assert engine.weight_version == version
+            assert sorted(pub._held) == ["pynccl", "torch"]
+        assert got["calls"].count("/init_weight_transfer_engine") == 1  # its group was reused for version 2
     finally:
         try:
             await sidecar.stop()

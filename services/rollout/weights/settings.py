@@ -20,6 +20,12 @@ class SidecarSettings(FleetSettings):
                     "(for replicas that cannot join a collective).",
     )
     backend: Literal["gloo", "nccl"] = Field(default="gloo", description="Collective backend this replica can join.")
+    group: Literal["auto", "torch", "pynccl"] = Field(
+        default="auto",
+        description="Kind of update group the engine joins: auto = the engine's own (vllm: pynccl, vLLM's "
+                    "communicator; hf and sglang: torch). Set it for an engine build whose weight transfer joins "
+                    "the other kind.",
+    )
     ranks: int = Field(default=1, ge=1, description="Ranks the engine occupies in the group (its TP size).")
     pause_mode: Literal["wait", "abort"] = Field(
         default="wait",

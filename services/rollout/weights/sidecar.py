@@ -59,6 +59,7 @@ class WeightSidecar:
     def info(self) -> ReplicaInfo:
         return ReplicaInfo(replica_id=self.replica_id, name=self.name, transport=self.settings.transport,
                            backend=self.settings.backend, ranks=self.settings.ranks,
+                           group=self.sink.group_kind if self.settings.group == "auto" else self.settings.group,
                            engine=getattr(self.engine, "kind", ""), weight_version=self.weight_version,
                            wants_version=self.wants_version)
 

@@ -27,6 +27,7 @@ __all__ = ["RoundFailed", "UpdateRefused", "WeightSink", "create_sink", "registe
 
 class WeightSink(ABC):
     kind: ClassVar[str]
+    group_kind: ClassVar[str] = "torch"  # the update group the engine joins (shared.weight_sync.group)
 
     def __init__(self, engine: Any, settings: SidecarSettings) -> None:
         self.engine, self.settings = engine, settings

@@ -14,6 +14,7 @@ from shared.weight_sync.wire import Manifest, Member, Rendezvous
 
 class VLLMSink(RemoteEngineSink):
     kind = "vllm"
+    group_kind = "pynccl"  # vLLM's NCCLWeightTransferEngine joins a StatelessProcessGroup + PyNcclCommunicator
 
     async def run_round(self, rdv: Rendezvous, member: Member, manifest: Manifest, watcher: RoundWatcher) -> None:
         await self._pause()
