@@ -102,7 +102,7 @@ async def receiver(args) -> None:
     shapes = moe_shapes(args.layers, args.experts, args.hidden, args.ffn, args.vocab)
     model = build_module(shapes, "zeros")
     r = aioredis.from_url(args.redis)
-    sidecar = WeightSidecar(ModuleEngine(model), r, "bench", SidecarSettings(join_timeout_s=0, poll_s=0.005,
+    sidecar = WeightSidecar(ModuleEngine(model), r, "bench", SidecarSettings(join_timeout_s=0,
                                                                    keep_staging=not args.free_staging),
                             name=f"recv{args.index}")
     await sidecar.start()

@@ -13,6 +13,11 @@ def rendezvous(run: str) -> str:
     return f"{keys.weights_prefix(run)}:rendezvous"
 
 
+def announcements(run: str) -> str:
+    """Stream with one entry per new rendezvous (capped): replicas block on it instead of polling the key."""
+    return f"{keys.weights_prefix(run)}:announcements"
+
+
 def manifest(run: str, version: int) -> str:
     """JSON :class:`~shared.weight_sync.wire.Manifest` of ``version`` (buckets, tensors, checksums)."""
     return f"{keys.weights_prefix(run)}:manifest:{version}"

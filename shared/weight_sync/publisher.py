@@ -351,7 +351,10 @@ class WeightPublisher:
                 collective_timeout_s=s.collective_timeout_s, load_timeout_s=s.load_timeout_s,
                 layout_id=manifest.layout_id, checksum=manifest.checksum,
             )
-        await self.redis.set(wkeys.rendezvous(self.run), rdv.dumps(), ex=s.key_ttl_s)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.set(wkeys.rendezvous(self.run), rdv.dumps(), ex=s.key_ttl_s)
+        pipe.xadd(wkeys.announcements(self.run), {"round": str(round_id)}, maxlen=64, approximate=True)
+        await pipe.execute()
         group = held.group if reuse else None
         try:
             if group is None:

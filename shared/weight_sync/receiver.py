@@ -40,6 +40,7 @@ class RoundWatcher:
     def __init__(self, redis: Any, run: str, replica_id: str, poll_s: float = 0.05) -> None:
         self.redis, self.run, self.replica_id, self.poll_s = redis, run, replica_id, poll_s
         self.last_round = 0
+        self._seen: str | None = None  # last announcement id read (see wait)
         self._layout: tuple[Any, Manifest] | None = None  # (raw buckets, parsed manifest) of the last layout
 
     async def current(self) -> tuple[Rendezvous, Member] | None:
@@ -56,12 +57,27 @@ class RoundWatcher:
         self.last_round = rdv.round
         return rdv, member
 
+    async def wait(self, timeout_s: float) -> tuple[Rendezvous, Member] | None:
+        """:meth:`current`, or else block up to ``timeout_s`` until the publisher announces a round and check
+        again: a replica joins a round as soon as it is announced, without polling the key."""
+        key = wkeys.announcements(self.run)
+        if self._seen is None:  # read from the newest announcement on, so none after this point is missed
+            newest = await self.redis.xrevrange(key, count=1)
+            self._seen = newest[0][0] if newest else "0-0"
+        found = await self.current()
+        if found is not None:
+            return found
+        resp = await self.redis.xread({key: self._seen}, count=64, block=max(1, int(timeout_s * 1000)))
+        for _stream, entries in resp or []:
+            if entries:
+                self._seen = entries[-1][0]
+        return await self.current()
+
     async def next_round(self) -> tuple[Rendezvous, Member]:
         while True:
-            found = await self.current()
+            found = await self.wait(self.poll_s)
             if found is not None:
                 return found
-            await asyncio.sleep(self.poll_s)
 
     async def manifest(self, rdv: Rendezvous) -> Manifest:
         """The round's manifest. When the round names the layout this replica already holds (the usual case:

@@ -165,3 +165,36 @@ async def test_watcher_rebuilds_a_known_layout_without_fetching(redis_client):
     assert got.version == 2 and got.buckets == buckets and got.checksum == "crc32"
     with pytest.raises(RoundFailed, match="gone"):               # an unknown layout must be fetched
         await watcher.manifest(rdv(3, "m:3", "other-layout"))
+
+
+async def test_watcher_wakes_as_soon_as_a_round_is_announced(redis_client):
+    import asyncio
+    import time
+
+    from shared.weight_sync import keys as wkeys
+    from shared.weight_sync.receiver import RoundWatcher
+    from shared.weight_sync.wire import Member, Rendezvous
+
+    run = "announce"
+    watcher = RoundWatcher(redis_client, run, "r1")
+    assert await watcher.wait(0.05) is None  # nothing published yet
+
+    async def publish_later() -> None:
+        await asyncio.sleep(0.3)
+        rdv = Rendezvous(round=7, version=2, manifest_key="m", group_name="g", fresh_group=True, backend="gloo",
+                         master_addr="127.0.0.1", master_port=1, world_size=2,
+                         members=(Member(replica_id="r1", rank=1),), init_timeout_s=1, collective_timeout_s=1,
+                         load_timeout_s=1)
+        pipe = redis_client.pipeline(transaction=False)
+        pipe.set(wkeys.rendezvous(run), rdv.dumps())
+        pipe.xadd(wkeys.announcements(run), {"round": "7"})
+        await pipe.execute()
+
+    task = asyncio.create_task(publish_later())
+    t0 = time.monotonic()
+    found = await watcher.wait(10.0)
+    waited = time.monotonic() - t0
+    await task
+    assert found is not None and found[0].round == 7 and found[1].rank == 1
+    assert waited < 3.0, waited  # woken by the announcement, not by the 10 s timeout
+    assert await watcher.wait(0.05) is None  # a round is handed out once

@@ -64,7 +64,7 @@ def weight_router(service: Any, settings: SidecarSettings | None = None) -> APIR
 
         from services.rollout.weights.sidecar import WeightSidecar
 
-        redis = aioredis.from_url(redis_url, socket_connect_timeout=5)
+        redis = aioredis.from_url(redis_url, socket_connect_timeout=5, socket_timeout=30)
         s = service.settings
         sidecar = WeightSidecar(service.engine, redis, s.run_name, sidecar_settings, name=f"{s.host}:{s.port}")
         await sidecar.start()

@@ -50,7 +50,11 @@ class SidecarSettings(FleetSettings):
     )
     heartbeat_s: float = Field(default=1.0, gt=0, description="Registry heartbeat period.")
     heartbeat_ttl_s: float = Field(default=5.0, gt=0, description="A replica silent this long is considered dead.")
-    poll_s: float = Field(default=0.05, gt=0, description="How often to look for a new update round.")
+    poll_s: float = Field(
+        default=1.0, gt=0,
+        description="Longest wait for a round announcement before the rendezvous is read anyway (rounds are "
+                    "announced on a Redis stream, so a replica joins one as soon as it is published).",
+    )
     join_timeout_s: float = Field(
         default=60.0, ge=0,
         description="At startup, how long to wait to be brought to the latest version before serving anyway "

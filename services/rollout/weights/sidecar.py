@@ -150,9 +150,9 @@ class WeightSidecar:
                 log.warning("checking the latest weight version failed: %s", exc)
 
     async def _round_loop(self) -> None:
-        while await self._sleep(self.settings.poll_s):
+        while not self._stopping.is_set():
             try:
-                found = await self.watcher.current()
+                found = await self.watcher.wait(self.settings.poll_s)  # returns as soon as a round is announced
             except Exception as exc:
                 log.warning("reading the rendezvous failed: %s", exc)
                 await self._sleep(1.0)
