@@ -120,12 +120,56 @@ def load_critic(path: str, settings: ModelSettings, device: torch.device) -> Cri
 
 
 def merged_state_dict(actor: nn.Module) -> dict[str, torch.Tensor]:
-    """The actor's weights under the base model's names (LoRA merged in), for publishing / export."""
-    if hasattr(actor, "merge_and_unload"):
-        import copy
+    """The actor's weights under the base model's names (LoRA merged in), for publishing / export.
 
-        return copy.deepcopy(actor).merge_and_unload().state_dict()
-    return actor.state_dict()
+    With LoRA adapters, each adapted layer's weight is computed as ``W + delta`` (peft's own
+    ``get_delta_weight``: scaling and fan-in/fan-out handled there) into a new tensor; every other tensor
+    is the actor's own (no copy). The actor is left as it was: nothing is merged into it, and no second
+    model is built (a deep copy per publish would double the memory of a large actor). Setups this does
+    not cover (adapter types other than LoRA, ``modules_to_save``) fall back to merging a deep copy."""
+    if not hasattr(actor, "merge_and_unload"):
+        return actor.state_dict()
+    merged = _lora_merged_state_dict(actor)
+    if merged is not None:
+        return merged
+    import copy
+
+    return copy.deepcopy(actor).merge_and_unload().state_dict()
+
+
+@torch.no_grad()
+def _lora_merged_state_dict(actor: nn.Module) -> dict[str, torch.Tensor] | None:
+    from peft.tuners.lora import LoraLayer
+
+    base = actor.get_base_model()
+    lora: dict[str, LoraLayer] = {}
+    for name, module in base.named_modules():
+        if isinstance(module, LoraLayer):
+            lora[name] = module
+        elif type(module).__name__ in ("ModulesToSaveWrapper", "TrainableTokensWrapper") or \
+                (hasattr(module, "base_layer") and not isinstance(module, LoraLayer)):
+            return None  # another wrapper kind: let peft merge a copy
+    out: dict[str, torch.Tensor] = {}
+    for key, tensor in base.state_dict().items():
+        owner, _, leaf = key.rpartition(".")
+        layer_name = owner.removesuffix(".base_layer") if owner.endswith(".base_layer") else None
+        if layer_name is not None and layer_name in lora:
+            layer = lora[layer_name]
+            if leaf == "weight" and not layer.merged and not getattr(layer, "disable_adapters", False):
+                for adapter in layer.active_adapters:
+                    if adapter in layer.lora_A or adapter in getattr(layer, "lora_embedding_A", {}):
+                        # one rounding, as peft's in-place merge does: add in the promoted dtype, then cast
+                        tensor = (tensor + layer.get_delta_weight(adapter)).to(tensor.dtype)
+            out[f"{layer_name}.{leaf}"] = tensor
+        elif not _is_adapter_tensor(owner, lora):
+            out[key] = tensor
+    return out
+
+
+def _is_adapter_tensor(owner: str, lora: dict) -> bool:
+    """``<layer>.lora_A.<adapter>`` and the like: LoRA's own tensors, not part of the base model."""
+    parts = owner.split(".")
+    return any(part.startswith("lora_") and ".".join(parts[:i]) in lora for i, part in enumerate(parts))
 
 
 def save_actor_export(actor: nn.Module, tokenizer, out_dir: str | Path) -> None:

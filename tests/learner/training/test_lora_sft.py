@@ -50,3 +50,30 @@ def test_sft_learns_the_answer_not_the_prompt(tiny_model_dir, tmp_path):
     assert abs(losses[0] - expected_first_loss) < 1e-4
     assert losses[-1] < losses[0] / 2
     assert response_logprob(trainer, answer, prompt=prompt) > before_answer + 3.0
+
+
+def test_lora_merge_for_publishing_copies_nothing_and_matches_peft(tiny_model_dir, tmp_path):
+    import copy
+
+    from services.learner.training.models import merged_state_dict
+
+    s = settings(tiny_model_dir, tmp_path, algorithm={"name": "grpo"},
+                 model={"lora": {"rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj", "gate_proj"]}})
+    model = RLTrainer(s, total_steps=1).actor.model
+    with torch.no_grad():  # adapters as after some training (lora_B starts at zero)
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(generator=torch.Generator().manual_seed(len(n)))
+    inner = model.get_base_model()  # the HF model with LoRA layers injected: keys without peft's prefix
+    before = {k: v.clone() for k, v in inner.state_dict().items()}
+    got = merged_state_dict(model)
+    want = copy.deepcopy(model).merge_and_unload().state_dict()
+    assert got.keys() == want.keys()
+    assert all(torch.equal(got[k], want[k]) for k in want)  # bit for bit what peft's merge gives
+    assert any(not torch.equal(got[k], before[k.replace("q_proj.", "q_proj.base_layer.")])
+               for k in got if "q_proj.weight" in k)
+    # the actor is untouched, and tensors LoRA does not adapt are the actor's own memory, not copies
+    assert all(torch.equal(v, before[k]) for k, v in inner.state_dict().items())
+    own = {t.data_ptr() for t in inner.state_dict().values()}
+    shared = [k for k in got if "k_proj" in k or "norm" in k]
+    assert shared and all(got[k].data_ptr() in own for k in shared)
