@@ -2,6 +2,8 @@
 # The base image brings CUDA and its own torch: FleetRL's pure-Python dependencies go on top, torch is
 # left exactly as the base pinned it (that version coupling is why each engine has its own image).
 #   docker build -f deploy/docker/learner-deepspeed.Dockerfile -t fleetrl-learner-deepspeed .
+# compose builds it FROM the vLLM image instead (BASE_IMAGE): a learner that updates vLLM servers opens
+# vLLM's own NCCL group for it, so the same vLLM must be importable here.
 ARG BASE_IMAGE=pytorch/pytorch:2.8.0-cuda12.8-cudnn9-devel
 FROM ${BASE_IMAGE}
 

@@ -1,6 +1,11 @@
 """A stand-in for an SGLang or vLLM server's weight endpoints (not their generation): it runs the
 receiving side of the broadcast itself, the way those servers do, and keeps what arrived so that a test
-can check the bytes. Run: ``python -m tests.weight_sync.standin_engine PORT``.
+can check the bytes. Run: ``python -m tests.weight_sync.standin_engine PORT [VLLM_API]``.
+
+vLLM moved the packed-transfer parameters (``packed``, ``packed_buffer_size_bytes``, ``packed_num_buffers``)
+from the per-round update info to the init info; both sides reject a field their dataclass lacks.
+``VLLM_API`` picks which release to imitate: ``update`` (the parameters travel with /update_weights, the
+default) or ``init`` (they travel with /init_weight_transfer_engine).
 
 The group is formed exactly as SGLang's ``init_custom_process_group`` does (tcp rendezvous,
 ``PrefixStore(group_name)``, ``_new_process_group_helper``) - written out here, not imported from FleetRL.
@@ -22,6 +27,19 @@ from torch.distributed import distributed_c10d as c10d
 torch.set_num_threads(1)
 app = FastAPI()
 state: dict = {"groups": {}, "weights": {}, "calls": [], "weight_version": None, "paused": False}
+VLLM_API = sys.argv[2] if len(sys.argv) > 2 else "update"
+WIRE = ("packed", "packed_buffer_size_bytes", "packed_num_buffers")
+
+
+def _strict(cls_name: str, info: dict, allowed: tuple[str, ...]):
+    """What vLLM answers when its info dataclass gets a field it does not have (a TypeError, reported)."""
+    from fastapi.responses import JSONResponse
+
+    extra = [k for k in info if k not in allowed]
+    if extra:
+        return JSONResponse(status_code=400, content={
+            "error": f"{cls_name}.__init__() got an unexpected keyword argument '{extra[0]}'"})
+    return None
 
 
 def _form(master_address, master_port, rank, world_size, group_name, backend):
@@ -84,6 +102,12 @@ async def destroy_group(body: dict):
 @app.post("/init_weight_transfer_engine")
 async def init_engine(body: dict):
     info = body["init_info"]
+    base = ("master_address", "master_port", "rank_offset", "world_size")
+    bad = _strict("NCCLWeightTransferInitInfo", info, base + (WIRE if VLLM_API == "init" else ()))
+    if bad is not None:
+        return bad
+    if VLLM_API == "init":
+        state["wire"] = {k: info[k] for k in WIRE}
     pg = await asyncio.to_thread(_form, info["master_address"], info["master_port"], info["rank_offset"],
                                  info["world_size"], f"fleetrl-weights-{info['master_port']}", "gloo")
     state["groups"]["vllm"] = pg
@@ -98,8 +122,13 @@ async def start_update(body: dict | None = None):
 @app.post("/update_weights")
 async def update_weights(body: dict):
     info = body["update_info"]
-    assert info["packed"] is True
-    limit = info["packed_buffer_size_bytes"]
+    base = ("names", "dtype_names", "shapes")
+    bad = _strict("NCCLWeightTransferUpdateInfo", info, base + (WIRE if VLLM_API == "update" else ()))
+    if bad is not None:
+        return bad
+    wire = state["wire"] if VLLM_API == "init" else info
+    assert wire["packed"] is True
+    limit = wire["packed_buffer_size_bytes"]
     chunk: list[tuple] = []
     size = 0
 

@@ -49,11 +49,12 @@ def crc(t: torch.Tensor) -> int:
     return zlib.crc32(memoryview(t.contiguous().view(-1).view(torch.uint8).numpy()))
 
 
-@pytest.mark.parametrize("kind", ["sglang", "vllm"])
-async def test_remote_sink_maps_requests_and_bytes_arrive(kind, tmp_path, redis_client):
+@pytest.mark.parametrize(("kind", "vllm_api"), [("sglang", ""), ("vllm", "update"), ("vllm", "init")])
+async def test_remote_sink_maps_requests_and_bytes_arrive(kind, vllm_api, tmp_path, redis_client):
     port = free_port()
     log = tmp_path / "standin.log"
-    proc = spawn(["-m", "tests.weight_sync.standin_engine", str(port)], log, {"OMP_NUM_THREADS": "1"})
+    proc = spawn(["-m", "tests.weight_sync.standin_engine", str(port), vllm_api or "update"], log,
+                 {"OMP_NUM_THREADS": "1"})
     run = f"sink-{kind}"
     engine = RemoteEngine(kind, f"http://127.0.0.1:{port}")
     # the stand-in receives over a torch gloo group on CPU; a real vLLM server joins a PyNccl group (the
@@ -83,8 +84,10 @@ async def test_remote_sink_maps_requests_and_bytes_arrive(kind, tmp_path, redis_
             assert calls.count("/update_weights_from_distributed") == 2 * nb
             assert got["weight_version"] == "2"
         else:
+            # an older release refuses the packed parameters at init: one refused init, then per round
             assert calls.count("/init_weight_transfer_engine") == 1
             assert calls.count("/update_weights") == 2
+            assert sidecar.sink.wire_at_init is (vllm_api == "init")
             assert calls.count("/start_weight_update") == calls.count("/finish_weight_update") == 2
         assert engine.pauses == 2
     finally:
