@@ -43,6 +43,7 @@ from shared.redis_server import free_port
 from shared.weight_sync import keys as wkeys
 from shared.weight_sync.registry import ReplicaRegistry
 from shared.weight_sync.settings import WeightSyncSettings
+from shared.weight_sync.walk import ModuleWalk
 from shared.weight_sync.wire import (
     Checksums,
     Manifest,
@@ -111,6 +112,7 @@ class WeightPublisher:
         self._plan_key: list | None = None
         self._plan: tuple | None = None
         self._layout_id = ""
+        self._walk = ModuleWalk()  # a published module's tensors, re-walked only when its structure changes
         self._send_in_place = False  # set by flatten(): send buckets from the weights' memory when they can be
         self._held: dict[str, _HeldGroup] = {}  # group kind -> the group kept for the next version
         self._lock = asyncio.Lock()
@@ -136,7 +138,7 @@ class WeightPublisher:
             v = latest + 1 if version is None else int(version)
             if v <= latest:
                 raise ValueError(f"version {v} is not newer than the latest published version {latest}")
-            named = T.named_tensors(weights)
+            named = T.named_tensors(weights, self._walk)
             if not named:
                 raise ValueError("nothing to publish: no tensors")
             buckets = self._plan_for(list(T.specs(named)))

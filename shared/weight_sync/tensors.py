@@ -37,21 +37,22 @@ def module_tensors(module: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]
                 yield dot + key, b
 
 
-def named_tensors(weights: Any) -> list[tuple[str, torch.Tensor]]:
+def named_tensors(weights: Any, walk: Any = None) -> list[tuple[str, torch.Tensor]]:
     """``(name, tensor)`` pairs from an ``nn.Module`` (its parameters and persistent buffers, as in its state
-    dict), a mapping, or an iterable of pairs. Tensors that share memory (tied weights) are sent once, under
+    dict; ``walk``, a :class:`~shared.weight_sync.walk.ModuleWalk`, remembers the module's layout between
+    calls), a mapping, or an iterable of pairs. Tensors that share memory (tied weights) are sent once, under
     the first name: receivers tie them the same way (every loader maps each name onto the model's own tensor)."""
     if isinstance(weights, torch.nn.Module):
-        items: Iterable[tuple[str, Any]] = module_tensors(weights)
+        items: Iterable[tuple[str, Any]] = walk.tensors(weights) if walk is not None else module_tensors(weights)
     else:
         items = ((str(n), t) for n, t in (weights.items() if isinstance(weights, Mapping) else weights))
-    seen: set[tuple[int, torch.dtype, tuple[int, ...]]] = set()
+    seen: set[tuple[int, torch.dtype, torch.Size]] = set()
     out = []
     for name, t in items:
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"weights[{name!r}] is a {type(t).__name__}, not a torch.Tensor")
-        key = (t.data_ptr(), t.dtype, tuple(t.shape))
-        if t.numel() and key in seen:
+        key = (t.data_ptr(), t.dtype, t.shape)
+        if key in seen and t.numel():
             continue
         seen.add(key)
         out.append((name, t))

@@ -198,3 +198,39 @@ async def test_watcher_wakes_as_soon_as_a_round_is_announced(redis_client):
     assert found is not None and found[0].round == 7 and found[1].rank == 1
     assert waited < 3.0, waited  # woken by the announcement, not by the 10 s timeout
     assert await watcher.wait(0.05) is None  # a round is handed out once
+
+
+def test_module_walk_is_reused_until_the_structure_changes():
+    from shared.weight_sync.walk import ModuleWalk
+
+    def state_names(m):
+        return [n for n, _ in T.named_tensors(m)]
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4), torch.nn.Linear(4, 2))
+    model.register_buffer("steps", torch.zeros(1))
+    model.register_buffer("cache", torch.zeros(3), persistent=False)
+    walk = ModuleWalk()
+
+    def check(expect_walks: int) -> None:
+        got = T.named_tensors(model, walk)
+        assert [n for n, _ in got] == state_names(model) == [n for n in model.state_dict()]
+        assert all(t is dict(T.module_tensors(model))[n] for n, t in got)
+        assert walk.walks == expect_walks
+
+    check(1)
+    check(1)                                                   # nothing changed: no walk
+    with torch.no_grad():
+        model[0].weight.add_(1)
+    check(1)                                                   # values are not structure
+    model[0].weight = torch.nn.Parameter(torch.ones(4, 4))     # a replaced parameter is read afresh
+    check(1)
+    model[1] = torch.nn.LayerNorm(4)                           # a replaced module
+    check(2)
+    model.append(torch.nn.Linear(2, 2))                        # an added module
+    check(3)
+    model[0].register_buffer("extra", torch.ones(1))           # an added buffer
+    check(4)
+    model[0].bias = None                                       # a parameter removed from the state dict
+    check(5)
+    model.cache_flag = torch.nn.Module()                       # an added (empty) child still counts
+    check(6)
