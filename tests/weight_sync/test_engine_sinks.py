@@ -4,6 +4,7 @@ the receiving side of the broadcast itself (gloo on CPU here; NCCL in the gpu te
 from __future__ import annotations
 
 import zlib
+from contextlib import asynccontextmanager
 
 import httpx
 import pytest
@@ -45,25 +46,39 @@ def weights(seed: int) -> dict[str, torch.Tensor]:
     return out
 
 
+@asynccontextmanager
+async def standin_replica(tmp_path, redis_client, run: str, kind: str, vllm_api: str = "update",
+                          **sidecar_settings):
+    """A stand-in engine server (its own process) with a sidecar driving it through ``kind``'s sink."""
+    port = free_port()
+    log = tmp_path / f"standin-{port}.log"
+    proc = spawn(["-m", "tests.weight_sync.standin_engine", str(port), vllm_api], log, {"OMP_NUM_THREADS": "1"})
+    engine = RemoteEngine(kind, f"http://127.0.0.1:{port}")
+    sidecar = WeightSidecar(engine, redis_client, run,
+                            SidecarSettings(join_timeout_s=0, heartbeat_s=0.3, **sidecar_settings))
+    try:
+        wait_http_ok(f"{engine.base_url}/health", proc, 60, log)
+        await sidecar.start()
+        yield engine, sidecar
+    finally:
+        try:
+            await sidecar.stop()
+            await engine.client.aclose()
+        finally:
+            stop(proc)
+
+
 def crc(t: torch.Tensor) -> int:
     return zlib.crc32(memoryview(t.contiguous().view(-1).view(torch.uint8).numpy()))
 
 
 @pytest.mark.parametrize(("kind", "vllm_api"), [("sglang", ""), ("vllm", "update"), ("vllm", "init")])
 async def test_remote_sink_maps_requests_and_bytes_arrive(kind, vllm_api, tmp_path, redis_client):
-    port = free_port()
-    log = tmp_path / "standin.log"
-    proc = spawn(["-m", "tests.weight_sync.standin_engine", str(port), vllm_api or "update"], log,
-                 {"OMP_NUM_THREADS": "1"})
     run = f"sink-{kind}"
-    engine = RemoteEngine(kind, f"http://127.0.0.1:{port}")
     # the stand-in receives over a torch gloo group on CPU; a real vLLM server joins a PyNccl group (the
-    # sidecar's default for vllm, test_vllm_weight_sync_gpu)
-    sidecar = WeightSidecar(engine, redis_client, run, SidecarSettings(join_timeout_s=0, heartbeat_s=0.3,
-                                                                       group="torch"))
-    try:
-        wait_http_ok(f"{engine.base_url}/health", proc, 60, log)
-        await sidecar.start()
+    # sidecar's default for vllm, tests/weight_sync/test_real_engines_gpu.py)
+    async with standin_replica(tmp_path, redis_client, run, kind, vllm_api or "update", group="torch") as (
+            engine, sidecar):
         await wait_registered(redis_client, run, 1)
         settings = WeightSyncSettings(bucket_bytes=16 << 10, init_timeout_s=30, collective_timeout_s=20,
                                       load_timeout_s=30)
@@ -90,12 +105,6 @@ async def test_remote_sink_maps_requests_and_bytes_arrive(kind, vllm_api, tmp_pa
             assert sidecar.sink.wire_at_init is (vllm_api == "init")
             assert calls.count("/start_weight_update") == calls.count("/finish_weight_update") == 2
         assert engine.pauses == 2
-    finally:
-        try:
-            await sidecar.stop()
-            await engine.client.aclose()
-        finally:
-            stop(proc)
 
 
 async def test_replicas_of_different_group_kinds_update_in_separate_rounds(replicas, redis_client, tiny_model_dir,
@@ -110,15 +119,8 @@ async def test_replicas_of_different_group_kinds_update_in_separate_rounds(repli
     monkeypatch.setitem(groups.GROUP_KINDS, "pynccl", groups.CollectiveGroup)
     run = "kinds"
     hf = replicas(run)
-    port = free_port()
-    log = tmp_path / "standin.log"
-    proc = spawn(["-m", "tests.weight_sync.standin_engine", str(port)], log, {"OMP_NUM_THREADS": "1"})
-    engine = RemoteEngine("vllm", f"http://127.0.0.1:{port}")
-    sidecar = WeightSidecar(engine, redis_client, run, SidecarSettings(join_timeout_s=0, heartbeat_s=0.3))
-    assert sidecar.info().group == "pynccl"  # a vllm sink's own kind
-    try:
-        wait_http_ok(f"{engine.base_url}/health", proc, 60, log)
-        await sidecar.start()
+    async with standin_replica(tmp_path, redis_client, run, "vllm") as (engine, sidecar):
+        assert sidecar.info().group == "pynccl"  # a vllm sink's own kind
         await wait_registered(redis_client, run, 2)
         settings = WeightSyncSettings(bucket_bytes=64 << 10, init_timeout_s=30, collective_timeout_s=20,
                                       load_timeout_s=30)
@@ -136,9 +138,3 @@ async def test_replicas_of_different_group_kinds_update_in_separate_rounds(repli
                 assert engine.weight_version == version
             assert sorted(pub._held) == ["pynccl", "torch"]
         assert got["calls"].count("/init_weight_transfer_engine") == 1  # its group was reused for version 2
-    finally:
-        try:
-            await sidecar.stop()
-            await engine.client.aclose()
-        finally:
-            stop(proc)
