@@ -18,7 +18,7 @@ import time
 
 import redis.asyncio as aioredis
 
-from shared.codec import encode
+from shared.codec import decode, decode_validated, encode
 from shared.experience_queue import StreamQueue
 from shared.redis_server import EmbeddedRedis
 from shared.schemas import Experience, sample_id
@@ -83,6 +83,33 @@ async def raw_path(client, payloads, batch) -> float:
     return len(payloads) / (time.perf_counter() - start)
 
 
+def codec_costs(samples: list[Experience], rounds: int = 5) -> dict[str, float]:
+    """Microseconds per record (best of ``rounds`` passes): the codec's compiled path against the general
+    one (pydantic dump and full validation) on the same records."""
+    from shared.codec import _packer
+
+    def general_encode(r: Experience) -> bytes:  # what encode() does for records without a compiled path
+        data = r.model_dump(mode="python", exclude={"prompt_token_ids", "response_token_ids", "response_logprobs"})
+        for f in ("prompt_token_ids", "response_token_ids", "response_logprobs"):
+            a = getattr(r, f).numpy()
+            data[f] = {"dtype": a.dtype.str, "n": len(a), "b": a.data}
+        return _packer().pack({"schema": "experience", "v": 1, "data": data})
+
+    payloads = [encode(s) for s in samples]
+    out = {}
+    for name, fn, items in (("encode (compiled)", encode, samples), ("encode (general)", general_encode, samples),
+                            ("decode (compiled)", lambda b: decode(b, Experience), payloads),
+                            ("decode (general)", lambda b: decode_validated(b, Experience), payloads)):
+        best = float("inf")
+        for _ in range(rounds):
+            t = time.perf_counter()
+            for x in items:
+                fn(x)
+            best = min(best, (time.perf_counter() - t) / len(items) * 1e6)
+        out[name] = best
+    return out
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=4000, help="experiences per path")
@@ -111,6 +138,7 @@ async def main() -> None:
             await client.delete("bench:raw", "bench:fleet")
             fleets.append(await fleetrl_path(client, samples, args.batch))
         ratios = sorted(f / r for f, r in zip(fleets, raws))
+        costs = codec_costs(samples[:500])
         print(f"samples: {args.n} x {args.tokens} tokens (+logprobs), {size / 1024:.1f} KiB each, batch {args.batch}, "
               f"{args.repeats} alternating pairs")
         for i, (r, f) in enumerate(zip(raws, fleets), 1):
@@ -119,6 +147,8 @@ async def main() -> None:
         print(f"FleetRL produce/consume/ack       : {statistics.median(fleets):10.0f} experiences/s (median; encode + decode + "
               "validation included)")
         print(f"ratio FleetRL / raw               : {statistics.median(ratios):10.2f}  (median of pairs; target >= 0.5)")
+        print("codec per record (500 records in a loop, best of 5): " +
+              ", ".join(f"{k} {v:.1f} us" for k, v in costs.items()))
     finally:
         await client.delete("bench:fleet", "bench:raw")
         await client.aclose()
