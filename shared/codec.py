@@ -111,7 +111,6 @@ def encode(record: BaseModel) -> bytes:
 _fast_encoder = msgspec.msgpack.Encoder()
 _fast_decoder = msgspec.msgpack.Decoder(ExperienceEnvelope)
 _EXPERIENCE_FIELDS = frozenset(Experience.model_fields)
-_I4, _F4 = _NP_DTYPES["<i4"], _NP_DTYPES["<f4"]
 
 
 def _packed_view(value: Any, dtype: str) -> dict[str, Any] | None:
@@ -157,12 +156,11 @@ def _decode_experience_fast(payload: bytes | bytearray | memoryview) -> Experien
     if envelope.v != SCHEMA_VERSION:
         return None
     values = msgspec.structs.asdict(envelope.data)
-    for field in ("prompt_token_ids", "response_token_ids", "response_logprobs"):
-        packed = values[field]
-        dtype = _F4 if field == "response_logprobs" else _I4
-        if len(packed.b) != packed.n * dtype.itemsize:
+    for field, dtype in PACKED_FIELDS["experience"].items():
+        packed, np_dtype = values[field], _NP_DTYPES[dtype]
+        if len(packed.b) != packed.n * np_dtype.itemsize:
             return None
-        values[field] = PackedArray.wrap(np.frombuffer(packed.b, dtype=dtype))
+        values[field] = PackedArray.wrap(np.frombuffer(packed.b, dtype=np_dtype))
     if experience_alignment_problem(
         len(values["prompt_token_ids"]), len(values["response_token_ids"]), len(values["response_logprobs"]),
         values["index"], values["group_size"],

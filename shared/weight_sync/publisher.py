@@ -190,24 +190,23 @@ class WeightPublisher:
     def flatten(self, model: Any) -> int:
         """Lay ``model``'s tensors out in place the way :meth:`publish` buckets them: one flat buffer per
         bucket, each parameter pointed at its slice (same Parameter objects; optimizers keep working).
-        Publishing ``model`` (or its ``state_dict()``) then sends straight from the weights' memory: no pack
-        copy, and the bucketed broadcast runs at the speed of one flat broadcast. Returns the bucket count.
+        Publishing ``model`` (or its ``state_dict()``) then sends straight from the weights' memory, with no
+        pack copy. Returns the bucket count.
 
         Call it once, before training (plain torch training; not under frameworks that manage parameter
-        memory themselves, e.g. DeepSpeed). Trade-off: the
-        publisher retains no copy of the version it sent, so a replica that joins late is brought up
-        from memory only while the weights still hold that version (checked by digest); once training has
-        moved on, it gets the next version."""
+        memory themselves, e.g. DeepSpeed). Trade-off: the publisher retains no copy of the version it
+        sent, so a replica that joins late is brought up from memory only while the weights still hold
+        that version (checked by digest); once training has moved on, it gets the next version."""
         from shared.weight_sync import tensors as T
 
-        named = T.named_tensors(model)
+        named = T.named_tensors(model, self._walk)
         buckets = self._plan_for(list(T.specs(named)))
         T.flatten_into_buckets(named, buckets)
         self._send_in_place = True
         return len(buckets)
 
     # ---- packing -------------------------------------------------------------------------------------
-    def _plan_for(self, specs: list) -> list:
+    def _plan_for(self, specs: list) -> tuple:
         """The bucket plan of these tensor specs (reused while they stay the same)."""
         if specs != self._plan_key:
             self._plan_key, self._plan = specs, tuple(plan_buckets(specs, self.settings.bucket_bytes))

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from shared.weight_sync.digest import digest
+from shared.weight_sync.walk import ModuleWalk
 from shared.weight_sync.wire import Bucket, TensorEntry
 
 
@@ -23,18 +24,10 @@ def torch_dtype(name: str) -> torch.dtype:
     return dt
 
 
-def module_tensors(module: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+def module_tensors(module: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
     """A module's parameters and persistent buffers under their ``state_dict`` names, without building a
     state dict (no per-tensor detach, no hooks: a few ms instead of tens for a model of thousands of tensors)."""
-    for prefix, mod in module.named_modules(remove_duplicate=False):
-        dot = f"{prefix}." if prefix else ""
-        for key, p in mod._parameters.items():
-            if p is not None:
-                yield dot + key, p
-        skip = mod._non_persistent_buffers_set
-        for key, b in mod._buffers.items():
-            if b is not None and key not in skip:
-                yield dot + key, b
+    return ModuleWalk().tensors(module)
 
 
 def named_tensors(weights: Any, walk: Any = None) -> list[tuple[str, torch.Tensor]]:
@@ -43,7 +36,7 @@ def named_tensors(weights: Any, walk: Any = None) -> list[tuple[str, torch.Tenso
     calls), a mapping, or an iterable of pairs. Tensors that share memory (tied weights) are sent once, under
     the first name: receivers tie them the same way (every loader maps each name onto the model's own tensor)."""
     if isinstance(weights, torch.nn.Module):
-        items: Iterable[tuple[str, Any]] = walk.tensors(weights) if walk is not None else module_tensors(weights)
+        items: Iterable[tuple[str, Any]] = (walk or ModuleWalk()).tensors(weights)
     else:
         items = ((str(n), t) for n, t in (weights.items() if isinstance(weights, Mapping) else weights))
     seen: set[tuple[int, torch.dtype, torch.Size]] = set()
