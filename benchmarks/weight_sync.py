@@ -12,7 +12,10 @@ checkpoint (>= 2,000 tensors, >= 200 MB). Measures, each until both receivers ho
 3. the per-parameter pattern of peers: per tensor one control request to each receiver (name, dtype,
    shape, over Redis, acknowledged) and one broadcast of that tensor.
 
-    .venv/bin/python benchmarks/weight_sync.py [--bucket-mb 32] [--no-checksum] [--scattered] [--layers 11] [--experts 64]
+    .venv/bin/python benchmarks/weight_sync.py [--bucket-mb N] [--no-checksum] [--scattered] [--layers 11] [--experts 64]
+
+Defaults are the product's: WeightSyncSettings' bucket size (256 MiB: this 212 MB checkpoint is one bucket),
+digests on, weights laid out in place as the learner does. ``--bucket-mb 32`` shows a many-bucket pipeline.
 
 Every process this script starts is killed when it ends, whether the run succeeded or not.
 """
@@ -200,7 +203,8 @@ async def driver(args) -> None:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"receivers did not register; see {tmp}")
             await asyncio.sleep(0.2)
-        settings = WeightSyncSettings(bucket_bytes=args.bucket_mb << 20, checksum=not args.no_checksum,
+        bucket_bytes = (args.bucket_mb << 20) if args.bucket_mb else WeightSyncSettings().bucket_bytes
+        settings = WeightSyncSettings(bucket_bytes=bucket_bytes, checksum=not args.no_checksum,
                                       checksum_algo=args.checksum_algo)
         pub = WeightPublisher(r, "bench", settings)
         if not args.scattered:
@@ -269,7 +273,7 @@ async def driver(args) -> None:
         bucketed_s = min(steady)
         mbs = lambda s: total / 1e6 / s
         nb = len(pub._manifest.buckets)
-        print(f"bucket size: {args.bucket_mb} MiB ({nb} buckets), checksum: "
+        print(f"bucket size: {bucket_bytes >> 20} MiB ({nb} bucket{'s' if nb != 1 else ''}), checksum: "
               f"{'off' if args.no_checksum else settings.digest_algo}, "
               f"receive buffers: {'per update' if args.free_staging else 'kept (default)'}, publisher sends "
               f"{'packed copies (--scattered)' if args.scattered else 'from the weights in place (flatten, default)'}")
@@ -319,7 +323,7 @@ def main() -> None:
     ap.add_argument("--role", default="driver", choices=["driver", "receiver"])
     ap.add_argument("--redis")
     ap.add_argument("--index", type=int, default=0)
-    ap.add_argument("--bucket-mb", type=int, default=32)
+    ap.add_argument("--bucket-mb", type=int, default=0, help="bucket size (default: WeightSyncSettings' own)")
     ap.add_argument("--no-checksum", action="store_true")
     ap.add_argument("--checksum-algo", default="auto", choices=["auto", "xxh3_64", "wsum64", "crc32"])
     ap.add_argument("--free-staging", action="store_true", help="receivers free their receive buffers after each update")

@@ -114,6 +114,7 @@ class WeightPublisher:
         self._layout_id = ""
         self._walk = ModuleWalk()  # a published module's tensors, re-walked only when its structure changes
         self._send_in_place = False  # set by flatten(): send buckets from the weights' memory when they can be
+        self._views: dict[int, tuple] = {}  # bucket index -> (bucket, tensor positions, its in-place view or None)
         self._held: dict[str, _HeldGroup] = {}  # group kind -> the group kept for the next version
         self._lock = asyncio.Lock()
         self._catch_up_task: asyncio.Task | None = None
@@ -235,7 +236,7 @@ class WeightPublisher:
             assert self._lookup is not None and self._manifest is not None
             b = self._manifest.buckets[i]
             # laid out flat by flatten(): send the weights' own memory
-            buf = T.bucket_view(b, self._lookup) if self._send_in_place else None
+            buf = self._view(i, b) if self._send_in_place else None
             self._in_place[i] = buf is not None
             if buf is None:
                 buf = self._buffers[i]
@@ -245,6 +246,21 @@ class WeightPublisher:
             self._wire[i] = buf
             self._packed[i] = True
         return self._wire[i]
+
+    def _view(self, i: int, bucket: Any) -> Any:
+        """``bucket_view`` of bucket ``i``; its full check (layout, storage, dtypes of every tensor) is skipped
+        when each tensor is where that check last found it (the usual case: training steps in place)."""
+        from shared.weight_sync import tensors as T
+
+        assert self._lookup is not None
+        tensors = [self._lookup[e.name] for e in bucket.tensors]
+        where = [(t.data_ptr(), t.is_contiguous()) for t in tensors]
+        known = self._views.get(i)
+        if known is not None and known[0] is bucket and known[1] == where:
+            return known[2]
+        view = T.bucket_view(bucket, self._lookup)
+        self._views[i] = (bucket, where, view)
+        return view
 
     def _digest(self, i: int) -> None:
         """Digest bucket ``i`` (packed) if the version has checksums and it has not been digested yet."""
@@ -279,12 +295,9 @@ class WeightPublisher:
         await self.redis.set(wkeys.checksums(self.run, m.version), rec.dumps(), ex=self.settings.key_ttl_s)
         self._sums_written = True
 
-    def _prepare(self, index: int, digest: bool) -> Any:
-        """Pack bucket ``index`` if needed (and digest it, if asked); the tensor to broadcast for it."""
-        wire = self._wire_buffer(index, self._pack(index))
-        if digest:
-            self._digest(index)
-        return wire
+    def _prepare(self, index: int) -> Any:
+        """Pack bucket ``index`` if needed; the tensor to broadcast for it."""
+        return self._wire_buffer(index, self._pack(index))
 
     def _wire_buffer(self, index: int, buf: Any) -> Any:
         """The tensor broadcast for bucket ``index`` (on the GPU for nccl)."""
@@ -387,19 +400,18 @@ class WeightPublisher:
 
     async def _send(self, group: Any) -> None:
         """Broadcast every bucket from rank 0, packing bucket k+1 while bucket k is on the wire (at most
-        ``inflight_buckets`` outstanding). A bucket is digested once its broadcast is under way (the first
-        bytes leave without waiting for a digest), except the last, whose digest completes the checksums
-        record before it goes out: a replica that holds every bucket can always read the record."""
+        ``inflight_buckets`` outstanding). Each bucket is digested while its broadcast is under way (digests
+        never hold bytes back), and the checksums record is written as soon as the last digest is done:
+        usually before the replicas, which digest what they received, come to read it (they wait for it,
+        bounded by the collective timeout)."""
         n = len(self._manifest.buckets)
         pending: deque[Any] = deque()
         for i in range(n):
-            last = i == n - 1
-            wire = await asyncio.to_thread(self._prepare, i, last)
-            if last:
-                await self._write_checksums()
+            wire = await asyncio.to_thread(self._prepare, i)
             pending.append(group.broadcast(wire, src=0))
-            if not last:
-                await asyncio.to_thread(self._digest, i)
+            await asyncio.to_thread(self._digest, i)
+            if i == n - 1:
+                await self._write_checksums()
             while len(pending) > self.settings.inflight_buckets:
                 await asyncio.to_thread(group.wait, pending.popleft())
         while pending:

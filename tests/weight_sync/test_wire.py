@@ -234,3 +234,20 @@ def test_module_walk_is_reused_until_the_structure_changes():
     check(5)
     model.cache_flag = torch.nn.Module()                       # an added (empty) child still counts
     check(6)
+
+
+async def test_in_place_views_are_rechecked_when_a_tensor_moves(redis_client):
+    from shared.weight_sync import WeightPublisher, WeightSyncSettings
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
+    pub = WeightPublisher(redis_client, "views", WeightSyncSettings(bucket_bytes=1 << 20))
+    pub.flatten(model)
+    await pub.publish(model)  # no replicas: the bucket is still prepared, as for a late joiner
+    assert pub._in_place == [True]
+    await pub.publish(model)
+    assert pub._in_place == [True]  # unchanged: the remembered view is sent
+    model[1].weight.data = torch.zeros(8, 8)  # a tensor moved out of the flat buffer
+    await pub.publish(model)
+    assert pub._in_place == [False]
+    assert torch.equal(dict(T.unpack(pub._manifest.buckets[0], pub._wire[0]))["1.weight"], torch.zeros(8, 8))
+    await pub.close()
