@@ -177,9 +177,13 @@ def save_actor_export(actor: nn.Module, tokenizer, out_dir: str | Path) -> None:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if hasattr(actor, "merge_and_unload"):
-        import copy
+        merged = _lora_merged_state_dict(actor)
+        if merged is not None:  # the base model's own save, given the merged weights: no second model in memory
+            actor.get_base_model().save_pretrained(out, state_dict=merged, safe_serialization=True)
+        else:
+            import copy
 
-        copy.deepcopy(actor).merge_and_unload().save_pretrained(out, safe_serialization=True)
+            copy.deepcopy(actor).merge_and_unload().save_pretrained(out, safe_serialization=True)
     else:
         actor.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
