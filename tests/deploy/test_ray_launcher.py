@@ -16,7 +16,9 @@ from deploy.local.sort_task import make_splits, write_jsonl
 from deploy.ray.launcher import REPO, FleetLauncher
 from deploy.ray.settings import LaunchSettings
 
-STEPS = 10
+# Long enough that the kill lands mid-run: steps of this tiny model take ~50 ms while the rollout replica
+# is up, and the learner cannot run more than ~2 steps ahead of it (window 8, staleness 1) while it is down.
+STEPS = 40
 
 
 @pytest.fixture()
@@ -69,7 +71,7 @@ def wait_for(what: str, fn, timeout: float, launcher: FleetLauncher):
         value = fn()
         if value:
             return value
-        time.sleep(0.5)
+        time.sleep(0.1)
     raise AssertionError(f"timed out waiting for {what}: {json.dumps(launcher.info(), indent=1)}")
 
 
