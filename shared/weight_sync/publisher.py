@@ -241,7 +241,8 @@ class WeightPublisher:
             if buf is None:
                 buf = self._buffers[i]
                 if buf is None:
-                    buf = self._buffers[i] = T.staging_buffers([b.nbytes])[0]
+                    # host copy kept for late joiners; pinned for nccl, whose buckets go to the GPU from it
+                    buf = self._buffers[i] = T.staging_buffers([b.nbytes], pin=self.settings.backend == "nccl")[0]
                 T.pack_bucket(b, self._lookup, out=buf)
             self._wire[i] = buf
             self._packed[i] = True

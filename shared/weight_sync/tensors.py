@@ -127,12 +127,14 @@ def flatten_into_buckets(named: Sequence[tuple[str, torch.Tensor]], buckets: Seq
     return out
 
 
-def staging_buffers(sizes: Sequence[int], device: Any = "cpu") -> list[torch.Tensor]:
+def staging_buffers(sizes: Sequence[int], device: Any = "cpu", pin: bool = False) -> list[torch.Tensor]:
     """Flat uint8 buffers of these sizes, their pages touched now (a fresh page costs more to fault in
-    during a transfer than the copy itself; kept buffers pay it once)."""
+    during a transfer than the copy itself; kept buffers pay it once). ``pin``: page-locked host memory
+    where CUDA is present, so copies between it and a GPU run at full speed and asynchronously."""
+    pin = pin and str(device) == "cpu" and torch.cuda.is_available()
     out = []
     for n in sizes:
-        buf = torch.empty(n, dtype=torch.uint8, device=device)
+        buf = torch.empty(n, dtype=torch.uint8, device=device, pin_memory=pin)
         buf.zero_()
         out.append(buf)
     return out
