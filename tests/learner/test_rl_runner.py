@@ -44,6 +44,18 @@ async def run_to_end(svc: LearnerService, timeout: float = 90.0) -> dict:
     return status
 
 
+async def run_with_fleet(s, redis_client, **fleet_options) -> tuple[dict, LearnerService, FakeFleet]:
+    """Run a learner to the end against a fake rollout fleet; the fleet is stopped however the run ends."""
+    fleet = FakeFleet(redis_client, s.run_name, **fleet_options)
+    fleet_task = asyncio.create_task(fleet.run_forever())
+    svc = LearnerService(s)
+    try:
+        status = await run_to_end(svc)
+    finally:
+        await fleet.stop(fleet_task)
+    return status, svc, fleet
+
+
 def trained_items(run_dir) -> dict[str, int]:
     """Prompt item -> samples trained, from the last metrics line of each step."""
     out: dict[str, int] = {}
@@ -57,13 +69,7 @@ def trained_items(run_dir) -> dict[str, int]:
 async def test_trains_every_prompt_once_and_acks_everything(tiny_model_dir, tmp_path, redis_server, redis_client,
                                                             prompts_file):
     s = learner_settings(tiny_model_dir, tmp_path, redis_server)
-    fleet = FakeFleet(redis_client, s.run_name)
-    fleet_task = asyncio.create_task(fleet.run_forever())
-    svc = LearnerService(s)
-    try:
-        status = await run_to_end(svc)
-    finally:
-        await fleet.stop(fleet_task)
+    status, svc, _ = await run_with_fleet(s, redis_client)
     assert status["phase"] == "finished", status
     assert status["step"] == status["total_steps"] == N_PROMPTS // 2
     # plain torch, no LoRA: the actor was laid out flat and every bucket went out from its memory
@@ -118,12 +124,7 @@ async def test_stale_groups_are_dropped_and_their_prompts_reissued(tiny_model_di
     s = learner_settings(tiny_model_dir, tmp_path, redis_server, rollout={"max_staleness": 1, "window": 2},
                          train={"groups_per_step": 1})
     # the fleet answers two prompts late (with weight version 0) after the learner moved on
-    fleet = FakeFleet(redis_client, s.run_name, stale_prompt_ids={"e0-5", "e0-6"})
-    fleet_task = asyncio.create_task(fleet.run_forever())
-    try:
-        status = await run_to_end(LearnerService(s))
-    finally:
-        await fleet.stop(fleet_task)
+    status, _, fleet = await run_with_fleet(s, redis_client, stale_prompt_ids={"e0-5", "e0-6"})
     assert status["phase"] == "finished", status
     c = status["counters"]
     assert c["experiences_dropped_stale"] == 8 and c["prompts_reissued"] == 2
@@ -137,12 +138,7 @@ async def test_stale_groups_are_dropped_and_their_prompts_reissued(tiny_model_di
 async def test_malformed_experiences_are_rejected_and_the_prompt_retried(tiny_model_dir, tmp_path, redis_server,
                                                                       redis_client, prompts_file):
     s = learner_settings(tiny_model_dir, tmp_path, redis_server, rollout={"prompt_timeout_s": 1.0})
-    fleet = FakeFleet(redis_client, s.run_name, bad_prompt_ids={"e0-3"})  # out-of-vocabulary token ids
-    fleet_task = asyncio.create_task(fleet.run_forever())
-    try:
-        status = await run_to_end(LearnerService(s))
-    finally:
-        await fleet.stop(fleet_task)
+    status, _, fleet = await run_with_fleet(s, redis_client, bad_prompt_ids={"e0-3"})  # out-of-vocabulary ids
     c = status["counters"]
     assert status["phase"] == "finished", status
     assert c["experiences_rejected"] == 4 and c["prompts_reissued"] >= 1 and "e0-3-r1" in fleet.produced_groups
@@ -151,12 +147,7 @@ async def test_malformed_experiences_are_rejected_and_the_prompt_retried(tiny_mo
 
 async def test_redelivered_duplicates_are_dropped(tiny_model_dir, tmp_path, redis_server, redis_client, prompts_file):
     s = learner_settings(tiny_model_dir, tmp_path, redis_server)
-    fleet = FakeFleet(redis_client, s.run_name, duplicate=True)
-    fleet_task = asyncio.create_task(fleet.run_forever())
-    try:
-        status = await run_to_end(LearnerService(s))
-    finally:
-        await fleet.stop(fleet_task)
+    status, _, _ = await run_with_fleet(s, redis_client, duplicate=True)
     c = status["counters"]
     assert status["phase"] == "finished"
     assert c["samples_trained"] == N_PROMPTS * 4
