@@ -123,7 +123,9 @@ async def receiver(args) -> None:
         cmd = await pop()
         if cmd["op"] == "quit":
             break
-        if cmd["op"] == "checksum":
+        if cmd["op"] == "phases":
+            await r.rpush(f"{BENCH}:ack", json.dumps({"i": args.index, **sidecar.last_update.get("phases", {})}))
+        elif cmd["op"] == "checksum":
             total = sum(float(p.float().sum()) for p in params.values())
             await r.rpush(f"{BENCH}:ack", json.dumps({"i": args.index, "sum": total,
                                                        "version": sidecar.weight_version}))
@@ -136,6 +138,10 @@ async def receiver(args) -> None:
             work = g.broadcast(buf)
             await r.rpush(f"{BENCH}:ready", json.dumps({"i": args.index, "ready": True}))
             await asyncio.to_thread(g.wait, work)
+            if cmd.get("digest"):
+                from shared.weight_sync.digest import digest
+
+                await asyncio.to_thread(digest, buf, cmd["digest"])
             await r.rpush(f"{BENCH}:ack", json.dumps({"i": args.index, "done": time.time()}))
         elif cmd["op"] == "per-param":
             del buf
@@ -227,17 +233,29 @@ async def driver(args) -> None:
         flat = torch.zeros(total, dtype=torch.uint8)
         flat.copy_(torch.cat([p.detach().reshape(-1).view(torch.uint8) for _, p in named]))
 
-        async def raw_once() -> float:
+        algo = settings.digest_algo if settings.checksum else None
+
+        async def raw_once(digest_algo: str | None = None) -> float:
+            """One broadcast of the flat buffer; with ``digest_algo``, every rank also digests it as a publish
+            does (the root while its broadcast is under way, the receivers once theirs completed)."""
+            from shared.weight_sync.digest import digest
+
             for i in range(2):
-                await r.rpush(f"{BENCH}:ctl:{i}", json.dumps({"op": "raw"}))
+                await r.rpush(f"{BENCH}:ctl:{i}", json.dumps({"op": "raw", "digest": digest_algo}))
             await acks(r, 2, queue="ready")
             t0 = time.time()
-            await asyncio.to_thread(lambda: g.wait(g.broadcast(flat)))
+            work = g.broadcast(flat)
+            if digest_algo:
+                await asyncio.to_thread(digest, flat, digest_algo)
+            await asyncio.to_thread(g.wait, work)
             return max(a["done"] for a in await acks(r, 2)) - t0
 
-        steady, raws = [], []
+        steady, raws, phases, recv_phases = [], [], [], []
+        raws_digest: list[float] = []
         for _ in range(args.repeat):  # (1) and (2) alternate
             raws.append(await raw_once())
+            if algo:
+                raws_digest.append(await raw_once(algo))
             with torch.no_grad():
                 for _, p in named[:5]:
                     p.add_(1)
@@ -246,6 +264,10 @@ async def driver(args) -> None:
             steady.append(time.perf_counter() - t)
             rep = pub.last_report
             assert len(rep.loaded) == 2 and not rep.dropped and not rep.refused, rep
+            phases.append(rep.phases)
+            for i in range(2):
+                await r.rpush(f"{BENCH}:ctl:{i}", json.dumps({"op": "phases"}))
+            recv_phases.extend(await acks(r, 2))
         # the receivers hold exactly the published weights
         expect = sum(float(p.float().sum()) for _, p in named)
         for i in range(2):
@@ -282,13 +304,23 @@ async def driver(args) -> None:
               f"formation {first:.3f} s)")
         print(f"(2) one raw broadcast (floor):      {raw_s:7.3f} s  {mbs(raw_s):7.1f} MB/s  "
               f"(best of {len(raws)}: {', '.join(f'{s:.3f}' for s in raws)})")
+        if algo:
+            rd = min(raws_digest)
+            print(f"(2b) raw broadcast + {algo} digests: {rd:7.3f} s  {mbs(rd):7.1f} MB/s  (best of {len(raws_digest)}; "
+                  f"the floor with the integrity work a publish does: each rank digests the bytes once)")
         print(f"(3) per-parameter RPC + broadcast:  {per_param_s:7.3f} s  {mbs(per_param_s):7.1f} MB/s  "
               f"({len(named)} control round trips)")
         print(f"ratio (1)/(2) bandwidth: {raw_s / bucketed_s:.2f}  (target >= 0.9; best vs best)")
         pairs = [rs / bs for rs, bs in zip(raws, steady)]
         print(f"ratio per alternating pair: {', '.join(f'{x:.2f}' for x in pairs)}  (median "
               f"{sorted(pairs)[len(pairs) // 2]:.2f})")
+        if algo:
+            pairs_d = [rd / bs for rd, bs in zip(raws_digest, steady)]
+            print(f"ratio (1)/(2b) per pair: {', '.join(f'{x:.2f}' for x in pairs_d)}  (median "
+                  f"{sorted(pairs_d)[len(pairs_d) // 2]:.2f}; the protocol's own overhead, digests counted on both sides)")
         print(f"speed-up (1) vs (3):     {per_param_s / bucketed_s:.1f}x  (target >= 5x)")
+        print(f"where (1) goes, median ms: publisher {median_phases(phases)}; receivers "
+              f"{median_phases(recv_phases, skip={'i'})}")
     finally:
         try:
             for i in range(2):
@@ -299,6 +331,12 @@ async def driver(args) -> None:
             reap(procs)
             await r.aclose()
             server.stop()
+
+
+def median_phases(runs: list[dict], skip: frozenset | set = frozenset()) -> str:
+    names = [k for k in dict.fromkeys(k for run in runs for k in run) if k not in skip]
+    med = {k: sorted(run.get(k, 0.0) for run in runs)[len(runs) // 2] for k in names}
+    return " ".join(f"{k} {v * 1e3:.1f}" for k, v in med.items())
 
 
 def reap(procs: list[subprocess.Popen], grace_s: float = 10.0) -> None:

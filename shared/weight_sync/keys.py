@@ -33,6 +33,12 @@ def reports(run: str, round_id: int) -> str:
     return f"{keys.weights_prefix(run)}:reports:{round_id}"
 
 
+def reported(run: str, round_id: int) -> str:
+    """List a replica pushes a token onto after writing its report for ``round_id``, so the publisher blocks
+    on it (BLPOP) instead of polling the reports hash."""
+    return f"{keys.weights_prefix(run)}:reported:{round_id}"
+
+
 def round_counter(run: str) -> str:
     """INCR counter that numbers update rounds (every attempt and catch-up is a round)."""
     return f"{keys.weights_prefix(run)}:rounds"

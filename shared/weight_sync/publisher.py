@@ -7,9 +7,10 @@
 
 What ``publish`` does, in order (every wait bounded by a setting):
 
-1. plans the buckets and writes the manifest (JSON) to Redis (with the safetensors snapshot when
-   ``snapshot_dir`` is set: then every bucket is packed first);
-2. runs update rounds with the live collective replicas: writes a :class:`Rendezvous`, forms (or
+1. plans the buckets and builds the manifest (with the safetensors snapshot when ``snapshot_dir`` is
+   set: then every bucket is packed first);
+2. runs update rounds with the live collective replicas: writes the manifest (JSON; in the same round
+   trip, just before the first round's rendezvous) and a :class:`Rendezvous`, forms (or
    reuses) the group as rank 0, and broadcasts each bucket once, packing it into its flat CPU buffer
    (one copy, retained until the next version so that replicas joining late can be served; no copy at
    all for weights laid out by :meth:`WeightPublisher.flatten`, which go out from their own memory)
@@ -41,6 +42,7 @@ from typing import Any
 from shared import keys
 from shared.redis_server import free_port
 from shared.weight_sync import keys as wkeys
+from shared.weight_sync.phases import PhaseClock
 from shared.weight_sync.registry import ReplicaRegistry
 from shared.weight_sync.settings import WeightSyncSettings
 from shared.weight_sync.walk import ModuleWalk
@@ -70,6 +72,7 @@ class PublishReport:
     total_bytes: int = 0
     seconds: float = 0.0
     errors: list[str] = field(default_factory=list)
+    phases: dict[str, float] = field(default_factory=dict)  # seconds spent per step (see PhaseClock)
 
 
 @dataclass
@@ -120,6 +123,9 @@ class WeightPublisher:
         self._catch_up_task: asyncio.Task | None = None
         self._catch_up_tries: Counter[tuple[str, int]] = Counter()
         self._closing = asyncio.Event()
+        self._clock = PhaseClock()
+        self._manifest_unwritten = False  # the retained manifest is not in Redis yet (see _round)
+        self._next_round: int | None = None  # a round id taken in advance for the publish's first round
 
     async def __aenter__(self) -> WeightPublisher:
         return self
@@ -135,18 +141,25 @@ class WeightPublisher:
         t0 = time.perf_counter()
         s = self.settings
         async with self._lock:
-            latest = int(await self.redis.get(keys.weights_version(self.run)) or 0)
+            clock = self._clock = PhaseClock()
+            pipe = self.redis.pipeline(transaction=False)  # one round trip: latest version, registry, round id
+            pipe.get(keys.weights_version(self.run))
+            pipe.hgetall(wkeys.replicas(self.run))
+            pipe.incr(wkeys.round_counter(self.run))
+            latest, listing, self._next_round = await pipe.execute()
+            latest = int(latest or 0)
             v = latest + 1 if version is None else int(version)
             if v <= latest:
                 raise ValueError(f"version {v} is not newer than the latest published version {latest}")
             named = T.named_tensors(weights, self._walk)
             if not named:
                 raise ValueError("nothing to publish: no tensors")
-            buckets = self._plan_for(list(T.specs(named)))
+            buckets = self._plan_for(T.specs(named))
             manifest = Manifest(version=v, bucket_bytes=s.bucket_bytes, total_bytes=sum(b.nbytes for b in buckets),
                                 buckets=buckets, checksum=s.digest_algo if s.checksum else None,
                                 layout_id=self._layout_id)
             self._begin(manifest, dict(named))
+            clock.lap("plan")
             try:
                 if s.snapshot_dir:
                     from shared.weight_sync.snapshot import write_snapshot
@@ -156,9 +169,13 @@ class WeightPublisher:
                                                        s.snapshot_url, s.snapshot_keep)
                     manifest = manifest.model_copy(update={"snapshot": snapshot})
                     self._manifest = manifest
-                await self.redis.set(wkeys.manifest(self.run, v), manifest.dumps(), ex=s.key_ttl_s)
-                targets = [i for i in await self.registry.alive() if self._collective(i)]
+                self._manifest_unwritten = True  # written by the first round (see _round)
+                targets = [i for i in await self.registry.alive(listing) if self._collective(i)]
+                clock.lap("manifest")
                 report = await self._sync(targets, main=True)
+                if self._manifest_unwritten:  # no round ran
+                    await self.redis.set(wkeys.manifest(self.run, v), manifest.dumps(), ex=s.key_ttl_s)
+                    self._manifest_unwritten = False
                 await asyncio.to_thread(self._pack_rest)
                 await self._write_checksums()
             except BaseException:
@@ -167,7 +184,9 @@ class WeightPublisher:
             finally:
                 self._lookup = None
             await self.redis.set(keys.weights_version(self.run), str(v))
+            clock.lap("finish")
             report.seconds = time.perf_counter() - t0
+            report.phases = {k: round(x, 6) for k, x in clock.phases.items()}
             self.last_report = report
         self._ensure_catch_up()
         log.info("published version %d (%.1f MB, %d buckets) in %.2fs: loaded=%s dropped=%s refused=%s",
@@ -201,7 +220,7 @@ class WeightPublisher:
         from shared.weight_sync import tensors as T
 
         named = T.named_tensors(model, self._walk)
-        buckets = self._plan_for(list(T.specs(named)))
+        buckets = self._plan_for(T.specs(named))
         T.flatten_into_buckets(named, buckets)
         self._send_in_place = True
         return len(buckets)
@@ -340,7 +359,10 @@ class WeightPublisher:
 
     async def _round(self, members: list[ReplicaInfo], *, main: bool, kind: str) -> _Outcome:
         s, manifest = self.settings, self._manifest
-        round_id = int(await self.redis.incr(wkeys.round_counter(self.run)))
+        round_id, self._next_round = self._next_round, None
+        if round_id is None:
+            round_id = await self.redis.incr(wkeys.round_counter(self.run))
+        round_id = int(round_id)
         ids = [m.replica_id for m in members]
         held = self._held.get(kind) if main else None
         reuse = held is not None and not held.group.broken and [m.replica_id for m in held.rendezvous.members] == ids
@@ -366,10 +388,22 @@ class WeightPublisher:
                 collective_timeout_s=s.collective_timeout_s, load_timeout_s=s.load_timeout_s,
                 layout_id=manifest.layout_id, checksum=manifest.checksum,
             )
+        # the manifest (~100 bytes a tensor) goes before the rendezvous that names it, unless every member
+        # already holds its layout (same group, same layout as its last round): members then rebuild it from
+        # the rendezvous, and it is written while the first bucket is on its way
+        late_manifest, write_late = None, False
         pipe = self.redis.pipeline(transaction=False)
+        if self._manifest_unwritten:
+            self._manifest_unwritten = False
+            write_late = reuse and held.rendezvous.layout_id == manifest.layout_id
+            if not write_late:
+                pipe.set(rdv.manifest_key, manifest.dumps(), ex=s.key_ttl_s)
         pipe.set(wkeys.rendezvous(self.run), rdv.dumps(), ex=s.key_ttl_s)
         pipe.xadd(wkeys.announcements(self.run), {"round": str(round_id)}, maxlen=64, approximate=True)
         await pipe.execute()
+        if write_late:
+            late_manifest = asyncio.ensure_future(self.redis.set(rdv.manifest_key, manifest.dumps(), ex=s.key_ttl_s))
+        self._clock.lap("announce")
         group = held.group if reuse else None
         try:
             if group is None:
@@ -379,8 +413,14 @@ class WeightPublisher:
                     open_group, kind, backend=rdv.backend, master_addr=rdv.master_addr,
                     master_port=rdv.master_port, rank=0, world_size=rdv.world_size, group_name=rdv.group_name,
                     init_timeout_s=rdv.init_timeout_s, collective_timeout_s=rdv.collective_timeout_s)
+                self._clock.lap("group")
             await self._send(group)
+            if late_manifest is not None:
+                await late_manifest
+            self._clock.lap("send")
         except Exception as exc:
+            if late_manifest is not None:
+                await asyncio.gather(late_manifest, return_exceptions=True)
             log.warning("round %d (version %d, members %s) broke: %s", round_id, manifest.version, ids, exc)
             if group is not None:
                 group.broken = True
@@ -388,13 +428,16 @@ class WeightPublisher:
             if main:
                 self._held.pop(kind, None)
             # survivors may sit in a broadcast until their own collective timeout fires, then report
-            return await self._settle(round_id, members, s.collective_timeout_s + s.regroup_timeout_s,
-                                      error=str(exc))
+            broke = await self._settle(round_id, members, s.collective_timeout_s + s.regroup_timeout_s,
+                                       error=str(exc))
+            self._clock.lap("settle")
+            return broke
         if main:
             self._held[kind] = _HeldGroup(group, rdv)
         else:
             group.close()
         out = await self._settle(round_id, members, s.load_timeout_s)
+        self._clock.lap("settle")
         if main and (out.dropped or out.retry):
             self._drop_group(kind)  # membership changed: the next round forms a new group
         return out
@@ -419,14 +462,16 @@ class WeightPublisher:
             await asyncio.to_thread(group.wait, pending.popleft())
 
     async def _settle(self, round_id: int, members: list[ReplicaInfo], timeout_s: float, error: str = "") -> _Outcome:
-        """Collect members' reports for a round until all reported, died, or ``timeout_s`` passed."""
-        key = wkeys.reports(self.run, round_id)
+        """Collect members' reports for a round until all reported, died, or ``timeout_s`` passed. Between
+        reads it blocks on the round's ``reported`` list, which every report pushes to: it wakes as soon as a
+        member reports (the bound on each block only paces the liveness checks)."""
+        key, wake = wkeys.reports(self.run, round_id), wkeys.reported(self.run, round_id)
         by_id = {m.replica_id: m for m in members}
         reports: dict[str, MemberReport] = {}
         start = time.monotonic()
         deadline = start + timeout_s
         dead: set[str] = set()
-        pause, next_alive_check = 0.002, start + 0.5
+        next_alive_check = start + 0.5
         while True:
             raw = await self.redis.hgetall(key)
             for value in raw.values():
@@ -442,11 +487,13 @@ class WeightPublisher:
                 for rid in waiting:
                     if not await self.registry.is_alive(rid):
                         dead.add(rid)
-            # reports usually land within milliseconds of the last bucket: poll fast for a second, then back off
-            await asyncio.sleep(pause)
-            if now - start > 1.0:
-                pause = min(pause * 1.5, 0.05)
-        await self.redis.expire(key, self.settings.key_ttl_s)
+            block = min(deadline, next_alive_check) - time.monotonic()
+            if block > 0:
+                await self.redis.blpop([wake], timeout=max(0.01, block))
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.expire(key, self.settings.key_ttl_s)
+        pipe.delete(wake)
+        await pipe.execute()
         return _Outcome(
             loaded=[rid for rid, r in reports.items() if r.state == "loaded"],
             refused=[rid for rid, r in reports.items() if r.state == "refused"],
@@ -500,6 +547,7 @@ class WeightPublisher:
                 return
             for i in behind:
                 self._catch_up_tries[(i.replica_id, v)] += 1
+            self._clock = PhaseClock()
             report = await self._sync(behind, main=False)
         log.info("caught up %s to version %d (dropped=%s refused=%s)", report.loaded, v, report.dropped,
                  report.refused)

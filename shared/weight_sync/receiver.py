@@ -87,9 +87,13 @@ class RoundWatcher:
         cached = self._layout
         if rdv.layout_id and cached is not None and cached[1].layout_id == rdv.layout_id:
             return cached[1].model_copy(update={"version": rdv.version, "checksum": rdv.checksum, "snapshot": None})
-        raw = await self.redis.get(rdv.manifest_key)
-        if raw is None:
-            raise RoundFailed(f"manifest {rdv.manifest_key} is gone")
+        # a publisher whose members all hold the layout writes the manifest while the first bucket is on its
+        # way: a member that does need it (none should) waits for it, bounded
+        deadline = time.monotonic() + min(rdv.init_timeout_s, 10.0)
+        while (raw := await self.redis.get(rdv.manifest_key)) is None:
+            if time.monotonic() >= deadline:
+                raise RoundFailed(f"manifest {rdv.manifest_key} is gone")
+            await asyncio.sleep(0.005)
         return self._parse(raw)
 
     def _parse(self, raw: bytes | str) -> Manifest:
@@ -130,9 +134,13 @@ class RoundWatcher:
     async def report(self, rdv: Rendezvous, state: ReportState, detail: str = "") -> None:
         r = MemberReport(replica_id=self.replica_id, round=rdv.round, version=rdv.version, state=state,
                          detail=detail[:2000])
-        key = wkeys.reports(self.run, rdv.round)
-        await self.redis.hset(key, self.replica_id, r.dumps())
-        await self.redis.expire(key, 24 * 3600)
+        key, wake = wkeys.reports(self.run, rdv.round), wkeys.reported(self.run, rdv.round)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hset(key, self.replica_id, r.dumps())
+        pipe.expire(key, 24 * 3600)
+        pipe.rpush(wake, self.replica_id)  # wakes the publisher (see WeightPublisher._settle)
+        pipe.expire(wake, 3600)
+        await pipe.execute()
 
 
 @dataclass

@@ -34,9 +34,10 @@ class ReplicaRegistry:
     async def is_alive(self, replica_id: str) -> bool:
         return bool(await self.redis.exists(wkeys.alive(self.run, replica_id)))
 
-    async def alive(self) -> list[ReplicaInfo]:
-        """Registered replicas whose heartbeat is current (dead entries are removed)."""
-        raw = await self.redis.hgetall(wkeys.replicas(self.run))
+    async def alive(self, listing: dict | None = None) -> list[ReplicaInfo]:
+        """Registered replicas whose heartbeat is current (dead entries are removed). ``listing``: the
+        registry hash as the caller already read it (``HGETALL`` of ``keys.replicas``), to save a round trip."""
+        raw = await self.redis.hgetall(wkeys.replicas(self.run)) if listing is None else listing
         if not raw:
             return []
         ids = [k.decode() if isinstance(k, bytes) else k for k in raw]

@@ -4,6 +4,7 @@ and copy received bytes into a model in place. Imports torch (callers import thi
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from operator import attrgetter
 from typing import Any
 
 import torch
@@ -12,9 +13,15 @@ from shared.weight_sync.digest import digest
 from shared.weight_sync.walk import ModuleWalk
 from shared.weight_sync.wire import Bucket, TensorEntry
 
+_DTYPE_NAMES: dict[torch.dtype, str] = {}
+_DTYPE, _SHAPE = attrgetter("dtype"), attrgetter("shape")
+
 
 def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
+    return name
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -36,15 +43,19 @@ def named_tensors(weights: Any, walk: Any = None) -> list[tuple[str, torch.Tenso
     calls), a mapping, or an iterable of pairs. Tensors that share memory (tied weights) are sent once, under
     the first name: receivers tie them the same way (every loader maps each name onto the model's own tensor)."""
     if isinstance(weights, torch.nn.Module):
-        items: Iterable[tuple[str, Any]] = (walk or ModuleWalk()).tensors(weights)
+        items = (walk or ModuleWalk()).tensors(weights)  # parameters and buffers: tensors by construction
     else:
-        items = ((str(n), t) for n, t in (weights.items() if isinstance(weights, Mapping) else weights))
+        items = [(str(n), t) for n, t in (weights.items() if isinstance(weights, Mapping) else weights)]
+        for name, t in items:
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"weights[{name!r}] is a {type(t).__name__}, not a torch.Tensor")
+    ptrs = [t.data_ptr() for _, t in items]
+    if len(set(ptrs)) == len(ptrs):  # no two tensors start at the same address: nothing is tied
+        return list(items)
     seen: set[tuple[int, torch.dtype, torch.Size]] = set()
     out = []
-    for name, t in items:
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"weights[{name!r}] is a {type(t).__name__}, not a torch.Tensor")
-        key = (t.data_ptr(), t.dtype, t.shape)
+    for (name, t), ptr in zip(items, ptrs):
+        key = (ptr, t.dtype, t.shape)
         if key in seen and t.numel():
             continue
         seen.add(key)
@@ -52,9 +63,15 @@ def named_tensors(weights: Any, walk: Any = None) -> list[tuple[str, torch.Tenso
     return out
 
 
-def specs(named: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, str, tuple[int, ...]]]:
-    for name, t in named:
-        yield name, dtype_name(t.dtype), tuple(t.shape)
+def specs(named: Iterable[tuple[str, torch.Tensor]]) -> list[tuple[str, str, torch.Size]]:
+    """``(name, dtype name, shape)`` of each tensor (what a bucket plan depends on)."""
+    named = list(named)
+    names, tensors = zip(*named) if named else ((), ())
+    dtypes = list(map(_DTYPE, tensors))
+    dnames = list(map(_DTYPE_NAMES.get, dtypes))
+    if None in dnames:  # a dtype not seen before (strings only: no tensor comparisons)
+        dnames = list(map(dtype_name, dtypes))
+    return list(zip(names, dnames, map(_SHAPE, tensors)))
 
 
 def as_bytes(t: torch.Tensor) -> torch.Tensor:

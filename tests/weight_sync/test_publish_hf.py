@@ -7,6 +7,7 @@ import time
 
 from shared import keys
 from shared.weight_sync import WeightPublisher, WeightSyncSettings
+from shared.weight_sync import keys as wkeys
 from tests.weight_sync.conftest import new_weights, reference_ids, wait_ready, wait_registered
 
 FAST = dict(init_timeout_s=20, collective_timeout_s=10, regroup_timeout_s=5, load_timeout_s=20, catch_up_poll_s=0.1)
@@ -54,6 +55,15 @@ async def test_publish_reaches_every_replica_and_late_joiner(replicas, redis_cli
         assert await pub.publish(model) == 3
         assert pub.last_report.rounds == 1 and len(pub.last_report.loaded) == 3
         assert time.monotonic() - t0 < 60
+        # where the time went, by step, on both sides; the reused group formed nothing
+        phases = pub.last_report.phases
+        assert set(phases) == {"plan", "manifest", "announce", "send", "settle", "finish"}, phases
+        assert all(x >= 0 for x in phases.values()) and sum(phases.values()) <= pub.last_report.seconds + 1e-3
+        assert set(report.phases) > {"group"}  # the first publish formed the group
+        assert set(a.weights_status()["last_update"]["phases"]) == {"receive", "verify", "apply"}
+        # every version's manifest is stored (the third was written while its buckets were on the wire)
+        for v in (1, 2, 3):
+            assert await redis_client.exists(wkeys.manifest(run, v)), v
         status = a.weights_status()
         assert status["weight_version"] == 3 and status["latest_version"] == 3
 

@@ -163,8 +163,59 @@ async def test_watcher_rebuilds_a_known_layout_without_fetching(redis_client):
     assert await watcher.manifest(rdv(1, "m:1", lid)) == m1  # first sight: fetched
     got = await watcher.manifest(rdv(2, "m:2", lid))          # m:2 was never written: rebuilt from the layout
     assert got.version == 2 and got.buckets == buckets and got.checksum == "crc32"
-    with pytest.raises(RoundFailed, match="gone"):               # an unknown layout must be fetched
-        await watcher.manifest(rdv(3, "m:3", "other-layout"))
+    with pytest.raises(RoundFailed, match="gone"):               # an unknown layout must be fetched; never
+        await watcher.manifest(rdv(3, "m:3", "other-layout"))    # written: refused after a bounded wait
+
+    # a manifest written just after its rendezvous (publishers do that when members hold the layout) is
+    # waited for
+    import asyncio
+
+    m4 = m1.model_copy(update={"version": 4})
+
+    async def write_late() -> None:
+        await asyncio.sleep(0.2)
+        await redis_client.set("m:4", m4.dumps())
+
+    task = asyncio.create_task(write_late())
+    assert await watcher.manifest(rdv(4, "m:4", "another-layout")) == m4
+    await task
+
+
+async def test_settle_wakes_as_soon_as_a_member_reports(redis_client):
+    import asyncio
+    import time
+
+    from shared.weight_sync import WeightPublisher
+    from shared.weight_sync import keys as wkeys
+    from shared.weight_sync.receiver import RoundWatcher
+    from shared.weight_sync.wire import Member, Rendezvous, ReplicaInfo
+
+    run = "settle"
+    pub = WeightPublisher(redis_client, run)
+    members = [ReplicaInfo(replica_id=f"r{i}", name=f"r{i}", transport="collective") for i in (1, 2)]
+    for m in members:
+        await pub.registry.put(m, ttl_s=30)
+    rdv = Rendezvous(round=5, version=1, manifest_key="m", group_name="g", fresh_group=True, backend="gloo",
+                     master_addr="127.0.0.1", master_port=1, world_size=3,
+                     members=tuple(Member(replica_id=m.replica_id, rank=i + 1) for i, m in enumerate(members)),
+                     init_timeout_s=1, collective_timeout_s=1, load_timeout_s=1)
+
+    async def report_later() -> None:
+        await asyncio.sleep(0.1)
+        await RoundWatcher(redis_client, run, "r1").report(rdv, "loaded")
+        await asyncio.sleep(0.1)
+        await RoundWatcher(redis_client, run, "r2").report(rdv, "refused", "bad bucket")
+
+    task = asyncio.create_task(report_later())
+    t0 = time.monotonic()
+    out = await pub._settle(5, members, timeout_s=30)
+    waited = time.monotonic() - t0
+    await task
+    assert out.loaded == ["r1"] and out.refused == ["r2"] and not out.dropped and not out.retry
+    # woken by the reports (~0.2 s), not by the 0.5 s liveness pacing of its blocking reads
+    assert waited < 0.45, waited
+    assert await redis_client.exists(wkeys.reported(run, 5)) == 0  # the wake-up list is cleaned up
+    assert 0 < await redis_client.ttl(wkeys.reports(run, 5))
 
 
 async def test_watcher_wakes_as_soon_as_a_round_is_announced(redis_client):

@@ -163,6 +163,7 @@ class WeightSidecar:
             async with self._busy:
                 t0 = time.perf_counter()
                 state, detail = "loaded", ""
+                self.sink.phases = {}
                 try:
                     manifest = await self.watcher.manifest(rdv)
                     await self.sink.run_round(rdv, member, manifest, self.watcher)
@@ -172,7 +173,8 @@ class WeightSidecar:
                     state, detail = "failed", f"{type(exc).__name__}: {exc}"
                 self.last_error = detail
                 self.last_update = {"round": rdv.round, "version": rdv.version, "state": state,
-                                    "seconds": round(time.perf_counter() - t0, 3)}
+                                    "seconds": round(time.perf_counter() - t0, 3),
+                                    "phases": {k: round(x, 4) for k, x in self.sink.phases.items()}}
                 log.info("weight round %d (version %d): %s %s", rdv.round, rdv.version, state, detail)
                 try:
                     await self.watcher.report(rdv, state, detail)

@@ -31,6 +31,7 @@ class WeightSink(ABC):
 
     def __init__(self, engine: Any, settings: SidecarSettings) -> None:
         self.engine, self.settings = engine, settings
+        self.phases: dict[str, float] = {}  # the last round's time per step, for sinks that measure it (PhaseClock)
 
     @property
     def weight_version(self) -> int:
@@ -54,6 +55,7 @@ class WeightSink(ABC):
 class _Paused:
     def __init__(self, engine: Any, settings: SidecarSettings) -> None:
         self.engine, self.settings = engine, settings
+        self.phases: dict[str, float] = {}  # the last round's time per step, for sinks that measure it (PhaseClock)
 
     async def __aenter__(self) -> None:
         try:

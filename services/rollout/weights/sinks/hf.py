@@ -17,6 +17,7 @@ import asyncio
 from typing import Any
 
 from services.rollout.weights.sinks.base import RoundFailed, UpdateRefused, WeightSink
+from shared.weight_sync.phases import PhaseClock
 from shared.weight_sync.receiver import BucketReceiver, Received, RoundWatcher
 from shared.weight_sync.wire import Manifest, Member, Rendezvous
 
@@ -48,6 +49,8 @@ class HFSink(WeightSink):
         return next(self._model().parameters()).device
 
     async def run_round(self, rdv: Rendezvous, member: Member, manifest: Manifest, watcher: RoundWatcher) -> None:
+        clock = PhaseClock()
+        self.phases = clock.phases
         loader = self._loader_for()
         if self._receiver is None:
             device = self._device() if rdv.backend == "nccl" else "cpu"
@@ -64,11 +67,13 @@ class HFSink(WeightSink):
             await receiving
             raise UpdateRefused(str(exc)) from exc
         got: Received = await receiving
+        clock.lap("receive")
         try:
             got.verify(await watcher.checksums(rdv, manifest))
         except BaseException:
             receiver.recycle(got.buffers)
             raise
+        clock.lap("verify")
         layout = [b.tensors for b in manifest.buckets]
         swap = self.settings.apply_mode == "swap"
         async with self.paused():
@@ -77,6 +82,7 @@ class HFSink(WeightSink):
             else:
                 await asyncio.to_thread(loader.apply, manifest.buckets, got.buffers)
             self.engine.set_weight_version(manifest.version)
+        clock.lap("apply")
         if not swap:
             receiver.recycle(got.buffers)
             return
