@@ -211,7 +211,7 @@ async def driver(args) -> None:
             await asyncio.sleep(0.2)
         bucket_bytes = (args.bucket_mb << 20) if args.bucket_mb else WeightSyncSettings().bucket_bytes
         settings = WeightSyncSettings(bucket_bytes=bucket_bytes, checksum=not args.no_checksum,
-                                      checksum_algo=args.checksum_algo)
+                                      checksum_algo=args.checksum_algo, retain=args.retain)
         pub = WeightPublisher(r, "bench", settings)
         if not args.scattered:
             pub.flatten(model)
@@ -294,11 +294,13 @@ async def driver(args) -> None:
 
         bucketed_s = min(steady)
         mbs = lambda s: total / 1e6 / s
-        nb = len(pub._manifest.buckets)
+        nb = len(pub.outbox.manifest.buckets)
         print(f"bucket size: {bucket_bytes >> 20} MiB ({nb} bucket{'s' if nb != 1 else ''}), checksum: "
               f"{'off' if args.no_checksum else settings.digest_algo}, "
               f"receive buffers: {'per update' if args.free_staging else 'kept (default)'}, publisher sends "
-              f"{'packed copies (--scattered)' if args.scattered else 'from the weights in place (flatten, default)'}")
+              + (f"packed copies (--scattered, retain {args.retain}: "
+                 f"{'reused pool buffers' if pub.outbox.pooling else 'a host copy kept per bucket'})"
+                 if args.scattered else "from the weights in place (flatten, default)"))
         print(f"(1) bucketed publish, end to end:   {bucketed_s:7.3f} s  {mbs(bucketed_s):7.1f} MB/s  "
               f"(best of {len(steady)}: {', '.join(f'{s:.3f}' for s in steady)}; first publish incl. group "
               f"formation {first:.3f} s)")
@@ -366,6 +368,8 @@ def main() -> None:
     ap.add_argument("--checksum-algo", default="auto", choices=["auto", "xxh3_64", "wsum64", "crc32"])
     ap.add_argument("--free-staging", action="store_true", help="receivers free their receive buffers after each update")
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--retain", default="auto", choices=["auto", "copy", "none"],
+                    help="WeightSyncSettings.retain, for --scattered weights (auto: copy with gloo)")
     ap.add_argument("--scattered", action="store_true",
                     help="leave the weights where they are (publish packs each bucket: one copy) instead of laying "
                          "them out flat first as the learner does (WeightPublisher.flatten: publish sends from them)")

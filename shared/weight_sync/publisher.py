@@ -10,23 +10,20 @@ What ``publish`` does, in order (every wait bounded by a setting):
 1. plans the buckets and builds the manifest (with the safetensors snapshot when ``snapshot_dir`` is
    set: then every bucket is packed first);
 2. runs update rounds with the live collective replicas: writes the manifest (JSON; in the same round
-   trip, just before the first round's rendezvous) and a :class:`Rendezvous`, forms (or
-   reuses) the group as rank 0, and broadcasts each bucket once, packing it into its flat CPU buffer
-   (one copy, retained until the next version so that replicas joining late can be served; no copy at
-   all for weights laid out by :meth:`WeightPublisher.flatten`, which go out from their own memory)
-   while the previous buckets are still on the wire (a pipeline: at most ``inflight_buckets`` broadcasts
-   outstanding), and digesting it once its broadcast is under way. Before the last bucket is broadcast,
-   the :class:`Checksums` record is written; then each member's report is collected.
+   trip, just before the first round's rendezvous) and a :class:`Rendezvous`, forms (or reuses) the
+   group as rank 0, and broadcasts each bucket once, taking its bytes from the :class:`Outbox` (the
+   weights' own memory after :meth:`WeightPublisher.flatten`; else packed into a retained host copy or a
+   reused device buffer, see ``retain``) while the previous buckets are still on the wire (a pipeline: at
+   most ``inflight_buckets`` broadcasts outstanding), and digesting it once its broadcast is under way.
+   After the last digest the :class:`Checksums` record is written; then each member's report is collected.
    A round that breaks (a member died or hung) is abandoned: survivors report ``failed`` and the next
    round re-runs the version with them in a fresh group; members that never report are dropped;
-3. packs whatever no round sent (no replica, or rounds that broke early), for late joiners;
+3. packs what late joiners can be served and no round sent (see :meth:`Outbox.finish`);
 4. sets ``shared.keys.weights_version(run)`` to the version and returns it.
 
-Buffers are reused while the layout stays the same (the usual case: same model, next step), so steady
-state publishes fault in no fresh pages; the cost is one flat copy of the weights held by the learner.
-
 A background task (started on first publish) brings replicas that join later (or were dropped) to the
-latest version from the retained buckets, in a group of their own. Keep the event loop responsive (run
+latest version from what the outbox holds, in a group of their own (or, if it holds nothing any more, at
+the next version). Keep the event loop responsive (run
 training steps in a thread) so that it can run; otherwise they catch up at the next publish.
 """
 
@@ -42,12 +39,12 @@ from typing import Any
 from shared import keys
 from shared.redis_server import free_port
 from shared.weight_sync import keys as wkeys
+from shared.weight_sync.outbox import Outbox
 from shared.weight_sync.phases import PhaseClock
 from shared.weight_sync.registry import ReplicaRegistry
 from shared.weight_sync.settings import WeightSyncSettings
 from shared.weight_sync.walk import ModuleWalk
 from shared.weight_sync.wire import (
-    Checksums,
     Manifest,
     Member,
     MemberReport,
@@ -104,20 +101,12 @@ class WeightPublisher:
         self.settings = settings or WeightSyncSettings()
         self.registry = ReplicaRegistry(redis, run)
         self.last_report: PublishReport | None = None
-        self._manifest: Manifest | None = None
-        self._buffers: list[Any] = []          # one flat uint8 buffer per bucket (None until first packed)
-        self._wire: list[Any] = []             # what goes out for bucket i: _buffers[i], or a view in place
-        self._in_place: list[bool] = []        # _wire[i] is the weights' own memory (no copy retained)
-        self._packed: list[bool] = []          # bucket i of the current version is in _wire[i]
-        self._sums: list[int | None] = []
+        self.outbox = Outbox(self.settings)  # the held version's buckets: packed, digested, kept for late joiners
         self._sums_written = False
-        self._lookup: dict[str, Any] | None = None  # the tensors being published, while packing
         self._plan_key: list | None = None
         self._plan: tuple | None = None
         self._layout_id = ""
         self._walk = ModuleWalk()  # a published module's tensors, re-walked only when its structure changes
-        self._send_in_place = False  # set by flatten(): send buckets from the weights' memory when they can be
-        self._views: dict[int, tuple] = {}  # bucket index -> (bucket, tensor positions, its in-place view or None)
         self._held: dict[str, _HeldGroup] = {}  # group kind -> the group kept for the next version
         self._lock = asyncio.Lock()
         self._catch_up_task: asyncio.Task | None = None
@@ -158,17 +147,18 @@ class WeightPublisher:
             manifest = Manifest(version=v, bucket_bytes=s.bucket_bytes, total_bytes=sum(b.nbytes for b in buckets),
                                 buckets=buckets, checksum=s.digest_algo if s.checksum else None,
                                 layout_id=self._layout_id)
-            self._begin(manifest, dict(named))
+            self.outbox.begin(manifest, dict(named))
+            self._sums_written = False
             clock.lap("plan")
             try:
                 if s.snapshot_dir:
                     from shared.weight_sync.snapshot import write_snapshot
 
-                    await asyncio.to_thread(self._pack_rest)
-                    snapshot = await asyncio.to_thread(write_snapshot, s.snapshot_dir, v, buckets, self._wire,
+                    await asyncio.to_thread(self.outbox.finish)  # (every bucket: a snapshot implies copies)
+                    snapshot = await asyncio.to_thread(write_snapshot, s.snapshot_dir, v, buckets, self.outbox.wire,
                                                        s.snapshot_url, s.snapshot_keep)
                     manifest = manifest.model_copy(update={"snapshot": snapshot})
-                    self._manifest = manifest
+                    self.outbox.manifest = manifest
                 self._manifest_unwritten = True  # written by the first round (see _round)
                 targets = [i for i in await self.registry.alive(listing) if self._collective(i)]
                 clock.lap("manifest")
@@ -176,13 +166,13 @@ class WeightPublisher:
                 if self._manifest_unwritten:  # no round ran
                     await self.redis.set(wkeys.manifest(self.run, v), manifest.dumps(), ex=s.key_ttl_s)
                     self._manifest_unwritten = False
-                await asyncio.to_thread(self._pack_rest)
+                await asyncio.to_thread(self.outbox.finish)
                 await self._write_checksums()
             except BaseException:
-                self._manifest = None  # half-packed: nothing to serve late joiners from
+                self.outbox.forget()  # half-packed: nothing to serve late joiners from
                 raise
             finally:
-                self._lookup = None
+                self.outbox.release()
             await self.redis.set(keys.weights_version(self.run), str(v))
             clock.lap("finish")
             report.seconds = time.perf_counter() - t0
@@ -222,7 +212,7 @@ class WeightPublisher:
         named = T.named_tensors(model, self._walk)
         buckets = self._plan_for(T.specs(named))
         T.flatten_into_buckets(named, buckets)
-        self._send_in_place = True
+        self.outbox.send_in_place = True
         return len(buckets)
 
     # ---- packing -------------------------------------------------------------------------------------
@@ -233,99 +223,12 @@ class WeightPublisher:
             self._layout_id = layout_id(self._plan, self.settings.bucket_bytes)
         return self._plan
 
-    def _begin(self, manifest: Manifest, lookup: dict) -> None:
-        """Make ``manifest`` the retained version; its buckets get packed on the way out."""
-        old = self._manifest
-        # same layout (the usual case: same model, next step)? pack into the same buffers: no allocation
-        # and no page faults, which cost more than the copy itself
-        same = old is not None and len(self._buffers) == len(manifest.buckets) and \
-            all(a.nbytes == b.nbytes for a, b in zip(old.buckets, manifest.buckets))
-        if not same:
-            self._buffers = [None] * len(manifest.buckets)
-        n = len(manifest.buckets)
-        self._manifest, self._lookup = manifest, lookup
-        self._packed, self._sums, self._sums_written = [False] * n, [None] * n, False
-        self._wire, self._in_place = [None] * n, [False] * n
-
-    def _pack(self, i: int) -> Any:
-        """Bucket ``i`` of the retained version, packed on first use (see :meth:`_digest`)."""
-        if not self._packed[i]:
-            from shared.weight_sync import tensors as T
-
-            assert self._lookup is not None and self._manifest is not None
-            b = self._manifest.buckets[i]
-            # laid out flat by flatten(): send the weights' own memory
-            buf = self._view(i, b) if self._send_in_place else None
-            self._in_place[i] = buf is not None
-            if buf is None:
-                buf = self._buffers[i]
-                if buf is None:
-                    # host copy kept for late joiners; pinned for nccl, whose buckets go to the GPU from it
-                    buf = self._buffers[i] = T.staging_buffers([b.nbytes], pin=self.settings.backend == "nccl")[0]
-                T.pack_bucket(b, self._lookup, out=buf)
-            self._wire[i] = buf
-            self._packed[i] = True
-        return self._wire[i]
-
-    def _view(self, i: int, bucket: Any) -> Any:
-        """``bucket_view`` of bucket ``i``; its full check (layout, storage, dtypes of every tensor) is skipped
-        when each tensor is where that check last found it (the usual case: training steps in place)."""
-        from shared.weight_sync import tensors as T
-
-        assert self._lookup is not None
-        tensors = [self._lookup[e.name] for e in bucket.tensors]
-        where = [(t.data_ptr(), t.is_contiguous()) for t in tensors]
-        known = self._views.get(i)
-        if known is not None and known[0] is bucket and known[1] == where:
-            return known[2]
-        view = T.bucket_view(bucket, self._lookup)
-        self._views[i] = (bucket, where, view)
-        return view
-
-    def _digest(self, i: int) -> None:
-        """Digest bucket ``i`` (packed) if the version has checksums and it has not been digested yet."""
-        if self._manifest is not None and self._manifest.checksum and self._sums[i] is None:
-            from shared.weight_sync import tensors as T
-
-            self._sums[i] = T.checksum(self._pack(i), self._manifest.checksum)
-
-    def _retained_intact(self) -> bool:
-        """Does what would be sent for the retained version still hold it? Always, for packed copies; for
-        buckets sent in place, only while the weights have not changed since (digests compared)."""
-        from shared.weight_sync import tensors as T
-
-        m = self._manifest
-        live = [i for i, flag in enumerate(self._in_place) if flag]
-        if m is None or not live:
-            return True
-        if not m.checksum or not all(self._packed):
-            return False
-        return all(T.checksum(self._wire[i], m.checksum) == self._sums[i] for i in live)
-
-    def _pack_rest(self) -> None:
-        for i in range(len(self._packed)):
-            self._pack(i)
-            self._digest(i)
-
     async def _write_checksums(self) -> None:
-        m = self._manifest
-        if m is None or self._sums_written or not m.checksum:
+        rec = self.outbox.checksums()
+        if rec is None or self._sums_written:
             return
-        rec = Checksums(version=m.version, algo=m.checksum, values=tuple(int(x) for x in self._sums))
-        await self.redis.set(wkeys.checksums(self.run, m.version), rec.dumps(), ex=self.settings.key_ttl_s)
+        await self.redis.set(wkeys.checksums(self.run, rec.version), rec.dumps(), ex=self.settings.key_ttl_s)
         self._sums_written = True
-
-    def _prepare(self, index: int) -> Any:
-        """Pack bucket ``index`` if needed; the tensor to broadcast for it."""
-        return self._wire_buffer(index, self._pack(index))
-
-    def _wire_buffer(self, index: int, buf: Any) -> Any:
-        """The tensor broadcast for bucket ``index`` (on the GPU for nccl)."""
-        if self.settings.backend == "nccl":
-            import torch
-
-            return buf.to(torch.device("cuda", torch.cuda.current_device()), non_blocking=True)
-        return buf
 
     # ---- rounds --------------------------------------------------------------------------------------
     def _collective(self, info: ReplicaInfo) -> bool:
@@ -334,8 +237,8 @@ class WeightPublisher:
     async def _sync(self, targets: list[ReplicaInfo], *, main: bool) -> PublishReport:
         """Bring ``targets`` to the retained version: one series of rounds per group kind (replicas of
         different kinds cannot share a group; e.g. vLLM servers join a PyNccl group), one kind after the other."""
-        assert self._manifest is not None
-        report = PublishReport(version=self._manifest.version, total_bytes=self._manifest.total_bytes)
+        assert self.outbox.manifest is not None
+        report = PublishReport(version=self.outbox.manifest.version, total_bytes=self.outbox.manifest.total_bytes)
         by_kind: dict[str, list[ReplicaInfo]] = {}
         for t in targets:
             by_kind.setdefault(t.group, []).append(t)
@@ -358,7 +261,7 @@ class WeightPublisher:
         return report
 
     async def _round(self, members: list[ReplicaInfo], *, main: bool, kind: str) -> _Outcome:
-        s, manifest = self.settings, self._manifest
+        s, manifest = self.settings, self.outbox.manifest
         round_id, self._next_round = self._next_round, None
         if round_id is None:
             round_id = await self.redis.incr(wkeys.round_counter(self.run))
@@ -448,12 +351,12 @@ class WeightPublisher:
         never hold bytes back), and the checksums record is written as soon as the last digest is done:
         usually before the replicas, which digest what they received, come to read it (they wait for it,
         bounded by the collective timeout)."""
-        n = len(self._manifest.buckets)
+        n = len(self.outbox.manifest.buckets)
         pending: deque[Any] = deque()
         for i in range(n):
-            wire = await asyncio.to_thread(self._prepare, i)
+            wire = await asyncio.to_thread(self.outbox.wire_buffer, i)
             pending.append(group.broadcast(wire, src=0))
-            await asyncio.to_thread(self._digest, i)
+            await asyncio.to_thread(self.outbox.digest, i)
             if i == n - 1:
                 await self._write_checksums()
             while len(pending) > self.settings.inflight_buckets:
@@ -527,7 +430,7 @@ class WeightPublisher:
                 log.warning("catch-up pass failed: %s", exc)
 
     async def _catch_up_once(self) -> None:
-        manifest = self._manifest
+        manifest = self.outbox.manifest
         if manifest is None or self._lock.locked():
             return
         v = manifest.version
@@ -537,10 +440,11 @@ class WeightPublisher:
         if not behind:
             return
         async with self._lock:
-            if self._manifest is not manifest:
+            if self.outbox.manifest is not manifest:
                 return
-            if not await asyncio.to_thread(self._retained_intact):
-                log.info("weights sent in place have changed since version %d: %s get the next version",
+            if not await asyncio.to_thread(self.outbox.intact):
+                log.info("version %d is no longer held (weights sent in place have changed since, or its buckets "
+                         "were packed into reused buffers: retain none): %s get the next version",
                          v, [i.replica_id for i in behind])
                 for i in behind:
                     self._catch_up_tries[(i.replica_id, v)] = self.settings.max_attempts

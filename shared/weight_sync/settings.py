@@ -46,6 +46,15 @@ class WeightSyncSettings(BaseModel):
         default=2, ge=1,
         description="Broadcasts outstanding at once; the next bucket is packed while these are on the wire.",
     )
+    retain: Literal["auto", "copy", "none"] = Field(
+        default="auto",
+        description="What the publisher keeps of a version for replicas that join late (weights laid out by "
+                    "flatten() are sent in place whatever this says). copy: a host copy of every bucket, served "
+                    "at any time (memory: one flat copy of the weights). none: buckets are packed into "
+                    "inflight_buckets + 1 reused buffers on the weights' device (GPU weights are packed on the "
+                    "GPU for nccl, with no trip through host memory) and nothing is kept: a late joiner gets the "
+                    "next version. auto: none with nccl, copy with gloo. A snapshot_dir implies copy.",
+    )
     snapshot_dir: str | None = Field(
         default=None,
         description="Write a safetensors snapshot per version here (the fallback transport); unset = no snapshots.",

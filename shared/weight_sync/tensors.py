@@ -83,14 +83,24 @@ def as_bytes(t: torch.Tensor) -> torch.Tensor:
 
 
 def pack_bucket(bucket: Bucket, lookup: Mapping[str, torch.Tensor], out: torch.Tensor | None = None) -> torch.Tensor:
-    """Copy the bucket's tensors into one flat uint8 CPU buffer (``out`` if given)."""
+    """Copy the bucket's tensors into one flat uint8 buffer (``out`` if given, on any device; else a new CPU
+    buffer). Tensors on ``out``'s device are concatenated in one call (one kernel launch per ~hundred
+    tensors on a GPU instead of one per tensor); any other goes through a copy of its own."""
     buf = out if out is not None else torch.empty(bucket.nbytes, dtype=torch.uint8)
+    if buf.numel() != bucket.nbytes:
+        raise ValueError(f"bucket {bucket.index} holds {bucket.nbytes} bytes, the buffer {buf.numel()}")
+    parts = []
     for e in bucket.tensors:
         src = lookup[e.name]
         if tuple(src.shape) != e.shape or dtype_name(src.dtype) != e.dtype:
             raise ValueError(f"tensor {e.name!r} changed since the manifest was planned")
+        parts.append(as_bytes(src))
+    if all(p.device == buf.device for p in parts):
+        torch.cat(parts, out=buf)
+        return buf
+    for e, part in zip(bucket.tensors, parts):
         if e.nbytes:
-            buf[e.offset:e.offset + e.nbytes].copy_(as_bytes(src), non_blocking=False)
+            buf[e.offset:e.offset + e.nbytes].copy_(part, non_blocking=False)
     return buf
 
 

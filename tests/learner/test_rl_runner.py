@@ -74,7 +74,7 @@ async def test_trains_every_prompt_once_and_acks_everything(tiny_model_dir, tmp_
     assert status["step"] == status["total_steps"] == N_PROMPTS // 2
     # plain torch, no LoRA: the actor was laid out flat and every bucket went out from its memory
     pub = svc.runner.publisher
-    assert pub._in_place and all(pub._in_place) and all(b is None for b in pub._buffers)
+    assert pub.outbox.in_place and all(pub.outbox.in_place) and all(b is None for b in pub.outbox.buffers)
     c = status["counters"]
     assert c["samples_trained"] == N_PROMPTS * 4 and c["groups_trained"] == N_PROMPTS
     assert c["experiences_deduplicated"] == 0 and c["experiences_dropped_stale"] == 0

@@ -90,7 +90,7 @@ async def test_remote_sink_maps_requests_and_bytes_arrive(kind, vllm_api, tmp_pa
                 got = httpx.get(f"{engine.base_url}/standin/state", timeout=10).json()
                 assert got["crc"] == {n: crc(t) for n, t in w.items()}
                 assert engine.weight_version == version and not engine.paused
-            nb = len(pub._manifest.buckets)
+            nb = len(pub.outbox.manifest.buckets)
         assert nb > 3
         calls = got["calls"]
         if kind == "sglang":
@@ -132,7 +132,7 @@ async def test_replicas_of_different_group_kinds_update_in_separate_rounds(repli
                 assert rep.rounds == 2 and len(rep.loaded) == 2 and not rep.dropped, rep
                 assert hf.generate()["output_ids"] == reference_ids(model, tiny_model_dir)
                 got = httpx.get(f"{engine.base_url}/standin/state", timeout=10).json()
-                names = pub._manifest.tensor_names()  # the tied lm_head goes once, as the embedding
+                names = pub.outbox.manifest.tensor_names()  # the tied lm_head goes once, as the embedding
                 state = model.state_dict()
                 assert got["crc"] == {n: crc(state[n]) for n in names}
                 assert engine.weight_version == version

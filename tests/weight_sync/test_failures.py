@@ -9,32 +9,34 @@ import signal
 import time
 
 from shared.weight_sync import WeightPublisher, WeightSyncSettings
+from shared.weight_sync.outbox import Outbox
 from tests.weight_sync.conftest import new_weights, reference_ids, wait_registered
 
 FAST = dict(init_timeout_s=10, collective_timeout_s=4, regroup_timeout_s=4, load_timeout_s=10, catch_up_poll_s=0.1)
 
 
-class KillingPublisher(WeightPublisher):
+class KillingOutbox(Outbox):
     """Kills a replica's process after the first bucket went out (so it dies mid-broadcast)."""
 
     victim_pid: int = 0
 
-    def _wire_buffer(self, index, buf):
+    def wire_buffer(self, index):
         if index == 2 and self.victim_pid:
             os.killpg(self.victim_pid, signal.SIGKILL)
             self.victim_pid = 0
             time.sleep(0.3)
-        return super()._wire_buffer(index, buf)
+        return super().wire_buffer(index)
 
 
-class CorruptingPublisher(WeightPublisher):
+class CorruptingOutbox(Outbox):
     """Flips a byte of bucket 0 after its checksum was taken (corruption on the wire)."""
 
-    def _wire_buffer(self, index, buf):
+    def wire_buffer(self, index):
+        buf = super().wire_buffer(index)
         if index == 0:
             buf = buf.clone()
             buf[7] ^= 0xFF
-        return super()._wire_buffer(index, buf)
+        return buf
 
 
 async def test_replica_killed_mid_broadcast_is_dropped(replicas, redis_client, tiny_model_dir):
@@ -44,8 +46,9 @@ async def test_replica_killed_mid_broadcast_is_dropped(replicas, redis_client, t
     victim_id = next(i.replica_id for i in await wait_registered(redis_client, run, 2)
                      if i.name.endswith(b.url.rsplit(":", 1)[1]))
     model = new_weights(tiny_model_dir)
-    pub = KillingPublisher(redis_client, run, WeightSyncSettings(bucket_bytes=32 << 10, **FAST))
-    pub.victim_pid = b.proc.pid
+    pub = WeightPublisher(redis_client, run, WeightSyncSettings(bucket_bytes=32 << 10, **FAST))
+    pub.outbox = KillingOutbox(pub.settings)
+    pub.outbox.victim_pid = b.proc.pid
     t0 = time.monotonic()
     try:
         version = await asyncio.wait_for(pub.publish(model), 60)
@@ -68,7 +71,8 @@ async def test_corrupted_bucket_is_refused(replicas, redis_client, tiny_model_di
     a = replicas(run)
     await wait_registered(redis_client, run, 1)
     before = a.generate()["output_ids"]
-    pub = CorruptingPublisher(redis_client, run, WeightSyncSettings(bucket_bytes=64 << 10, max_attempts=1, **FAST))
+    pub = WeightPublisher(redis_client, run, WeightSyncSettings(bucket_bytes=64 << 10, max_attempts=1, **FAST))
+    pub.outbox = CorruptingOutbox(pub.settings)
     try:
         await pub.publish(new_weights(tiny_model_dir))
         report = pub.last_report

@@ -95,7 +95,7 @@ async def test_in_place_publish_serves_late_joiners_only_while_the_weights_hold_
         expected = reference_ids(model, tiny_model_dir)  # flattening changes where weights live, not their values
         assert await pub.publish(model.state_dict()) == 1  # the learner publishes its state dict
         assert pub.last_report.loaded == [a.weights_status()["replica_id"]], pub.last_report
-        assert all(pub._in_place) and all(b is None for b in pub._buffers)  # sent from the weights: no copy
+        assert all(pub.outbox.in_place) and all(b is None for b in pub.outbox.buffers)  # sent from the weights: no copy
         assert a.generate()["output_ids"] == expected
 
         # unchanged weights: a late joiner is brought up from them
@@ -107,9 +107,38 @@ async def test_in_place_publish_serves_late_joiners_only_while_the_weights_hold_
         with torch.no_grad():
             for p in model.parameters():
                 p.mul_(0.5)
-        assert not pub._retained_intact()
+        assert not pub.outbox.intact()
         assert await pub.publish(model) == 2
         expected2 = reference_ids(model, tiny_model_dir)
         assert expected2 != expected and len(pub.last_report.loaded) == 2
         for rep in (a, c):
+            assert rep.generate()["output_ids"] == expected2
+
+
+async def test_pooled_publish_keeps_no_copy_and_late_joiners_get_the_next_version(
+        replicas, redis_client, tiny_model_dir):
+    run = "pooled"
+    a, b = replicas.all(run, 2)
+    await wait_registered(redis_client, run, 2)
+    model = new_weights(tiny_model_dir)
+    expected = reference_ids(model, tiny_model_dir)
+    # retain none: buckets packed into two reused buffers (one on the wire, one being packed), none kept
+    settings = WeightSyncSettings(bucket_bytes=64 << 10, retain="none", inflight_buckets=1, **FAST)
+    async with WeightPublisher(redis_client, run, settings) as pub:
+        assert await pub.publish(model) == 1
+        assert len(pub.last_report.loaded) == 2 and not pub.last_report.refused, pub.last_report
+        assert len(pub.outbox.manifest.buckets) > 2 and all(x is None for x in pub.outbox.buffers)
+        for rep in (a, b):
+            out = rep.generate()
+            assert out["output_ids"] == expected and out["meta_info"]["weight_version"] == "1"
+
+        # nothing was kept of version 1: a replica that joins now serves what it has, then gets version 2
+        c = replicas(run, wait=False, join_timeout_s="1")
+        await wait_ready(c)
+        assert c.weight_version() == 0
+        model2 = new_weights(tiny_model_dir, seed=3)
+        assert await pub.publish(model2) == 2
+        assert len(pub.last_report.loaded) == 3, pub.last_report
+        expected2 = reference_ids(model2, tiny_model_dir)
+        for rep in (a, b, c):
             assert rep.generate()["output_ids"] == expected2

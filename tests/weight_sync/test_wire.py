@@ -294,11 +294,11 @@ async def test_in_place_views_are_rechecked_when_a_tensor_moves(redis_client):
     pub = WeightPublisher(redis_client, "views", WeightSyncSettings(bucket_bytes=1 << 20))
     pub.flatten(model)
     await pub.publish(model)  # no replicas: the bucket is still prepared, as for a late joiner
-    assert pub._in_place == [True]
+    assert pub.outbox.in_place == [True]
     await pub.publish(model)
-    assert pub._in_place == [True]  # unchanged: the remembered view is sent
+    assert pub.outbox.in_place == [True]  # unchanged: the remembered view is sent
     model[1].weight.data = torch.zeros(8, 8)  # a tensor moved out of the flat buffer
     await pub.publish(model)
-    assert pub._in_place == [False]
-    assert torch.equal(dict(T.unpack(pub._manifest.buckets[0], pub._wire[0]))["1.weight"], torch.zeros(8, 8))
+    assert pub.outbox.in_place == [False]
+    assert torch.equal(dict(T.unpack(pub.outbox.manifest.buckets[0], pub.outbox.wire[0]))["1.weight"], torch.zeros(8, 8))
     await pub.close()

@@ -1,0 +1,193 @@
+"""What a publisher sends for the version it holds: each bucket's bytes, packed on first use, their digests,
+and what is kept for replicas that join late.
+
+Where a bucket's bytes come from, in order of preference:
+
+- **in place**: the weights were laid out flat (:meth:`WeightPublisher.flatten`), so the bucket is a view
+  of their own memory and nothing is copied. Nothing is retained either: a late joiner is served from
+  it only while the weights still hold the version (digests compared);
+- **pooled** (``retain: none``, the default with nccl): packed into one of ``inflight_buckets + 1``
+  buffers on the device the weights live on (GPU weights are packed on the GPU: no trip through host
+  memory, no host copy of the model), reused bucket after bucket. Nothing is retained: a late joiner
+  gets the next version;
+- **copied** (``retain: copy``, the default with gloo): packed into a host buffer per bucket, kept until
+  the next version, so a late joiner can be served it at any time (the cost: one flat copy of the weights
+  in host memory; pinned with nccl, whose buckets are copied to the GPU from it).
+
+Buffers are reused while the layout stays the same (the usual case: same model, next step), so steady-state
+publishes fault in no fresh pages.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shared.weight_sync.settings import WeightSyncSettings
+from shared.weight_sync.wire import Bucket, Checksums, Manifest
+
+
+class Outbox:
+    """The buckets of one version on their way out (see the module docstring). Not thread-safe: one user."""
+
+    def __init__(self, settings: WeightSyncSettings) -> None:
+        self.settings = settings
+        self.manifest: Manifest | None = None
+        self.lookup: dict[str, Any] | None = None  # the tensors being published, while packing
+        self.send_in_place = False  # set by WeightPublisher.flatten(): use the weights' memory where it can be
+        self.buffers: list[Any] = []    # retained host copy of bucket i (copy mode; None until first packed)
+        self.wire: list[Any] = []       # what goes out for bucket i
+        self.in_place: list[bool] = []  # wire[i] is the weights' own memory
+        self.pooled: list[bool] = []    # wire[i] sits in a pool buffer (until another bucket takes it)
+        self.packed: list[bool] = []    # wire[i] holds bucket i of the current version
+        self.sums: list[int | None] = []
+        self._views: dict[int, tuple] = {}  # bucket index -> (bucket, tensor positions, its view or None)
+        self._pool: list[Any] = []           # pool buffers (pooled mode), by slot
+        self._owner: list[int | None] = []   # the bucket each pool slot holds
+
+    @property
+    def pooling(self) -> bool:
+        """Pack into reused pool buffers instead of retained copies? (A snapshot needs every bucket at once.)"""
+        s = self.settings
+        return s.snapshot_dir is None and (s.retain == "none" or (s.retain == "auto" and s.backend == "nccl"))
+
+    def begin(self, manifest: Manifest, lookup: dict[str, Any]) -> None:
+        """Make ``manifest`` the version held; its buckets get packed on the way out."""
+        old = self.manifest
+        # same layout? pack into the same buffers: no allocation, no page faults (they cost more than the copy)
+        same = old is not None and len(self.buffers) == len(manifest.buckets) and \
+            all(a.nbytes == b.nbytes for a, b in zip(old.buckets, manifest.buckets))
+        n = len(manifest.buckets)
+        if not same:
+            self.buffers = [None] * n
+        self.manifest, self.lookup = manifest, lookup
+        self.packed, self.sums = [False] * n, [None] * n
+        self.wire, self.in_place, self.pooled = [None] * n, [False] * n, [False] * n
+        self._owner = [None] * len(self._pool)
+
+    def forget(self) -> None:
+        """Nothing is held any more (a publish failed half-way)."""
+        self.manifest = None
+
+    def release(self) -> None:
+        """The publish is over: drop the references to the published tensors (pooled buckets go with them)."""
+        self.lookup = None
+
+    # ---- bytes ---------------------------------------------------------------------------------------
+    def pack(self, i: int) -> Any:
+        """Bucket ``i``'s bytes (packed now unless they are already there)."""
+        if not self.packed[i]:
+            from shared.weight_sync import tensors as T
+
+            if self.lookup is None or self.manifest is None:
+                raise RuntimeError(f"bucket {i} is no longer held: the publish that packed it is over")
+            b = self.manifest.buckets[i]
+            buf = self._view(i, b) if self.send_in_place else None
+            self.in_place[i], self.pooled[i] = buf is not None, False
+            if buf is None and self.pooling:
+                buf = self._pool_slot(i, b)
+                T.pack_bucket(b, self.lookup, out=buf)
+                self.pooled[i] = True
+            elif buf is None:
+                buf = self.buffers[i]
+                if buf is None:
+                    buf = self.buffers[i] = T.staging_buffers([b.nbytes], pin=self.settings.backend == "nccl")[0]
+                T.pack_bucket(b, self.lookup, out=buf)
+            self.wire[i] = buf
+            self.packed[i] = True
+        return self.wire[i]
+
+    def _pool_slot(self, i: int, bucket: Bucket) -> Any:
+        """A pool buffer for bucket ``i``, sized to it, on the device its tensors live on (pinned host memory
+        for host tensors going to a GPU). Slot ``i % (inflight_buckets + 1)``: the bucket that held it before
+        has left the wire (the send loop waits for it before packing this one)."""
+        import torch
+
+        from shared.weight_sync import tensors as T
+
+        slots = self.settings.inflight_buckets + 1
+        if len(self._pool) != slots:
+            self._pool, self._owner = [None] * slots, [None] * slots
+        slot = i % slots
+        prev = self._owner[slot]
+        if prev is not None and prev != i:
+            self.packed[prev] = self.pooled[prev] = False
+            self.wire[prev] = None
+        first = self.lookup[bucket.tensors[0].name] if bucket.tensors else None
+        on_gpu = self.settings.backend == "nccl" and first is not None and first.device.type == "cuda"
+        device = first.device if on_gpu else torch.device("cpu")
+        need = max(b.nbytes for b in self.manifest.buckets)
+        buf = self._pool[slot]
+        if buf is None or buf.numel() < need or buf.device != device:
+            pin = device.type == "cpu" and self.settings.backend == "nccl"
+            buf = self._pool[slot] = T.staging_buffers([need], device, pin=pin)[0]
+        self._owner[slot] = i
+        return buf[:bucket.nbytes]
+
+    def _view(self, i: int, bucket: Bucket) -> Any:
+        """``bucket_view`` of bucket ``i``; its full check (layout, storage, dtypes of every tensor) is skipped
+        when each tensor is where that check last found it (the usual case: training steps in place)."""
+        from shared.weight_sync import tensors as T
+
+        assert self.lookup is not None
+        tensors = [self.lookup[e.name] for e in bucket.tensors]
+        where = [(t.data_ptr(), t.is_contiguous()) for t in tensors]
+        known = self._views.get(i)
+        if known is not None and known[0] is bucket and known[1] == where:
+            return known[2]
+        view = T.bucket_view(bucket, self.lookup)
+        self._views[i] = (bucket, where, view)
+        return view
+
+    def wire_buffer(self, i: int) -> Any:
+        """Bucket ``i`` as broadcast: packed if needed, on the GPU for nccl."""
+        buf = self.pack(i)
+        if self.settings.backend == "nccl" and buf.device.type != "cuda":
+            import torch
+
+            return buf.to(torch.device("cuda", torch.cuda.current_device()), non_blocking=True)
+        return buf
+
+    # ---- digests -------------------------------------------------------------------------------------
+    def digest(self, i: int) -> None:
+        """Digest bucket ``i`` if the version has checksums and it has not been digested yet."""
+        m = self.manifest
+        if m is not None and m.checksum and self.sums[i] is None:
+            from shared.weight_sync import tensors as T
+
+            self.sums[i] = T.checksum(self.pack(i), m.checksum)
+
+    def checksums(self) -> Checksums | None:
+        """The version's :class:`Checksums` record, once every bucket is digested (None without checksums)."""
+        m = self.manifest
+        if m is None or not m.checksum or any(x is None for x in self.sums):
+            return None
+        return Checksums(version=m.version, algo=m.checksum, values=tuple(int(x) for x in self.sums))
+
+    def finish(self) -> None:
+        """After the version's rounds: pack and digest what late joiners could be served (copies are kept;
+        in-place buckets are digested so that their staying intact can be checked). Pooled buckets keep
+        nothing, so nothing is done for them."""
+        if self.manifest is None or (self.pooling and not self.send_in_place):
+            return
+        for i, bucket in enumerate(self.manifest.buckets):
+            if self.pooling and self._view(i, bucket) is None:
+                continue  # it would be pooled: nothing to keep
+            self.pack(i)
+            self.digest(i)
+
+    def intact(self) -> bool:
+        """Can a late joiner be served the version held? Copies: always. In place: only while the weights
+        have not changed since (digests compared). Pooled: never (nothing was kept)."""
+        from shared.weight_sync import tensors as T
+
+        m = self.manifest
+        if m is None:
+            return False
+        if any(self.pooled) or not all(self.packed):
+            return False
+        live = [i for i, flag in enumerate(self.in_place) if flag]
+        if not live:
+            return True
+        if not m.checksum:
+            return False
+        return all(T.checksum(self.wire[i], m.checksum) == self.sums[i] for i in live)
