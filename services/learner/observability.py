@@ -20,6 +20,7 @@ STEP_GAUGES = ("reward_mean", "reward_std", "kl", "entropy", "clip_frac", "actor
                "policy_loss", "value_loss", "sft_loss", "tokens_per_s", "actor_lr", "tis_mean", "staleness_mean",
                "response_len_mean", "step_time_s", "wait_time_s")
 STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 32)
+PUBLISH_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 
 class MetricsSink:
@@ -43,6 +44,12 @@ class MetricsSink:
                                    buckets=STALENESS_BUCKETS, registry=registry)
         self.in_flight = Gauge("fleetrl_learner_prompts_in_flight", "Prompt groups issued, not yet trained",
                                registry=registry)
+        self.publish_seconds = Histogram("fleetrl_learner_publish_seconds", "Weight publishes, end to end",
+                                         buckets=PUBLISH_BUCKETS, registry=registry)
+        self.publish_phase = Gauge("fleetrl_learner_publish_phase_seconds", "Last weight publish's time per phase",
+                                   ["phase"], registry=registry)
+        self.publish_replicas = Gauge("fleetrl_learner_publish_replicas", "Replicas per outcome in the last publish",
+                                      ["outcome"], registry=registry)
         self.staleness_counts: dict[int, int] = {}
         self._bar = None
         self._tb = None
@@ -92,6 +99,18 @@ class MetricsSink:
         for v in values:
             self.staleness.observe(v)
             self.staleness_counts[v] = self.staleness_counts.get(v, 0) + 1
+
+    def observe_publish(self, report: Any) -> dict[str, float]:
+        """Record one publish (a :class:`~shared.weight_sync.PublishReport`); the step metrics it adds."""
+        self.publish_seconds.observe(report.seconds)
+        for phase, seconds in report.phases.items():
+            self.publish_phase.labels(phase).set(seconds)
+        out = {"publish_s": round(report.seconds, 4)}
+        for outcome in ("loaded", "dropped", "refused"):
+            n = len(getattr(report, outcome))
+            self.publish_replicas.labels(outcome).set(n)
+            out[f"publish_{outcome}"] = n
+        return out
 
     def log_step(self, step: int, metrics: dict[str, Any]) -> None:
         self.step.set(step)

@@ -339,6 +339,7 @@ class RLRunner:
         self._steps_since_commit += 1
         if step % self.s.publish.every == 0:
             await self._publish()
+            metrics.update(self.sink.observe_publish(self.publisher.last_report))
         metrics.update({
             "step": step, "weight_version": st.weight_version, "groups": len(gids),
             "staleness_mean": sum(staleness) / len(staleness), "staleness_max": max(staleness),

@@ -179,8 +179,9 @@ class WeightPublisher:
             report.phases = {k: round(x, 6) for k, x in clock.phases.items()}
             self.last_report = report
         self._ensure_catch_up()
-        log.info("published version %d (%.1f MB, %d buckets) in %.2fs: loaded=%s dropped=%s refused=%s",
-                 v, manifest.total_bytes / 1e6, len(buckets), report.seconds, report.loaded, report.dropped,
+        log.info("published version %d (%.1f MB, %d buckets) in %.2fs (%s): loaded=%s dropped=%s refused=%s",
+                 v, manifest.total_bytes / 1e6, len(buckets), report.seconds,
+                 " ".join(f"{k} {x * 1e3:.0f}ms" for k, x in report.phases.items()), report.loaded, report.dropped,
                  report.refused)
         return v
 

@@ -87,6 +87,11 @@ async def test_trains_every_prompt_once_and_acks_everything(tiny_model_dir, tmp_
     assert await ProcessedIds(redis_client, keys.processed_ids(s.run_name, "learner")).count() == N_PROMPTS * 4
     run_dir = tmp_path / "run"
     assert trained_items(run_dir) == {f"e0-{i}": 4 for i in range(N_PROMPTS)}
+    # each publish is in the step's metrics and in Prometheus (the fake fleet has no weight receivers)
+    rows = read_history(run_dir / "metrics.jsonl")
+    assert all(r["publish_s"] > 0 and r["publish_loaded"] == r["publish_dropped"] == 0 for r in rows.values())
+    assert svc.registry.get_sample_value("fleetrl_learner_publish_seconds_count") == 4
+    assert svc.registry.get_sample_value("fleetrl_learner_publish_phase_seconds", {"phase": "plan"}) > 0
     assert (run_dir / "reward_curve.png").stat().st_size > 1000
     assert sorted(p.name for p in (run_dir / "checkpoints").glob("step-*")) == ["step-00000002", "step-00000004"]
     assert sum(status["staleness_histogram"].values()) == N_PROMPTS * 4
