@@ -72,7 +72,7 @@ class OwnerLink:
         metrics["samples"] = float(len(scores))
         return metrics
 
-    def policy_weights(self, trainer) -> dict:
+    def policy_weights(self, trainer) -> Any:
         self.channel.send(self.Op.PUBLISH)
         return trainer.policy_weights()
 

@@ -72,3 +72,17 @@ def test_critic_from_reward_model_reuses_its_head(tiny_model_dir, tiny_reward_mo
     assert torch.equal(trainer.critic.model.inner.score.weight, rm.score.weight)
     m = trainer.train_step(good_bad_batch(0))
     assert m["critic_lr"] == pytest.approx(2e-3) and m["actor_lr"] == pytest.approx(1e-4)
+
+
+def test_policy_weights_of_a_plain_actor_are_the_module_itself(tiny_model_dir, tmp_path):
+    from shared.weight_sync import tensors as T
+
+    trainer = RLTrainer(settings(tiny_model_dir, tmp_path, algorithm=ALGOS["grpo"]), total_steps=1)
+    weights = trainer.policy_weights()
+    model = trainer.actor.model
+    assert weights is model  # no state dict built per publish
+    # the publisher reads the module's tensors under the names, and from the memory, a state dict would give
+    named = T.named_tensors(weights)
+    state = model.state_dict()
+    assert [n for n, _ in named] == [n for n, _ in T.named_tensors(state)]
+    assert all(t.data_ptr() == state[n].data_ptr() for n, t in named)

@@ -54,6 +54,12 @@ class TrainEngine(ABC):
         """True where ranks hold different parts of the model / optimizer (every rank saves its part)."""
         return False
 
+    @property
+    def partitions_parameters(self) -> bool:
+        """True where no rank holds the full parameters between steps (ZeRO-3): reading them takes
+        :meth:`gathered`."""
+        return False
+
     def gathered(self, fn: Callable[[], dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
         """``fn()`` with the full parameters present; collective where the backend shards them (call on
         every rank; only rank 0's result is meaningful there)."""

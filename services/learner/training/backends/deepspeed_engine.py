@@ -91,6 +91,10 @@ class DeepSpeedEngine(TrainEngine):
     def sharded(self) -> bool:
         return True
 
+    @property
+    def partitions_parameters(self) -> bool:
+        return self.engine.zero_optimization_stage() == 3
+
     def gathered(self, fn: Callable[[], dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
         """ZeRO-3: every rank enters ``GatheredParameters`` (a collective all-gather); rank 0 copies the
         full weights to CPU inside it. ZeRO-2 keeps full parameters on every rank."""
