@@ -182,6 +182,7 @@ async def driver(args) -> None:
     from shared.weight_sync import WeightPublisher, WeightSyncSettings
     from shared.weight_sync.group import CollectiveGroup
     from shared.weight_sync.registry import ReplicaRegistry
+    from shared.weight_sync import tensors as T
     from shared.weight_sync.tensors import dtype_name
 
     torch.set_num_threads(1)
@@ -321,6 +322,9 @@ async def driver(args) -> None:
             print(f"ratio (1)/(2b) per pair: {', '.join(f'{x:.2f}' for x in pairs_d)}  (median "
                   f"{sorted(pairs_d)[len(pairs_d) // 2]:.2f}; the protocol's own overhead, digests counted on both sides)")
         print(f"speed-up (1) vs (3):     {per_param_s / bucketed_s:.1f}x  (target >= 5x)")
+        print(f"listing the tensors per publish: a module (cached walk, what the learner passes) "
+              f"{list_ms(lambda: T.named_tensors(model, pub._walk)):.1f} ms, a state dict built each time "
+              f"{list_ms(lambda: T.named_tensors(model.state_dict())):.1f} ms (medians of 15)")
         print(f"where (1) goes, median ms: publisher {median_phases(phases)}; receivers "
               f"{median_phases(recv_phases, skip={'i'})}")
     finally:
@@ -333,6 +337,15 @@ async def driver(args) -> None:
             reap(procs)
             await r.aclose()
             server.stop()
+
+
+def list_ms(fn, n: int = 15) -> float:
+    times = []
+    for _ in range(n):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return sorted(times)[n // 2] * 1e3
 
 
 def median_phases(runs: list[dict], skip: frozenset | set = frozenset()) -> str:
