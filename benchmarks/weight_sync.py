@@ -9,10 +9,17 @@ checkpoint (>= 2,000 tensors, >= 200 MB). Measures, each until both receivers ho
 2. the floor: one ``dist.broadcast`` of a flat buffer of the same bytes in an already formed group of the
    same 3 processes (buffers allocated and touched beforehand on every rank, as the kept staging buffers
    of (1) are). (1) and (2) alternate, so that both see the same load on a shared machine;
+   (2b), with digests on: the same broadcast plus the integrity work a publish does (the root digests
+   the buffer while it is on the wire, each receiver digests what it received), so that (1)/(2b) is
+   the protocol's own overhead;
 3. the per-parameter pattern of peers: per tensor one control request to each receiver (name, dtype,
    shape, over Redis, acknowledged) and one broadcast of that tensor.
 
-    .venv/bin/python benchmarks/weight_sync.py [--bucket-mb N] [--no-checksum] [--scattered] [--layers 11] [--experts 64]
+It also prints where (1) spends its time (the median of ``PublishReport.phases`` and of the receivers'
+``last_update.phases``), and what listing the tensors costs from a module vs a state dict built per publish.
+
+    .venv/bin/python benchmarks/weight_sync.py [--bucket-mb N] [--no-checksum] [--scattered [--retain copy|none]]
+                                               [--layers 11] [--experts 64] [--repeat 5]
 
 Defaults are the product's: WeightSyncSettings' bucket size (256 MiB: this 212 MB checkpoint is one bucket),
 digests on, weights laid out in place as the learner does. ``--bucket-mb 32`` shows a many-bucket pipeline.
