@@ -43,6 +43,7 @@ class Outbox:
         self._views: dict[int, tuple] = {}  # bucket index -> (bucket, tensor positions, its view or None)
         self._pool: list[Any] = []           # pool buffers (pooled mode), by slot
         self._owner: list[int | None] = []   # the bucket each pool slot holds
+        self._uploads: list[Any] = []        # per slot: CUDA event after its host -> GPU copy (pinned host slots)
 
     @property
     def pooling(self) -> bool:
@@ -106,8 +107,11 @@ class Outbox:
 
         slots = self.settings.inflight_buckets + 1
         if len(self._pool) != slots:
-            self._pool, self._owner = [None] * slots, [None] * slots
+            self._pool, self._owner, self._uploads = [None] * slots, [None] * slots, [None] * slots
         slot = i % slots
+        upload, self._uploads[slot] = self._uploads[slot], None
+        if upload is not None:  # a host slot: its last copy to the GPU may still be reading it
+            upload.synchronize()
         prev = self._owner[slot]
         if prev is not None and prev != i:
             self.packed[prev] = self.pooled[prev] = False
@@ -122,6 +126,10 @@ class Outbox:
             buf = self._pool[slot] = T.staging_buffers([need], device, pin=pin)[0]
         self._owner[slot] = i
         return buf[:bucket.nbytes]
+
+    def pool_pinned(self) -> bool:
+        """Are the pool's host buffers page-locked (for tests and logs)?"""
+        return all(b is None or b.device.type != "cpu" or b.is_pinned() for b in self._pool)
 
     def _view(self, i: int, bucket: Bucket) -> Any:
         """``bucket_view`` of bucket ``i``; its full check (layout, storage, dtypes of every tensor) is skipped
@@ -144,7 +152,12 @@ class Outbox:
         if self.settings.backend == "nccl" and buf.device.type != "cuda":
             import torch
 
-            return buf.to(torch.device("cuda", torch.cuda.current_device()), non_blocking=True)
+            out = buf.to(torch.device("cuda", torch.cuda.current_device()), non_blocking=True)
+            if self.pooled[i]:  # the slot is packed again later: that must wait for this (asynchronous) copy
+                event = torch.cuda.Event()
+                event.record()
+                self._uploads[self._owner.index(i)] = event
+            return out
         return buf
 
     # ---- digests -------------------------------------------------------------------------------------

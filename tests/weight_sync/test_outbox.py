@@ -152,3 +152,19 @@ def test_nccl_packs_gpu_weights_on_the_gpu():
     sums = box.checksums()
     assert sums is not None and sums.algo == "wsum64"
     assert list(sums.values) == [T.checksum(w, "wsum64") for w in want]  # same digest as on the host
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_nccl_host_weights_go_through_pinned_slots_reused_only_after_their_upload():
+    m = model()  # host weights (e.g. ZeRO-3 gathered to the host), published over nccl
+    box = Outbox(WeightSyncSettings(backend="nccl", inflight_buckets=1))
+    manifest = begin(box, m)
+    want = expected_bytes(manifest, m)
+    sent = []
+    for i in range(len(manifest.buckets)):  # slots are reused while earlier uploads may still be in flight
+        out = box.wire_buffer(i)
+        assert out.device.type == "cuda" and box.pool_pinned()
+        sent.append(out)
+    torch.cuda.synchronize()
+    assert all(torch.equal(s.cpu(), w) for s, w in zip(sent, want))
