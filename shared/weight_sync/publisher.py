@@ -23,8 +23,8 @@ What ``publish`` does, in order (every wait bounded by a setting):
 
 A background task (started on first publish) brings replicas that join later (or were dropped) to the
 latest version from what the outbox holds, in a group of their own (or, if it holds nothing any more, at
-the next version). Keep the event loop responsive (run
-training steps in a thread) so that it can run; otherwise they catch up at the next publish.
+the next version). Keep the event loop responsive (run training steps in a thread) so that it can run;
+otherwise they catch up at the next publish.
 """
 
 from __future__ import annotations

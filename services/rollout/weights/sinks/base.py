@@ -55,7 +55,6 @@ class WeightSink(ABC):
 class _Paused:
     def __init__(self, engine: Any, settings: SidecarSettings) -> None:
         self.engine, self.settings = engine, settings
-        self.phases: dict[str, float] = {}  # the last round's time per step, for sinks that measure it (PhaseClock)
 
     async def __aenter__(self) -> None:
         try:
