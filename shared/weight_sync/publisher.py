@@ -323,6 +323,7 @@ class WeightPublisher:
                 await late_manifest
             self._clock.lap("send")
         except Exception as exc:
+            self._clock.lap("send")  # (up to the failure)
             if late_manifest is not None:
                 await asyncio.gather(late_manifest, return_exceptions=True)
             log.warning("round %d (version %d, members %s) broke: %s", round_id, manifest.version, ids, exc)

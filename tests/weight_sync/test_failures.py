@@ -28,6 +28,18 @@ class KillingOutbox(Outbox):
         return super().wire_buffer(index)
 
 
+class FreezingOutbox(Outbox):
+    """Stops (SIGSTOP) a replica's process after the first buckets went out: it hangs mid-broadcast."""
+
+    victim_pid: int = 0
+
+    def wire_buffer(self, index):
+        if index == 2 and self.victim_pid:
+            os.killpg(self.victim_pid, signal.SIGSTOP)
+            self.victim_pid = 0
+        return super().wire_buffer(index)
+
+
 class CorruptingOutbox(Outbox):
     """Flips a byte of bucket 0 after its checksum was taken (corruption on the wire)."""
 
@@ -64,6 +76,44 @@ async def test_replica_killed_mid_broadcast_is_dropped(replicas, redis_client, t
     out = a.generate()
     assert out["meta_info"]["weight_version"] == str(version)
     assert out["output_ids"] == reference_ids(model, tiny_model_dir)
+
+
+async def test_replica_hung_mid_broadcast_is_dropped_and_catches_up_once_it_resumes(
+        replicas, redis_client, tiny_model_dir):
+    run = "hang"
+    a, b = replicas.all(run, 2)
+    victim_id = next(i.replica_id for i in await wait_registered(redis_client, run, 2)
+                     if i.name.endswith(b.url.rsplit(":", 1)[1]))
+    model = new_weights(tiny_model_dir)
+    expected = reference_ids(model, tiny_model_dir)
+    pub = WeightPublisher(redis_client, run, WeightSyncSettings(bucket_bytes=32 << 10, **FAST))
+    pub.outbox = FreezingOutbox(pub.settings)
+    pub.outbox.victim_pid = b.proc.pid
+    try:
+        t0 = time.monotonic()
+        try:
+            version = await asyncio.wait_for(pub.publish(model), 60)
+        finally:
+            os.killpg(b.proc.pid, signal.SIGCONT)  # whatever happened, do not leave it stopped
+        took = time.monotonic() - t0
+        report = pub.last_report
+        # the hung replica is dropped (its collective timed out, then its heartbeat lapsed); the other one
+        # got the version, in the broken round if its bytes were through by then, else in the retry
+        assert report.dropped == [victim_id], report
+        assert len(report.loaded) == 1 and victim_id not in report.loaded and report.rounds <= 2, report
+        assert took < 2 * FAST["collective_timeout_s"] + FAST["regroup_timeout_s"] + 20, took
+        out = a.generate()
+        assert out["meta_info"]["weight_version"] == str(version) and out["output_ids"] == expected
+
+        # resumed, the replica finds itself behind, asks, and the publisher's catch-up brings it there
+        deadline = time.monotonic() + 60
+        while b.weight_version() != version:
+            assert time.monotonic() < deadline, b.weights_status()
+            await asyncio.sleep(0.2)
+        out = b.generate()
+        assert out["meta_info"]["weight_version"] == str(version) and out["output_ids"] == expected
+    finally:
+        await pub.close()
 
 
 async def test_corrupted_bucket_is_refused(replicas, redis_client, tiny_model_dir):
