@@ -5,7 +5,7 @@ Learner API (``shared.weight_sync.publisher``)::
     from shared.weight_sync import WeightPublisher, WeightSyncSettings
     pub = WeightPublisher(redis, run, WeightSyncSettings(backend="gloo", bucket_bytes=256 << 20))
     version: int = await pub.publish(model_or_named_tensors, version=None)   # -> the new version
-    pub.last_report        # PublishReport(version, loaded, dropped, refused, rounds, total_bytes, seconds)
+    pub.last_report        # PublishReport(version, loaded, dropped, refused, rounds, total_bytes, seconds, phases)
     await pub.close()
 
 ``redis`` is a ``redis.asyncio`` client. ``publish`` returns once every live collective replica has
