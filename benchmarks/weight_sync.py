@@ -187,9 +187,9 @@ async def driver(args) -> None:
 
     from shared.redis_server import EmbeddedRedis, free_port
     from shared.weight_sync import WeightPublisher, WeightSyncSettings
+    from shared.weight_sync import tensors as T
     from shared.weight_sync.group import CollectiveGroup
     from shared.weight_sync.registry import ReplicaRegistry
-    from shared.weight_sync import tensors as T
     from shared.weight_sync.tensors import dtype_name
 
     torch.set_num_threads(1)
