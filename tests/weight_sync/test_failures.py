@@ -15,28 +15,18 @@ from tests.weight_sync.conftest import new_weights, reference_ids, wait_register
 FAST = dict(init_timeout_s=10, collective_timeout_s=4, regroup_timeout_s=4, load_timeout_s=10, catch_up_poll_s=0.1)
 
 
-class KillingOutbox(Outbox):
-    """Kills a replica's process after the first bucket went out (so it dies mid-broadcast)."""
+class SignallingOutbox(Outbox):
+    """Signals a replica's process (SIGKILL: it dies; SIGSTOP: it hangs) once the first buckets went out, so
+    that it happens mid-broadcast."""
 
     victim_pid: int = 0
+    sig: int = signal.SIGKILL
 
     def wire_buffer(self, index):
         if index == 2 and self.victim_pid:
-            os.killpg(self.victim_pid, signal.SIGKILL)
+            os.killpg(self.victim_pid, self.sig)
             self.victim_pid = 0
             time.sleep(0.3)
-        return super().wire_buffer(index)
-
-
-class FreezingOutbox(Outbox):
-    """Stops (SIGSTOP) a replica's process after the first buckets went out: it hangs mid-broadcast."""
-
-    victim_pid: int = 0
-
-    def wire_buffer(self, index):
-        if index == 2 and self.victim_pid:
-            os.killpg(self.victim_pid, signal.SIGSTOP)
-            self.victim_pid = 0
         return super().wire_buffer(index)
 
 
@@ -59,7 +49,7 @@ async def test_replica_killed_mid_broadcast_is_dropped(replicas, redis_client, t
                      if i.name.endswith(b.url.rsplit(":", 1)[1]))
     model = new_weights(tiny_model_dir)
     pub = WeightPublisher(redis_client, run, WeightSyncSettings(bucket_bytes=32 << 10, **FAST))
-    pub.outbox = KillingOutbox(pub.settings)
+    pub.outbox = SignallingOutbox(pub.settings)
     pub.outbox.victim_pid = b.proc.pid
     t0 = time.monotonic()
     try:
@@ -87,8 +77,8 @@ async def test_replica_hung_mid_broadcast_is_dropped_and_catches_up_once_it_resu
     model = new_weights(tiny_model_dir)
     expected = reference_ids(model, tiny_model_dir)
     pub = WeightPublisher(redis_client, run, WeightSyncSettings(bucket_bytes=32 << 10, **FAST))
-    pub.outbox = FreezingOutbox(pub.settings)
-    pub.outbox.victim_pid = b.proc.pid
+    pub.outbox = SignallingOutbox(pub.settings)
+    pub.outbox.victim_pid, pub.outbox.sig = b.proc.pid, signal.SIGSTOP
     try:
         t0 = time.monotonic()
         try:
