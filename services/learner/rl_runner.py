@@ -54,6 +54,12 @@ from .settings import LearnerSettings
 log = logging.getLogger(__name__)
 
 
+def publish_due(step: int, every: int, waiting: list[str]) -> bool:
+    """Publish after this step? Every ``every`` steps, and sooner while replicas wait for a version the
+    publisher could not serve them (they joined late: see ``WeightPublisher.replicas_waiting``)."""
+    return step % every == 0 or bool(waiting)
+
+
 class RLRunner:
     """Owns one RL run. ``await run(stop)``; ``status()`` for the HTTP surface; ``request_checkpoint()``."""
 
@@ -337,7 +343,7 @@ class RLRunner:
         self.sink.count("samples_trained", len(exps))
         self.sink.observe_staleness(staleness)
         self._steps_since_commit += 1
-        if step % self.s.publish.every == 0:
+        if publish_due(step, self.s.publish.every, self.publisher.replicas_waiting):
             await self._publish()
             metrics.update(self.sink.observe_publish(self.publisher.last_report))
         metrics.update({

@@ -148,7 +148,8 @@ class QueueSettings(_Section):
 class PublishSettings(_Section):
     """When new weights go to the rollout fleet (through shared.weight_sync's publisher)."""
 
-    every: int = Field(default=1, ge=1, description="Publish weights every N learner steps (and at the end).")
+    every: int = Field(default=1, ge=1, description="Publish weights every N learner steps (and at the end, and "
+                                                    "at the next step while replicas that joined late wait).")
     sync: WeightSyncSettings = Field(default_factory=WeightSyncSettings, description="Weight-sync transport settings.")
     in_place: bool = Field(
         default=True,

@@ -111,6 +111,7 @@ class WeightPublisher:
         self._lock = asyncio.Lock()
         self._catch_up_task: asyncio.Task | None = None
         self._catch_up_tries: Counter[tuple[str, int]] = Counter()
+        self._waiting: set[str] = set()  # replicas that asked for a version no longer held (see replicas_waiting)
         self._closing = asyncio.Event()
         self._clock = PhaseClock()
         self._manifest_unwritten = False  # the retained manifest is not in Redis yet (see _round)
@@ -149,6 +150,7 @@ class WeightPublisher:
                                 layout_id=self._layout_id)
             self.outbox.begin(manifest, dict(named))
             self._sums_written = False
+            self._waiting.clear()  # this version goes to every live replica
             clock.lap("plan")
             try:
                 if s.snapshot_dir:
@@ -184,6 +186,13 @@ class WeightPublisher:
                  " ".join(f"{k} {x * 1e3:.0f}ms" for k, x in report.phases.items()), report.loaded, report.dropped,
                  report.refused)
         return v
+
+    @property
+    def replicas_waiting(self) -> list[str]:
+        """Replicas that joined (or fell behind) after the last publish and could not be served it from what
+        the outbox holds (weights sent in place have moved on, or ``retain: none``): they serve older weights
+        until the next publish, so a learner that publishes only every few steps should publish sooner."""
+        return sorted(self._waiting)
 
     async def close(self) -> None:
         """Stop the catch-up task and leave the held group."""
@@ -450,6 +459,7 @@ class WeightPublisher:
                          v, [i.replica_id for i in behind])
                 for i in behind:
                     self._catch_up_tries[(i.replica_id, v)] = self.settings.max_attempts
+                    self._waiting.add(i.replica_id)
                 return
             for i in behind:
                 self._catch_up_tries[(i.replica_id, v)] += 1

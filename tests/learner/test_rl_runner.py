@@ -171,3 +171,11 @@ async def test_sft_run_exports_a_model(tiny_model_dir, tmp_path, redis_server):
     assert (tmp_path / "sft-out" / "config.json").is_file() and (tmp_path / "sft-out" / "tokenizer.json").is_file()
     history = read_history(tmp_path / "run" / "metrics.jsonl")
     assert history[4]["sft_loss"] < history[1]["sft_loss"]
+
+
+def test_publish_is_due_every_n_steps_and_sooner_while_replicas_wait():
+    from services.learner.rl_runner import publish_due
+
+    assert [s for s in range(1, 11) if publish_due(s, 5, [])] == [5, 10]
+    assert publish_due(3, 5, ["late-replica"])  # a replica that joined late is not left on old weights
+    assert all(publish_due(s, 1, []) for s in range(1, 4))

@@ -136,9 +136,15 @@ async def test_pooled_publish_keeps_no_copy_and_late_joiners_get_the_next_versio
         c = replicas(run, wait=False, join_timeout_s="1")
         await wait_ready(c)
         assert c.weight_version() == 0
+        c_id = c.weights_status()["replica_id"]
+        deadline = time.monotonic() + 20  # the publisher says who waits (a learner then publishes sooner)
+        while pub.replicas_waiting != [c_id]:
+            assert time.monotonic() < deadline, pub.replicas_waiting
+            await asyncio.sleep(0.1)
         model2 = new_weights(tiny_model_dir, seed=3)
         assert await pub.publish(model2) == 2
         assert len(pub.last_report.loaded) == 3, pub.last_report
         expected2 = reference_ids(model2, tiny_model_dir)
         for rep in (a, b, c):
             assert rep.generate()["output_ids"] == expected2
+        assert pub.replicas_waiting == []
