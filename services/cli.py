@@ -1,4 +1,5 @@
-"""The ``fleetrl`` command: run a service, an embedded Redis, build a tiny model, inspect the queue.
+"""The ``fleetrl`` command: run a service, an embedded Redis, build a tiny model, inspect the queue and the
+weight sync.
 
 Service commands are the services' own typer apps (``services/<svc>/cli.py``); they parse settings
 before importing anything heavy, so ``fleetrl --help`` stays fast.
@@ -10,13 +11,17 @@ import asyncio
 import json
 import signal
 import threading
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import typer
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="FleetRL: RL training for LLMs as services.")
 queue_app = typer.Typer(no_args_is_help=True, help="Inspect the experience queue.")
 app.add_typer(queue_app, name="queue")
+weights_app = typer.Typer(no_args_is_help=True, help="Inspect the weight sync.")
+app.add_typer(weights_app, name="weights")
 
 
 def _add_service(name: str, module: str, help_text: str) -> None:
@@ -76,36 +81,58 @@ def tiny_model_cmd(
     typer.echo(f"wrote {kind} to {path}")
 
 
+def _print_from_redis(redis_url: str, collect: Callable[[Any], Awaitable[dict]]) -> None:
+    """Run ``collect(client)`` against ``redis_url`` and print its result as JSON; an unreachable or failing
+    Redis is a one-line error and exit code 1, not a traceback."""
+    import redis.asyncio as aioredis
+    from redis.exceptions import RedisError
+
+    async def run() -> dict:
+        client = aioredis.from_url(redis_url, socket_timeout=10, socket_connect_timeout=5)
+        try:
+            return await collect(client)
+        finally:
+            await client.aclose()
+
+    try:
+        typer.echo(json.dumps(asyncio.run(run()), indent=2))
+    except (OSError, RedisError) as exc:
+        typer.echo(f"error: cannot read from Redis at {redis_url}: {exc}", err=True)
+        raise typer.Exit(1) from exc
+
+
 @queue_app.command("stats")
 def queue_stats(
     redis_url: str = typer.Option(..., envvar="REDIS_URL", help="Redis URL of the run."),
     run_name: str = typer.Option("default", help="Run namespace."),
 ) -> None:
     """Print length, backlog, pending per consumer, dead letters and oldest pending age of both streams."""
-    import redis.asyncio as aioredis
-
     from shared import keys
     from shared.experience_queue import StreamQueue
     from shared.schemas import Experience, PromptTask
 
-    async def collect() -> dict:
-        client = aioredis.from_url(redis_url, socket_timeout=10, socket_connect_timeout=5)
-        try:
-            out = {}
-            for name, stream, group, rec in (
-                ("prompts", keys.prompts_stream(run_name), "rollout", PromptTask),
-                ("experiences", keys.experiences_stream(run_name), "learner", Experience),
-            ):
-                out[name] = (await StreamQueue(client, stream, group, rec).stats()).as_dict()
-            return out
-        finally:
-            await client.aclose()
+    async def collect(client: Any) -> dict:
+        out = {}
+        for name, stream, group, rec in (
+            ("prompts", keys.prompts_stream(run_name), "rollout", PromptTask),
+            ("experiences", keys.experiences_stream(run_name), "learner", Experience),
+        ):
+            out[name] = (await StreamQueue(client, stream, group, rec).stats()).as_dict()
+        return out
 
-    try:
-        typer.echo(json.dumps(asyncio.run(collect()), indent=2))
-    except OSError as exc:
-        typer.echo(f"error: cannot reach Redis at {redis_url}: {exc}", err=True)
-        raise typer.Exit(1) from exc
+    _print_from_redis(redis_url, collect)
+
+
+@weights_app.command("status")
+def weights_status(
+    redis_url: str = typer.Option(..., envvar="REDIS_URL", help="Redis URL of the run."),
+    run_name: str = typer.Option("default", help="Run namespace."),
+) -> None:
+    """Print the latest weight version, every registered replica (alive or not, its version, how far behind)
+    and the last update round with each member's report."""
+    from shared.weight_sync.status import weight_sync_status
+
+    _print_from_redis(redis_url, lambda client: weight_sync_status(client, run_name))
 
 
 if __name__ == "__main__":
