@@ -440,4 +440,15 @@ class RLRunner:
             "ranks": self.ranks.world_size,
             "replica_digests": self.link.replica_digests if self.link is not None else [],
             "last_metrics": {k: v for k, v in self.last_metrics.items() if k != "sample_ids"},
+            "last_publish": self._publish_status(),
         }
+
+    def _publish_status(self) -> dict[str, Any] | None:
+        """The last weight publish: version, seconds, phases, replicas per outcome, and who waits for the next."""
+        report = self.publisher.last_report if self.publisher is not None else None
+        if report is None:
+            return None
+        return {"version": report.version, "seconds": round(report.seconds, 4), "phases": report.phases,
+                "loaded": report.loaded, "dropped": report.dropped, "refused": report.refused,
+                "rounds": report.rounds, "errors": report.errors[-3:],
+                "replicas_waiting": self.publisher.replicas_waiting}

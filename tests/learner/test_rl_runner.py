@@ -91,6 +91,9 @@ async def test_trains_every_prompt_once_and_acks_everything(tiny_model_dir, tmp_
     rows = read_history(run_dir / "metrics.jsonl")
     assert all(r["publish_s"] > 0 and r["publish_loaded"] == r["publish_dropped"] == 0 for r in rows.values())
     assert svc.registry.get_sample_value("fleetrl_learner_publish_seconds_count") == 4
+    last = status["last_publish"]  # also in GET /status
+    assert last["version"] == 4 and last["loaded"] == [] and last["replicas_waiting"] == []
+    assert set(last["phases"]) == {"plan", "manifest", "finish"}  # no replica: planned, nothing sent
     assert svc.registry.get_sample_value("fleetrl_learner_publish_phase_seconds", {"phase": "plan"}) > 0
     assert (run_dir / "reward_curve.png").stat().st_size > 1000
     assert sorted(p.name for p in (run_dir / "checkpoints").glob("step-*")) == ["step-00000002", "step-00000004"]
