@@ -5,12 +5,18 @@ rollout workers on the prompts stream, the learner on the experiences stream).
 
 Guarantees
 - **At-least-once.** ``consume`` hands out entries; they stay pending until ``ack``. Call ``ack``
-  only once the result is durable. A consumer that restarts re-reads its own pending entries first.
+  only once the result is durable. A consumer that restarts first pages through its own pending
+  entries, each once (``XPENDING`` + ``XRANGE``): replaying its own history is not a new delivery and
+  does not raise an entry's delivery count, however many entries it holds.
+- **Leases.** A live consumer keeps the entries it is still working on with a :class:`Lease`, which
+  renews them (``XCLAIM … JUSTID``: idle time reset, delivery count unchanged) every third of
+  ``claim_idle_ms``. So only a dead or hung (stopped) consumer's entries go idle.
 - **Crash recovery.** Entries pending on any consumer for longer than ``claim_idle_ms`` are
   reclaimed with XAUTOCLAIM by whichever consumer asks next (so a dead consumer's work moves on).
 - **Dead letters.** An entry that cannot be decoded, or that has been delivered more than
-  ``max_deliveries`` times, or that a consumer ``fail``-ed that often, moves to ``<stream>:dead``
-  with the error text and original id; the consumer goes on.
+  ``max_deliveries`` times (first delivery plus reclaims from dead consumers), or that a consumer
+  ``fail``-ed that often, moves to ``<stream>:dead`` with the error text and original id; the consumer
+  goes on.
 - **No trimming of pending work.** Nothing is ever trimmed by length. An entry is deleted (XDEL)
   only when it is acknowledged (or dead-lettered), so the stream length is exactly
   pending (delivered, not yet acknowledged) + backlog (not yet delivered to any consumer).
@@ -27,7 +33,9 @@ the ids whose results are durable; mark them in the same MULTI as the result whe
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -38,8 +46,28 @@ from redis.exceptions import ResponseError
 from shared import keys
 from shared.codec import CodecError, decode, encode
 
+log = logging.getLogger(__name__)
+
 R = TypeVar("R", bound=BaseModel)
 PAYLOAD = b"p"
+
+
+_RENEW_CHUNK = 512
+# KEYS[1] stream; ARGV: group, consumer, ids... -> the ids not (or no longer) pending on this consumer.
+# XCLAIM with JUSTID resets the idle time without raising the delivery count; the owner check keeps a
+# consumer that was stopped for a while from taking back what another consumer reclaimed meanwhile.
+_RENEW_LUA = """
+local lost = {}
+for i = 3, #ARGV do
+  local row = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1)
+  if #row == 0 or row[1][2] ~= ARGV[2] then
+    lost[#lost + 1] = ARGV[i]
+  else
+    redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[i], 'JUSTID')
+  end
+end
+return lost
+"""
 
 
 class BackpressureTimeout(TimeoutError):
@@ -118,8 +146,10 @@ class StreamQueue(Generic[R]):
         self.dead_stream = keys.dead_letter_stream(stream)
         self._counters = _Counters()
         self._history_done: set[str] = set()  # consumers that have re-read their own pending entries
+        self._history_cursor: dict[str, str] = {}  # consumer -> last own pending entry id handed out again
         self._group_ready = False
         self._next_claim_at = 0.0  # monotonic time of the next XAUTOCLAIM scan
+        self._renew_script = None
 
     # ---- set-up -------------------------------------------------------------------------------
     async def ensure_group(self, force: bool = False) -> None:
@@ -180,28 +210,31 @@ class StreamQueue(Generic[R]):
 
     # ---- consuming ------------------------------------------------------------------------------
     async def consume(self, consumer: str, count: int = 16, block_ms: int = 1000) -> list[Delivery[R]]:
-        """Up to ``count`` deliveries: own pending entries first (after a restart), then entries reclaimed
-        from consumers idle past ``claim_idle_ms``, then new ones (blocking up to ``block_ms``)."""
+        """Up to ``count`` deliveries: own pending entries first (after a restart: each once, in id order,
+        page by page), then entries reclaimed from consumers idle past ``claim_idle_ms``, then new ones
+        (blocking up to ``block_ms``)."""
         await self.ensure_group()
         raw: list[tuple[str, dict | None]] = []
+        counts: dict[str, int] | None = None
         if consumer not in self._history_done:
-            raw = await self._read(consumer, "0", count, None)
+            raw, counts = await self._history_page(consumer, count)
             if not raw:
                 self._history_done.add(consumer)
+                self._history_cursor.pop(consumer, None)
         if not raw and time.monotonic() >= self._next_claim_at:
             # An entry becomes claimable only after claim_idle_ms of idleness, so scanning for such entries
             # more often than every claim_idle_ms/2 (at most once a second) only costs round trips.
             raw = await self._autoclaim(consumer, count)
+            counts = None
             if len(raw) < count:  # nothing more to reclaim right now
                 self._next_claim_at = time.monotonic() + min(1.0, self.claim_idle_ms / 2000.0)
-        fresh = False
         if not raw:
             raw = await self._read(consumer, ">", count, block_ms)
-            fresh = True
+            counts = {eid: 1 for eid, _ in raw}  # entries read with ">" are delivered for the first time
         if not raw:
             return []
-        # entries read with ">" are delivered for the first time; only redeliveries need a lookup
-        counts = {eid: 1 for eid, _ in raw} if fresh else await self._delivery_counts([eid for eid, _ in raw])
+        if counts is None:  # reclaimed: the claim raised each count; look them up
+            counts = await self._delivery_counts([eid for eid, _ in raw])
         out: list[Delivery[R]] = []
         for eid, fields in raw:
             n = counts.get(eid, 1)
@@ -221,6 +254,38 @@ class StreamQueue(Generic[R]):
                 continue
             out.append(Delivery(id=eid, record=record, deliveries=n))
         return out
+
+    async def _history_page(self, consumer: str, count: int) -> tuple[list[tuple[str, dict | None]], dict[str, int]]:
+        """The next ``count`` of this consumer's own pending entries after the cursor, with their delivery counts.
+
+        Read with XPENDING + XRANGE, which leave delivery counts alone (XREADGROUP on the history would raise
+        them, so a restarted consumer would dead-letter its own valid entries); the page's leases are renewed
+        (idle time reset) so that no one reclaims what is being handed out again."""
+        cursor = self._history_cursor.get(consumer)
+        try:
+            rows = await self.redis.xpending_range(self.stream, self.group, min=f"({cursor}" if cursor else "-",
+                                                   max="+", count=count, consumername=consumer)
+        except ResponseError as exc:  # the stream or group was deleted under us: no history left
+            if "NOGROUP" not in str(exc):
+                raise
+            await self.ensure_group(force=True)
+            return [], {}
+        if not rows:
+            return [], {}
+        ids = [_s(r["message_id"]) for r in rows]
+        counts = {_s(r["message_id"]): int(r["times_delivered"]) for r in rows}
+        self._history_cursor[consumer] = ids[-1]
+        lost = set(await self.renew(consumer, ids))
+        pipe = self.redis.pipeline(transaction=False)
+        kept = [eid for eid in ids if eid not in lost]
+        for eid in kept:
+            pipe.xrange(self.stream, min=eid, max=eid, count=1)
+        entries: list[tuple[str, dict | None]] = []
+        for eid, found in zip(kept, await pipe.execute()):
+            entries.append((eid, found[0][1] if found and found[0][1] else None))
+        if not entries and len(rows) == count:  # a whole page taken by others meanwhile: look further
+            return await self._history_page(consumer, count)
+        return entries, counts
 
     async def _read(self, consumer: str, start: str, count: int, block_ms: int | None):
         try:
@@ -253,6 +318,19 @@ class StreamQueue(Generic[R]):
             if rows:
                 counts[eid] = int(rows[0]["times_delivered"])
         return counts
+
+    # ---- leases -------------------------------------------------------------------------------------
+    async def renew(self, consumer: str, ids: list[str]) -> list[str]:
+        """Renew the lease of ``consumer`` on ``ids`` (reset their idle time; delivery counts unchanged).
+        Returns the ids it no longer holds (acknowledged meanwhile, or reclaimed by another consumer)."""
+        lost: list[str] = []
+        for i in range(0, len(ids), _RENEW_CHUNK):
+            chunk = ids[i:i + _RENEW_CHUNK]
+            if self._renew_script is None:
+                self._renew_script = self.redis.register_script(_RENEW_LUA)
+            raw = await self._renew_script(keys=[self.stream], args=[self.group, consumer, *chunk])
+            lost += [_s(x) for x in raw]
+        return lost
 
     # ---- settling -------------------------------------------------------------------------------
     async def ack(self, ids: list[str]) -> int:
@@ -324,6 +402,66 @@ class StreamQueue(Generic[R]):
             acked=self._counters.acked,
             dead_lettered=self._counters.dead_lettered,
         )
+
+
+class Lease:
+    """Keeps the entries a live consumer is still working on from being reclaimed by others.
+
+    ``hold(ids)`` when work on entries starts, ``release(ids)`` once they are acknowledged or failed (a
+    failed entry must go idle to be redelivered). Between ``start()`` and ``stop()`` every held entry is
+    renewed every ``interval_s`` (default: a third of the queue's ``claim_idle_ms``), so only a consumer
+    that died or hung (stopped) lets its entries go idle. Entries it turns out to have lost (reclaimed by
+    another consumer while this one was stopped, or settled elsewhere) are released and handed to
+    ``on_lost``. A renewal that fails (Redis down) is logged and tried again at the next interval."""
+
+    def __init__(self, queue: StreamQueue, consumer: str, *, interval_s: float | None = None,
+                 on_lost: Callable[[list[str]], None] | None = None) -> None:
+        self.queue, self.consumer = queue, consumer
+        self.interval_s = interval_s if interval_s is not None else max(0.02, queue.claim_idle_ms / 3000.0)
+        self.on_lost = on_lost
+        self.held: set[str] = set()
+        self.renewals = 0
+        self._task: asyncio.Task | None = None
+
+    def hold(self, ids: Iterable[str]) -> None:
+        self.held.update(ids)
+
+    def release(self, ids: Iterable[str]) -> None:
+        self.held.difference_update(ids)
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name=f"lease-{self.queue.stream}-{self.consumer}")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def renew_now(self) -> list[str]:
+        """Renew every held entry once; returns (and releases) the ones lost."""
+        ids = list(self.held)
+        if not ids:
+            return []
+        lost = [i for i in await self.queue.renew(self.consumer, ids) if i in self.held]
+        self.renewals += 1
+        if lost:
+            self.release(lost)
+            if self.on_lost is not None:
+                self.on_lost(lost)
+        return lost
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            try:
+                await self.renew_now()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - Redis down: the next interval tries again
+                log.warning("%s: could not renew %d leases of %s (%s: %s); retrying in %.1fs", self.queue.stream,
+                            len(self.held), self.consumer, type(exc).__name__, exc, self.interval_s)
 
 
 class ProcessedIds:

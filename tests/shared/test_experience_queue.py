@@ -4,7 +4,7 @@ import time
 import msgpack
 import pytest
 
-from shared.experience_queue import BackpressureTimeout, ProcessedIds, StreamQueue
+from shared.experience_queue import BackpressureTimeout, Lease, ProcessedIds, StreamQueue
 from shared.schemas import PromptTask
 from tests.procs import kill9, spawn
 from tests.shared import queue_consumer as qc
@@ -52,7 +52,7 @@ async def test_own_pending_entries_are_reread_after_restart(redis_client):
     restarted = StreamQueue(redis_client, "s", "g", PromptTask, claim_idle_ms=60_000)  # same consumer name
     again = await restarted.consume("w", count=3, block_ms=10)
     assert [d.id for d in again] == [d.id for d in first]
-    assert [d.deliveries for d in again] == [2, 2, 2]
+    assert [d.deliveries for d in again] == [1, 1, 1]  # replaying its own history is not a new delivery
 
 
 async def test_undecodable_entry_goes_to_dead_letter_with_reason(redis_client):
@@ -136,3 +136,54 @@ async def test_processed_ids_filter(redis_client):
     await seen.mark(["a", "b"])
     assert await seen.filter_new(["a", "c", "b", "d"]) == ["c", "d"]
     assert await seen.count() == 2
+
+
+async def test_restarted_consumer_pages_through_its_history_once_without_raising_delivery_counts(redis_client):
+    """A consumer that acks late (the learner: at checkpoints) holds more entries than one page. After a
+    restart every consume() call must hand out the next page of its own history, each entry once, and
+    replaying its own history must not count as a delivery (else valid entries end up dead-lettered)."""
+    q = StreamQueue(redis_client, "s", "g", PromptTask, max_deliveries=2, claim_idle_ms=60_000)
+    await q.produce(tasks(25))
+    held = []
+    while len(held) < 25:
+        held += await q.consume("learner", count=10, block_ms=10)
+    for _restart in range(3):  # three crashes in a row before anything was acknowledged
+        restarted = StreamQueue(redis_client, "s", "g", PromptTask, max_deliveries=2, claim_idle_ms=60_000)
+        pages = [await restarted.consume("learner", count=10, block_ms=10) for _ in range(8)]
+        assert [len(p) for p in pages] == [10, 10, 5, 0, 0, 0, 0, 0]
+        replayed = [d for p in pages for d in p]
+        assert [d.id for d in replayed] == [d.id for d in held], "each own pending entry exactly once, in order"
+        assert {d.deliveries for d in replayed} == {1}
+    stats = await q.stats()
+    assert stats.dead_letters == 0 and stats.pending == 25
+    assert [r["times_delivered"] for r in await redis_client.xpending_range("s", "g", "-", "+", 100)] == [1] * 25
+
+
+async def test_a_lease_keeps_a_live_consumers_entries_and_lets_a_stopped_ones_go(redis_client):
+    q = StreamQueue(redis_client, "s", "g", PromptTask, claim_idle_ms=300)
+    await q.produce(tasks(3))
+    mine = await q.consume("alive", count=3, block_ms=10)
+    lease = Lease(q, "alive")
+    lease.hold(d.id for d in mine)
+    lease.start()
+    try:
+        other = StreamQueue(redis_client, "s", "g", PromptTask, claim_idle_ms=300)
+        deadline = time.monotonic() + 1.5  # five times claim_idle_ms
+        while time.monotonic() < deadline:
+            assert await other.consume("thief", count=3, block_ms=50) == [], "a live consumer's entry was taken"
+            other._next_claim_at = 0.0  # scan for idle entries on every call
+        assert lease.renewals >= 3
+    finally:
+        await lease.stop()  # now it behaves like a hung consumer: no renewals
+    await asyncio.sleep(0.35)
+    other._next_claim_at = 0.0
+    taken = await other.consume("thief", count=3, block_ms=10)
+    assert sorted(d.id for d in taken) == sorted(d.id for d in mine)
+    assert {d.deliveries for d in taken} == {2}, "the renewals did not count as deliveries; the reclaim did"
+    lost = []
+    resumed = Lease(q, "alive", on_lost=lost.extend)
+    resumed.hold(d.id for d in mine)
+    assert sorted(await resumed.renew_now()) == sorted(d.id for d in mine) == sorted(lost)
+    assert resumed.held == set()
+    owners = {r["consumer"] for r in await redis_client.xpending_range("s", "g", "-", "+", 10)}
+    assert owners == {b"thief"}, "a consumer that was stopped must not take back what another reclaimed"
