@@ -167,3 +167,38 @@ async def test_sigkilled_worker_loses_no_prompt(redis_server, redis_client, tiny
         assert all(e.group_size == 8 for e in exps)
     finally:
         stop(proc_b)
+
+
+async def test_groups_longer_than_claim_idle_are_not_taken_from_live_workers(redis_server, redis_client,
+                                                                             tiny_model_dir, tmp_path):
+    """Scoring takes five times claim_idle_ms. The workers holding the prompts are alive, so nobody may
+    reclaim them: every group is generated exactly once and nothing is dead-lettered."""
+    run = "worker-lease"
+    reward_port = free_port()
+    cfg = tmp_path / "slow-reward.yaml"
+    cfg.write_text(yaml.safe_dump({"port": reward_port, "scorers": [
+        {"name": "slow", "kind": "python", "function": "tests.reward.plugins:verl_slow_async", "signature": "verl",
+         "max_workers": 64}]}))
+    reward_proc = spawn(["-m", "services.reward", "--config", str(cfg)], tmp_path / "slow-reward.log", env=THREAD_ENV)
+    procs = []
+    try:
+        wait_http_ok(f"http://127.0.0.1:{reward_port}/health", reward_proc, timeout=60, log=tmp_path / "slow-reward.log")
+        for name in ("lease-a", "lease-b"):
+            wcfg = worker_config(tiny_model_dir, redis_server.url, run, reward_port, consumer_name=name,
+                                 claim_idle_ms=400, concurrency=2, prompts_max_deliveries=2)
+            procs.append(start_rollout(tmp_path, name, wcfg)[0])
+        prompts = StreamQueue(redis_client, keys.prompts_stream(run), "rollout", PromptTask)
+        tasks = [PromptTask(id=f"long{i}", prompt=f"think {i}", n=3, metadata={"extra_info": {"sleep_s": 2.0}})
+                 for i in range(6)]
+        await prompts.produce(tasks)
+        await wait_for(lambda: _zero(prompts), 90, "every prompt acknowledged")
+        await asyncio.sleep(1.0)  # a regenerated copy would still be on its way
+        entries = await redis_client.xrange(keys.experiences_stream(run))
+        exps = await read_experiences(redis_client, run)
+    finally:
+        for p in procs:
+            stop(p)
+        stop(reward_proc)
+    assert sorted(e.id for e in exps) == sorted(sample_id(t.id, i) for t in tasks for i in range(3))
+    assert len(entries) == 18, f"{len(entries)} experiences generated for 18 samples: groups were regenerated"
+    assert await redis_client.xlen(keys.dead_letter_stream(keys.prompts_stream(run))) == 0

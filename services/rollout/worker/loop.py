@@ -2,9 +2,12 @@
 
 For each prompt task taken from ``keys.prompts_stream(run)`` (consumer group "rollout"): generate
 ``task.n`` samples as one group on this service's engine, score them all with one ``/score`` call,
-push one Experience per sample to ``keys.experiences_stream(run)``, and only then ack the prompt. A
-worker that dies mid-group leaves the prompt pending; another worker reclaims it after
-``claim_idle_ms`` and regenerates it (sample ids are deterministic, so the learner drops duplicates).
+push one Experience per sample to ``keys.experiences_stream(run)``, and only then ack the prompt. While
+a group is being generated and scored, however long that takes, the worker keeps its lease on the prompt
+alive (:class:`~shared.experience_queue.Lease`), so no other worker takes it. A worker that dies or hangs
+(stopped) mid-group stops renewing: another worker reclaims the prompt after ``claim_idle_ms`` and
+regenerates it (sample ids are deterministic, so the learner drops duplicates). A Redis outage delays
+pushing and acknowledging a finished group; the group is not thrown away.
 
 Admission: no new prompt is taken while the experiences backlog is over ``max_experience_backlog`` or
 while the learner's published version (``keys.weights_version(run)``) is more than ``max_staleness``
@@ -30,7 +33,7 @@ from services.rollout.errors import Overloaded
 from services.rollout.worker.group import experiences, task_sampling
 from services.rollout.worker.reward_client import RewardClient, RewardRejected
 from shared import keys
-from shared.experience_queue import BackpressureTimeout, Delivery, StreamQueue
+from shared.experience_queue import BackpressureTimeout, Delivery, Lease, StreamQueue
 from shared.reward_api import ScoreItem
 from shared.schemas import ChatMessage, Experience, PromptTask
 
@@ -48,6 +51,8 @@ class RolloutWorker:
         self.service = service
         self.consumer = self.cfg.consumer_name or f"{socket.gethostname()}-{os.getpid()}"
         self._task: asyncio.Task | None = None
+        self._groups: dict[str, asyncio.Task] = {}  # prompt entry id -> the task generating its group
+        self.lease: Lease | None = None
         self._stopping = asyncio.Event()
         self.redis: aioredis.Redis | None = None
         r = registry
@@ -72,6 +77,8 @@ class RolloutWorker:
         await self.experiences.ensure_group()
         self.rewards = RewardClient(self.cfg.reward_url, self.cfg.reward_timeout_s, self.cfg.reward_backoff_max_s,
                                     on_retry=lambda _: self.m_reward_retries.inc())
+        self.lease = Lease(self.prompts, self.consumer, on_lost=self._lost)
+        self.lease.start()
         self._task = asyncio.create_task(self._run(), name="rollout-worker")
         log.info("rollout worker %s started (run %s, concurrency %d)", self.consumer, run, self.cfg.concurrency)
 
@@ -80,6 +87,8 @@ class RolloutWorker:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+        if self.lease is not None:
+            await self.lease.stop()
         if self.redis is not None:
             await self.rewards.aclose()
             await self.redis.aclose()
@@ -98,7 +107,11 @@ class RolloutWorker:
                         await asyncio.wait(active, return_when=asyncio.FIRST_COMPLETED)
                         continue
                     for d in await self.prompts.consume(self.consumer, count=room, block_ms=500):
+                        if d.id in self._groups:  # ours and still in progress (cannot happen while leased)
+                            continue
+                        self.lease.hold([d.id])
                         t = asyncio.create_task(self._handle(d))
+                        self._groups[d.id] = t
                         active.add(t)
                         t.add_done_callback(active.discard)
                     self.m_active.set(len(active))
@@ -122,23 +135,50 @@ class RolloutWorker:
             return False
         return True
 
+    def _lost(self, entry_ids: list[str]) -> None:
+        """Another worker holds these prompts now (this one was stopped past claim_idle_ms): stop our copy."""
+        for eid in entry_ids:
+            task = self._groups.get(eid)
+            if task is not None and not task.done():
+                log.warning("prompt entry %s was reclaimed by another worker while this one was stopped; "
+                            "abandoning this copy of its group", eid)
+                self.m_prompts.labels("lease_lost").inc()
+                task.cancel()
+
     async def _handle(self, d: Delivery[PromptTask]) -> None:
         try:
             group = await self._rollout(d.record)
-            await self._push(group)
-            await self.prompts.ack([d.id])
+            await self._until_redis_answers(lambda: self._push(group), f"pushing the group of {d.record.id}")
+            await self._until_redis_answers(lambda: self.prompts.ack([d.id]), f"acknowledging {d.record.id}")
             self.m_prompts.labels("done").inc()
             self.m_experiences.inc(len(group))
         except asyncio.CancelledError:
-            raise  # stays pending; reclaimed by a worker after claim_idle_ms
+            raise  # stays pending (lease released): reclaimed by a worker after claim_idle_ms
         except (GroupFailed, RewardRejected) as exc:
-            dead = await self.prompts.fail(d, str(exc))
-            self.m_prompts.labels("dead_letter" if dead else "failed").inc()
             log.warning("prompt %s failed (delivery %d): %s", d.record.id, d.deliveries, exc)
-        except Exception as exc:  # a bug or an outage: never lose the prompt, let it be redelivered
+            await self._fail(d, str(exc))
+        except Exception as exc:  # a bug: never lose the prompt, let it be redelivered
             log.exception("prompt %s: unexpected error", d.record.id)
-            await self.prompts.fail(d, f"{type(exc).__name__}: {exc}")
-            self.m_prompts.labels("failed").inc()
+            await self._fail(d, f"{type(exc).__name__}: {exc}")
+        finally:
+            self.lease.release([d.id])
+            self._groups.pop(d.id, None)
+
+    async def _fail(self, d: Delivery[PromptTask], reason: str) -> None:
+        dead = await self._until_redis_answers(lambda: self.prompts.fail(d, reason), f"failing {d.record.id}")
+        self.m_prompts.labels("dead_letter" if dead else "failed").inc()
+
+    async def _until_redis_answers(self, op, what: str):
+        """Run ``op()`` until Redis answers it (a finished group is worth waiting for: Redis restarts are
+        routine). Retries with a backoff up to 5 s, logging each failure; only stopping the worker ends it."""
+        delay = 0.2
+        while True:
+            try:
+                return await op()
+            except (aioredis.ConnectionError, aioredis.TimeoutError, aioredis.BusyLoadingError) as exc:
+                log.warning("%s: redis unavailable (%s: %s); retrying in %.1fs", what, type(exc).__name__, exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
 
     # ---- one group ---------------------------------------------------------------------------------
     def _prompt(self, task: PromptTask) -> tuple[list[int], str | list[ChatMessage]]:
