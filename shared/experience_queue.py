@@ -255,6 +255,12 @@ class StreamQueue(Generic[R]):
             out.append(Delivery(id=eid, record=record, deliveries=n))
         return out
 
+    def replay_history(self, consumer: str) -> None:
+        """Hand out ``consumer``'s own pending entries again, from the first (e.g. after a connection to Redis
+        broke: an entry delivered while the reply was lost is pending on it but was never seen)."""
+        self._history_done.discard(consumer)
+        self._history_cursor.pop(consumer, None)
+
     async def _history_page(self, consumer: str, count: int) -> tuple[list[tuple[str, dict | None]], dict[str, int]]:
         """The next ``count`` of this consumer's own pending entries after the cursor, with their delivery counts.
 

@@ -38,7 +38,8 @@ class MetricsSink:
         self.counters = {
             name: Counter(f"fleetrl_learner_{name}", f"Learner {name.replace('_', ' ')}", registry=registry)
             for name in ("experiences_consumed", "experiences_deduplicated", "experiences_dropped_stale",
-                         "experiences_rejected", "prompts_issued", "prompts_reissued", "samples_trained")
+                         "experiences_rejected", "prompts_issued", "prompts_reissued", "prompts_abandoned",
+                         "samples_trained", "redis_outages", "publishes_failed")
         }
         self.staleness = Histogram("fleetrl_learner_staleness", "Weight versions between generation and training",
                                    buckets=STALENESS_BUCKETS, registry=registry)

@@ -22,6 +22,19 @@ issued after the checkpoint are issued again with the same ids; their samples ca
 ids, so the copies are dropped as duplicates. The restored weights are published as a new version at
 start, so the fleet leaves the abandoned branch.
 
+**Redis outages.** Any Redis error that means "not answering right now" (down, restarting, loading its
+AOF) makes the loop wait and retry with a capped backoff (phase ``waiting_for_redis`` in ``/status``, a
+log line per attempt) for up to ``queue.redis_outage_max_s``; a publish that fails on Redis fails that
+round, not the run. After an outage the owner re-reads its own pending experiences (anything delivered
+while the connection broke) and re-issues prompts the server lost (not persisted before a crash).
+
+**Leases and dead letters.** The experience entries the owner holds (buffered, or trained and awaiting
+the commit) are renewed on the stream (:class:`~shared.experience_queue.Lease`), so they never go idle
+while it runs. Dead-lettered prompts and experiences of the run are followed (:class:`DeadLetterWatch`):
+their prompt is re-issued at once, and after ``rollout.dead_letter_retries`` of them the dataset position
+is given up with the reason (``prompts_abandoned``) — the owner never waits on work that only sits in a
+dead-letter stream.
+
 **Staleness.** A complete group whose oldest sample has ``weight_version < current - max_staleness`` is
 dropped (counted) and its prompt re-issued under a new attempt id (``e{epoch}-{index}-r{n}``), so no
 prompt is lost. Dedupe is by sample id (ProcessedIds for committed ones, memory for held ones) and by
@@ -31,6 +44,7 @@ dataset position (a position already trained takes no more groups).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import time
@@ -41,13 +55,14 @@ from typing import Any
 import numpy as np
 
 from shared import keys
-from shared.experience_queue import BackpressureTimeout, Delivery, ProcessedIds, StreamQueue
+from shared.experience_queue import BackpressureTimeout, Delivery, Lease, ProcessedIds, StreamQueue
 from shared.schemas import Experience, PromptTask
 
 from .checkpoint import CheckpointManager
 from .data import PromptSet, parse_item_id
 from .distributed.env import RankInfo
 from .observability import MetricsSink
+from .queue_watch import REDIS_DOWN, DeadLetter, DeadLetterWatch, prompts_lost_by_redis
 from .run_state import InFlight, RunState
 from .settings import LearnerSettings
 
@@ -88,7 +103,12 @@ class RLRunner:
         self._buffer: dict[str, dict[int, tuple[str, Experience]]] = {}  # group id -> index -> (entry, exp)
         self._complete: deque[str] = deque()  # complete group ids, oldest first
         self._held_samples: set[str] = set()  # sample ids buffered or trained since the last commit
-        self._held_entries: set[str] = set()  # stream entry ids we hold (buffered or awaiting the commit)
+        # stream entry ids we hold (buffered or awaiting the commit), renewed so they never go idle
+        self.lease = Lease(self.experiences, settings.queue.consumer, on_lost=self._lease_lost)
+        self.dead_letters: DeadLetterWatch | None = None
+        self._next_dead_letter_poll = 0.0
+        self._publish_failed = False
+        self._unsettled: tuple[list[str], list[str]] | None = None  # a checkpoint's commit not yet settled
         self._steps_since_commit = 0
         self._published_step = -1
         self._checkpoint_waiters: list[asyncio.Future] = []
@@ -120,11 +140,7 @@ class RLRunner:
             await asyncio.to_thread(self.link.start, self.total_steps, resume_dir)
         self.trainer = await asyncio.to_thread(RLTrainer, self.s, self.total_steps, resume_dir)
         self._limits = self.trainer.limits()
-        await self.experiences.ensure_group()
-        await self.prompts.ensure_group()
-        if latest is not None:  # finish the commit that checkpoint recorded (idempotent)
-            await self._settle(self.state.commit_sample_ids, self.state.commit_entry_ids)
-            self.state.commit_sample_ids, self.state.commit_entry_ids = [], []
+        if latest is not None:
             self.last_checkpoint = str(latest)
         from shared.weight_sync import WeightPublisher
 
@@ -133,31 +149,39 @@ class RLRunner:
         if self.s.publish.in_place and not actor.owns_parameter_memory and not hasattr(actor.model, "merge_and_unload"):
             buckets = await asyncio.to_thread(self.publisher.flatten, actor.model)
             log.info("actor weights laid out in %d publish buckets: publishing sends them without a copy", buckets)
-        published = int(await self.redis.get(keys.weights_version(self.s.run_name)) or 0)
-        if published != self.state.weight_version:
-            # the fleet holds weights we are not resuming from: give it ours under a new version
-            await self._publish()
-        self._published_step = self.trainer.global_step
+        self.dead_letters = DeadLetterWatch(self.redis, self.s.run_name, self.state.dead_letter_cursors)
+        self._published_step = -1
         self.sink.open(self.total_steps, self.trainer.global_step)
+
+    async def _connect(self) -> None:
+        """The start-up steps that need Redis (idempotent: run again after an outage during start-up)."""
+        await self.experiences.ensure_group()
+        await self.prompts.ensure_group()
+        st = self.state
+        if st.commit_entry_ids or st.commit_sample_ids:  # finish the commit the resumed checkpoint recorded
+            self._unsettled = (st.commit_sample_ids, st.commit_entry_ids)
+            st.commit_sample_ids, st.commit_entry_ids = [], []
+        await self._settle_unsettled()
+        if self._published_step < 0:
+            published = int(await self.redis.get(keys.weights_version(self.s.run_name)) or 0)
+            if published != self.state.weight_version:
+                # the fleet holds weights we are not resuming from: give it ours under a new version
+                await self._publish(strict=True)
+            self._published_step = self.trainer.global_step
+        self.lease.start()
 
     # ---- the loop ----------------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
         try:
             await self._start()
+            await self._until_redis_answers(self._connect, stop)
             self.phase = "running"
             while not stop.is_set() and not self._done():
-                if self.link is not None:
-                    await asyncio.to_thread(self.link.heartbeat)
-                await self._feed()
-                await self._reissue_timeouts()
-                groups = await self._take_batch()
-                if groups:
-                    await self._train(groups)
-                elif self._checkpoint_waiters:
-                    await self._commit()
-                else:
-                    await self._receive()
-            await self._finish(stopped=stop.is_set())
+                try:
+                    await self._iteration()
+                except REDIS_DOWN as exc:
+                    await self._wait_for_redis(exc, stop)
+            await self._until_redis_answers(lambda: self._finish(stopped=stop.is_set()), stop, final=True)
         except asyncio.CancelledError:
             self.phase = "stopped"
             raise
@@ -169,6 +193,7 @@ class RLRunner:
             for fut in self._checkpoint_waiters:
                 if not fut.done():
                     fut.set_exception(RuntimeError(f"run ended ({self.phase}) before the checkpoint"))
+            await self.lease.stop()
             if self.publisher is not None:
                 await self.publisher.close()
             if self.link is not None:
@@ -176,6 +201,116 @@ class RLRunner:
                     await asyncio.to_thread(self.link.stop)
                 except Exception:
                     log.exception("could not stop the follower ranks")
+
+    async def _iteration(self) -> None:
+        await self._settle_unsettled()
+        if self.link is not None:
+            await asyncio.to_thread(self.link.heartbeat)
+        await self._watch_dead_letters()
+        await self._feed()
+        await self._reissue_timeouts()
+        groups = await self._take_batch()
+        if groups:
+            await self._train(groups)
+        elif self._checkpoint_waiters:
+            await self._commit()
+        else:
+            await self._receive()
+
+    # ---- Redis outages -------------------------------------------------------------------------------
+    async def _until_redis_answers(self, op, stop: asyncio.Event, final: bool = False) -> None:
+        """Run ``op()`` to completion, waiting out Redis outages (``op`` must be safe to run again)."""
+        while True:
+            try:
+                await op()
+                return
+            except REDIS_DOWN as exc:
+                await self._wait_for_redis(exc, stop, final=final)
+
+    async def _wait_for_redis(self, exc: BaseException, stop: asyncio.Event, final: bool = False) -> None:
+        """Wait (capped backoff, bounded by queue.redis_outage_max_s) until Redis answers a PING, then
+        recover what an outage can lose. Raises when the bound passes; returns early when stopping."""
+        phase = self.phase
+        self.phase = "waiting_for_redis"
+        self.error = f"Redis unavailable: {type(exc).__name__}: {exc}"
+        self.state.bump("redis_outages")
+        self.sink.count("redis_outages")
+        start = time.monotonic()
+        delay = 0.25
+        while True:
+            waited = time.monotonic() - start
+            if waited > self.s.queue.redis_outage_max_s:
+                raise RuntimeError(f"Redis did not answer for {waited:.0f}s (queue.redis_outage_max_s="
+                                   f"{self.s.queue.redis_outage_max_s:.0f}); last error: {self.error}") from exc
+            log.warning("Redis unavailable (%s: %s); waited %.1fs, retrying in %.1fs", type(exc).__name__, exc,
+                        waited, delay)
+            if final:
+                await asyncio.sleep(delay)
+            else:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(stop.wait(), delay)
+            if stop.is_set() and not final:
+                self.phase = phase
+                return
+            delay = min(delay * 2, 10.0)
+            try:
+                await asyncio.wait_for(self.redis.ping(), 5.0)
+                # what an outage can lose: entries delivered while the connection broke, prompts not persisted
+                self.experiences.replay_history(self.s.queue.consumer)
+                await self._reissue_lost_prompts()
+                break
+            except REDIS_DOWN + (asyncio.TimeoutError,) as again:
+                exc = again
+        log.info("Redis answers again after %.1fs", time.monotonic() - start)
+        self.phase, self.error = phase, None
+
+    async def _reissue_lost_prompts(self) -> None:
+        """Re-issue the in-flight prompts a restarted Redis no longer has (lost before they were persisted)."""
+        entries = {key: item.entry for key, item in self.state.in_flight.items()}
+        lost = await prompts_lost_by_redis(self.redis, self.prompts.stream, entries)
+        if lost:
+            log.warning("Redis lost %d prompt tasks issued just before it went down (not yet persisted); "
+                        "re-issuing them", len(lost))
+        for key in lost:
+            await self._reissue(key)
+
+    # ---- dead letters ----------------------------------------------------------------------------------
+    async def _watch_dead_letters(self) -> None:
+        if time.monotonic() < self._next_dead_letter_poll:
+            return
+        self._next_dead_letter_poll = time.monotonic() + 1.0
+        for dl in await self.dead_letters.poll():
+            await self._on_dead_letter(dl)
+        self.state.dead_letter_cursors = dict(self.dead_letters.cursors)
+
+    async def _on_dead_letter(self, dl: DeadLetter) -> None:
+        parsed = parse_item_id(dl.group_id) if dl.group_id else None
+        if parsed is None:
+            log.warning("dead letter %s in %s belongs to no prompt of this run (%s)", dl.entry, dl.stream, dl.reason)
+            return
+        key, attempt = parsed
+        item = self.state.in_flight.get(key)
+        if item is None or item.attempt != attempt or dl.group_id in self._complete:
+            return  # trained, re-issued already, or complete without the dead-lettered copy
+        item.dead_letters += 1
+        if item.dead_letters > self.s.rollout.dead_letter_retries:
+            reason = f"{dl.stream} entry dead-lettered {item.dead_letters} times; last: {dl.reason}"
+            log.error("giving up dataset position %s: %s", key, reason)
+            del self.state.in_flight[key]
+            self.state.abandoned[key] = reason
+            for gid in [g for g in self._buffer if parse_item_id(g)[0] == key]:
+                if gid in self._complete:
+                    self._complete.remove(gid)
+                self._drop_group(gid)
+            self.state.bump("prompts_abandoned")
+            self.sink.count("prompts_abandoned")
+            return
+        log.warning("prompt %s: its %s entry was dead-lettered (%s); re-issuing it", dl.group_id, dl.stream, dl.reason)
+        await self._reissue(key)
+
+    def _lease_lost(self, entry_ids: list[str]) -> None:
+        log.error("%d experience entries this learner holds were taken by another consumer of group 'learner' "
+                  "(is a second learner running on run %r?)", len(entry_ids), self.s.run_name)
 
     def _exhausted(self) -> bool:
         return self.state.epoch >= self.s.data.epochs
@@ -200,13 +335,13 @@ class RLRunner:
                 epoch, index = epoch + 1, 0
         tasks = [data.task(e, i, 0, self.s.rollout) for e, i in positions]
         try:
-            await self.prompts.produce(tasks, timeout=self.s.queue.produce_timeout_s)
+            entries = await self.prompts.produce(tasks, timeout=self.s.queue.produce_timeout_s)
         except BackpressureTimeout as exc:
             log.warning("prompt stream is full, retrying later: %s", exc)
             return
         now = time.time()
-        for e, i in positions:
-            st.in_flight[f"e{e}-{i}"] = InFlight(epoch=e, index=i, attempt=0, issued_at=now)
+        for (e, i), entry in zip(positions, entries):
+            st.in_flight[f"e{e}-{i}"] = InFlight(epoch=e, index=i, attempt=0, issued_at=now, entry=entry)
         st.epoch, st.next_index = epoch, index
         st.bump("prompts_issued", len(tasks))
         self.sink.count("prompts_issued", len(tasks))
@@ -214,7 +349,7 @@ class RLRunner:
     async def _reissue(self, key: str) -> None:
         item = self.state.in_flight[key]
         task = self.data.task(item.epoch, item.index, item.attempt + 1, self.s.rollout)
-        await self.prompts.produce([task], timeout=self.s.queue.produce_timeout_s)
+        [item.entry] = await self.prompts.produce([task], timeout=self.s.queue.produce_timeout_s)
         item.attempt += 1
         item.issued_at = time.time()
         self.state.bump("prompts_issued")
@@ -239,14 +374,14 @@ class RLRunner:
         await self._admit(deliveries)
 
     async def _admit(self, deliveries: list[Delivery[Experience]]) -> None:
-        fresh = [d for d in deliveries if d.id not in self._held_entries]  # our own entries reclaimed: ignore
+        fresh = [d for d in deliveries if d.id not in self.lease.held]  # held already (replayed history)
         if not fresh:
             return
         new = set(await self.processed.filter_new([d.record.id for d in fresh]))
         st = self.state
         for d in fresh:
             e = d.record
-            self._held_entries.add(d.id)
+            self.lease.hold([d.id])
             st.bump("experiences_consumed")
             self.sink.count("experiences_consumed")
             problem = self._invalid(e)
@@ -343,8 +478,8 @@ class RLRunner:
         self.sink.count("samples_trained", len(exps))
         self.sink.observe_staleness(staleness)
         self._steps_since_commit += 1
-        if publish_due(step, self.s.publish.every, self.publisher.replicas_waiting):
-            await self._publish()
+        due = publish_due(step, self.s.publish.every, self.publisher.replicas_waiting) or self._publish_failed
+        if due and await self._publish():
             metrics.update(self.sink.observe_publish(self.publisher.last_report))
         metrics.update({
             "step": step, "weight_version": st.weight_version, "groups": len(gids),
@@ -361,19 +496,38 @@ class RLRunner:
         if step % self.s.checkpoint.every == 0 or self._checkpoint_waiters:
             await self._commit()
 
-    async def _publish(self) -> None:
+    async def _publish(self, strict: bool = False) -> bool:
+        """Publish the actor as a new version. A publish that fails on Redis fails this round, not the run
+        (the next step publishes again), unless ``strict`` (start-up and the final publish: retried)."""
         if self.link is not None:
             weights = await asyncio.to_thread(self.link.policy_weights, self.trainer)
         else:
             weights = await asyncio.to_thread(self.trainer.policy_weights)
-        self.state.weight_version = await self.publisher.publish(weights)
+        try:
+            self.state.weight_version = await self.publisher.publish(weights)
+        except REDIS_DOWN as exc:
+            if strict:
+                raise
+            self._publish_failed = True
+            self.state.bump("publishes_failed")
+            self.sink.count("publishes_failed")
+            log.warning("publishing step %d failed on Redis (%s: %s); the fleet keeps version %d, the next "
+                        "step publishes again", self.trainer.global_step, type(exc).__name__, exc,
+                        self.state.weight_version)
+            return False
+        self._publish_failed = False
         self._published_step = self.trainer.global_step
+        return True
 
     # ---- commit ------------------------------------------------------------------------------------------
-    async def _commit(self) -> None:
-        """Checkpoint, then settle (mark processed + ack) what the checkpoint covers."""
+    async def _commit(self, settle: bool = True) -> None:
+        """Checkpoint, then settle (mark processed + ack) exactly what the checkpoint covers."""
         st = self.state
         step = self.trainer.global_step
+        if self._unsettled is not None:  # an earlier commit did not reach Redis: this checkpoint carries it too
+            st.commit_sample_ids = self._unsettled[0] + st.commit_sample_ids
+            st.commit_entry_ids = self._unsettled[1] + st.commit_entry_ids
+            self._unsettled = None
         snapshot = st.to_json()
 
         def write(tmp: Path) -> None:
@@ -384,22 +538,29 @@ class RLRunner:
             (tmp / "run_state.json").write_text(snapshot)
 
         path = await asyncio.to_thread(self.ckpt.save, step, write)
-        sample_ids, entry_ids = st.commit_sample_ids, st.commit_entry_ids
+        self._unsettled = (st.commit_sample_ids, st.commit_entry_ids)
         st.commit_sample_ids, st.commit_entry_ids = [], []
-        await self._settle(sample_ids, entry_ids)
-        self._held_samples.difference_update(sample_ids)
-        self._held_entries.difference_update(entry_ids)
         self._steps_since_commit = 0
         self.last_checkpoint = str(path)
-        log.info("checkpoint %s (acked %d entries)", path, len(entry_ids))
+        log.info("checkpoint %s (acking %d entries)", path, len(self._unsettled[1]))
         waiters, self._checkpoint_waiters = self._checkpoint_waiters, []
         for fut in waiters:
             if not fut.done():
                 fut.set_result({"step": step, "path": str(path)})
+        if settle:
+            await self._settle_unsettled()
 
-    async def _settle(self, sample_ids: list[str], entry_ids: list[str]) -> None:
+    async def _settle_unsettled(self) -> None:
+        """Mark processed and ack what the latest checkpoint covers (idempotent: retried after an outage; a
+        checkpoint whose settle never happened is settled when it is resumed)."""
+        if self._unsettled is None:
+            return
+        sample_ids, entry_ids = self._unsettled
         await self.processed.mark(sample_ids)
         await self.experiences.ack(entry_ids)
+        self._unsettled = None
+        self._held_samples.difference_update(sample_ids)
+        self.lease.release(entry_ids)
 
     def request_checkpoint(self) -> asyncio.Future:
         """A future resolved with ``{"step", "path"}`` once a checkpoint is written (at a step boundary)."""
@@ -411,9 +572,16 @@ class RLRunner:
         self.phase = "stopping" if stopped else "finishing"
         step = self.trainer.global_step
         if self._published_step != step and not stopped:
-            await self._publish()
+            await self._publish(strict=True)
         if self._steps_since_commit or self._checkpoint_waiters or self.last_checkpoint is None:
-            await self._commit()
+            await self._commit(settle=False)
+        try:
+            await self._settle_unsettled()
+        except REDIS_DOWN as exc:
+            if not stopped:
+                raise  # finishing: wait for Redis and settle (see run)
+            log.warning("stopping while Redis is unavailable (%s); %s records what to acknowledge, settled when "
+                        "the run resumes", exc, self.last_checkpoint)
         if self.s.checkpoint.export_dir and not stopped:
             await asyncio.to_thread(self.trainer.export, Path(self.s.checkpoint.export_dir))
         self.phase = "stopped" if stopped else "finished"
@@ -436,6 +604,7 @@ class RLRunner:
             "groups_complete": len(self._complete),
             "counters": dict(st.counters),
             "staleness_histogram": {str(k): v for k, v in sorted(self.sink.staleness_counts.items())},
+            "abandoned": dict(list(st.abandoned.items())[-5:]),
             "last_checkpoint": self.last_checkpoint,
             "ranks": self.ranks.world_size,
             "replica_digests": self.link.replica_digests if self.link is not None else [],

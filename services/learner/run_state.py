@@ -12,7 +12,10 @@ COUNTERS = (
     "experiences_dropped_stale",  # dropped: weight_version < current - max_staleness
     "experiences_rejected",  # dropped: token ids outside the vocabulary or longer than the model's context
     "prompts_issued",  # PromptTasks produced (re-issues included)
-    "prompts_reissued",  # after a stale drop or a timeout
+    "prompts_reissued",  # after a stale drop, a timeout, a dead letter, or a prompt Redis lost in a crash
+    "prompts_abandoned",  # dataset positions given up after rollout.dead_letter_retries dead letters
+    "redis_outages",  # times the learner waited for Redis to answer again
+    "publishes_failed",  # weight publishes that failed (the next step publishes again)
     "groups_trained",
     "samples_trained",
 )
@@ -26,6 +29,8 @@ class InFlight:
     index: int
     attempt: int
     issued_at: float
+    entry: str = ""  # prompt stream entry id of the current attempt (tells a prompt Redis lost in a crash)
+    dead_letters: int = 0  # times this position's prompt or experiences were dead-lettered
 
 
 @dataclass
@@ -34,6 +39,8 @@ class RunState:
     next_index: int = 0
     in_flight: dict[str, InFlight] = field(default_factory=dict)  # item key "e{epoch}-{index}" -> InFlight
     weight_version: int = 0  # latest version this learner published
+    dead_letter_cursors: dict[str, str] = field(default_factory=dict)  # DeadLetterWatch position per stream
+    abandoned: dict[str, str] = field(default_factory=dict)  # item key -> why it was given up (dead letters)
     counters: dict[str, int] = field(default_factory=lambda: {k: 0 for k in COUNTERS})
     # settled (marked processed + acked) right after this checkpoint is written, and again at a resume
     commit_sample_ids: list[str] = field(default_factory=list)

@@ -128,6 +128,10 @@ class RolloutRequestSettings(_Section):
     prompt_timeout_s: float = Field(
         default=900.0, gt=0.0, description="Re-issue a prompt whose group is not complete after this long."
     )
+    dead_letter_retries: int = Field(
+        default=2, ge=0, description="Re-issues of a prompt whose task or experiences were dead-lettered before "
+        "its dataset position is given up (logged with the reason, counted as prompts_abandoned).",
+    )
 
 
 class QueueSettings(_Section):
@@ -140,9 +144,14 @@ class QueueSettings(_Section):
     max_deliveries: int = Field(default=5, ge=1, description="Deliveries before an experience is dead-lettered.")
     claim_idle_ms: int = Field(
         default=3_600_000, ge=1000,
-        description="Reclaim pending entries idle this long; keep it above the time between checkpoints.",
+        description="Reclaim entries another learner consumer left idle this long (this learner renews its own "
+        "held entries every third of it, so they never go idle while it runs).",
     )
     produce_timeout_s: float = Field(default=60.0, gt=0.0, description="Bound on one produce() under backpressure.")
+    redis_outage_max_s: float = Field(
+        default=3600.0, gt=0.0, description="How long the learner waits for an unreachable Redis (retrying with "
+        "backoff, phase 'waiting_for_redis' in /status) before the run fails.",
+    )
 
 
 class PublishSettings(_Section):

@@ -9,6 +9,10 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
+from redis.exceptions import BusyLoadingError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
 from shared import keys
 from shared.experience_queue import StreamQueue
 from shared.schemas import Experience, PromptTask, sample_id
@@ -23,11 +27,13 @@ class FakeFleet:
     stale_prompt_ids: set[str] = field(default_factory=set)  # stamp these with weight version 0
     bad_prompt_ids: set[str] = field(default_factory=set)  # answer these with out-of-vocabulary token ids
     duplicate: bool = False  # push every experience twice (a fleet that retried after a crash)
+    poison_keys: set[str] = field(default_factory=set)  # dataset positions ("e0-3") whose tasks fail every time
     produced_groups: list[str] = field(default_factory=list)
     stopped: bool = False
 
     def __post_init__(self) -> None:
-        self.prompts = StreamQueue(self.redis, keys.prompts_stream(self.run), "rollout", PromptTask)
+        # max_deliveries=1: a task it fails is dead-lettered at once (a real worker retries a few times first)
+        self.prompts = StreamQueue(self.redis, keys.prompts_stream(self.run), "rollout", PromptTask, max_deliveries=1)
         self.experiences = StreamQueue(self.redis, keys.experiences_stream(self.run), "learner", Experience)
 
     def experiences_for(self, task: PromptTask, version: int) -> list[Experience]:
@@ -54,12 +60,22 @@ class FakeFleet:
             task.cancel()
 
     async def run_forever(self, consumer: str = "fake-0") -> None:
+        while not self.stopped:
+            try:
+                await self._serve(consumer)
+            except (RedisConnectionError, RedisTimeoutError, BusyLoadingError):  # Redis restarting: like a worker
+                await asyncio.sleep(0.2)
+
+    async def _serve(self, consumer: str) -> None:
         await self.prompts.ensure_group()
         while not self.stopped:
             if self.budget <= 0:
                 await asyncio.sleep(0.05)
                 continue
             for d in await self.prompts.consume(consumer, count=1, block_ms=100):
+                if d.record.id.rsplit("-r", 1)[0] in self.poison_keys:
+                    await self.prompts.fail(d, "bad prompt task: the prompt is longer than the context")
+                    continue
                 raw = await self.redis.get(keys.weights_version(self.run))
                 version = 0 if d.record.id in self.stale_prompt_ids else int(raw or 0)
                 exps = self.experiences_for(d.record, version)

@@ -159,3 +159,94 @@ async def test_sigkill_mid_run_resumes_without_losing_or_double_training(tmp_pat
     final = json.loads((tmp_path / "run" / "checkpoints" / "step-00000006" / "run_state.json").read_text())
     assert final["counters"]["samples_trained"] == n_prompts * group and final["in_flight"] == {}
     assert (tmp_path / "run" / "reward_curve.png").is_file()
+
+
+def lineage_sample_ids(run_dir) -> list[str]:
+    """Sample ids of the committed history: each step's last record (a step replayed after a crash counts once)."""
+    return [sid for row in read_history(run_dir / "metrics.jsonl").values() for sid in row["sample_ids"]]
+
+
+async def test_two_crashes_between_checkpoints_dead_letter_nothing_and_the_run_finishes(
+        tmp_path, tiny_model_dir, redis_server, redis_client):
+    """After a crash the learner holds more pending experiences than one read returns (consume_count 3). The
+    restarted learner must page through them once, without raising their delivery counts: a second crash
+    before the next checkpoint must find them all still pending (not dead-lettered), and the run finishes."""
+    n_prompts, group = 12, 4
+    cfg, url = write_config(tmp_path, tiny_model_dir, redis_server.url, n_prompts=n_prompts,
+                            queue={"block_ms": 100, "consume_count": 3, "max_deliveries": 3})
+    fleet = FakeFleet(redis_client, "proc", budget=6)  # groups for 3 steps, then the fleet stalls
+    fleet_task = asyncio.create_task(fleet.run_forever())
+    logs = [tmp_path / f"learner{i}.log" for i in range(3)]
+    exp_q = StreamQueue(redis_client, keys.experiences_stream("proc"), "learner", Experience)
+    proc = spawn(["-m", "services.learner", "--config", str(cfg)], logs[0], ENV)
+    try:
+        await asyncio.to_thread(wait_http_ok, f"{url}/health", proc, 90, logs[0])
+        await wait_for(lambda: status(url)["step"] == 3, 90, "step 3")
+        await asyncio.sleep(0.3)
+        kill9(proc)  # checkpoint at step 2; step 3 trained, not committed; more groups held, buffered
+        held = (await exp_q.stats()).pending
+        assert held > 3
+        proc = spawn(["-m", "services.learner", "--config", str(cfg)], logs[1], ENV)
+        await asyncio.to_thread(wait_http_ok, f"{url}/health", proc, 90, logs[1])
+        await wait_for(lambda: status(url)["step"] == 3, 90, "step 3 replayed")
+        await asyncio.sleep(3.0)  # the fleet is stalled: the learner keeps reading while it waits for groups
+        kill9(proc)  # the second crash, before the next checkpoint
+        stats = await exp_q.stats()
+        assert stats.dead_letters == 0, await exp_q.dead_letters()
+        assert stats.pending == held, "every held experience is still pending for the next restart"
+        fleet.budget = 10**6
+        proc = spawn(["-m", "services.learner", "--config", str(cfg)], logs[2], ENV)
+        assert await wait_exit(proc, 120) == 0, logs[2].read_text()[-3000:]
+    finally:
+        stop(proc)
+        await fleet.stop(fleet_task)
+    trained = lineage_sample_ids(tmp_path / "run")
+    assert len(trained) == len(set(trained)) == n_prompts * group
+    stats = await exp_q.stats()
+    assert stats.dead_letters == 0 and stats.pending == 0 and stats.backlog == 0
+
+
+async def test_redis_restart_mid_run_is_waited_out(tmp_path, tiny_model_dir):
+    """Redis (AOF) is SIGKILLed mid-run and comes back 3 s later on the same port: the learner waits,
+    says so in /status, reconnects, and finishes with every prompt trained once."""
+    import os
+    import signal
+
+    import redis.asyncio as aioredis
+
+    from shared.redis_server import EmbeddedRedis
+
+    n_prompts, group = 12, 4
+    server = EmbeddedRedis(data_dir=tmp_path / "redis").start()
+    client = aioredis.from_url(server.url, socket_timeout=5, socket_connect_timeout=2)
+    cfg, url = write_config(tmp_path, tiny_model_dir, server.url, n_prompts=n_prompts)
+    fleet = FakeFleet(client, "proc", budget=4)  # two steps' worth, then the fleet waits
+    fleet_task = asyncio.create_task(fleet.run_forever())
+    log = tmp_path / "learner.log"
+    proc = spawn(["-m", "services.learner", "--config", str(cfg)], log, ENV)
+    try:
+        await asyncio.to_thread(wait_http_ok, f"{url}/health", proc, 90, log)
+        await wait_for(lambda: status(url)["step"] == 2, 90, "step 2")
+        await asyncio.sleep(0.5)
+        os.kill(server._proc.pid, signal.SIGKILL)
+        server._proc.wait(10)
+        server._proc = None
+        seen = await wait_for(lambda: status(url)["phase"] == "waiting_for_redis" and status(url), 20,
+                              "the learner to say it waits for Redis")
+        assert "Redis unavailable" in seen["error"]
+        await asyncio.sleep(3.0)
+        assert proc.poll() is None, log.read_text()[-3000:]
+        server.start()  # same port, same AOF
+        fleet.budget = 10**6
+        assert await wait_exit(proc, 120) == 0, log.read_text()[-3000:]
+    finally:
+        stop(proc)
+        await fleet.stop(fleet_task)
+        await client.aclose()
+    try:
+        text = log.read_text()
+        assert "Redis answers again" in text
+        trained = lineage_sample_ids(tmp_path / "run")
+        assert len(trained) == len(set(trained)) == n_prompts * group
+    finally:
+        server.stop()

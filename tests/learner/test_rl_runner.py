@@ -182,3 +182,19 @@ def test_publish_is_due_every_n_steps_and_sooner_while_replicas_wait():
     assert [s for s in range(1, 11) if publish_due(s, 5, [])] == [5, 10]
     assert publish_due(3, 5, ["late-replica"])  # a replica that joined late is not left on old weights
     assert all(publish_due(s, 1, []) for s in range(1, 4))
+
+
+async def test_dead_lettered_prompts_are_reissued_at_once_then_given_up_with_the_reason(
+        tiny_model_dir, tmp_path, redis_server, redis_client, prompts_file):
+    """The fleet dead-letters every attempt of one prompt. The learner must not wait prompt_timeout_s (900 s)
+    for a group that will never come: it re-issues the prompt at once, gives the position up after
+    dead_letter_retries, says why, and finishes the run."""
+    s = learner_settings(tiny_model_dir, tmp_path, redis_server, rollout={"dead_letter_retries": 1})
+    assert s.rollout.prompt_timeout_s == 900
+    status, _, _ = await run_with_fleet(s, redis_client, poison_keys={"e0-3"})
+    assert status["phase"] == "finished", status
+    c = status["counters"]
+    assert c["prompts_abandoned"] == 1 and c["samples_trained"] == (N_PROMPTS - 1) * 4
+    assert c["prompts_reissued"] == 1  # attempt 0 dead-lettered -> re-issued once -> dead-lettered -> given up
+    assert "e0-3" in status["abandoned"] and "longer than the context" in status["abandoned"]["e0-3"]
+    assert trained_items(tmp_path / "run") == {f"e0-{i}": 4 for i in range(N_PROMPTS) if i != 3}
