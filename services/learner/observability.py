@@ -29,6 +29,7 @@ class MetricsSink:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.jsonl_path = self.run_dir / "metrics.jsonl"
+        self.samples_path = self.run_dir / "samples.jsonl"
         self.plot_path = self.run_dir / "reward_curve.png"
         self.step_gauges = {
             k: Gauge(f"fleetrl_learner_{k}", f"Last learner step's {k}", registry=registry) for k in STEP_GAUGES
@@ -135,6 +136,20 @@ class MetricsSink:
             shown = {k: f"{metrics[k]:.3g}" for k in ("reward_mean", "kl", "sft_loss", "weight_version")
                      if isinstance(metrics.get(k), (int, float))}
             self._bar.set_postfix(shown, refresh=False)
+
+
+    def log_samples(self, step: int, samples: list[Any]) -> None:
+        """One samples.jsonl line per trained sample (``observability.log_samples``)."""
+        if not self.settings.log_samples:
+            return
+        with self.samples_path.open("a") as f:
+            for e in samples:
+                f.write(json.dumps({
+                    "step": step, "id": e.id, "group_id": e.group_id, "label": e.label,
+                    "prompt_text": e.prompt_text, "response_text": e.response_text, "reward": e.reward,
+                    "reward_components": e.reward_components, "weight_version": e.weight_version,
+                    "finish_reason": e.finish_reason, "response_tokens": len(e.response_token_ids),
+                }) + "\n")
 
 
 def read_history(jsonl_path: Path) -> dict[int, dict]:

@@ -489,6 +489,7 @@ class RLRunner:
         })
         if self.s.observability.log_sample_ids:
             metrics["sample_ids"] = [e.id for e in exps]
+        self.sink.log_samples(step, exps)
         self._wait_s = 0.0
         self.sink.in_flight.set(len(st.in_flight))
         self.last_metrics = metrics

@@ -187,6 +187,10 @@ class ObservabilitySettings(_Section):
     tensorboard: bool = Field(default=False, description="Write TensorBoard scalars (if tensorboard is installed).")
     wandb_project: str | None = Field(default=None, description="Log to this wandb project (if wandb is installed).")
     log_sample_ids: bool = Field(default=False, description="Include the trained sample ids in each metrics line.")
+    log_samples: bool = Field(
+        default=False, description="Append every trained sample (ids, label, response text, reward and its "
+        "components, weight version, finish reason) to samples.jsonl, one line each, tagged with the step.",
+    )
 
 
 class DistributedSettings(_Section):

@@ -115,9 +115,11 @@ class RolloutWorker:
                         active.add(t)
                         t.add_done_callback(active.discard)
                     self.m_active.set(len(active))
-                except (aioredis.ConnectionError, aioredis.TimeoutError) as exc:
+                except (aioredis.ConnectionError, aioredis.TimeoutError, aioredis.BusyLoadingError) as exc:
                     log.warning("redis unavailable (%s); retrying", exc)
                     await asyncio.sleep(1.0)
+                    # a prompt delivered while the connection broke is pending on us unseen: hand it out again
+                    self.prompts.replay_history(self.consumer)
         finally:
             for t in active:
                 t.cancel()
