@@ -48,3 +48,9 @@ test-ray: $(STAMP)
 	$(BIN)/python -m pytest -q tests/deploy/test_ray_launcher.py
 
 .PHONY: compose-test test-ray
+
+## failure drills on the real fleet (kill / stop / restart each component mid-run; one table; ~3 min); not in `make test`
+drills: $(STAMP)
+	$(BIN)/python -m deploy.local.drills
+
+.PHONY: drills

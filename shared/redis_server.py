@@ -141,6 +141,14 @@ class EmbeddedRedis:
                 proc.kill()
                 proc.wait(timeout=3)
 
+    def kill(self) -> None:
+        """SIGKILL the server (a crash: no SHUTDOWN, the AOF keeps what it had flushed). ``start()`` brings it
+        back on the same port and data directory."""
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+
     @property
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None

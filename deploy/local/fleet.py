@@ -33,6 +33,9 @@ class ServiceProcess:
     proc: subprocess.Popen
     log_path: Path
     url: str
+    module: str = ""
+    config_path: Path | None = None
+    env: dict[str, str] = field(default_factory=dict)
 
     def log_tail(self, chars: int = 3000) -> str:
         return self.log_path.read_text(errors="replace")[-chars:] if self.log_path.exists() else ""
@@ -81,15 +84,41 @@ class Fleet:
             **os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
             "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, **(env or {}),
         }
-        with open(log_path, "ab") as log:
-            proc = subprocess.Popen([sys.executable, "-m", module, "--config", str(path)], cwd=REPO, env=proc_env,
-                                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True)
-        svc = ServiceProcess(name, proc, log_path, f"http://{config.get('host', '127.0.0.1')}:{config['port']}")
+        proc = _spawn(module, path, log_path, proc_env)
+        svc = ServiceProcess(name, proc, log_path, f"http://{config.get('host', '127.0.0.1')}:{config['port']}",
+                             module=module, config_path=path, env=proc_env)
         self.services[name] = svc
         if wait:
             self.wait_healthy(name, health_path, timeout)
         return svc
+
+    def restart(self, name: str, *, health_path: str = "/health", wait: bool = True,
+                timeout: float = 180.0) -> ServiceProcess:
+        """Start a service again with the same module, config file (so the same port) and log file, e.g. after
+        it was killed; a service still running is stopped first."""
+        svc = self.services[name]
+        if svc.alive:
+            _stop_group(svc.proc, 20.0)
+        assert svc.config_path is not None, f"{name} was not started by this fleet"
+        svc.proc = _spawn(svc.module, svc.config_path, svc.log_path, svc.env)
+        if wait:
+            self.wait_healthy(name, health_path, timeout)
+        return svc
+
+    def signal(self, name: str, sig: int) -> None:
+        """Send ``sig`` to the service's whole process group (SIGKILL: a crash; SIGSTOP/SIGCONT: a hang)."""
+        svc = self.services[name]
+        try:
+            os.killpg(svc.proc.pid, sig)
+        except ProcessLookupError:
+            return
+        if sig == signal.SIGKILL:
+            svc.proc.wait(timeout=10)
+
+    @property
+    def redis_server(self) -> EmbeddedRedis | None:
+        """The embedded Redis this fleet started (None when it uses an external one)."""
+        return self._redis
 
     def wait_healthy(self, name: str, path: str = "/health", timeout: float = 180.0) -> None:
         svc = self.services[name]
@@ -134,6 +163,13 @@ class Fleet:
 
     def __exit__(self, *exc) -> None:
         self.stop_all()
+
+
+def _spawn(module: str, config_path: Path, log_path: Path, env: dict[str, str]) -> subprocess.Popen:
+    with open(log_path, "ab") as log:
+        return subprocess.Popen([sys.executable, "-m", module, "--config", str(config_path)], cwd=REPO, env=env,
+                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
 
 
 def _stop_group(proc: subprocess.Popen, timeout: float) -> int | None:

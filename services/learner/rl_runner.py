@@ -252,7 +252,7 @@ class RLRunner:
             if stop.is_set() and not final:
                 self.phase = phase
                 return
-            delay = min(delay * 2, 10.0)
+            delay = min(delay * 2, 2.0)
             try:
                 await asyncio.wait_for(self.redis.ping(), 5.0)
                 # what an outage can lose: entries delivered while the connection broke, prompts not persisted

@@ -1,0 +1,331 @@
+"""``make drills``: the real fleet, one failure at a time, and an account of every prompt.
+
+Each drill starts its own fleet on this machine (embedded Redis with AOF, the reward service with the
+sort task's exact-answer rule, two rollout replicas with workers and weight sidecars, a GRPO learner
+over 64 prompts, one epoch), breaks one thing mid-run, and lets the run finish:
+
+- ``rollout-kill``: SIGKILL a rollout replica while it holds prompts mid-group, then restart it.
+- ``learner-double-kill``: SIGKILL the learner between checkpoints, restart it, SIGKILL it again before
+  the next checkpoint, restart it.
+- ``reward-outage``: stop the reward service for 30 s (killed, then started again on its port).
+- ``redis-restart``: SIGKILL Redis (AOF, ``appendfsync everysec``), start it again on its data 5 s later.
+- ``replica-stop``: SIGSTOP a replica (a hang) while the learner publishes every step, SIGCONT it 10 s later.
+
+Every drill has a bound on its wall time. Afterwards it accounts for every dataset position (issued,
+trained exactly once, given up with a reason, lost), counts dead-lettered entries (all of them valid
+work here) and recomputes every trained sample's reward from its response text and label (so a reward
+invented during an outage shows). One table; exit code 1 if anything was lost, trained twice, dead-
+lettered, rewarded wrongly, or hung past its bound. Options: ``python -m deploy.local.drills --help``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import redis
+
+from deploy.local.drill_accounting import Accounting, account
+from deploy.local.fleet import Fleet, FleetError
+from deploy.local.sort_task import prepare_run
+from shared import keys
+
+RUN = "drill"
+PROMPTS = 64
+GROUPS_PER_STEP = 4
+GROUP_SIZE = 4
+CHECKPOINT_EVERY = 4
+MAX_NEW_TOKENS = 6
+REPLICAS = ("rollout-0", "rollout-1")
+
+
+def say(msg: str) -> None:
+    print(f"[drills {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+class DrillTimeout(RuntimeError):
+    """A drill's wait passed its bound."""
+
+
+@dataclass
+class Ctx:
+    """What a drill's action gets: the fleet and a few waits, each bounded by the drill's deadline."""
+
+    fleet: Fleet
+    deadline: float
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def learner_url(self) -> str:
+        return self.fleet.services["learner"].url
+
+    def status(self) -> dict | None:
+        try:
+            return httpx.get(f"{self.learner_url}/status", timeout=2.0).json()
+        except (httpx.HTTPError, ValueError):
+            return None
+
+    def wait_until(self, what: str, predicate: Callable[[], bool], poll_s: float = 0.05) -> None:
+        while not predicate():
+            if time.monotonic() > self.deadline:
+                raise DrillTimeout(f"timed out waiting for {what}")
+            time.sleep(poll_s)
+
+    def wait_step(self, low: int, high: int | None = None) -> int:
+        """Wait until the learner's step is in [low, high]; returns it."""
+        seen = {}
+
+        def ok() -> bool:
+            st = self.status()
+            seen["step"] = st.get("step", -1) if st else -1
+            return seen["step"] >= low and (high is None or seen["step"] <= high)
+
+        self.wait_until(f"learner step in [{low}, {high}]", ok, poll_s=0.02)
+        return seen["step"]
+
+    def pending_on(self, consumer: str) -> int:
+        r = redis.Redis.from_url(self.fleet.redis_url, socket_timeout=2)
+        try:
+            info = r.xpending(keys.prompts_stream(RUN), "rollout")
+        except redis.RedisError:
+            return 0
+        finally:
+            r.close()
+        return next((int(c["pending"]) for c in info.get("consumers") or []
+                     if c["name"] in (consumer, consumer.encode())), 0)
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(min(seconds, max(0.0, self.deadline - time.monotonic())))
+
+
+# ---- the drills ----------------------------------------------------------------------------------------
+def rollout_kill(ctx: Ctx) -> None:
+    ctx.wait_step(2)
+    ctx.wait_until("replica 0 to hold prompts", lambda: ctx.pending_on("rollout-0") > 0, poll_s=0.01)
+    ctx.fleet.signal("rollout-0", signal.SIGKILL)
+    ctx.notes.append(f"SIGKILL rollout-0 holding prompts at step {ctx.status()['step']}")
+    ctx.fleet.restart("rollout-0")
+
+
+def learner_double_kill(ctx: Ctx) -> None:
+    step = ctx.wait_step(CHECKPOINT_EVERY + 1, 2 * CHECKPOINT_EVERY - 1)
+    ctx.fleet.signal("learner", signal.SIGKILL)
+    ctx.notes.append(f"SIGKILL learner at step {step} (checkpoint {CHECKPOINT_EVERY})")
+    ctx.fleet.restart("learner")
+    step = ctx.wait_step(CHECKPOINT_EVERY, 2 * CHECKPOINT_EVERY - 1)
+    ctx.fleet.signal("learner", signal.SIGKILL)
+    ctx.notes.append(f"SIGKILL learner again at step {step}, before checkpoint {2 * CHECKPOINT_EVERY}")
+    ctx.fleet.restart("learner")
+
+
+def reward_outage(ctx: Ctx) -> None:
+    ctx.wait_step(2)
+    ctx.fleet.signal("reward", signal.SIGKILL)
+    ctx.notes.append("reward service down for 30 s")
+    ctx.sleep(30.0)
+    ctx.fleet.restart("reward")
+
+
+def redis_restart(ctx: Ctx) -> None:
+    ctx.wait_step(3)
+    server = ctx.fleet.redis_server
+    assert server is not None
+    server.kill()
+    ctx.notes.append(f"SIGKILL Redis at step {ctx.status()['step']}; started again 5 s later")
+    ctx.sleep(5.0)
+    server.start()
+
+
+def replica_stop(ctx: Ctx) -> None:
+    ctx.wait_step(3)
+    ctx.fleet.signal("rollout-0", signal.SIGSTOP)
+    ctx.notes.append(f"SIGSTOP rollout-0 at step {ctx.status()['step']} for 10 s")
+    try:
+        ctx.sleep(10.0)
+    finally:
+        ctx.fleet.signal("rollout-0", signal.SIGCONT)
+
+
+@dataclass(frozen=True)
+class Drill:
+    name: str
+    action: Callable[[Ctx], None]
+    bound_s: float  # the whole drill, fleet start-up included
+
+
+DRILLS = {d.name: d for d in (
+    Drill("rollout-kill", rollout_kill, 240),
+    Drill("learner-double-kill", learner_double_kill, 300),
+    Drill("reward-outage", reward_outage, 270),
+    Drill("redis-restart", redis_restart, 240),
+    Drill("replica-stop", replica_stop, 270),
+)}
+
+
+# ---- one fleet per drill -------------------------------------------------------------------------------
+def _learner_config(run: Path, model: Path) -> dict:
+    return {
+        "run_name": RUN, "run_dir": str(run / "learner"), "model": {"actor": str(model)},
+        "algorithm": {"name": "grpo"},
+        "optim": {"actor_lr": 1e-4, "schedule": "constant", "warmup_ratio": 0.0},
+        "train": {"groups_per_step": GROUPS_PER_STEP, "micro_batch_size": 16, "torch_threads": 1},
+        "rollout": {"group_size": GROUP_SIZE, "window": 2 * GROUPS_PER_STEP, "max_staleness": 1,
+                    "sampling": {"max_new_tokens": MAX_NEW_TOKENS, "temperature": 1.0}},
+        "data": {"path": str(run / "data" / "drill.jsonl"), "input_key": "input", "label_key": "label",
+                 "shuffle": False},
+        "publish": {"every": 1, "sync": {"collective_timeout_s": 4.0, "regroup_timeout_s": 3.0,
+                                         "load_timeout_s": 15.0}},
+        "checkpoint": {"every": CHECKPOINT_EVERY},
+        "observability": {"progress_bar": False, "plot": False, "log_sample_ids": True, "log_samples": True},
+    }
+
+
+def _rollout_config(model: Path, reward_url: str, consumer: str) -> dict:
+    return {
+        "run_name": RUN, "model": str(model),
+        "engine": {"kind": "hf", "device": "cpu", "max_batch_size": 64, "torch_threads": 1},
+        "worker": {"enabled": True, "reward_url": reward_url, "concurrency": 4, "max_staleness": 1,
+                   "consumer_name": consumer, "claim_idle_ms": 3000, "reward_backoff_max_s": 2.0,
+                   "sampling": {"max_new_tokens": MAX_NEW_TOKENS, "temperature": 1.0}},
+    }
+
+
+# Exact answer plus a length penalty: the penalty varies with every response, so a reward made up during
+# an outage (a 0.0, a copy) cannot pass the recomputation by chance.
+EXACT = {"type": "exact"}
+LENGTH = {"type": "length", "max_length": 2, "unit": "chars", "penalty": 1.0}
+REWARD_CONFIG = {"scorers": [{"name": "exact", "kind": "rule", "check": EXACT},
+                             {"name": "brevity", "kind": "rule", "check": LENGTH}]}
+
+
+def recompute_reward(response: str | None, label: object) -> float:
+    """The reward the reward service gives for this response, computed here with the same rules."""
+    from services.reward.scorer_config import ExactCheck, LengthCheck
+    from services.reward.scorers.rule import exact_match, length_penalty
+    from shared.reward_api import ScoreItem
+
+    item = ScoreItem(prompt="", response=response or "", label=label)
+    return exact_match(ExactCheck(**EXACT), item) + length_penalty(LengthCheck(**LENGTH), item)
+
+
+@dataclass
+class DrillResult:
+    name: str
+    wall_s: float
+    bound_s: float
+    accounting: Accounting | None
+    error: str | None
+    notes: list[str]
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.accounting is not None and self.accounting.ok
+
+
+def run_drill(drill: Drill, root: Path, model: Path, rows: list[dict]) -> DrillResult:
+    run = root / drill.name
+    (run / "data").mkdir(parents=True, exist_ok=True)
+    (run / "data" / "drill.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    t0 = time.monotonic()
+    ctx = None
+    error = None
+    fleet = Fleet(run_dir=run)
+    try:
+        fleet.start_redis()
+        reward = fleet.start("reward", "services.reward", REWARD_CONFIG)
+        for i, name in enumerate(REPLICAS):
+            fleet.start(name, "services.rollout", _rollout_config(model, reward.url, f"rollout-{i}"))
+        fleet.start("learner", "services.learner", _learner_config(run, model))
+        ctx = Ctx(fleet=fleet, deadline=t0 + drill.bound_s)
+        say(f"{drill.name}: fleet up in {time.monotonic() - t0:.0f}s")
+        drill.action(ctx)
+        learner = fleet.services["learner"]
+        ctx.wait_until("the learner to finish", lambda: not learner.alive, poll_s=0.2)
+        if learner.proc.returncode != 0:
+            error = f"learner exited {learner.proc.returncode}: {learner.log_tail(600)}"
+    except (DrillTimeout, FleetError) as exc:
+        error = f"{type(exc).__name__}: {exc}"[:800]
+    wall = time.monotonic() - t0
+    accounting = None
+    try:
+        accounting = _account(fleet, run, rows)
+    except Exception as exc:  # noqa: BLE001 - reported in the table, never a traceback
+        error = error or f"accounting failed: {type(exc).__name__}: {exc}"
+    finally:
+        fleet.stop_all()
+    return DrillResult(drill.name, wall, drill.bound_s, accounting, error, ctx.notes if ctx else [])
+
+
+def _account(fleet: Fleet, run: Path, rows: list[dict]) -> Accounting:
+    ckpts = sorted((run / "learner" / "checkpoints").glob("step-*"))
+    run_state = json.loads((ckpts[-1] / "run_state.json").read_text()) if ckpts else {}
+    dead: list[dict[str, str]] = []
+    if fleet.redis_server is not None and not fleet.redis_server.running:
+        fleet.redis_server.start()
+    r = redis.Redis.from_url(fleet.redis_url, socket_timeout=5, decode_responses=False)
+    try:
+        for stream in (keys.prompts_stream(RUN), keys.experiences_stream(RUN)):
+            for _eid, f in r.xrange(keys.dead_letter_stream(stream)):
+                dead.append({"stream": stream, "error": f.get(b"error", b"").decode(errors="replace")})
+    finally:
+        r.close()
+    return account(positions=[f"e0-{i}" for i in range(len(rows))], group_size=GROUP_SIZE,
+                   metrics_jsonl=run / "learner" / "metrics.jsonl", samples_jsonl=run / "learner" / "samples.jsonl",
+                   run_state=run_state, dead_letters=dead, reward_of=recompute_reward)
+
+
+# ---- the table -----------------------------------------------------------------------------------------
+COLUMNS = ("drill", "wall s", "bound s", "issued", "trained once", "trained twice", "given up", "lost",
+           "dead-lettered", "rewards checked", "rewards wrong", "result")
+
+
+def table(results: list[DrillResult]) -> str:
+    rows = [COLUMNS]
+    for res in results:
+        a = res.accounting
+        nums = ((a.issued, a.trained_once, a.trained_twice, a.dead_lettered, a.lost, a.valid_dead_lettered,
+                 a.rewards_checked, a.rewards_wrong) if a else ("-",) * 8)
+        rows.append((res.name, f"{res.wall_s:.0f}", f"{res.bound_s:.0f}", *map(str, nums),
+                     "ok" if res.ok else "FAILED"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
+    lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |" for r in rows]
+    lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="make drills", description=__doc__.splitlines()[0])
+    ap.add_argument("--only", action="append", choices=sorted(DRILLS), help="run only these drills (repeatable)")
+    ap.add_argument("--run-dir", type=Path, default=None, help="default: runs/drills-<time>")
+    args = ap.parse_args(argv)
+    root = (args.run_dir or Path("runs") / time.strftime("drills-%Y%m%d-%H%M%S")).resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    _, _, model = prepare_run(root, seed=0, heldout=PROMPTS, hidden_size=64, layers=2)
+    rows = [json.loads(x) for x in (root / "data" / "heldout.jsonl").read_text().splitlines()][:PROMPTS]
+    results = []
+    for name in args.only or list(DRILLS):
+        say(f"drill {name} (bound {DRILLS[name].bound_s:.0f}s)")
+        res = run_drill(DRILLS[name], root, model, rows)
+        say(f"{name}: {'ok' if res.ok else 'FAILED'} in {res.wall_s:.0f}s; " + "; ".join(res.notes))
+        if res.error:
+            say(f"{name}: {res.error}")
+        for line in (res.accounting.details if res.accounting else [])[:12]:
+            say(f"{name}:   {line}")
+        results.append(res)
+    text = table(results)
+    print()
+    print(text)
+    (root / "drills.md").write_text(text + "\n")
+    print(f"\nlogs under {root}")
+    return 0 if all(r.ok for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
