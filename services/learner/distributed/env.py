@@ -29,17 +29,41 @@ class RankInfo:
         return self.rank == 0
 
 
+# torch modules whose functions take ``group=group.WORLD`` as a default argument: imported while the default
+# group exists (transformers imports torch.distributed.nn when it loads a model), each keeps a reference to
+# that group for the life of the process, so destroy_process_group() no longer frees it: its gloo threads
+# then outlive the interpreter, and tearing them down at exit aborts the process now and then ("terminate
+# called without an active exception", exit code -6). Imported before the group exists, the default is None.
+_BINDS_WORLD_AT_IMPORT = (
+    "torch.distributed.nn.functional",
+    "torch.distributed.optim.zero_redundancy_optimizer",
+    "torch.distributed.fsdp.sharded_grad_scaler",
+)
+
+
 def init_process_group(info: RankInfo, backend: str, timeout_s: float, device: str) -> None:
     """Join the default group (gloo on CPU, nccl on CUDA unless ``backend`` names one) with a timeout."""
     if not info.multi:
         return
+    import importlib
     from datetime import timedelta
 
     import torch.distributed as dist
 
     if dist.is_initialized():
         return
+    for module in _BINDS_WORLD_AT_IMPORT:
+        importlib.import_module(module)
     if backend == "auto":
         backend = "nccl" if device.startswith("cuda") else "gloo"
     dist.init_process_group(backend=backend, rank=info.rank, world_size=info.world_size,
                             timeout=timedelta(seconds=timeout_s))
+
+
+def leave_process_group() -> None:
+    """Destroy the default group (and every other one), so that its threads and sockets are gone before the
+    interpreter exits; a no-op without one."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

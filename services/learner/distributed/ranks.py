@@ -20,7 +20,7 @@ from typing import Any
 from services.learner.settings import LearnerSettings
 from shared.schemas import Experience
 
-from .env import RankInfo, init_process_group
+from .env import RankInfo, init_process_group, leave_process_group
 
 log = logging.getLogger(__name__)
 
@@ -92,10 +92,10 @@ class OwnerLink:
             self.channel.send(self.Op.NOOP)
 
     def stop(self) -> None:
-        import torch.distributed as dist
-
-        self.channel.send(self.Op.STOP)
-        dist.destroy_process_group()
+        try:
+            self.channel.send(self.Op.STOP)
+        finally:  # also when a follower is gone: no group may outlive the interpreter (see env.py)
+            leave_process_group()
 
 
 class Follower:
@@ -134,9 +134,7 @@ class Follower:
                     replica_digests(self.trainer.actor.model)
             elif msg.op == Op.STOP:
                 log.info("rank %d stopping after %d steps", self.info.rank, self.steps)
-                import torch.distributed as dist
-
-                dist.destroy_process_group()
+                leave_process_group()
                 return
 
     def _require_trainer(self, op: Any) -> None:
