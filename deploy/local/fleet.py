@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 import yaml
 
+from deploy.private_files import private_dir, write_private
 from shared.redis_server import EmbeddedRedis, free_port, resolve_redis_url
 
 REPO = Path(__file__).resolve().parents[2]
@@ -58,7 +59,7 @@ class Fleet:
     def __post_init__(self) -> None:
         self.run_dir = Path(self.run_dir)
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "configs").mkdir(parents=True, exist_ok=True)
+        private_dir(self.run_dir / "configs")  # the configs carry the control token
 
     def start_redis(self) -> str:
         """Use $REDIS_URL / the given URL, else start an embedded server under the run dir."""
@@ -66,9 +67,8 @@ class Fleet:
         return self.redis_url
 
     def write_config(self, name: str, config: dict) -> Path:
-        path = self.run_dir / "configs" / f"{name}.yaml"
-        path.write_text(yaml.safe_dump(config, sort_keys=False))
-        return path
+        """``<run_dir>/configs/<name>.yaml``, mode 0600 (it may hold the control token)."""
+        return write_private(self.run_dir / "configs" / f"{name}.yaml", yaml.safe_dump(config, sort_keys=False))
 
     def start(self, name: str, module: str, config: dict, *, health_path: str = "/health",
               wait: bool = True, timeout: float = 180.0, env: dict[str, str] | None = None) -> ServiceProcess:

@@ -25,6 +25,7 @@ import httpx
 import ray
 import yaml
 
+from deploy.private_files import write_private
 from shared.redis_server import free_port
 
 log = logging.getLogger(__name__)
@@ -48,9 +49,8 @@ class ServiceProcessActor:
         self.port = int(spec["port"]) or free_port("0.0.0.0")
         self.restarted = ray.get_runtime_context().was_current_actor_reconstructed
         settings = {**spec["settings"], "host": "0.0.0.0", "port": self.port}
-        self.dir = Path(tempfile.mkdtemp(prefix=f"fleetrl-{self.name}-"))
-        config = self.dir / "config.yaml"
-        config.write_text(yaml.safe_dump(settings, sort_keys=False))
+        self.dir = Path(tempfile.mkdtemp(prefix=f"fleetrl-{self.name}-"))  # 0700
+        config = write_private(self.dir / "config.yaml", yaml.safe_dump(settings, sort_keys=False))  # the token
         self.log_path = self.dir / "service.log"
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", **spec.get("env", {})}
         env["PYTHONPATH"] = os.pathsep.join(p for p in (spec["workdir"], env.get("PYTHONPATH")) if p)
