@@ -12,19 +12,29 @@ name replicas advertise (``ReplicaInfo.group``) and rounds carry (``Rendezvous.g
   ``NCCLWeightTransferEngine.trainer_init`` does. Needs vLLM installed on the learner (``fleetrl[vllm]``).
 
 A failed group is aborted and dropped (neither kind can shrink a group), and the next round forms a
-fresh one (new port, new group name).
+fresh one.
+
+Sockets (README.md, "Trust boundary"): rank 0 hosts the group's TCP store on a socket the publisher bound
+beforehand (``listener``: the address and port its settings name, never ``*`` unless they say so); other
+ranks only dial it. Gloo's own sockets listen on ``gloo_addr`` (ephemeral ports), which is also the address
+gloo tells its peers to dial; NCCL picks its interfaces itself (``NCCL_SOCKET_IFNAME``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import logging
+import os
+import socket
 import time
 from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
+
+from shared.weight_sync import net
 
 log = logging.getLogger(__name__)
 
@@ -43,18 +53,29 @@ class CollectiveGroup:
 
     @classmethod
     def open(cls, *, backend: str, master_addr: str, master_port: int, rank: int, world_size: int,
-             group_name: str, init_timeout_s: float, collective_timeout_s: float) -> CollectiveGroup:
-        """Form (join) the group; blocks until every rank joined or ``init_timeout_s`` passed."""
+             group_name: str, init_timeout_s: float, collective_timeout_s: float,
+             listener: socket.socket | None = None, gloo_addr: str | None = None) -> CollectiveGroup:
+        """Form (join) the group; blocks until every rank joined or ``init_timeout_s`` passed.
+
+        Rank 0 hosts the TCP store on ``listener`` (taken over; default: a socket bound to ``master_addr:
+        master_port``). ``gloo_addr``: the address this rank's gloo sockets listen on and advertise (None:
+        ``GLOO_SOCKET_IFNAME``, else torch's default, the address this host's name resolves to)."""
         init = datetime.timedelta(seconds=init_timeout_s)
+        timeout = datetime.timedelta(seconds=collective_timeout_s)
         try:
-            store, _, _ = next(c10d.rendezvous(f"tcp://{master_addr}:{master_port}", rank, world_size, timeout=init))
+            if rank == 0:
+                store = host_store(listener or net.listen(master_addr, master_port), world_size, init)
+            else:
+                store, _, _ = next(c10d.rendezvous(f"tcp://{master_addr}:{master_port}", rank, world_size,
+                                                   timeout=init))
             store.set_timeout(init)
             store = c10d.PrefixStore(group_name, store)
-            pg, _ = c10d._new_process_group_helper(
-                world_size, rank, [], c10d.Backend(backend), store, group_name=group_name,
-                timeout=datetime.timedelta(seconds=collective_timeout_s),
-            )
-            c10d._world.pg_group_ranks[pg] = {i: i for i in range(world_size)}
+            if backend == "gloo":
+                pg = _gloo_group(store, rank, world_size, group_name, timeout, gloo_addr)
+            else:
+                pg, _ = c10d._new_process_group_helper(world_size, rank, [], c10d.Backend(backend), store,
+                                                       group_name=group_name, timeout=timeout)
+                c10d._world.pg_group_ranks[pg] = {i: i for i in range(world_size)}
         except Exception as exc:
             raise CollectiveError(f"forming group {group_name} (rank {rank}/{world_size}) failed: {exc}") from exc
         return cls(pg, group_name, rank, world_size, backend, collective_timeout_s)
@@ -62,7 +83,9 @@ class CollectiveGroup:
     def broadcast(self, tensor: torch.Tensor, src: int = 0) -> Any:
         """Post a broadcast; returns the work handle to pass to :meth:`wait`."""
         try:
-            return dist.broadcast(tensor, src=src, group=self.pg, async_op=True)
+            opts = dist.BroadcastOptions()
+            opts.rootRank, opts.rootTensor, opts.asyncOp = src, 0, True
+            return self.pg.broadcast([tensor], opts)
         except Exception as exc:
             self.broken = True
             raise CollectiveError(f"broadcast in {self.name} failed: {exc}") from exc
@@ -84,12 +107,62 @@ class CollectiveGroup:
                 try:
                     getattr(pg, method)()
                     break
-                except Exception:
-                    continue
+                except (AttributeError, RuntimeError) as exc:
+                    log.debug("group %s: %s failed: %s", self.name, method, exc)
         try:
-            dist.destroy_process_group(pg)
-        except Exception as exc:
+            if pg in c10d._world.pg_map:  # nccl: formed through torch's helper
+                dist.destroy_process_group(pg)
+            elif not self.broken:
+                pg.shutdown()
+        except (RuntimeError, ValueError) as exc:
             log.debug("destroying group %s: %s", self.name, exc)
+        # that was the last reference: the backend's threads and sockets and (rank 0) the TCP store go with it
+
+
+def host_store(listener: socket.socket, world_size: int, timeout: datetime.timedelta) -> dist.TCPStore:
+    """The group's TCP store, served on ``listener`` (a bound, listening socket, taken over: the store closes
+    it) and only there; blocks until ``world_size`` ranks (this one included) have connected."""
+    port, fd = listener.getsockname()[1], listener.fileno()
+    host = net.connect_addr(listener)
+    listener.detach()
+    try:
+        return dist.TCPStore(host, port, world_size, is_master=True, timeout=timeout, master_listen_fd=fd)
+    except Exception:
+        os.close(fd)
+        raise
+
+
+def _gloo_device(addr: str | None) -> Any:
+    from torch.distributed import ProcessGroupGloo
+
+    if addr and not net.is_wildcard(addr):
+        return ProcessGroupGloo.create_device(hostname=addr)
+    interface = net.gloo_interface()
+    if interface:
+        return ProcessGroupGloo.create_device(interface=interface)
+    return ProcessGroupGloo.create_default_device()
+
+
+def _gloo_group(store: Any, rank: int, world_size: int, group_name: str, timeout: datetime.timedelta,
+                gloo_addr: str | None) -> Any:
+    """A gloo group whose sockets listen on ``gloo_addr``. ``_new_process_group_helper`` cannot take a gloo
+    device, so the group is put together here, with the store layout the helper gives it (``<name>/cpu/``):
+    a peer that formed its side with the helper (an SGLang server) meets this one."""
+    from torch.distributed import ProcessGroup, ProcessGroupGloo
+
+    prefix_store = c10d.PrefixStore(f"{group_name}/", store)
+    opts = ProcessGroupGloo._Options()
+    opts._timeout = timeout
+    opts._devices = [_gloo_device(gloo_addr)]
+    opts._threads = 2
+    opts.group_name = group_name
+    backend = ProcessGroupGloo(c10d.PrefixStore("cpu/", prefix_store), rank, world_size, opts)
+    backend._set_sequence_number_for_group()
+    pg = ProcessGroup(prefix_store, rank, world_size)
+    pg._set_default_backend(ProcessGroup.BackendType.GLOO)
+    pg._register_backend(torch.device("cpu"), ProcessGroup.BackendType.GLOO, backend)
+    pg._set_group_name(group_name)
+    return pg
 
 
 class PyNcclGroup:
@@ -107,7 +180,9 @@ class PyNcclGroup:
 
     @classmethod
     def open(cls, *, backend: str, master_addr: str, master_port: int, rank: int, world_size: int,
-             group_name: str, init_timeout_s: float, collective_timeout_s: float) -> PyNcclGroup:
+             group_name: str, init_timeout_s: float, collective_timeout_s: float,
+             listener: socket.socket | None = None, gloo_addr: str | None = None) -> PyNcclGroup:
+        """As :meth:`CollectiveGroup.open` (``gloo_addr`` unused: NCCL picks its interfaces itself)."""
         if backend != "nccl":
             raise CollectiveError(f"group {group_name}: the pynccl kind runs on nccl only, not {backend!r}")
         try:
@@ -118,8 +193,15 @@ class PyNcclGroup:
                 f"group {group_name}: a vLLM replica's weight transfer needs vLLM on the publisher too "
                 f"(pip install 'fleetrl[vllm]'): {exc}") from exc
         try:
-            pg = StatelessProcessGroup.create(host=master_addr, port=master_port, rank=rank, world_size=world_size,
-                                              store_timeout=max(1, int(init_timeout_s)))
+            if rank == 0:  # vLLM's create() would bind the store itself (older releases: on every interface)
+                store = host_store(listener or net.listen(master_addr, master_port), world_size,
+                                   datetime.timedelta(seconds=max(1, int(init_timeout_s))))
+                fields = {f.name for f in dataclasses.fields(StatelessProcessGroup)}
+                extra = {"socket": None} if "socket" in fields else {}  # the store owns the socket
+                pg = StatelessProcessGroup(rank=rank, world_size=world_size, store=store, **extra)
+            else:
+                pg = StatelessProcessGroup.create(host=master_addr, port=master_port, rank=rank,
+                                                  world_size=world_size, store_timeout=max(1, int(init_timeout_s)))
             comm = PyNcclCommunicator(pg, device=torch.cuda.current_device())
         except Exception as exc:
             raise CollectiveError(f"forming group {group_name} (rank {rank}/{world_size}) failed: {exc}") from exc

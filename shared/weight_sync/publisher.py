@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shared import keys
-from shared.redis_server import free_port
 from shared.weight_sync import keys as wkeys
+from shared.weight_sync import net
 from shared.weight_sync.outbox import Outbox
 from shared.weight_sync.phases import PhaseClock
 from shared.weight_sync.registry import ReplicaRegistry
@@ -88,8 +88,9 @@ class _HeldGroup:
 
 
 def group_name_for(master_port: int) -> str:
-    """A group's name follows from its rendezvous port (fresh per group), so an engine whose init call
-    carries no group name (vLLM's ``init_info``) can still name it."""
+    """A group's name follows from its rendezvous port, so an engine whose init call carries no group name
+    (vLLM's ``init_info``) can still name it. No two groups held at once share a port; a later group may
+    reuse one (a fixed ``rendezvous_port``), so members go by ``Rendezvous.fresh_group``, not by the name."""
     return f"fleetrl-weights-{master_port}"
 
 
@@ -281,6 +282,7 @@ class WeightPublisher:
         reuse = held is not None and not held.group.broken and [m.replica_id for m in held.rendezvous.members] == ids
         if main and not reuse:
             self._drop_group(kind)
+        listener = None  # the new group's rendezvous socket, bound before the rendezvous names its port
         if reuse:
             base = held.rendezvous
             rdv = base.model_copy(update={"round": round_id, "version": manifest.version, "fresh_group": False,
@@ -292,7 +294,8 @@ class WeightPublisher:
             for m in members:
                 placed.append(Member(replica_id=m.replica_id, rank=rank, ranks=m.ranks))
                 rank += m.ranks
-            port = free_port(s.master_addr)
+            listener = net.listen(s.listen_addr, s.rendezvous_port, s.rendezvous_ports)
+            port = listener.getsockname()[1]
             rdv = Rendezvous(
                 round=round_id, version=manifest.version, manifest_key=wkeys.manifest(self.run, manifest.version),
                 group_name=group_name_for(port), fresh_group=True, backend=s.backend, group=kind,
@@ -313,7 +316,12 @@ class WeightPublisher:
                 pipe.set(rdv.manifest_key, manifest.dumps(), ex=s.key_ttl_s)
         pipe.set(wkeys.rendezvous(self.run), rdv.dumps(), ex=s.key_ttl_s)
         pipe.xadd(wkeys.announcements(self.run), {"round": str(round_id)}, maxlen=64, approximate=True)
-        await pipe.execute()
+        try:
+            await pipe.execute()
+        except BaseException:
+            if listener is not None:
+                listener.close()
+            raise
         if write_late:
             late_manifest = asyncio.ensure_future(self.redis.set(rdv.manifest_key, manifest.dumps(), ex=s.key_ttl_s))
         self._clock.lap("announce")
@@ -325,7 +333,8 @@ class WeightPublisher:
                 group = await asyncio.to_thread(
                     open_group, kind, backend=rdv.backend, master_addr=rdv.master_addr,
                     master_port=rdv.master_port, rank=0, world_size=rdv.world_size, group_name=rdv.group_name,
-                    init_timeout_s=rdv.init_timeout_s, collective_timeout_s=rdv.collective_timeout_s)
+                    init_timeout_s=rdv.init_timeout_s, collective_timeout_s=rdv.collective_timeout_s,
+                    listener=listener, gloo_addr=s.gloo_addr)
                 self._clock.lap("group")
             await self._send(group)
             if late_manifest is not None:
@@ -333,6 +342,8 @@ class WeightPublisher:
             self._clock.lap("send")
         except Exception as exc:
             self._clock.lap("send")  # (up to the failure)
+            if listener is not None:
+                listener.close()  # unless the store took it over (then this is a no-op)
             if late_manifest is not None:
                 await asyncio.gather(late_manifest, return_exceptions=True)
             log.warning("round %d (version %d, members %s) broke: %s", round_id, manifest.version, ids, exc)

@@ -170,11 +170,19 @@ class BucketReceiver:
     set back with :meth:`recycle` once nothing reads it. Without ``keep_staging`` nothing is kept (less
     memory; each update then faults in fresh pages, which costs more than the transfer's copies)."""
 
-    def __init__(self, device: Any = "cpu", keep_staging: bool = True) -> None:
+    def __init__(self, device: Any = "cpu", keep_staging: bool = True, bind_addr: str | None = None) -> None:
         self.device = device
         self.group: Any = None
         self.keep_staging = keep_staging
+        self.bind_addr = bind_addr  # where this replica's gloo sockets listen (None: see gloo_addr)
         self._spare: list[Any] | None = None
+
+    def gloo_addr(self, rdv: Rendezvous) -> str | None:
+        """The address this replica's gloo sockets listen on and advertise: ``bind_addr``, else this host's
+        address on the route to the publisher (127.0.0.1 when the publisher is on this host)."""
+        from shared.weight_sync import net
+
+        return self.bind_addr or net.route_addr(rdv.master_addr)
 
     def recycle(self, buffers: list[Any]) -> None:
         """``buffers`` are free again (applied by copy, refused, or no longer the model's storage)."""
@@ -195,8 +203,8 @@ class BucketReceiver:
         from shared.weight_sync import tensors as T
         from shared.weight_sync.group import CollectiveError, open_group
 
-        if self.group is not None and (self.group.name != rdv.group_name or self.group.broken):
-            self.close()
+        if self.group is not None and (rdv.fresh_group or self.group.name != rdv.group_name or self.group.broken):
+            self.close()  # a fresh group may carry a name seen before (its port was used by an earlier group)
         if self.group is None:
             if not rdv.fresh_group:
                 raise RoundFailed(f"round {rdv.round} reuses group {rdv.group_name}, which this replica does not hold")
@@ -204,7 +212,8 @@ class BucketReceiver:
                 self.group = open_group(
                     rdv.group, backend=rdv.backend, master_addr=rdv.master_addr, master_port=rdv.master_port,
                     rank=member.rank, world_size=rdv.world_size, group_name=rdv.group_name,
-                    init_timeout_s=rdv.init_timeout_s, collective_timeout_s=rdv.collective_timeout_s)
+                    init_timeout_s=rdv.init_timeout_s, collective_timeout_s=rdv.collective_timeout_s,
+                    gloo_addr=self.gloo_addr(rdv))
             except CollectiveError as exc:
                 raise RoundFailed(str(exc)) from exc
         group = self.group

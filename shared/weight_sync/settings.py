@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from shared.weight_sync.net import is_loopback, is_wildcard
+
 MiB = 1024 * 1024
+
+
+def _is_ip(addr: str) -> bool:
+    try:
+        ipaddress.ip_address(addr.strip("[]"))
+        return True
+    except ValueError:
+        return False
 
 
 class WeightSyncSettings(BaseModel):
@@ -21,7 +32,28 @@ class WeightSyncSettings(BaseModel):
         default=256 * MiB, ge=1, description="Target size of one flat bucket; a bucket closes once it passes this."
     )
     master_addr: str = Field(
-        default="127.0.0.1", description="Address replicas dial to reach the publisher (rank 0) of the group."
+        default="127.0.0.1", min_length=1,
+        description="Address replicas dial to reach the publisher (rank 0) of the group.",
+    )
+    bind_addr: str | None = Field(
+        default=None,
+        description="Address the publisher's rendezvous store and gloo sockets listen on. Unset: master_addr, "
+                    "so they listen only where replicas dial (127.0.0.1 by default). Set it when master_addr is "
+                    "not an address of this host (NAT, a load balancer): this host's address on the replicas' "
+                    "network, or 0.0.0.0 for every interface (gloo then takes the address this host's name "
+                    "resolves to, or GLOO_SOCKET_IFNAME). Nothing on these sockets authenticates a peer: keep "
+                    "them on a private network (README.md, Trust boundary).",
+    )
+    rendezvous_port: int = Field(
+        default=0, ge=0, le=65535,
+        description="TCP port of a group's rendezvous store (hosted by the publisher). 0: a free port per group "
+                    "(one machine). Fixed (firewalls, Kubernetes): each group takes the first free port of "
+                    "rendezvous_port .. rendezvous_port + rendezvous_ports - 1.",
+    )
+    rendezvous_ports: int = Field(
+        default=4, ge=1, le=1024,
+        description="With a fixed rendezvous_port, how many ports groups may occupy at once: the group kept "
+                    "per group kind (torch, pynccl) and a late joiner's catch-up group, so 3 at most.",
     )
     init_timeout_s: float = Field(default=60.0, gt=0, description="Bound on forming a process group.")
     collective_timeout_s: float = Field(
@@ -69,6 +101,16 @@ class WeightSyncSettings(BaseModel):
     key_ttl_s: int = Field(default=24 * 3600, ge=60, description="Expiry of per-version and per-round Redis keys.")
 
     @property
+    def listen_addr(self) -> str:
+        """Where the rendezvous store listens (``bind_addr``, defaulting to ``master_addr``)."""
+        return self.bind_addr if self.bind_addr is not None else self.master_addr
+
+    @property
+    def gloo_addr(self) -> str | None:
+        """Where the publisher's gloo sockets listen: ``listen_addr``, or None (gloo's default) for a wildcard."""
+        return None if is_wildcard(self.listen_addr) else self.listen_addr
+
+    @property
     def digest_algo(self) -> str:
         """The digest algorithm in use (``checksum_algo`` with ``auto`` resolved for the backend)."""
         if self.checksum_algo != "auto":
@@ -79,4 +121,11 @@ class WeightSyncSettings(BaseModel):
     def _check(self) -> WeightSyncSettings:
         if self.snapshot_url is not None and self.snapshot_dir is None:
             raise ValueError("snapshot_url needs snapshot_dir (the directory that URL serves)")
+        if self.rendezvous_port and self.rendezvous_port + self.rendezvous_ports - 1 > 65535:
+            raise ValueError(f"rendezvous ports {self.rendezvous_port}..{self.rendezvous_port + self.rendezvous_ports - 1}"
+                             " run past 65535: lower rendezvous_port or rendezvous_ports")
+        if is_loopback(self.listen_addr) and not is_loopback(self.master_addr) and _is_ip(self.master_addr):
+            raise ValueError(f"replicas dial master_addr {self.master_addr}, but bind_addr {self.listen_addr} listens "
+                             "on loopback only: set bind_addr to this host's address on the replicas' network "
+                             "(or leave it unset to listen on master_addr)")
         return self

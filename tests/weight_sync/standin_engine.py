@@ -108,6 +108,9 @@ async def init_engine(body: dict):
         return bad
     if VLLM_API == "init":
         state["wire"] = {k: info[k] for k in WIRE}
+    old = state["groups"].pop("vllm", None)
+    if old is not None:  # vLLM replaces its engine's group (the new one may reuse the old one's port, so name)
+        dist.destroy_process_group(old)
     pg = await asyncio.to_thread(_form, info["master_address"], info["master_port"], info["rank_offset"],
                                  info["world_size"], f"fleetrl-weights-{info['master_port']}", "gloo")
     state["groups"]["vllm"] = pg

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from shared.settings import FleetSettings, service_config
+from shared.weight_sync.net import is_wildcard
 
 
 class SidecarSettings(FleetSettings):
@@ -27,6 +28,13 @@ class SidecarSettings(FleetSettings):
                     "the other kind.",
     )
     ranks: int = Field(default=1, ge=1, description="Ranks the engine occupies in the group (its TP size).")
+    bind_addr: str | None = Field(
+        default=None,
+        description="hf engine with gloo: the address this replica's gloo sockets listen on (ephemeral ports) "
+                    "and that the publisher dials. Unset: this host's address on the route to the publisher's "
+                    "master_addr (127.0.0.1 when the learner runs on this host). A specific address, not "
+                    "0.0.0.0: peers dial what it advertises. SGLang and vLLM servers open their own sockets.",
+    )
     pause_mode: Literal["wait", "abort"] = Field(
         default="wait",
         description="Around the switch: wait = in-flight requests finish on the old weights; abort = they end "
@@ -62,3 +70,12 @@ class SidecarSettings(FleetSettings):
     )
     snapshot_timeout_s: float = Field(default=300.0, gt=0, description="Bound on fetching one snapshot file.")
     snapshot_prefer_url: bool = Field(default=False, description="Fetch snapshots over HTTP even if the path is visible.")
+
+    @field_validator("bind_addr")
+    @classmethod
+    def _specific_address(cls, value: str | None) -> str | None:
+        if value is not None and is_wildcard(value):
+            raise ValueError(f"bind_addr {value!r} is every interface, but gloo advertises this address to the "
+                             "publisher, which must be able to dial it: name this host's address on the learner's "
+                             "network, or leave it unset")
+        return value

@@ -54,7 +54,8 @@ class HFSink(WeightSink):
         loader = self._loader_for()
         if self._receiver is None:
             device = self._device() if rdv.backend == "nccl" else "cpu"
-            self._receiver = BucketReceiver(device=device, keep_staging=self.settings.keep_staging)
+            self._receiver = BucketReceiver(device=device, keep_staging=self.settings.keep_staging,
+                                            bind_addr=self.settings.bind_addr)
         receiver = self._receiver
         if self._prefault is not None:
             await asyncio.gather(self._prefault, return_exceptions=True)

@@ -47,7 +47,7 @@ class VLLMSink(RemoteEngineSink):
     async def run_round(self, rdv: Rendezvous, member: Member, manifest: Manifest, watcher: RoundWatcher) -> None:
         await self._pause()
         try:
-            if self.group_name != rdv.group_name:
+            if rdv.fresh_group or self.group_name != rdv.group_name:  # (a fresh group may reuse a name)
                 if not rdv.fresh_group:
                     raise RoundFailed(f"round {rdv.round} reuses group {rdv.group_name}, which this server is not in")
                 await self._init(rdv, member, manifest)
