@@ -202,6 +202,11 @@ class DistributedSettings(_Section):
         default=60.0, gt=0.0, description="Rank 0 pings followers this often while it waits for rollouts "
         "(keep it well under timeout_s).",
     )
+    bind_addr: str | None = Field(
+        default=None, min_length=1,
+        description="Address rank 0's rendezvous store (MASTER_PORT) listens on; unset: MASTER_ADDR, where the "
+        "other ranks dial. Unauthenticated: private networks only. Under torchrun its agent hosts the store.",
+    )
 
 
 class LearnerSettings(ServiceSettings):

@@ -41,8 +41,13 @@ _BINDS_WORLD_AT_IMPORT = (
 )
 
 
-def init_process_group(info: RankInfo, backend: str, timeout_s: float, device: str) -> None:
-    """Join the default group (gloo on CPU, nccl on CUDA unless ``backend`` names one) with a timeout."""
+def init_process_group(info: RankInfo, backend: str, timeout_s: float, device: str,
+                       bind_addr: str | None = None) -> None:
+    """Join the default group (gloo on CPU, nccl on CUDA unless ``backend`` names one) with a timeout.
+
+    Rank 0 hosts the rendezvous store on ``MASTER_PORT`` and ``bind_addr`` (default ``MASTER_ADDR``) only:
+    torch's ``env://`` would listen on every interface. The other ranks dial it through ``env://``. Under
+    torchrun (``TORCHELASTIC_USE_AGENT_STORE``) the agent's store is used as it is."""
     if not info.multi:
         return
     import importlib
@@ -56,8 +61,20 @@ def init_process_group(info: RankInfo, backend: str, timeout_s: float, device: s
         importlib.import_module(module)
     if backend == "auto":
         backend = "nccl" if device.startswith("cuda") else "gloo"
-    dist.init_process_group(backend=backend, rank=info.rank, world_size=info.world_size,
-                            timeout=timedelta(seconds=timeout_s))
+    timeout = timedelta(seconds=timeout_s)
+    store = None
+    if info.owner and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        from shared.weight_sync import net
+        from shared.weight_sync.group import host_store
+
+        addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+        if not addr or not port:
+            raise RuntimeError("WORLD_SIZE > 1 needs MASTER_ADDR and MASTER_PORT (rank 0's address and port)")
+        # the same key prefix env:// gives the default group, which the other ranks use
+        store = dist.PrefixStore("default_pg", host_store(net.listen(bind_addr or addr, int(port)),
+                                                          info.world_size, timeout))
+    dist.init_process_group(backend=backend, rank=info.rank, world_size=info.world_size, timeout=timeout,
+                            store=store)
 
 
 def leave_process_group() -> None:

@@ -35,7 +35,8 @@ def _join(settings: LearnerSettings, info: RankInfo):
     from .channel import StepChannel
 
     device = resolve_device(settings.model.device)
-    init_process_group(info, settings.distributed.backend, settings.distributed.timeout_s, device.type)
+    init_process_group(info, settings.distributed.backend, settings.distributed.timeout_s, device.type,
+                       settings.distributed.bind_addr)
     return StepChannel(device if dist.get_backend() == "nccl" else torch.device("cpu"))
 
 

@@ -1,5 +1,6 @@
-"""Leaving the default process group frees it: no gloo thread is left when the interpreter exits (one
-that is aborts the process now and then: "terminate called without an active exception", exit -6)."""
+"""The learner's data-parallel group: rank 0's rendezvous store listens on MASTER_ADDR only, and leaving the
+group frees it: no gloo thread is left when the interpreter exits (one that is aborts the process now and
+then: "terminate called without an active exception", exit -6)."""
 
 import os
 import sys
@@ -36,14 +37,21 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         ch.send(Op.STOP)
     else:
         assert ch.recv().op == Op.STOP
-    during = _threads()
+    from tests.sockets import beyond_loopback, listening
+
+    during, socks, wide = _threads(), sorted(listening(os.getpid())), beyond_loopback(os.getpid())
     leave_process_group()
-    Path(out_dir, f"rank{rank}.msgpack").write_bytes(msgpack.packb({"during": during, "after": _threads()}))
+    Path(out_dir, f"rank{rank}.msgpack").write_bytes(msgpack.packb(
+        {"during": during, "after": _threads(), "listening": socks, "wide": wide}))
 
 
-def test_leaving_the_group_stops_its_threads_even_after_torch_distributed_nn_was_imported(tmp_path):
-    mp.start_processes(_worker, args=(free_port(), str(tmp_path)), nprocs=2, start_method="spawn", join=True)
+def test_rank0_listens_on_master_addr_only_and_leaving_stops_the_groups_threads(tmp_path):
+    port = free_port()
+    mp.start_processes(_worker, args=(port, str(tmp_path)), nprocs=2, start_method="spawn", join=True)
     for rank in (0, 1):
         got = msgpack.unpackb((tmp_path / f"rank{rank}.msgpack").read_bytes())
+        assert not got["wide"], (rank, got["listening"])  # MASTER_ADDR is 127.0.0.1: nothing wider
         assert any("gloo" in t for t in got["during"]), got  # the group did run gloo threads
+        # ... and none is left, although torch.distributed.nn was imported after the group was formed
         assert not [t for t in got["after"] if "gloo" in t], (rank, got["after"])
+    assert ["127.0.0.1", port] in msgpack.unpackb((tmp_path / "rank0.msgpack").read_bytes())["listening"]
