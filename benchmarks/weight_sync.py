@@ -139,7 +139,8 @@ async def receiver(args) -> None:
         elif cmd["op"] == "raw-open":
             g = await asyncio.to_thread(CollectiveGroup.open, backend="gloo", master_addr="127.0.0.1",
                                         master_port=cmd["port"], rank=args.index + 1, world_size=3,
-                                        group_name=cmd["group"], init_timeout_s=60, collective_timeout_s=600)
+                                        group_name=cmd["group"], init_timeout_s=60, collective_timeout_s=600,
+                                        gloo_addr="127.0.0.1")  # where a publish's gloo sockets are
             buf = torch.zeros(cmd["nbytes"], dtype=torch.uint8)
         elif cmd["op"] == "raw":
             work = g.broadcast(buf)
@@ -237,7 +238,7 @@ async def driver(args) -> None:
                                                           "nbytes": total}))
         g = await asyncio.to_thread(CollectiveGroup.open, backend="gloo", master_addr="127.0.0.1",
                                     master_port=port, rank=0, world_size=3, group_name=group,
-                                    init_timeout_s=60, collective_timeout_s=600)
+                                    init_timeout_s=60, collective_timeout_s=600, gloo_addr="127.0.0.1")
         flat = torch.zeros(total, dtype=torch.uint8)
         flat.copy_(torch.cat([p.detach().reshape(-1).view(torch.uint8) for _, p in named]))
 

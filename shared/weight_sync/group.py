@@ -196,9 +196,12 @@ class PyNcclGroup:
             if rank == 0:  # vLLM's create() would bind the store itself (older releases: on every interface)
                 store = host_store(listener or net.listen(master_addr, master_port), world_size,
                                    datetime.timedelta(seconds=max(1, int(init_timeout_s))))
-                fields = {f.name for f in dataclasses.fields(StatelessProcessGroup)}
-                extra = {"socket": None} if "socket" in fields else {}  # the store owns the socket
-                pg = StatelessProcessGroup(rank=rank, world_size=world_size, store=store, **extra)
+                given = {"rank": rank, "world_size": world_size, "store": store}
+                # the fields a release adds without a default (the listening socket, which our store owns)
+                given |= {f.name: None for f in dataclasses.fields(StatelessProcessGroup)
+                          if f.init and f.name not in given and f.default is dataclasses.MISSING
+                          and f.default_factory is dataclasses.MISSING}
+                pg = StatelessProcessGroup(**given)
             else:
                 pg = StatelessProcessGroup.create(host=master_addr, port=master_port, rank=rank,
                                                   world_size=world_size, store_timeout=max(1, int(init_timeout_s)))

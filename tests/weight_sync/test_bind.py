@@ -121,3 +121,62 @@ def test_settings_bounds_and_defaults():
     assert SidecarSettings().bind_addr is None
     with pytest.raises(ValidationError, match="must be able to dial"):
         SidecarSettings(bind_addr="0.0.0.0")
+
+
+def test_pynccl_rank0_store_listens_on_the_given_socket_only(monkeypatch):
+    """The publisher's side of a vLLM (PyNccl) group, with stand-ins for vLLM's classes: the store vLLM's
+    server dials is served on the socket the publisher bound (127.0.0.1 here), not on every interface."""
+    import dataclasses
+    import datetime
+    import sys
+    import threading
+    import types
+
+    import torch
+    import torch.distributed as dist
+
+    from shared.weight_sync.group import PyNcclGroup
+
+    @dataclasses.dataclass
+    class StatelessProcessGroup:  # vLLM < 0.19's fields: a listening socket without a default
+        rank: int
+        world_size: int
+        store: object
+        socket: object
+        data_expiration_seconds: int = 3600
+
+    seen = {}
+
+    class PyNcclCommunicator:
+        def __init__(self, pg, device):
+            seen["pg"], seen["listening"] = pg, listening(os.getpid())
+            pg.store.set("broadcast_from/0/0", b"unique-id")  # what vLLM's rank 0 does with the NCCL id
+
+    vllm = types.ModuleType("vllm")
+    monkeypatch.setitem(sys.modules, "vllm", vllm)
+    monkeypatch.setitem(sys.modules, "vllm.distributed", types.ModuleType("vllm.distributed"))
+    monkeypatch.setitem(sys.modules, "vllm.distributed.utils",
+                        types.SimpleNamespace(StatelessProcessGroup=StatelessProcessGroup))
+    monkeypatch.setitem(sys.modules, "vllm.distributed.device_communicators", types.ModuleType("x"))
+    monkeypatch.setitem(sys.modules, "vllm.distributed.device_communicators.pynccl",
+                        types.SimpleNamespace(PyNcclCommunicator=PyNcclCommunicator))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+
+    listener = net.listen("127.0.0.1")
+    port = listener.getsockname()[1]
+    got = {}
+
+    def vllm_server():  # rank 1 dials the store, as StatelessProcessGroup.create does for rank > 0
+        client = dist.TCPStore("127.0.0.1", port, 2, is_master=False, timeout=datetime.timedelta(seconds=20))
+        got["id"] = client.get("broadcast_from/0/0")
+
+    t = threading.Thread(target=vllm_server)
+    t.start()
+    group = PyNcclGroup.open(backend="nccl", master_addr="127.0.0.1", master_port=port, rank=0, world_size=2,
+                             group_name=f"fleetrl-weights-{port}", init_timeout_s=20, collective_timeout_s=20,
+                             listener=listener)
+    t.join(30)
+    assert got["id"] == b"unique-id" and seen["pg"].socket is None and seen["pg"].rank == 0
+    assert ("127.0.0.1", port) in seen["listening"]
+    assert not [(a, p) for a, p in seen["listening"] if not net.is_loopback(a)], seen["listening"]
+    group.close()
