@@ -65,3 +65,15 @@ def test_learner_advertises_its_pod_ip_for_weight_sync():
     env = {e["name"]: e for e in learner["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["FLEETRL_LEARNER_PUBLISH__SYNC__MASTER_ADDR"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
     assert learner["spec"]["strategy"]["type"] == "Recreate"
+
+
+def test_learner_declares_the_configured_rendezvous_port_and_listens_on_its_pod_ip():
+    from shared.weight_sync import WeightSyncSettings
+
+    learner = next(d for d in workloads() if d["metadata"]["name"] == "fleetrl-learner")
+    (c,) = learner["spec"]["template"]["spec"]["containers"]
+    config = yaml.safe_load(yaml.safe_load((K8S / "config.yaml").read_text())["data"]["learner.yaml"])
+    sync = WeightSyncSettings(**config["publish"]["sync"], master_addr="10.0.0.7")  # the pod IP, from the env
+    assert sync.rendezvous_port > 0 and sync.listen_addr == "10.0.0.7"  # a fixed port, on the pod IP only
+    assert {"name": "weight-sync", "containerPort": sync.rendezvous_port} in c["ports"]
+    assert not any("BIND_ADDR" in e["name"] for e in c["env"])  # no wider bind than the pod IP
