@@ -69,6 +69,9 @@ class RolloutService:
     async def health(self) -> bool:
         return await self.engine.health()
 
+    async def health_generate(self) -> bool:
+        return await self.engine.health_generate()
+
     async def pause(self, mode: PauseMode, timeout: float | None = None) -> None:
         await self.engine.pause(mode, timeout)
 
@@ -138,7 +141,8 @@ class RolloutService:
     # ---- sequences ---------------------------------------------------------------------------------
     def sequences(self, prompts: list[list[int]], params: list[SamplingParams], n: int, stream: bool,
                   request_id: str) -> list[SequenceRequest]:
-        """``len(prompts) * n`` sequence requests, prompt-major; sample j of a seeded prompt uses seed + j."""
+        """``len(prompts) * n`` sequence requests, prompt-major; sample j of a seeded prompt uses seed + j
+        (modulo 2**63, so that every seed stays in the int64 range the engines hold)."""
         if len(prompts) > self.limits.max_prompts_per_request:
             raise RequestError(f"{len(prompts)} prompts in one request; the limit is {self.limits.max_prompts_per_request}")
         if n > self.limits.max_n:
@@ -146,7 +150,7 @@ class RolloutService:
         out = []
         for i, (ids, p) in enumerate(zip(prompts, params)):
             for j in range(n):
-                pj = p if p.seed is None or j == 0 else replace(p, seed=p.seed + j)
+                pj = p if p.seed is None or j == 0 else replace(p, seed=(p.seed + j) % 2**63)
                 out.append(SequenceRequest(rid=f"{request_id}-{i}-{j}", prompt_ids=tuple(ids), params=pj, stream=stream))
         return out
 

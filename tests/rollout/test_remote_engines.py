@@ -4,6 +4,7 @@ protocols: request mapping, responses, streaming, logprobs, finish reasons."""
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import pytest
@@ -102,5 +103,30 @@ def test_engine_server_down_is_503_not_500(tiny_model_dir, tmp_path):
         assert httpx.get(f"{url}/health", timeout=30).status_code == 503
         r = httpx.post(f"{url}/generate", json={"input_ids": [1, 2]}, timeout=30)
         assert r.status_code == 503 and "engine server" in r.json()["detail"]
+    finally:
+        stop(proc)
+
+
+async def test_health_answers_while_every_pooled_connection_is_generating(standin, tiny_model_dir, tmp_path):
+    """Issue 17 #7 for the remote engines: health checks have connections of their own, so a server whose
+    generation pool is full (here 2 connections, both streaming) is not reported dead."""
+    config = {"model": str(tiny_model_dir), "engine": {"kind": "vllm", "base_url": standin, "max_connections": 2,
+                                                        "context_length": 100_000, "health_timeout_s": 2.0}}
+    proc, url, _ = start_rollout(tmp_path, "pool", config)
+    body = {"input_ids": [1, 2, 3], "stream": True, "sampling_params": {"max_new_tokens": 20_000}}
+    try:
+        async with httpx.AsyncClient(base_url=url, timeout=60) as c:
+            streams = [await c.send(c.build_request("POST", "/generate", json=body), stream=True) for _ in range(2)]
+            lines = [s.aiter_lines() for s in streams]  # kept: a dropped iterator closes its stream when collected
+            for s, it in zip(streams, lines):  # both are generating, each holding one of the engine client's 2 connections
+                assert s.status_code == 200 and (await it.__anext__()).startswith("data: {")
+            for _ in range(3):
+                started = time.monotonic()
+                assert (await c.get("/health")).status_code == 200
+                assert time.monotonic() - started < 1.0
+            metrics = (await c.get("/metrics")).text
+            assert "fleetrl_rollout_inflight_sequences 2.0" in metrics  # they were generating all along
+            for s in streams:
+                await s.aclose()
     finally:
         stop(proc)

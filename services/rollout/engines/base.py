@@ -2,11 +2,16 @@
 
 What every engine offers (the routes, the rollout worker and the weight-sync sidecar use only this):
 
-- lifecycle: ``await start()``, ``await stop()``, ``await health() -> bool`` (a real probe with a timeout).
+- lifecycle: ``await start()``, ``await stop()``; ``await health() -> bool`` is liveness (bounded by
+  ``health_timeout_s``, never queued behind the engine's backlog: an engine with work proves itself alive by
+  recent progress, an idle one by a real probe); ``await health_generate() -> bool`` is readiness (always a
+  real one-token generation through the queue, bounded by the same timeout).
 - generation: ``stream(request)`` yields :class:`SequenceDelta` s, ``generate(request)`` returns a
   :class:`SequenceOutput`, ``generate_many(requests)`` runs several concurrently (the engine batches
   them), ``abort(rid)`` ends one in flight with ``finish_reason = abort``. Batching, ``n``, stop
-  strings / ids, seeds, logprobs are carried per sequence by :class:`SequenceRequest`.
+  strings / ids, seeds, logprobs are carried per sequence by :class:`SequenceRequest`. A sequence the
+  engine cannot run as asked (parameters out of what it can hold) raises :class:`SequenceRejected` for
+  that request alone; a failure that belongs to one sequence ends that sequence alone.
 - weights: ``weight_version`` (int) and ``set_weight_version(v)``. For the hf engine ``model`` (the
   torch ``nn.Module``; copy weights in place under ``torch.no_grad()`` while paused) and
   ``tokenizer``; for SGLang / vLLM ``base_url`` and ``client`` (the shared ``httpx.AsyncClient``) so
@@ -56,6 +61,7 @@ __all__ = [
     "SamplingParams",
     "SequenceDelta",
     "SequenceOutput",
+    "SequenceRejected",
     "SequenceRequest",
     "create_engine",
     "engine_class",
@@ -73,6 +79,14 @@ class EnginePaused(EngineError):
 
 class EngineUnavailable(EngineError):
     """The engine cannot serve right now (not started, or its server is unreachable): HTTP 503."""
+
+
+class SequenceRejected(ValueError):
+    """The engine cannot run this sequence as asked (a parameter outside what it can hold): HTTP 400.
+
+    Raised when the sequence is submitted, for its request alone; nothing else in the engine is affected.
+    Not an :class:`EngineError`: retrying the same sequence can never succeed.
+    """
 
 
 class Engine(ABC):
@@ -118,13 +132,22 @@ class Engine(ABC):
         await self._stop()
 
     async def health(self) -> bool:
-        """True when the engine can generate (a real probe, bounded by ``health_timeout_s``)."""
+        """Liveness: True while the engine works (bounded by ``health_timeout_s``). Its answer never depends
+        on how much work is queued: see :meth:`_alive`."""
+        return await self._bounded(self._alive, "liveness check")
+
+    async def health_generate(self) -> bool:
+        """Readiness: True when a real one-token generation, queued like any request, finishes within
+        ``health_timeout_s``; so False on an engine too saturated to serve a new request in that time."""
+        return await self._bounded(self._probe, "generation probe")
+
+    async def _bounded(self, check: Callable[[], Any], what: str) -> bool:
         if not self._started:
             return False
         try:
-            return bool(await asyncio.wait_for(self._probe(), self.settings.health_timeout_s))
-        except Exception as exc:  # noqa: BLE001 - any failure of the probe means "cannot generate"
-            log.warning("health probe failed: %r", exc)
+            return bool(await asyncio.wait_for(check(), self.settings.health_timeout_s))
+        except Exception as exc:  # noqa: BLE001 - any failure of the check means "cannot generate"
+            log.warning("%s failed: %r", what, exc)
             return False
 
     # ---- generation ---------------------------------------------------------------------------------
@@ -237,6 +260,11 @@ class Engine(ABC):
     @abstractmethod
     async def _probe(self) -> bool:
         """One real check that the engine can generate (called under the health timeout)."""
+
+    async def _alive(self) -> bool:
+        """Liveness check (called under the health timeout). Default: :meth:`_probe`. An engine whose probe
+        waits behind its own backlog overrides it, so that a busy engine is not reported dead."""
+        return await self._probe()
 
     @abstractmethod
     def _stream(self, request: SequenceRequest) -> AsyncIterator[SequenceDelta]:

@@ -4,6 +4,11 @@
 public: the weight-sync sidecar calls the server's own weight-update endpoints through them.
 Aborting a sequence closes its HTTP request (both servers abort a request whose client went away);
 subclasses may also call the server's abort endpoint.
+
+Health checks and abort calls go through ``control``, a second client with a small pool of its own: with
+``max_connections`` generations streaming, ``client``'s pool is full, and a health check waiting for a
+free connection there would report a busy server as dead. The servers' own health routes answer while
+they generate (vLLM ``/health``; SGLang ``/health_generate`` succeeds on any recent progress).
 """
 
 from __future__ import annotations
@@ -22,12 +27,15 @@ from services.rollout.engines.types import Finish, SequenceDelta, SequenceReques
 
 log = logging.getLogger(__name__)
 
+_CONTROL_CONNECTIONS = 8
+
 
 class RemoteEngine(Engine):
     def __init__(self, settings, model_path: str) -> None:
         super().__init__(settings, model_path)
         self.base_url: str = settings.base_url
         self.client: httpx.AsyncClient | None = None
+        self.control: httpx.AsyncClient | None = None
         self._aborts: dict[str, asyncio.Event] = {}
 
     async def _start(self) -> None:
@@ -38,11 +46,17 @@ class RemoteEngine(Engine):
             timeout=httpx.Timeout(s.request_timeout_s, connect=s.connect_timeout_s),
             limits=httpx.Limits(max_connections=s.max_connections, max_keepalive_connections=s.max_connections),
         )
+        self.control = httpx.AsyncClient(
+            base_url=self.base_url, headers=headers,
+            timeout=httpx.Timeout(s.health_timeout_s, connect=s.connect_timeout_s),
+            limits=httpx.Limits(max_connections=_CONTROL_CONNECTIONS, max_keepalive_connections=_CONTROL_CONNECTIONS),
+        )
 
     async def _stop(self) -> None:
-        if self.client is not None:
-            await self.client.aclose()
-            self.client = None
+        for client in (self.client, self.control):
+            if client is not None:
+                await client.aclose()
+        self.client = self.control = None
 
     async def _stream(self, request: SequenceRequest) -> AsyncIterator[SequenceDelta]:
         if self.client is None:

@@ -17,7 +17,9 @@ class _EngineSettingsBase(BaseModel):
     context_length: int | None = Field(
         default=None, ge=8, description="Context window in tokens; unset reads max_position_embeddings from config.json."
     )
-    health_timeout_s: float = Field(default=10.0, gt=0, description="Budget of one health probe.")
+    health_timeout_s: float = Field(
+        default=10.0, gt=0, description="Budget of one health check (/health) and of /health_generate's generation."
+    )
 
 
 class HFEngineSettings(_EngineSettingsBase):
@@ -33,6 +35,11 @@ class HFEngineSettings(_EngineSettingsBase):
         default=4.0, ge=0, le=1000, description="How long an idle engine waits to gather a batch before starting."
     )
     torch_threads: int | None = Field(default=None, ge=1, description="torch.set_num_threads; unset keeps torch's default.")
+    health_stall_s: float = Field(
+        default=60.0, gt=0, le=3600,
+        description="/health: a decode loop with work that made no step for this long is unhealthy (503). "
+        "Above the longest prefill or decode step the engine can take.",
+    )
 
     @field_validator("device")
     @classmethod

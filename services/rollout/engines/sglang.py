@@ -29,7 +29,7 @@ class SGLangEngine(RemoteEngine):
     async def _start(self) -> None:
         await super()._start()
         try:  # adopt the server's weight version when it is an integer (SGLang's default is "default")
-            r = await self.client.get("/model_info", timeout=self.settings.health_timeout_s)
+            r = await self.control.get("/model_info")
             version = r.json().get("weight_version") if r.status_code == 200 else None
             if isinstance(version, str) and version.isdigit():
                 self.set_weight_version(int(version))
@@ -37,13 +37,13 @@ class SGLangEngine(RemoteEngine):
             log.info("SGLang server not reachable yet at %s: %r", self.base_url, exc)
 
     async def _probe(self) -> bool:
-        r = await self.client.get("/health_generate", timeout=self.settings.health_timeout_s)
+        r = await self.control.get("/health_generate")
         return r.status_code == 200
 
     async def _server_abort(self, rids: list[str]) -> None:
         for rid in rids:
             try:
-                await self.client.post("/abort_request", json={"rid": rid}, timeout=self.settings.health_timeout_s)
+                await self.control.post("/abort_request", json={"rid": rid})
             except Exception as exc:  # noqa: BLE001 - best effort: closing the request aborts it anyway
                 log.warning("SGLang /abort_request %s failed: %r", rid, exc)
 

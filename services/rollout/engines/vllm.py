@@ -25,7 +25,7 @@ class VLLMEngine(RemoteEngine):
         return self.settings.served_model_name or self.model_path
 
     async def _probe(self) -> bool:
-        r = await self.client.get("/health", timeout=self.settings.health_timeout_s)
+        r = await self.control.get("/health")
         return r.status_code == 200
 
     def payload(self, request: SequenceRequest) -> dict:

@@ -1,4 +1,5 @@
-"""``GET /health``, ``GET /model_info`` (also ``/get_model_info`` as SGLang names it), ``GET /metrics``."""
+"""``GET /health`` (liveness), ``GET /health_generate`` (readiness), ``GET /model_info`` (also
+``/get_model_info`` as SGLang names it), ``GET /metrics``."""
 
 from __future__ import annotations
 
@@ -12,12 +13,22 @@ from shared.telemetry import metrics_response
 router = APIRouter(tags=["info"])
 
 
-@router.get("/health")
-async def health(service: ServiceDep):
-    ok = await service.health()
+def _health_reply(service, ok: bool) -> JSONResponse:
     body = {"status": "ok" if ok else "unhealthy", "paused": service.engine.paused,
             "weight_version": str(service.engine.weight_version)}
     return JSONResponse(body, status_code=200 if ok else 503)
+
+
+@router.get("/health")
+async def health(service: ServiceDep):
+    """Liveness: answers at once however deep the queue (a busy engine is alive while it makes progress)."""
+    return _health_reply(service, await service.health())
+
+
+@router.get("/health_generate")
+async def health_generate(service: ServiceDep):
+    """Readiness: a real one-token generation through the queue, 503 if it does not finish in time."""
+    return _health_reply(service, await service.health_generate())
 
 
 @router.get("/model_info")

@@ -2,6 +2,10 @@
 
 ``model`` is the torch module itself: the weight-sync sidecar pauses the engine, copies tensors into
 ``model``'s parameters in place under ``torch.no_grad()``, sets the new ``weight_version`` and resumes.
+
+Health: liveness (``/health``) never queues behind the backlog. While the decode loop has work, a step
+finished within ``health_stall_s`` proves it alive (no probe is queued); only an idle loop runs the
+one-token probe. Readiness (``/health_generate``) always runs the probe through the queue.
 """
 
 from __future__ import annotations
@@ -128,6 +132,19 @@ class HFEngine(Engine):
     @property
     def queue_depth(self) -> int:
         return self._decode.queue_depth if self._decode is not None else 0
+
+    async def _alive(self) -> bool:
+        loop = self._decode
+        if loop is None or not loop.alive:
+            return False
+        if loop.busy:
+            stalled = loop.stalled_s()
+            if stalled > self.settings.health_stall_s:
+                log.warning("decode loop has %d running and %d queued sequences but finished no step for %.0fs",
+                            loop.running, loop.queue_depth, stalled)
+                return False
+            return True
+        return await self._probe()
 
     async def _probe(self) -> bool:
         if self._decode is None or not self._decode.alive:

@@ -9,6 +9,14 @@ other (at most ``8 x max_wait``), so a burst of clients starts as one batch.
 
 Results go back to the asyncio side through ``deliver`` (called from this thread with a list of
 ``(row, delta)`` pairs; the engine hops them onto the event loop).
+
+One request never harms another: a sequence's parameters are checked and its seeded generator is made
+when it is submitted (:class:`SequenceRejected` for that request alone), and a failure that belongs to
+one row (its prefill, its sampling, its text) ends that row alone, with ``finish_reason = abort``. Only a
+failed forward step of the running batch, which no row can be blamed for, ends the rows in it.
+
+``progress_at`` is the time of the last finished step (or of the first arrival at an idle loop): a loop
+with work and an old ``progress_at`` is stuck, whatever the length of its queue (``/health``).
 """
 
 from __future__ import annotations
@@ -22,8 +30,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from services.rollout.engines.base import SequenceRejected
 from services.rollout.engines.hf.batch import KVBatch
-from services.rollout.engines.hf.sampling import RowSampling, sample
+from services.rollout.engines.hf.sampling import RowParams, RowSampling, row_generator, row_params, sample
 from services.rollout.engines.hf.text import IncrementalText
 from services.rollout.engines.types import Finish, SequenceDelta, SequenceRequest
 
@@ -38,6 +47,7 @@ class Row:
     stop_ids: frozenset[int]
     text: IncrementalText | None
     generator: torch.Generator | None
+    sampling: RowParams
     out_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     top: list[list[tuple[int, float]]] | None = None
@@ -70,7 +80,10 @@ class DecodeLoop:
         self._thread: threading.Thread | None = None
         self._shared_gen = torch.Generator(device=device)
         self._shared_gen.seed()
+        embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+        self.vocab_size = int(getattr(embeddings, "num_embeddings", 0) or model.config.vocab_size)
         self.steps = 0
+        self.progress_at = time.monotonic()
 
     # ---- called from the event loop ----------------------------------------------------------------
     def start(self) -> None:
@@ -96,24 +109,53 @@ class DecodeLoop:
     def running(self) -> int:
         return len(self._active)
 
+    @property
+    def busy(self) -> bool:
+        """Sequences are queued, being admitted or running (submitted and not yet finished)."""
+        return bool(self._rows)
+
+    def stalled_s(self) -> float:
+        """Seconds the loop has had work without finishing a step (0 while idle)."""
+        return time.monotonic() - self.progress_at if self.busy else 0.0
+
     def submit(self, req: SequenceRequest) -> Row:
-        p = req.params
-        stops = frozenset(p.stop_token_ids) | (frozenset() if p.ignore_eos else self.eos_ids)
-        # incremental text only where it is needed during decoding (stop strings, streaming)
-        text = (IncrementalText(self.tokenizer, p.skip_special_tokens, p.stop, p.no_stop_trim)
-                if p.stop or req.stream else None)
-        gen = None
-        if p.seed is not None:
-            gen = torch.Generator(device=self.device)
-            gen.manual_seed(p.seed)
-        row = Row(req=req, stop_ids=stops, text=text, generator=gen, top=[] if p.top_logprobs else None)
+        """Queue a sequence. :class:`SequenceRejected` when its parameters are out of what the engine holds."""
+        row = self._row(req)
         with self._cond:
             if self._stopping:
                 raise RuntimeError("the decode loop is stopped")
+            if not self.busy:
+                self.progress_at = time.monotonic()  # idle until now: the wait for this one starts here
             self._rows[req.rid] = row
             self._pending.append(row)
             self._cond.notify_all()
         return row
+
+    def _row(self, req: SequenceRequest) -> Row:
+        p = req.params
+        try:
+            ids = req.prompt_ids
+            if not ids:
+                raise ValueError("the prompt is empty")
+            bad = next((t for t in ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.vocab_size), None)
+            if bad is not None:
+                raise ValueError(f"the prompt holds token id {bad!r}, outside the model's vocabulary (0..{self.vocab_size - 1})")
+            if len(ids) >= self.context_length:
+                raise ValueError(f"the prompt has {len(ids)} tokens; the context length is {self.context_length}")
+            if isinstance(p.max_new_tokens, bool) or not isinstance(p.max_new_tokens, int) or p.max_new_tokens < 1:
+                raise ValueError(f"max_new_tokens={p.max_new_tokens!r} must be an integer >= 1")
+            if isinstance(p.top_logprobs, bool) or not isinstance(p.top_logprobs, int) or p.top_logprobs < 0:
+                raise ValueError(f"top_logprobs={p.top_logprobs!r} must be an integer >= 0")
+            sampling = row_params(p.temperature, p.top_k, p.top_p, p.min_p, self.vocab_size)
+            gen = row_generator(p.seed, self.device) if p.seed is not None else None
+            stops = frozenset(p.stop_token_ids) | (frozenset() if p.ignore_eos else self.eos_ids)
+            # incremental text only where it is needed during decoding (stop strings, streaming)
+            text = (IncrementalText(self.tokenizer, p.skip_special_tokens, p.stop, p.no_stop_trim)
+                    if p.stop or req.stream else None)
+        except (ValueError, TypeError, OverflowError) as exc:
+            raise SequenceRejected(f"the engine cannot run this sequence: {exc}") from exc
+        return Row(req=req, stop_ids=stops, text=text, generator=gen, sampling=sampling,
+                   top=[] if p.top_logprobs else None)
 
     def abort(self, rid: str, message: str = "aborted") -> None:
         with self._cond:
@@ -181,19 +223,63 @@ class DecodeLoop:
         joining = [r for r in joining if not r.done]
         self._retire(batch, out)
         if self._active:
-            last = torch.tensor([r.out_ids[-1] for r in self._active], dtype=torch.long, device=self.device)
-            logits = batch.step(last)
-            self._sample_into(self._active, logits, out)
-            self._retire(batch, out)
+            try:
+                last = torch.tensor([r.out_ids[-1] for r in self._active], dtype=torch.long, device=self.device)
+                logits = batch.step(last)
+            except Exception as exc:  # the batch's forward pass: no single row to blame
+                log.exception("decode step of %d sequences failed; ending them", len(self._active))
+                for row in self._active:
+                    self._fail(row, exc, out)
+                self._active = []
+                batch.keep([])
+            else:
+                self._sample_into(self._active, logits, out)
+                self._retire(batch, out)
         if joining:
-            logits = batch.prefill([list(r.req.prompt_ids) for r in joining], self.pad_id, self.device)
-            self._active.extend(joining)
-            self._sample_into(joining, logits, out)
-            self._retire(batch, out)
+            joined, logits = self._prefill(batch, joining, out)
+            if joined:
+                self._active.extend(joined)
+                self._sample_into(joined, logits, out)
+                self._retire(batch, out)
         if self._on_step is not None and (self._active or out):
             self._on_step(len(self._active) + sum(1 for r, d in out if d.finish is not None and d.finish.type != "abort"))
         self.steps += 1
+        self.progress_at = time.monotonic()
         self._forget(out)
+
+    def _prefill(self, batch: KVBatch, rows: list[Row], out: list[tuple[Row, SequenceDelta]]):
+        """Prefill newcomers together; if that fails, one by one, so only the prompts that fail are ended.
+        Returns the rows that joined the batch and their logits."""
+        try:
+            return rows, batch.prefill([list(r.req.prompt_ids) for r in rows], self.pad_id, self.device)
+        except Exception as exc:  # noqa: BLE001 - found out below, row by row
+            if len(rows) == 1:
+                self._fail(rows[0], exc, out)
+                return [], None
+            log.warning("prefill of %d new sequences failed (%r); prefilling them one by one", len(rows), exc)
+        joined, parts = [], []
+        for row in rows:
+            try:
+                parts.append(batch.prefill([list(row.req.prompt_ids)], self.pad_id, self.device))
+            except Exception as exc:  # noqa: BLE001 - this row's prompt: end it alone
+                self._fail(row, exc, out)
+            else:
+                joined.append(row)
+        return joined, (torch.cat(parts) if parts else None)
+
+    def _fail(self, row: Row, exc: BaseException, out: list[tuple[Row, SequenceDelta]]) -> None:
+        """End one row with ``finish_reason = abort`` because of ``exc``."""
+        if row.done:
+            return
+        log.warning("sequence %s ended by an engine error: %r", row.req.rid, exc)
+        finish = Finish("abort", message=f"engine error: {exc}")
+        try:
+            delta = self._finish_delta(row, finish)
+        except Exception:  # noqa: BLE001 - its text cannot be decoded either: end it without text
+            row.done = True
+            delta = SequenceDelta([] if row.req.stream else list(row.out_ids),
+                                  [] if row.req.stream else list(row.logprobs), "", finish)
+        out.append((row, delta))
 
     def _retire(self, batch: KVBatch, out: list[tuple[Row, SequenceDelta]]) -> None:
         for row in self._active:
@@ -205,27 +291,46 @@ class DecodeLoop:
             self._active = [self._active[i] for i in keep]
 
     def _sample_into(self, rows: list[Row], logits: torch.Tensor, out: list[tuple[Row, SequenceDelta]]) -> None:
-        params = [r.req.params for r in rows]
-        dev = logits.device
-        rs = RowSampling(
-            temperature=torch.tensor([p.temperature for p in params], dtype=torch.float32, device=dev),
-            top_k=torch.tensor([p.top_k for p in params], dtype=torch.long, device=dev),
-            top_p=torch.tensor([p.top_p for p in params], dtype=torch.float32, device=dev),
-            min_p=torch.tensor([p.min_p for p in params], dtype=torch.float32, device=dev),
-            generators=[r.generator for r in rows],
-        )
+        """Sample the rows' next tokens and advance them. If sampling the batch fails, the rows are sampled
+        one by one and only those that fail are ended; a row whose advance fails is ended alone."""
+        try:
+            picks: list = self._sample(rows, logits)
+        except Exception as exc:  # noqa: BLE001 - found out below, row by row
+            if len(rows) == 1:
+                picks = [exc]
+            else:
+                log.warning("sampling %d rows failed (%r); sampling them one by one", len(rows), exc)
+                picks = []
+                for i, row in enumerate(rows):
+                    try:
+                        picks.extend(self._sample([row], logits[i : i + 1]))
+                    except Exception as row_exc:  # noqa: BLE001 - this row's own failure
+                        picks.append(row_exc)
+        for row, pick in zip(rows, picks):
+            try:
+                if isinstance(pick, BaseException):
+                    raise pick
+                self._advance(row, *pick, out)
+            except Exception as exc:  # noqa: BLE001 - ends this row only
+                self._fail(row, exc, out)
+
+    def _sample(self, rows: list[Row], logits: torch.Tensor) -> list[tuple[int, float, list | None]]:
+        """(token, logprob, top alternatives or None) per row."""
+        rs = RowSampling.of([r.sampling for r in rows], [r.generator for r in rows], logits.device)
         tokens, chosen, full = sample(logits, rs, self._shared_gen)
         tops = None
-        k = max(p.top_logprobs for p in params)
+        k = max(r.req.params.top_logprobs for r in rows)
         if k:
             values, indices = full.topk(min(k, full.shape[-1]), dim=-1)
             tops = (values.tolist(), indices.tolist())
+        picks = []
         for i, (row, tok, lp) in enumerate(zip(rows, tokens.tolist(), chosen.tolist())):
             top = None
             if tops is not None and row.top is not None:
                 n = row.req.params.top_logprobs
                 top = [(tid, v) for v, tid in zip(tops[0][i][:n], tops[1][i][:n])]
-            self._advance(row, tok, lp, top, out)
+            picks.append((tok, lp, top))
+        return picks
 
     def _advance(self, row: Row, tok: int, lp: float, top, out: list[tuple[Row, SequenceDelta]]) -> None:
         p = row.req.params

@@ -3,13 +3,67 @@
 Pure tensor functions, unit-tested. The logprob returned for a token is that of the distribution it
 was sampled from: ``log_softmax(filtered_logits / temperature)`` (top-k / top-p / min-p removed
 tokens get -inf and the rest renormalise); for greedy rows (temperature 0) ``log_softmax(logits)``.
+
+A row's settings are checked once, when its sequence is submitted (:func:`row_params`,
+:func:`row_generator`): whatever one request asks for, the batch tensors built from them cannot fail.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+
+GREEDY_BELOW = 1e-5
+"""Temperatures below this sample greedily, as vLLM and SGLang do (dividing by them overflows the logits)."""
+_FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+
+
+@dataclass(frozen=True)
+class RowParams:
+    """One row's sampling settings, checked and normalised (see :func:`row_params`)."""
+
+    temperature: float  # 0 = greedy
+    top_k: int  # 0 = off, else 1..vocab
+    top_p: float  # (0, 1]
+    min_p: float  # [0, 1]
+
+
+def _number(name: str, value: object, lo: float, hi: float, lo_open: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, got {value!r}")
+    v = float(value)
+    if not math.isfinite(v) or v < lo or v > hi or (lo_open and v == lo):
+        raise ValueError(f"{name}={value!r} is outside {'(' if lo_open else '['}{lo}, {hi}]")
+    return v
+
+
+def row_params(temperature: float, top_k: int, top_p: float, min_p: float, vocab: int) -> RowParams:
+    """Check one row's settings (ValueError naming the bad one) and normalise them: a temperature below
+    :data:`GREEDY_BELOW` is greedy, ``top_k <= 0`` is off and ``top_k`` over the vocabulary is the vocabulary."""
+    t = _number("temperature", temperature, 0.0, _FLOAT32_MAX)
+    if isinstance(top_k, bool) or not isinstance(top_k, int):
+        raise TypeError(f"top_k must be an integer, got {top_k!r}")
+    return RowParams(
+        temperature=0.0 if t < GREEDY_BELOW else t,
+        top_k=0 if top_k <= 0 else min(top_k, vocab),
+        top_p=_number("top_p", top_p, 0.0, 1.0, lo_open=True),
+        min_p=_number("min_p", min_p, 0.0, 1.0),
+    )
+
+
+def row_generator(seed: int, device: torch.device) -> torch.Generator:
+    """The row's own generator seeded with ``seed`` (ValueError when torch cannot take the seed)."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not -(2**63) <= seed < 2**64:
+        raise ValueError(f"seed={seed!r} is not an integer torch can seed with (-2**63 .. 2**64-1)")
+    gen = torch.Generator(device=device)
+    try:
+        gen.manual_seed(seed)
+    except (RuntimeError, OverflowError) as exc:
+        raise ValueError(f"seed={seed!r}: {exc}") from exc
+    return gen
 
 
 @dataclass
@@ -25,6 +79,17 @@ class RowSampling:
     @property
     def needs_filter(self) -> bool:
         return bool((self.top_k > 0).any() or (self.top_p < 1).any() or (self.min_p > 0).any())
+
+    @classmethod
+    def of(cls, rows: Sequence[RowParams], generators: list[torch.Generator | None], device: torch.device) -> RowSampling:
+        """The batch tensors of checked rows."""
+        return cls(
+            temperature=torch.tensor([r.temperature for r in rows], dtype=torch.float32, device=device),
+            top_k=torch.tensor([r.top_k for r in rows], dtype=torch.long, device=device),
+            top_p=torch.tensor([r.top_p for r in rows], dtype=torch.float32, device=device),
+            min_p=torch.tensor([r.min_p for r in rows], dtype=torch.float32, device=device),
+            generators=generators,
+        )
 
 
 def filtered_logprobs(logits: torch.Tensor, rs: RowSampling) -> torch.Tensor:
