@@ -14,6 +14,10 @@ agents keep token-level fidelity: ``return_token_ids`` adds ``prompt_token_ids``
 
 Unknown fields are rejected (HTTP 400 naming the field), never silently ignored. OpenAI fields FleetRL
 cannot honour (penalties, ``logit_bias``, ``echo``, ``suffix``) are accepted only at their neutral value.
+
+Numbers and text follow :mod:`shared.wire_checks`: strict JSON types (no ``"10"`` for an int, an int is fine
+for a float), finite floats, ints the engines hold (token ids and counts in int32, seeds in int64), and text
+that is valid UTF-8 in every field. Each violation is a 400 naming the field.
 """
 
 from __future__ import annotations
@@ -22,10 +26,23 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from shared.wire_checks import (
+    INT32_MAX,
+    SEED_MAX,
+    FiniteFloat,
+    StrictBool,
+    StrictInt,
+    Utf8Fields,
+    check_token_ids,
+)
+
 _MAX_TOP_LOGPROBS = 20
+_MAX_N = 1024
+
+TokenIds = list[StrictInt]
 
 
-class _Strict(BaseModel):
+class _Strict(Utf8Fields):
     model_config = ConfigDict(extra="forbid")
 
 
@@ -51,18 +68,18 @@ def _only_neutral(model: BaseModel, fields: dict[str, Any]) -> None:
 class SamplingParamsIn(_Strict):
     """``sampling_params`` of ``/generate`` (SGLang names and defaults)."""
 
-    max_new_tokens: int = Field(default=128, ge=1, description="Tokens to generate at most.")
-    temperature: float = Field(default=1.0, ge=0.0, description="0 means greedy.")
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: int = Field(default=-1, ge=-1, description="-1 (or 0) disables top-k.")
-    min_p: float = Field(default=0.0, ge=0.0, le=1.0)
+    max_new_tokens: StrictInt = Field(default=128, ge=1, le=INT32_MAX, description="Tokens to generate at most.")
+    temperature: FiniteFloat = Field(default=1.0, ge=0.0, description="0 means greedy.")
+    top_p: FiniteFloat = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: StrictInt = Field(default=-1, ge=-1, le=INT32_MAX, description="-1 (or 0) disables top-k.")
+    min_p: FiniteFloat = Field(default=0.0, ge=0.0, le=1.0)
     stop: str | list[str] | None = Field(default=None, description="Stop strings (trimmed from the text).")
-    stop_token_ids: list[int] | None = Field(default=None, description="Token ids that end a sequence (kept in output_ids).")
-    ignore_eos: bool = False
-    skip_special_tokens: bool = True
-    no_stop_trim: bool = Field(default=False, description="Keep the matched stop string in the text.")
-    n: int = Field(default=1, ge=1, le=1024, description="Samples per prompt.")
-    sampling_seed: int | None = Field(default=None, ge=0, description="Sample j of a prompt uses seed + j.")
+    stop_token_ids: TokenIds | None = Field(default=None, description="Token ids that end a sequence (kept in output_ids).")
+    ignore_eos: StrictBool = False
+    skip_special_tokens: StrictBool = True
+    no_stop_trim: StrictBool = Field(default=False, description="Keep the matched stop string in the text.")
+    n: StrictInt = Field(default=1, ge=1, le=_MAX_N, description="Samples per prompt.")
+    sampling_seed: StrictInt | None = Field(default=None, ge=0, le=SEED_MAX, description="Sample j of a prompt uses seed + j.")
 
     @field_validator("stop")
     @classmethod
@@ -70,34 +87,37 @@ class SamplingParamsIn(_Strict):
         _stop_list(v)
         return v
 
-    @field_validator("stop_token_ids")
+    @field_validator("stop_token_ids", mode="before")
     @classmethod
     def _ids(cls, v):
-        if v is not None and any(t < 0 for t in v):
-            raise ValueError("token ids must be >= 0")
-        return v
+        return check_token_ids(v, "stop_token_ids", nested=False)
 
 
 class GenerateRequest(_Strict):
     """Body of ``POST /generate``: exactly one of ``text`` and ``input_ids``, single or batch."""
 
     text: str | list[str] | None = None
-    input_ids: list[int] | list[list[int]] | None = None
+    input_ids: TokenIds | list[TokenIds] | None = None
     sampling_params: SamplingParamsIn = Field(default_factory=SamplingParamsIn)
-    return_logprob: bool = False
-    logprob_start_len: int = Field(default=-1, description="Only -1 (logprobs of output tokens) is supported.")
-    top_logprobs_num: int = Field(default=0, ge=0, le=_MAX_TOP_LOGPROBS)
-    return_text_in_logprobs: bool = False
-    stream: bool = False
+    return_logprob: StrictBool = False
+    logprob_start_len: StrictInt = Field(default=-1, description="Only -1 (logprobs of output tokens) is supported.")
+    top_logprobs_num: StrictInt = Field(default=0, ge=0, le=_MAX_TOP_LOGPROBS)
+    return_text_in_logprobs: StrictBool = False
+    stream: StrictBool = False
     rid: str | list[str] | None = Field(default=None, description="Request id(s); generated when absent.")
     # Accepted for SGLang-client / sglang-router compatibility; informational or neutral-only.
     model: str | None = Field(default=None, description="Ignored by /generate (SGLang serves one model).")
-    log_metrics: bool = Field(default=True, description="Accepted; metrics are always recorded.")
-    no_logs: bool = Field(default=False, description="Accepted; requests are never logged with their text.")
-    return_hidden_states: bool = False
-    return_entropy: bool = False
-    return_bytes: bool = False
-    background: bool = False
+    log_metrics: StrictBool = Field(default=True, description="Accepted; metrics are always recorded.")
+    no_logs: StrictBool = Field(default=False, description="Accepted; requests are never logged with their text.")
+    return_hidden_states: StrictBool = False
+    return_entropy: StrictBool = False
+    return_bytes: StrictBool = False
+    background: StrictBool = False
+
+    @field_validator("input_ids", mode="before")
+    @classmethod
+    def _input_ids(cls, v):
+        return check_token_ids(v, "input_ids", nested=True)
 
     @model_validator(mode="after")
     def _one_input(self) -> GenerateRequest:
@@ -113,8 +133,6 @@ class GenerateRequest(_Strict):
             rows = self.input_ids if self.input_ids and isinstance(self.input_ids[0], list) else [self.input_ids]
             if not rows or any(not r for r in rows):
                 raise ValueError("`input_ids` is empty")
-            if any(t < 0 for r in rows for t in r):
-                raise ValueError("`input_ids` must hold token ids >= 0")
         if self.logprob_start_len != -1:
             raise ValueError("logprob_start_len: only -1 (logprobs of the output tokens) is supported")
         if isinstance(self.rid, list) and len(self.rid) != len(self.prompts_raw()):
@@ -156,35 +174,40 @@ class GenerateResponse(BaseModel):
 
 # ---- OpenAI ---------------------------------------------------------------------------------------------
 class StreamOptions(_Strict):
-    include_usage: bool = False
-    continuous_usage_stats: bool = False
+    include_usage: StrictBool = False
+    continuous_usage_stats: StrictBool = False
 
 
 class _OpenAICommon(_Strict):
     model: str | None = Field(default=None, description="Must name the served model when given.")
-    temperature: float = Field(default=1.0, ge=0.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    n: int = Field(default=1, ge=1, le=1024)
-    stream: bool = False
+    temperature: FiniteFloat = Field(default=1.0, ge=0.0)
+    top_p: FiniteFloat = Field(default=1.0, gt=0.0, le=1.0)
+    n: StrictInt = Field(default=1, ge=1, le=_MAX_N)
+    stream: StrictBool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
-    seed: int | None = Field(default=None, ge=0)
+    seed: StrictInt | None = Field(default=None, ge=0, le=SEED_MAX)
     user: str | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    logit_bias: dict[str, float] | None = None
+    presence_penalty: FiniteFloat = 0.0
+    frequency_penalty: FiniteFloat = 0.0
+    logit_bias: dict[str, FiniteFloat] | None = None
     # vLLM extras
-    top_k: int = Field(default=-1, ge=-1)
-    min_p: float = Field(default=0.0, ge=0.0, le=1.0)
-    stop_token_ids: list[int] | None = None
-    ignore_eos: bool = False
-    skip_special_tokens: bool = True
-    include_stop_str_in_output: bool = False
-    return_token_ids: bool = Field(default=False, description="Add prompt_token_ids and per-choice token_ids (vLLM).")
-    return_tokens_as_token_ids: bool = Field(default=False, description="Logprob tokens as 'token_id:<id>' (vLLM).")
+    top_k: StrictInt = Field(default=-1, ge=-1, le=INT32_MAX)
+    min_p: FiniteFloat = Field(default=0.0, ge=0.0, le=1.0)
+    stop_token_ids: TokenIds | None = None
+    ignore_eos: StrictBool = False
+    skip_special_tokens: StrictBool = True
+    include_stop_str_in_output: StrictBool = False
+    return_token_ids: StrictBool = Field(default=False, description="Add prompt_token_ids and per-choice token_ids (vLLM).")
+    return_tokens_as_token_ids: StrictBool = Field(default=False, description="Logprob tokens as 'token_id:<id>' (vLLM).")
     # SGLang extras that sglang-router re-sends: accepted at their neutral value only.
-    no_stop_trim: bool = False
-    return_hidden_states: bool = False
+    no_stop_trim: StrictBool = False
+    return_hidden_states: StrictBool = False
+
+    @field_validator("stop_token_ids", mode="before")
+    @classmethod
+    def _stop_ids(cls, v):
+        return check_token_ids(v, "stop_token_ids", nested=False)
 
     @model_validator(mode="after")
     def _neutral_only(self):
@@ -194,8 +217,6 @@ class _OpenAICommon(_Strict):
         if self.logit_bias:
             raise ValueError("logit_bias is not supported")
         _stop_list(self.stop)
-        if self.stop_token_ids is not None and any(t < 0 for t in self.stop_token_ids):
-            raise ValueError("stop_token_ids must be >= 0")
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options is only allowed with stream=true")
         return self
@@ -204,12 +225,17 @@ class _OpenAICommon(_Strict):
 class CompletionRequest(_OpenAICommon):
     """Body of ``POST /v1/completions``."""
 
-    prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = Field(default=16, ge=1)
-    logprobs: int | None = Field(default=None, ge=0, le=_MAX_TOP_LOGPROBS, description="Top alternatives per token.")
-    echo: bool = False
+    prompt: str | list[str] | TokenIds | list[TokenIds]
+    max_tokens: StrictInt | None = Field(default=16, ge=1, le=INT32_MAX)
+    logprobs: StrictInt | None = Field(default=None, ge=0, le=_MAX_TOP_LOGPROBS, description="Top alternatives per token.")
+    echo: StrictBool = False
     suffix: str | None = None
-    best_of: int | None = None
+    best_of: StrictInt | None = Field(default=None, ge=1, le=_MAX_N)
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _prompt_ids(cls, v):
+        return check_token_ids(v, "prompt", nested=True)
 
     @model_validator(mode="after")
     def _checks(self) -> CompletionRequest:
@@ -222,8 +248,6 @@ class CompletionRequest(_OpenAICommon):
         p = self.prompt
         if p == "" or p == [] or (isinstance(p, list) and any(x == "" or x == [] for x in p)):
             raise ValueError("`prompt` is empty")
-        if isinstance(p, list) and p and isinstance(p[0], int) and any(t < 0 for t in p):  # type: ignore[operator]
-            raise ValueError("`prompt` token ids must be >= 0")
         return self
 
     def prompts_raw(self) -> list[str] | list[list[int]]:
@@ -235,7 +259,11 @@ class CompletionRequest(_OpenAICommon):
         return p  # type: ignore[return-value]
 
 
-class TextPart(_Strict):
+class TextPart(BaseModel):
+    """A text part of a message's content (its text is checked by the message, which names the field)."""
+
+    model_config = ConfigDict(extra="forbid")
+
     type: Literal["text"]
     text: str
 
@@ -259,18 +287,18 @@ class ChatCompletionRequest(_OpenAICommon):
     """Body of ``POST /v1/chat/completions``; the prompt is the tokenizer's chat template applied."""
 
     messages: list[ChatMessageIn] = Field(min_length=1)
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
-    logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, ge=0, le=_MAX_TOP_LOGPROBS)
+    max_tokens: StrictInt | None = Field(default=None, ge=1, le=INT32_MAX)
+    max_completion_tokens: StrictInt | None = Field(default=None, ge=1, le=INT32_MAX)
+    logprobs: StrictBool = False
+    top_logprobs: StrictInt | None = Field(default=None, ge=0, le=_MAX_TOP_LOGPROBS)
     tools: list[dict[str, Any]] | None = Field(default=None, description="Passed to the chat template; calls are not parsed.")
     tool_choice: Literal["none", "auto"] | None = None
-    add_generation_prompt: bool = True
-    continue_final_message: bool = False
+    add_generation_prompt: StrictBool = True
+    continue_final_message: StrictBool = False
     chat_template_kwargs: dict[str, Any] | None = None
     # SGLang's chat extras (sglang-router sends them): no reasoning parser runs here, so they have no effect.
-    separate_reasoning: bool = True
-    stream_reasoning: bool = True
+    separate_reasoning: StrictBool = True
+    stream_reasoning: StrictBool = True
 
     @model_validator(mode="after")
     def _checks(self) -> ChatCompletionRequest:

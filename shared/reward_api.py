@@ -13,6 +13,10 @@ scorer's own (unweighted) value. A scorer configured with ``on_error: mark`` tha
 
 ``/get_reward`` is OpenRLHF's remote reward-model protocol (``openrlhf.cli.serve_rm``): request
 ``{"query", "prompts", "labels"}`` (only ``query`` required), reply ``{"rewards", "scores", "extra_logs"}``.
+
+Every text in a request (prompt, response, chat content, labels and metadata included) must be valid UTF-8:
+a lone surrogate (JSON ``"\ud800"``) is refused naming the field (:mod:`shared.wire_checks`), since reward
+models' tokenizers and remote scorers' JSON encoders cannot take it.
 """
 
 from __future__ import annotations
@@ -22,11 +26,12 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from shared.schemas import ChatMessage
+from shared.wire_checks import Utf8Fields
 
 Prompt = str | list[ChatMessage]
 
 
-class ScoreItem(BaseModel):
+class ScoreItem(Utf8Fields):
     """One (prompt, response) pair to score."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -74,7 +79,7 @@ class ScoreResponse(BaseModel):
         return self
 
 
-class GetRewardRequest(BaseModel):
+class GetRewardRequest(Utf8Fields):
     """Body of ``POST /get_reward`` (OpenRLHF). ``query`` is prompt + response text.
 
     Unknown keys are ignored (not rejected) so newer OpenRLHF trainers that send more keep working.

@@ -104,6 +104,38 @@ def test_bad_input_is_a_4xx_with_the_reason(svc, path, body, status, reason):
     assert reason in json.dumps(r.json()["detail"]).replace("\\\\", "\\").replace('\\"', '"') or reason in r.text
 
 
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        ("/score", {"items": [{"prompt": "\ud800 p", "response": "1", "label": 1}]}, "items.0.prompt"),
+        ("/score", {"items": [{"prompt": [{"role": "user", "content": "x\udfff"}], "response": "1", "label": 1}]},
+         "items.0.prompt"),
+        ("/score", {"items": [{"prompt": "p", "response": "1 \ud800", "label": 1}]}, "items.0.response"),
+        ("/score", {"items": [{"prompt": "p", "response": "1", "label": "\ud800"}]}, "items.0.label"),
+        ("/score", {"items": [{"prompt": "p", "response": "1", "label": 1, "metadata": {"k": "\udc00"}}]},
+         "items.0.metadata"),
+        ("/get_reward", {"query": ["fine", "x \ud800"]}, "query"),
+        ("/get_reward", {"query": ["ab"], "prompts": ["\ud800"]}, "prompts"),
+        ("/get_reward", {"query": ["ab"], "labels": ["\ud800"]}, "labels"),
+    ],
+)
+def test_text_that_is_not_utf8_is_a_4xx_naming_the_field(svc, path, body, field):
+    """A lone surrogate (JSON ``"\\ud800"``) cannot reach a tokenizer or a remote scorer: refused at the door."""
+    with httpx.Client(base_url=svc.url, timeout=30) as c:
+        r = c.post(path, content=json.dumps(body).encode(), headers={"content-type": "application/json"})
+        assert r.status_code == 422, r.text
+        assert any(d.startswith(f"{field}:") and "not valid UTF-8" in d for d in r.json()["detail"]), r.text
+        ok = c.post("/score", json={"items": [{"prompt": "p", "response": "1 \U0001F600", "label": 1}]})
+        assert ok.status_code == 200 and ok.json()["scores"] == [1.0]  # valid non-BMP text is fine, same connection
+
+
+def test_an_unknown_field_named_by_a_lone_surrogate_is_a_4xx(svc):
+    body = {"items": [{"prompt": "p", "response": "1", "label": 1, "\ud800": 2}]}
+    r = httpx.post(f"{svc.url}/score", content=json.dumps(body).encode(), headers={"content-type": "application/json"},
+                   timeout=30)
+    assert r.status_code == 422 and r.json()["detail"][0].startswith("items.0: Input should be a valid string"), r.text
+
+
 def test_malformed_json_and_huge_body(svc):
     r = httpx.post(f"{svc.url}/score", content=b'{"items": [', headers={"content-type": "application/json"}, timeout=10)
     assert r.status_code == 422 and "JSON" in r.text

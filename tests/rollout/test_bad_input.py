@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import httpx
 import pytest
@@ -49,6 +50,122 @@ def test_bad_request_gets_clear_4xx(rollout, path, body, status, needle):
     assert r.status_code == status, r.text
     payload = r.json()
     assert needle in payload["detail"] and payload["error"]["message"] == payload["detail"]
+
+
+CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "x"}]}
+CMPL = {"model": "tiny", "prompt": "x"}
+INF, NAN = float("inf"), float("nan")
+
+# Numbers an engine cannot hold, numbers sent as strings, non-finite floats, text that is not UTF-8 (a lone
+# surrogate, as JSON's "\ud800" escape decodes to): each a 400 naming the field, at every route.
+OUT_OF_RANGE = [
+    ("/generate", {"text": "a", "sampling_params": {"top_k": 1e20}}, "sampling_params.top_k"),
+    ("/generate", {"text": "a", "sampling_params": {"top_k": 2**70}}, "sampling_params.top_k"),
+    ("/generate", {"text": "a", "sampling_params": {"top_k": "5"}}, "sampling_params.top_k"),
+    ("/generate", {"text": "a", "sampling_params": {"sampling_seed": 2**70}}, "sampling_params.sampling_seed"),
+    ("/generate", {"text": "a", "sampling_params": {"sampling_seed": 2**63}}, "sampling_params.sampling_seed"),
+    ("/generate", {"text": "a", "sampling_params": {"max_new_tokens": "10"}}, "sampling_params.max_new_tokens"),
+    ("/generate", {"text": "a", "sampling_params": {"max_new_tokens": 2.5}}, "sampling_params.max_new_tokens"),
+    ("/generate", {"text": "a", "sampling_params": {"max_new_tokens": 2**70}}, "sampling_params.max_new_tokens"),
+    ("/generate", {"text": "a", "sampling_params": {"temperature": INF}}, "sampling_params.temperature"),
+    ("/generate", {"text": "a", "sampling_params": {"temperature": NAN}}, "sampling_params.temperature"),
+    ("/generate", {"text": "a", "sampling_params": {"temperature": "1"}}, "sampling_params.temperature"),
+    ("/generate", {"text": "a", "sampling_params": {"top_p": NAN}}, "sampling_params.top_p"),
+    ("/generate", {"text": "a", "sampling_params": {"min_p": INF}}, "sampling_params.min_p"),
+    ("/generate", {"text": "a", "sampling_params": {"n": "2"}}, "sampling_params.n"),
+    ("/generate", {"text": "a", "sampling_params": {"ignore_eos": "false"}}, "sampling_params.ignore_eos"),
+    ("/generate", {"text": "a", "sampling_params": {"stop_token_ids": [2**40]}}, "sampling_params.stop_token_ids"),
+    ("/generate", {"text": "a", "sampling_params": {"stop_token_ids": ["1"]}}, "sampling_params.stop_token_ids"),
+    ("/generate", {"text": "a", "sampling_params": {"stop": ["\ud800"]}}, "sampling_params.stop"),
+    ("/generate", {"input_ids": [1, 2**40]}, "input_ids"),
+    ("/generate", {"input_ids": [[1], [2, 2**70]]}, "input_ids"),
+    ("/generate", {"input_ids": [1, "2"]}, "input_ids"),
+    ("/generate", {"input_ids": [1, 2.0]}, "input_ids"),
+    ("/generate", {"text": "\ud800 x"}, "text"),
+    ("/generate", {"text": ["fine", "x \udfff"]}, "text"),
+    ("/generate", {"text": "a", "rid": "\ud800"}, "rid"),
+    ("/generate", {"text": "a", "\ud800": 1}, "body: holds text that is not valid UTF-8"),  # a field name
+    ("/generate", {"text": "a", "top_logprobs_num": "2"}, "top_logprobs_num"),
+    ("/generate", {"text": "a", "return_logprob": "yes"}, "return_logprob"),
+    ("/v1/completions", {**CMPL, "seed": 2**70}, "seed"),
+    ("/v1/completions", {**CMPL, "max_tokens": "10"}, "max_tokens"),
+    ("/v1/completions", {**CMPL, "temperature": INF}, "temperature"),
+    ("/v1/completions", {**CMPL, "top_k": 1e20}, "top_k"),
+    ("/v1/completions", {**CMPL, "logprobs": 2**70}, "logprobs"),
+    ("/v1/completions", {**CMPL, "n": 1.0}, "n"),
+    ("/v1/completions", {**CMPL, "presence_penalty": NAN}, "presence_penalty"),
+    ("/v1/completions", {"model": "tiny", "prompt": [1, 2**40]}, "prompt"),
+    ("/v1/completions", {"model": "tiny", "prompt": "\ud800 x"}, "prompt"),
+    ("/v1/completions", {"model": "tiny", "prompt": ["ok", "\ud800"]}, "prompt"),
+    ("/v1/completions", {**CMPL, "stop": "\udc00"}, "stop"),
+    ("/v1/chat/completions", {**CHAT, "seed": 2**70}, "seed"),
+    ("/v1/chat/completions", {**CHAT, "max_completion_tokens": "5"}, "max_completion_tokens"),
+    ("/v1/chat/completions", {**CHAT, "top_logprobs": 1e20, "logprobs": True}, "top_logprobs"),
+    ("/v1/chat/completions", {**CHAT, "temperature": -INF}, "temperature"),
+    ("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "\ud800 x"}]},
+     "messages.0.content"),
+    ("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "\ud800"}]}]}, "messages.0.content"),
+    ("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "x", "name": "\ud800"}]},
+     "messages.0.name"),
+    ("/v1/chat/completions", {**CHAT, "tools": [{"type": "function", "function": {"name": "\ud800"}}]}, "tools"),
+]
+
+
+def _raw(body: dict) -> bytes:
+    """JSON as a client that can send anything sends it: Infinity / NaN literals, \\ud800 escapes."""
+    return json.dumps(body).encode()
+
+
+@pytest.mark.parametrize("path,body,field", OUT_OF_RANGE, ids=[f"{b[0]}-{b[2]}-{i}" for i, b in enumerate(OUT_OF_RANGE)])
+def test_out_of_range_values_are_a_400_naming_the_field(rollout, path, body, field):
+    with httpx.Client(base_url=rollout.url, timeout=30, headers={"content-type": "application/json"}) as c:
+        r = c.post(path, content=_raw(body))
+        assert r.status_code == 400, r.text
+        detail = r.json()["detail"]
+        assert detail.startswith(field) or f"; {field}" in detail, detail
+        # the connection survives a 4xx: the next request on it is served
+        assert c.get("/health").status_code == 200
+
+
+STILL_ACCEPTED = [
+    ("/generate", {"text": "a", "sampling_params": {"max_new_tokens": 2, "temperature": 1, "top_p": 1, "min_p": 0,
+                                                     "sampling_seed": 2**63 - 1, "n": 2, "top_k": 2**31 - 1}}),
+    ("/generate", {"text": "a \ud83d\ude00", "sampling_params": {"max_new_tokens": 2}}),  # a surrogate *pair* is fine
+    ("/v1/completions", {**CMPL, "max_tokens": 2, "temperature": 0, "seed": 2**63 - 1, "top_p": 1}),
+    ("/v1/chat/completions", {**CHAT, "max_tokens": 2, "temperature": 2, "seed": 0, "logprobs": True,
+                              "top_logprobs": 1}),
+]
+
+
+@pytest.mark.parametrize("path,body", STILL_ACCEPTED, ids=[b[0] for b in STILL_ACCEPTED])
+def test_ints_where_floats_are_declared_and_edge_values_still_work(rollout, path, body):
+    r = httpx.post(f"{rollout.url}{path}", content=_raw(body), timeout=60, headers={"content-type": "application/json"})
+    assert r.status_code == 200, r.text
+
+
+async def test_a_bad_request_never_aborts_another_clients_generation(rollout):
+    """Issue 17 #4: one request with an overflowing ``top_k`` used to abort every sequence in the hf decode batch."""
+    good = {"text": "keep going", "stream": True, "sampling_params": {"max_new_tokens": 400, "ignore_eos": True, "n": 3}}
+    bads = [{"text": "a", "sampling_params": {"top_k": 2**70}}, {"text": "a", "sampling_params": {"top_k": 1e20}},
+            {"text": "a", "sampling_params": {"sampling_seed": 2**70}}, {"text": "\ud800 x"}]
+    finishes, statuses = {}, []
+    async with httpx.AsyncClient(base_url=rollout.url, timeout=120) as c, c.stream("POST", "/generate", json=good) as r:
+        lines = r.aiter_lines()
+        async for line in lines:  # the good sequences are decoding
+            if line.startswith("data: {"):
+                break
+        for bad in bads:
+            async with httpx.AsyncClient(base_url=rollout.url, timeout=60) as other:
+                reply = await other.post("/generate", content=_raw(bad), headers={"content-type": "application/json"})
+                statuses.append(reply.status_code)
+        async for line in lines:
+            if line.startswith("data: {"):
+                chunk = json.loads(line[6:])
+                if chunk["meta_info"]["finish_reason"] is not None:
+                    finishes[chunk["index"]] = chunk["meta_info"]["finish_reason"]
+    assert finishes == {i: {"type": "length", "length": 400} for i in range(3)}
+    assert statuses == [400] * len(bads)
 
 
 def test_huge_body_is_413(rollout):

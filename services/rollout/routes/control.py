@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from services.rollout.deps import ControlDep, ServiceDep
 from services.rollout.errors import RequestError
+from shared.wire_checks import FiniteFloat
 
 router = APIRouter(tags=["control"], dependencies=[ControlDep])
 
@@ -21,7 +22,8 @@ class PauseRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     mode: Literal["abort", "wait"] = Field(default="abort", description="abort: end in-flight sequences; wait: let them finish.")
-    timeout_s: float | None = Field(default=None, gt=0, description="wait mode: give up waiting after this long.")
+    timeout_s: FiniteFloat | None = Field(default=None, gt=0, le=86400,
+                                          description="wait mode: give up waiting after this long.")
 
 
 class ControlReply(BaseModel):

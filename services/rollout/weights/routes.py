@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from services.rollout.deps import ControlDep
 from services.rollout.weights.settings import SidecarSettings
 from shared.settings import load_settings
+from shared.wire_checks import INT64_MAX, FiniteFloat, StrictInt
 
 log = logging.getLogger(__name__)
 
@@ -34,8 +35,8 @@ log = logging.getLogger(__name__)
 class UpdateWeightsRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    version: int | None = Field(default=None, ge=1, description="Target version; default the latest published.")
-    timeout_s: float = Field(default=60.0, gt=0, le=3600, description="How long to wait for the replica to load it.")
+    version: StrictInt | None = Field(default=None, ge=1, le=INT64_MAX, description="Target version; default the latest published.")
+    timeout_s: FiniteFloat = Field(default=60.0, gt=0, le=3600, description="How long to wait for the replica to load it.")
 
 
 def get_sidecar(request: Request) -> Any:
