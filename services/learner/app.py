@@ -10,6 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from shared.auth import control_guard
+from shared.http_errors import InternalErrorGuard
 
 from .routes import router
 from .service import ControlError, LearnerService
@@ -33,6 +34,7 @@ def create_app(settings: LearnerSettings, service: LearnerService | None = None,
     app.state.learner_service = svc
     app.state.control_guard = control_guard(settings.control_token)
     app.include_router(router)
+    app.add_middleware(InternalErrorGuard)  # a bug answers a JSON 500 and keeps the client's connection
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -13,13 +13,15 @@ from services.reward.errors import RewardRequestError
 from services.reward.routes import router
 from services.reward.service import RewardService
 from services.reward.settings import RewardSettings
+from shared.http_errors import InternalErrorGuard
+from shared.wire_checks import printable
 
 
 def _readable(exc: RequestValidationError) -> list[str]:
     out = []
     for err in exc.errors():
         loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or "body"
-        out.append(f"{loc}: {err.get('msg', 'invalid')}")
+        out.append(printable(f"{loc}: {err.get('msg', 'invalid')}"))  # the loc may be a bad key itself
     return out
 
 
@@ -38,6 +40,7 @@ def create_app(settings: RewardSettings, service: RewardService | None = None) -
     app = FastAPI(title="FleetRL reward service", lifespan=lifespan)
     app.state.reward_service = svc
     app.include_router(router)
+    app.add_middleware(InternalErrorGuard)  # a bug answers a JSON 500 and keeps the client's connection
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
 
     @app.exception_handler(RequestValidationError)

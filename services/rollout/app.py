@@ -15,11 +15,12 @@ from contextlib import asynccontextmanager
 
 from fastapi import APIRouter, FastAPI
 
-from services.rollout.errors import install_error_handlers
+from services.rollout.errors import install_error_handlers, internal_error_body
 from services.rollout.middleware import RequestGuard
 from services.rollout.routes import control, generate, info, openai
 from services.rollout.service import RolloutService
 from services.rollout.settings import RolloutSettings
+from shared.http_errors import InternalErrorGuard
 
 
 def load_extension(path: str, service: RolloutService) -> APIRouter:
@@ -49,6 +50,7 @@ def create_app(settings: RolloutSettings, *, service: RolloutService | None = No
     app.state.service = service
     app.state.settings = settings
     install_error_handlers(app, settings.limits.retry_after_s)
+    app.add_middleware(InternalErrorGuard, render=internal_error_body)  # innermost: a bug's 500 keeps the connection
     app.add_middleware(RequestGuard, max_bytes=settings.limits.max_body_bytes, metrics=service.metrics)
     routers = [generate.router, openai.router, info.router, control.router, *extra_routers]
     routers += [load_extension(p, service) for p in settings.all_extensions]

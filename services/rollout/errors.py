@@ -1,21 +1,20 @@
 """Errors the rollout service maps to HTTP statuses, and the handlers that do it (one shape everywhere).
 
 Bodies are ``{"error": {"message", "type", "code"}, "detail": message}``: the OpenAI client reads
-``error.message``; FastAPI-style clients read ``detail``. User input never produces a 500.
+``error.message``; FastAPI-style clients read ``detail``. User input never produces a 500; a bug does, in
+the same shape, from :class:`shared.http_errors.InternalErrorGuard` (the app installs it with
+:func:`internal_error_body`), which keeps the client's connection open.
 """
 
 from __future__ import annotations
-
-import logging
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from services.rollout.engines.base import EnginePaused, EngineUnavailable
-
-log = logging.getLogger(__name__)
+from services.rollout.engines.base import EnginePaused, EngineUnavailable, SequenceRejected
+from shared.wire_checks import printable
 
 
 class RequestError(ValueError):
@@ -31,7 +30,13 @@ class Overloaded(RuntimeError):
 
 
 def _body(status: int, message: str, kind: str) -> dict:
+    message = printable(message)  # may quote the bad input, e.g. an unknown field named "\ud800"
     return {"error": {"message": message, "type": kind, "code": status}, "detail": message}
+
+
+def internal_error_body(status: int, message: str) -> dict:
+    """The body of a 500 (``InternalErrorGuard``'s render)."""
+    return _body(status, message, "internal_error")
 
 
 def error_response(status: int, message: str, kind: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -47,6 +52,8 @@ def validation_message(exc: RequestValidationError) -> str:
             parts.append(f"{where}: unknown field (not part of this API)")
         elif err.get("type") == "json_invalid":
             parts.append(f"body is not valid JSON: {err.get('ctx', {}).get('error', err.get('msg'))}")
+        elif err.get("type") == "string_unicode":  # a lone surrogate where pydantic needs a str (a field name)
+            parts.append(f"{where}: holds text that is not valid UTF-8 (a lone surrogate, perhaps in a field name)")
         elif err.get("type") == "missing" and where == "body":
             parts.append("body: a JSON object is required")
         else:
@@ -66,6 +73,10 @@ def install_error_handlers(app: FastAPI, retry_after_s: int) -> None:
     async def _request(_: Request, exc: RequestError) -> JSONResponse:
         return error_response(exc.status, str(exc), "invalid_request_error")
 
+    @app.exception_handler(SequenceRejected)
+    async def _rejected(_: Request, exc: SequenceRejected) -> JSONResponse:
+        return error_response(400, str(exc), "invalid_request_error")
+
     @app.exception_handler(Overloaded)
     async def _overloaded(_: Request, exc: Overloaded) -> JSONResponse:
         return error_response(429, str(exc), "overloaded", retry)
@@ -81,8 +92,3 @@ def install_error_handlers(app: FastAPI, retry_after_s: int) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         return error_response(exc.status_code, str(exc.detail), "http_error", getattr(exc, "headers", None))
-
-    @app.exception_handler(Exception)
-    async def _internal(_: Request, exc: Exception) -> JSONResponse:
-        log.exception("internal error")
-        return error_response(500, f"internal error: {type(exc).__name__}", "internal_error")
