@@ -27,7 +27,7 @@ from dataclasses import replace
 import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from services.rollout.engines.base import EngineError
+from services.rollout.engines.base import EngineError, SequenceRejected
 from services.rollout.engines.types import SequenceOutput, SequenceRequest
 from services.rollout.errors import Overloaded
 from services.rollout.worker.group import experiences, task_sampling
@@ -220,6 +220,8 @@ class RolloutWorker:
                 log.info("group %s: %s; retrying", task.id, exc)
                 await asyncio.sleep(self.cfg.poll_interval_s)
                 continue
+            except SequenceRejected as exc:  # the task asks for what the engine cannot do: retrying cannot help
+                raise GroupFailed(f"bad prompt task: {exc}") from exc
             if all(o.finish is not None and o.finish.type != "abort" for o in outs):
                 return outs
             aborted_attempts += 1
