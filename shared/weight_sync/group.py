@@ -25,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import logging
-import os
 import socket
 import time
 from typing import Any, Protocol
@@ -122,14 +121,11 @@ class CollectiveGroup:
 def host_store(listener: socket.socket, world_size: int, timeout: datetime.timedelta) -> dist.TCPStore:
     """The group's TCP store, served on ``listener`` (a bound, listening socket, taken over: the store closes
     it) and only there; blocks until ``world_size`` ranks (this one included) have connected."""
-    port, fd = listener.getsockname()[1], listener.fileno()
-    host = net.connect_addr(listener)
-    listener.detach()
-    try:
-        return dist.TCPStore(host, port, world_size, is_master=True, timeout=timeout, master_listen_fd=fd)
-    except Exception:
-        os.close(fd)
-        raise
+    port, host = listener.getsockname()[1], net.connect_addr(listener)
+    fd = listener.detach()
+    # no os.close(fd) if this raises: the store closes it also when it fails (e.g. a rank never connected),
+    # and closing it again could close whatever file took that number since
+    return dist.TCPStore(host, port, world_size, is_master=True, timeout=timeout, master_listen_fd=fd)
 
 
 def _gloo_device(addr: str | None) -> Any:
