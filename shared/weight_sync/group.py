@@ -65,8 +65,7 @@ class CollectiveGroup:
             if rank == 0:
                 store = host_store(listener or net.listen(master_addr, master_port), world_size, init)
             else:
-                store, _, _ = next(c10d.rendezvous(f"tcp://{master_addr}:{master_port}", rank, world_size,
-                                                   timeout=init))
+                store = dial_store(master_addr, master_port, world_size, init_timeout_s)
             store.set_timeout(init)
             store = c10d.PrefixStore(group_name, store)
             if backend == "gloo":
@@ -126,6 +125,41 @@ def host_store(listener: socket.socket, world_size: int, timeout: datetime.timed
     # no os.close(fd) if this raises: the store closes it also when it fails (e.g. a rank never connected),
     # and closing it again could close whatever file took that number since
     return dist.TCPStore(host, port, world_size, is_master=True, timeout=timeout, master_listen_fd=fd)
+
+
+_DIAL_ATTEMPT_S = 3.0
+
+
+def dial_store(addr: str, port: int, world_size: int, init_timeout_s: float) -> dist.TCPStore:
+    """A client of the group's TCP store at ``addr:port`` (counted among its ``world_size`` ranks), connected
+    within ``init_timeout_s``.
+
+    The publisher binds its store's socket before it announces a round, so a refused connection means the
+    round's publisher is gone (e.g. a learner killed mid-publish): that fails at once instead of retrying
+    for the whole init timeout (torch's own client retries a refused port until it passes, twice over).
+    Each connection attempt is bounded by a few seconds, so an address that does not answer at all costs
+    at most ``init_timeout_s``."""
+    deadline = time.monotonic() + init_timeout_s
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise CollectiveError(f"no answer from the group's store at {addr}:{port} within {init_timeout_s:.0f}s")
+        try:
+            with socket.create_connection((addr, port), timeout=min(_DIAL_ATTEMPT_S, remaining)):
+                pass
+        except ConnectionRefusedError as exc:
+            raise CollectiveError(f"nothing listens on {addr}:{port} any more: the publisher that announced this "
+                                  "round is gone") from exc
+        except OSError:
+            continue  # no answer yet (a slow or filtered network): try again until the deadline
+        try:
+            store = dist.TCPStore(addr, port, world_size, False,
+                                  timeout=datetime.timedelta(seconds=max(0.1, min(_DIAL_ATTEMPT_S, remaining))))
+        except (RuntimeError, TimeoutError) as exc:  # it went away between the probe and the connect
+            log.debug("connecting to the store at %s:%d: %s", addr, port, exc)
+            continue
+        store.set_timeout(datetime.timedelta(seconds=init_timeout_s))
+        return store
 
 
 def _gloo_device(addr: str | None) -> Any:

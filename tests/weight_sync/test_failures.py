@@ -8,6 +8,8 @@ import os
 import signal
 import time
 
+import pytest
+
 from shared.weight_sync import WeightPublisher, WeightSyncSettings
 from shared.weight_sync.outbox import Outbox
 from tests.weight_sync.conftest import new_weights, reference_ids, wait_registered
@@ -123,3 +125,20 @@ async def test_corrupted_bucket_is_refused(replicas, redis_client, tiny_model_di
         assert out["meta_info"]["weight_version"] == "0" and out["output_ids"] == before
     finally:
         await pub.close()
+
+
+def test_joining_a_round_whose_publisher_is_gone_fails_fast():
+    """The publisher announced a round and died (a learner SIGKILLed mid-publish): its store's port is closed.
+    A replica joining that round must give up at once, not retry the connection for the round's 60 s init
+    timeout (twice over, in torch's client), while the restarted learner's rounds wait for it."""
+    import time
+
+    from shared.redis_server import free_port
+    from shared.weight_sync.group import CollectiveError, open_group
+
+    port = free_port()  # nothing listens there any more
+    t0 = time.monotonic()
+    with pytest.raises(CollectiveError, match="gone"):
+        open_group("torch", backend="gloo", master_addr="127.0.0.1", master_port=port, rank=1, world_size=2,
+                   group_name=f"fleetrl-weights-{port}", init_timeout_s=60.0, collective_timeout_s=5.0)
+    assert time.monotonic() - t0 < 5.0
