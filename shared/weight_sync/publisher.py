@@ -102,6 +102,7 @@ class WeightPublisher:
         self.settings = settings or WeightSyncSettings()
         self.registry = ReplicaRegistry(redis, run)
         self.last_report: PublishReport | None = None
+        self._last_version = 0  # the newest version this publisher published
         self.outbox = Outbox(self.settings)  # the held version's buckets: packed, digested, kept for late joiners
         self._sums_written = False
         self._plan_key: list | None = None
@@ -138,7 +139,9 @@ class WeightPublisher:
             pipe.hgetall(wkeys.replicas(self.run))
             pipe.incr(wkeys.round_counter(self.run))
             latest, listing, self._next_round = await pipe.execute()
-            latest = int(latest or 0)
+            # a Redis that restarted may have lost the last version it was told (appendfsync everysec); this
+            # publisher's own record keeps a version number from being handed out twice
+            latest = max(int(latest or 0), self._last_version)
             v = latest + 1 if version is None else int(version)
             if v <= latest:
                 raise ValueError(f"version {v} is not newer than the latest published version {latest}")
@@ -177,6 +180,7 @@ class WeightPublisher:
             finally:
                 self.outbox.release()
             await self.redis.set(keys.weights_version(self.run), str(v))
+            self._last_version = v
             clock.lap("finish")
             report.seconds = time.perf_counter() - t0
             report.phases = {k: round(x, 6) for k, x in clock.phases.items()}
@@ -440,6 +444,8 @@ class WeightPublisher:
             self._catch_up_task = asyncio.get_running_loop().create_task(self._catch_up_loop())
 
     async def _catch_up_loop(self) -> None:
+        failing_since: float | None = None  # a failing pass (Redis down) is logged once, then every 30 s
+        last_logged = 0.0
         while True:
             try:
                 await asyncio.wait_for(self._closing.wait(), self.settings.catch_up_poll_s)
@@ -448,8 +454,16 @@ class WeightPublisher:
                 pass
             try:
                 await self._catch_up_once()
+                if failing_since is not None:
+                    log.info("catch-up passes work again (failed for %.1fs)", time.monotonic() - failing_since)
+                    failing_since = None
             except Exception as exc:
-                log.warning("catch-up pass failed: %s", exc)
+                now = time.monotonic()
+                if failing_since is None:
+                    failing_since = now
+                if now - last_logged >= 30.0 or failing_since == now:
+                    last_logged = now
+                    log.warning("catch-up pass failed (failing for %.1fs): %s", now - failing_since, exc)
 
     async def _catch_up_once(self) -> None:
         manifest = self.outbox.manifest

@@ -142,3 +142,18 @@ def test_joining_a_round_whose_publisher_is_gone_fails_fast():
         open_group("torch", backend="gloo", master_addr="127.0.0.1", master_port=port, rank=1, world_size=2,
                    group_name=f"fleetrl-weights-{port}", init_timeout_s=60.0, collective_timeout_s=5.0)
     assert time.monotonic() - t0 < 5.0
+
+
+async def test_a_version_redis_forgot_is_never_handed_out_twice(redis_client):
+    """Redis restarted and lost the last `weights:version` write (appendfsync everysec): the next publish must
+    still take a new number, or replicas already holding that version would be handed a different model."""
+    import torch
+
+    from shared import keys
+
+    weights = {"w": torch.ones(4)}
+    async with WeightPublisher(redis_client, "forgot", WeightSyncSettings()) as pub:
+        assert [await pub.publish(weights), await pub.publish(weights)] == [1, 2]
+        await redis_client.set(keys.weights_version("forgot"), "1")  # what the restarted server remembers
+        assert await pub.publish(weights) == 3
+    assert int(await redis_client.get(keys.weights_version("forgot"))) == 3
