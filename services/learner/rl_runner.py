@@ -439,13 +439,24 @@ class RLRunner:
             if self.state.in_flight[key].attempt == attempt:  # not re-issued already
                 await self._reissue(key)
         want = self.s.train.groups_per_step
-        ready = len(self._complete) >= want
-        if not ready and self._complete and self._exhausted():
+        # at most one group per dataset position (a re-issued prompt can complete twice: the late first attempt
+        # and the re-issue); the others stay complete and are superseded once the chosen one is trained
+        batch: list[str] = []
+        positions: set[str] = set()
+        for gid in self._complete:
+            key = parse_item_id(gid)[0]
+            if key not in positions and len(batch) < want:
+                batch.append(gid)
+                positions.add(key)
+        ready = len(batch) >= want
+        if not ready and batch and self._exhausted():
             # the last, smaller batch: every prompt still in flight has a complete group
-            ready = {parse_item_id(g)[0] for g in self._complete} >= set(self.state.in_flight)
+            ready = positions >= set(self.state.in_flight)
         if not ready:
             return []
-        return [self._complete.popleft() for _ in range(min(want, len(self._complete)))]
+        for gid in batch:
+            self._complete.remove(gid)
+        return batch
 
     # ---- training --------------------------------------------------------------------------------------
     async def _train(self, gids: list[str]) -> None:

@@ -28,6 +28,8 @@ class FakeFleet:
     bad_prompt_ids: set[str] = field(default_factory=set)  # answer these with out-of-vocabulary token ids
     duplicate: bool = False  # push every experience twice (a fleet that retried after a crash)
     poison_keys: set[str] = field(default_factory=set)  # dataset positions ("e0-3") whose tasks fail every time
+    hold_keys: set[str] = field(default_factory=set)  # positions whose tasks wait (unanswered) until removed
+    _waiting: list = field(default_factory=list)
     produced_groups: list[str] = field(default_factory=list)
     stopped: bool = False
 
@@ -72,7 +74,12 @@ class FakeFleet:
             if self.budget <= 0:
                 await asyncio.sleep(0.05)
                 continue
-            for d in await self.prompts.consume(consumer, count=1, block_ms=100):
+            released = [d for d in self._waiting if d.record.id.rsplit("-r", 1)[0] not in self.hold_keys]
+            self._waiting = [d for d in self._waiting if d not in released]
+            for d in released + await self.prompts.consume(consumer, count=1, block_ms=100):
+                if d.record.id.rsplit("-r", 1)[0] in self.hold_keys:
+                    self._waiting.append(d)
+                    continue
                 if d.record.id.rsplit("-r", 1)[0] in self.poison_keys:
                     await self.prompts.fail(d, "bad prompt task: the prompt is longer than the context")
                     continue

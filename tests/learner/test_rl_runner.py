@@ -198,3 +198,25 @@ async def test_dead_lettered_prompts_are_reissued_at_once_then_given_up_with_the
     assert c["prompts_reissued"] == 1  # attempt 0 dead-lettered -> re-issued once -> dead-lettered -> given up
     assert "e0-3" in status["abandoned"] and "longer than the context" in status["abandoned"]["e0-3"]
     assert trained_items(tmp_path / "run") == {f"e0-{i}": 4 for i in range(N_PROMPTS) if i != 3}
+
+
+async def test_one_step_never_takes_two_attempts_of_the_same_prompt(tiny_model_dir, tmp_path, redis_server):
+    """A prompt re-issued (timeout, stale drop, restart) can complete twice: the late first attempt and the
+    re-issue. One step must take at most one group per dataset position (else it trains it twice, and the
+    second group's bookkeeping failed the run: KeyError, found by make drills)."""
+    from services.learner.observability import MetricsSink
+    from services.learner.rl_runner import RLRunner
+    from services.learner.run_state import InFlight
+    from tests.learner.helpers import group
+
+    s = learner_settings(tiny_model_dir, tmp_path, redis_server)
+    sink = MetricsSink(s.observability, tmp_path / "run", __import__("prometheus_client").CollectorRegistry())
+    runner = RLRunner(s, redis=None, sink=sink)
+    for key, attempt in (("e0-1", 0), ("e0-1", 1), ("e0-2", 0), ("e0-3", 0)):
+        gid = key if attempt == 0 else f"{key}-r{attempt}"
+        runner.state.in_flight[key] = InFlight(epoch=0, index=int(key[3:]), attempt=1 if key == "e0-1" else 0,
+                                               issued_at=0.0)
+        runner._buffer[gid] = {e.index: (f"entry-{gid}-{e.index}", e) for e in group(gid, [[5]] * 4, [1, 0, 1, 0])}
+        runner._complete.append(gid)
+    assert await runner._take_batch() == ["e0-1", "e0-2"]  # in completion order, one group per position
+    assert list(runner._complete) == ["e0-1-r1", "e0-3"]  # the other attempt waits (superseded when e0-1 trains)
