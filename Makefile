@@ -2,16 +2,16 @@
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints/cpu.txt | cksum | cut -d' ' -f1)
 export TOKENIZERS_PARALLELISM := false
 export HF_HUB_OFFLINE := 1
 
 .PHONY: install test test-gpu test-slow demo bench lint clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints/cpu.txt
 	@$(PY) -c 'import sys; assert sys.version_info >= (3, 10), "FleetRL needs Python >= 3.10"'
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/python -m pip install -q -e '.[learner,dev]'
+	$(BIN)/python -m pip install -q -c constraints/cpu.txt -e '.[learner,dev]'
 	rm -f $(VENV)/.installed-* && touch $(STAMP)
 
 install: $(STAMP)
@@ -44,7 +44,7 @@ compose-test: $(STAMP)
 
 ## the Ray launcher on a local CPU Ray cluster (ray is in the `ray` extra; without it the test skips)
 test-ray: $(STAMP)
-	$(BIN)/python -m pip install -q -e '.[learner,dev,ray]'
+	$(BIN)/python -m pip install -q -c constraints/cpu.txt -e '.[learner,dev,ray]'
 	$(BIN)/python -m pytest -q tests/deploy/test_ray_launcher.py
 
 .PHONY: compose-test test-ray
