@@ -1,0 +1,75 @@
+"""Typed settings of the off-policy correction (``algorithm.correction``), torch-free.
+
+A discriminated union on ``kind``; :mod:`.corrections` holds the functions. Defaults follow the papers
+that introduced each (TIS: Yao et al. 2025, cap 2; MIS: "When Speed Kills Stability", [0.5, 2];
+IcePop: Ring-1T, [0.5, 5]).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class _Correction(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class NoCorrection(_Correction):
+    """No importance weighting between the engine's and the learner's log-probabilities."""
+
+    kind: Literal["none"] = "none"
+
+
+class TISCorrection(_Correction):
+    """Token-level truncated IS: ``w = min(exp(learner_lp - engine_lp), cap)``."""
+
+    kind: Literal["tis"] = "tis"
+    cap: float = Field(default=2.0, gt=0.0, description="Upper bound C of the per-token weight.")
+
+
+class _Band(_Correction):
+    low: float = Field(default=0.5, gt=0.0, description="Ratios below this are rejected.")
+    high: float = Field(default=2.0, gt=0.0, description="Ratios above this are rejected.")
+
+    @model_validator(mode="after")
+    def _ordered(self):
+        if self.low >= self.high:
+            raise ValueError(f"low ({self.low}) must be below high ({self.high})")
+        return self
+
+
+class MISCorrection(_Band):
+    """Masked IS: tokens, or whole sequences (product of token ratios), outside ``[low, high]`` leave the loss."""
+
+    kind: Literal["mis"] = "mis"
+    level: Literal["token", "sequence"] = Field(default="token", description="Reject single tokens or whole sequences.")
+
+
+class GeoSeqCorrection(_Correction):
+    """Sequence-level IS with the geometric-mean ratio, truncated at ``cap``; optional rejection band."""
+
+    kind: Literal["geo_seq"] = "geo_seq"
+    cap: float = Field(default=2.0, gt=0.0, description="Upper bound of the sequence weight.")
+    low: float | None = Field(default=None, gt=0.0, description="Reject sequences whose geometric ratio is below.")
+    high: float | None = Field(default=None, gt=0.0, description="Reject sequences whose geometric ratio is above.")
+
+
+class IcePopCorrection(_Correction):
+    """IcePop: tokens whose ratio is outside ``[alpha, beta]`` leave the loss; the rest keep ``w = ratio``."""
+
+    kind: Literal["icepop"] = "icepop"
+    alpha: float = Field(default=0.5, gt=0.0, description="Lower bound of the kept ratio band.")
+    beta: float = Field(default=5.0, gt=0.0, description="Upper bound of the kept ratio band.")
+
+    @model_validator(mode="after")
+    def _ordered(self):
+        if self.alpha >= self.beta:
+            raise ValueError(f"alpha ({self.alpha}) must be below beta ({self.beta})")
+        return self
+
+
+CorrectionSettings = Annotated[
+    NoCorrection | TISCorrection | MISCorrection | GeoSeqCorrection | IcePopCorrection, Field(discriminator="kind")
+]
