@@ -1,8 +1,12 @@
 """Wire codec for queue payloads: msgpack, packed numeric arrays, a schema version. No pickle.
 
 An encoded record is a msgpack map ``{"schema": <record kind>, "v": <version>, "data": {...}}``.
-Fields listed in :data:`PACKED_FIELDS` travel as ``{"dtype": "<i4"|"<f4", "n": N, "b": bytes}``
+Fields listed in :data:`PACKED_FIELDS` travel as ``{"dtype": "<i4"|"<f4"|"|u1", "n": N, "b": bytes}``
 (little-endian), which is ~4x smaller than msgpack lists and decodes with one ``numpy.frombuffer``.
+
+Versions: v2 (written now) added the trajectory fields of an experience (``action_mask``,
+``version_spans``, ``sampling``); v1 records, which a queue may still hold after an upgrade, decode
+with those fields unset. A record of a version this build does not know is refused with the reason.
 
 Decoding is strict: anything that is not a well-formed record of a known kind and version raises
 :class:`CodecError` whose message names what is wrong.
@@ -24,10 +28,11 @@ import numpy as np
 from pydantic import BaseModel, ValidationError
 
 from shared.packed import PackedArray
-from shared.schemas import Experience, PromptTask, experience_alignment_problem
+from shared.schemas import Experience, PromptTask, SamplingRecord, experience_alignment_problem
 from shared.wire_structs import ExperienceEnvelope
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = frozenset({1, 2})  # v1: experiences before the trajectory fields (all optional)
 
 RECORD_KINDS: dict[str, type[BaseModel]] = {
     "prompt_task": PromptTask,
@@ -38,10 +43,11 @@ _KIND_OF: dict[type[BaseModel], str] = {cls: kind for kind, cls in RECORD_KINDS.
 # field name -> numpy dtype it is packed as, per record kind
 PACKED_FIELDS: dict[str, dict[str, str]] = {
     "prompt_task": {"prompt_token_ids": "<i4"},
-    "experience": {"prompt_token_ids": "<i4", "response_token_ids": "<i4", "response_logprobs": "<f4"},
+    "experience": {"prompt_token_ids": "<i4", "response_token_ids": "<i4", "response_logprobs": "<f4",
+                   "action_mask": "|u1"},
 }
 _EXCLUDE = {kind: frozenset(fields) for kind, fields in PACKED_FIELDS.items()}
-_ALLOWED_DTYPES = {"<i4", "<f4", "<i8", "<f8"}
+_ALLOWED_DTYPES = {"<i4", "<f4", "<i8", "<f8", "|u1"}
 _NP_DTYPES = {d: np.dtype(d) for d in _ALLOWED_DTYPES}  # np.dtype(str) costs ~1 us; look them up once
 _PACKED_KEYS = frozenset({"dtype", "n", "b"})
 
@@ -111,6 +117,7 @@ def encode(record: BaseModel) -> bytes:
 _fast_encoder = msgspec.msgpack.Encoder()
 _fast_decoder = msgspec.msgpack.Decoder(ExperienceEnvelope)
 _EXPERIENCE_FIELDS = frozenset(Experience.model_fields)
+_OPTIONAL_PACKED = frozenset({"action_mask"})
 
 
 def _packed_view(value: Any, dtype: str) -> dict[str, Any] | None:
@@ -127,10 +134,14 @@ def _encode_experience_fast(record: Experience) -> bytes | None:
     field needs the general path (an unusual array, or a value msgspec cannot encode as-is)."""
     data = dict(record.__dict__)
     for field, dtype in PACKED_FIELDS["experience"].items():
+        if data[field] is None and field in _OPTIONAL_PACKED:
+            continue
         packed = _packed_view(data[field], dtype)
         if packed is None:
             return None
         data[field] = packed
+    if data["sampling"] is not None:
+        data["sampling"] = data["sampling"].__dict__
     try:
         return _fast_encoder.encode({"schema": "experience", "v": SCHEMA_VERSION, "data": data})
     except (TypeError, ValueError, OverflowError):  # e.g. a pydantic model or a numpy scalar in metadata
@@ -158,12 +169,23 @@ def _decode_experience_fast(payload: bytes | bytearray | memoryview) -> Experien
     values = msgspec.structs.asdict(envelope.data)
     for field, dtype in PACKED_FIELDS["experience"].items():
         packed, np_dtype = values[field], _NP_DTYPES[dtype]
+        if packed is None:  # an optional array left out (the struct only lets the optional ones be None)
+            continue
         if len(packed.b) != packed.n * np_dtype.itemsize:
             return None
         values[field] = PackedArray.wrap(np.frombuffer(packed.b, dtype=np_dtype))
+    if values["version_spans"] is not None:
+        values["version_spans"] = [tuple(span) for span in values["version_spans"]]
+    sampling = values["sampling"]
+    if sampling is not None:
+        try:
+            values["sampling"] = SamplingRecord.model_validate(msgspec.structs.asdict(sampling))
+        except ValidationError:
+            return None
     if experience_alignment_problem(
         len(values["prompt_token_ids"]), len(values["response_token_ids"]), len(values["response_logprobs"]),
-        values["index"], values["group_size"],
+        values["index"], values["group_size"], values["action_mask"], values["version_spans"],
+        values["weight_version"],
     ):
         return None
     return _trusted_model(Experience, values, _EXPERIENCE_FIELDS)
@@ -189,8 +211,9 @@ def decode_validated(payload: bytes | bytearray | memoryview, expect: type[R] | 
     if not isinstance(envelope, dict) or not {"schema", "v", "data"} <= set(envelope):
         raise CodecError("payload is not a FleetRL record: expected a map with schema, v and data")
     kind, version, data = envelope["schema"], envelope["v"], envelope["data"]
-    if version != SCHEMA_VERSION:
-        raise CodecError(f"schema version {version!r} is not supported (this build reads v{SCHEMA_VERSION})")
+    if version not in READABLE_VERSIONS:
+        raise CodecError(f"schema version {version!r} is not supported (this build reads "
+                         f"{', '.join(f'v{v}' for v in sorted(READABLE_VERSIONS))}; a newer FleetRL wrote it?)")
     cls = RECORD_KINDS.get(kind) if isinstance(kind, str) else None
     if cls is None:
         raise CodecError(f"unknown record kind {kind!r}; known: {sorted(RECORD_KINDS)}")

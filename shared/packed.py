@@ -144,3 +144,9 @@ class Logprobs(_PackedType):
     """Pydantic field type: per-token logprobs as float32."""
 
     dtype = "<f4"
+
+
+class TokenMask(_PackedType):
+    """Pydantic field type: a per-token 0/1 flag as uint8 (e.g. which tokens the model generated)."""
+
+    dtype = "|u1"

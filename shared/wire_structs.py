@@ -35,6 +35,20 @@ class PackedF4(msgspec.Struct, forbid_unknown_fields=True):
     b: memoryview
 
 
+class PackedU1(msgspec.Struct, forbid_unknown_fields=True):
+    dtype: Literal["|u1"]
+    n: NonNegative
+    b: memoryview
+
+
+class SamplingData(msgspec.Struct, forbid_unknown_fields=True):
+    temperature: float
+    top_p: float
+    top_k: int
+    min_p: float
+    max_tokens: Positive
+
+
 class ExperienceData(msgspec.Struct, forbid_unknown_fields=True):
     id: NonEmpty
     prompt_id: NonEmpty
@@ -54,6 +68,9 @@ class ExperienceData(msgspec.Struct, forbid_unknown_fields=True):
     metadata: dict[str, Any]
     created_at: float
     generated_at: float
+    action_mask: PackedU1 | None
+    version_spans: list[tuple[NonNegative, NonNegative]] | None
+    sampling: SamplingData | None
 
 
 class ExperienceEnvelope(msgspec.Struct, forbid_unknown_fields=True):
@@ -62,4 +79,4 @@ class ExperienceEnvelope(msgspec.Struct, forbid_unknown_fields=True):
     data: ExperienceData
 
 
-PACKED_STRUCTS = (PackedI4, PackedF4)
+PACKED_STRUCTS = (PackedI4, PackedF4, PackedU1)

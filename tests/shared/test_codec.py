@@ -8,12 +8,12 @@ from shared.schemas import ChatMessage, Experience, PromptTask, SamplingOverride
 
 
 def make_experience(**over) -> Experience:
-    base = dict(
-        id=sample_id("p1", 0), prompt_id="p1", group_id="p1", group_size=4, index=0,
-        prompt_token_ids=[5, 6, 7], response_token_ids=[8, 9, 2], response_logprobs=[-0.5, -1.25, -0.125],
-        finish_reason="stop", reward=1.0, reward_components={"exact": 1.0}, weight_version=3,
-        prompt_text="1+1=", response_text="2", label="2", metadata={"epoch": 0},
-    )
+    base = {
+        "id": sample_id("p1", 0), "prompt_id": "p1", "group_id": "p1", "group_size": 4, "index": 0,
+        "prompt_token_ids": [5, 6, 7], "response_token_ids": [8, 9, 2], "response_logprobs": [-0.5, -1.25, -0.125],
+        "finish_reason": "stop", "reward": 1.0, "reward_components": {"exact": 1.0}, "weight_version": 3,
+        "prompt_text": "1+1=", "response_text": "2", "label": "2", "metadata": {"epoch": 0},
+    }
     base.update(over)
     return Experience(**base)
 
@@ -99,3 +99,53 @@ def test_prompt_task_needs_exactly_one_prompt_form():
 def test_pack_array_rejects_2d():
     with pytest.raises(CodecError, match="1-D"):
         pack_array([[1, 2]], "<i4")
+
+
+TRAJECTORY = {
+    "response_token_ids": [8, 9, 40, 41, 2], "response_logprobs": [-0.5, -1.0, 0.0, 0.0, -0.25],
+    "action_mask": [1, 1, 0, 0, 1], "version_spans": [(0, 3), (4, 4)], "weight_version": 3,
+    "sampling": {"temperature": 0.7, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "max_tokens": 64},
+}
+
+
+def test_trajectory_fields_round_trip_on_the_fast_path():
+    from shared import codec
+
+    exp = make_experience(**TRAJECTORY)
+    payload = encode(exp)
+    assert codec._decode_experience_fast(payload) == exp  # the compiled path takes it
+    back = decode(payload, expect=Experience)
+    assert back == exp and back.action_mask == [1, 1, 0, 0, 1] and back.sampling.temperature == 0.7
+    assert back.token_versions() == [3, 3, 3, 3, 4]
+    assert msgpack.unpackb(payload, raw=False)["data"]["action_mask"]["dtype"] == "|u1"
+
+
+def test_a_v1_record_from_before_the_upgrade_still_decodes():
+    env = msgpack.unpackb(encode(make_experience()), raw=False)
+    for field in ("action_mask", "version_spans", "sampling"):
+        del env["data"][field]
+    env["v"] = 1
+    back = decode(msgpack.packb(env, use_bin_type=True), expect=Experience)
+    assert back.action_mask is None and back.version_spans is None and back.sampling is None
+    assert back.token_versions() == [3, 3, 3]
+
+
+def test_a_record_from_a_newer_build_is_refused_with_the_reason():
+    env = msgpack.unpackb(encode(make_experience()), raw=False)
+    env["v"] = SCHEMA_VERSION + 1
+    with pytest.raises(CodecError, match=f"schema version {SCHEMA_VERSION + 1}.*newer FleetRL"):
+        decode(msgpack.packb(env, use_bin_type=True), expect=Experience)
+
+
+@pytest.mark.parametrize("over, needle", [
+    ({"action_mask": [1, 1]}, "action_mask has 2 entries for 5"),
+    ({"action_mask": [1, 1, 2, 0, 1]}, "other than 0 and 1"),
+    ({"version_spans": [(1, 3)]}, "start at response token 0"),
+    ({"version_spans": [(0, 3), (0, 4)]}, "increasing positions"),
+    ({"version_spans": [(0, 3), (5, 4)]}, "increasing positions"),
+    ({"version_spans": [(0, 4), (2, 5)]}, "must be the oldest"),
+    ({"sampling": {"temperature": 1.0, "max_tokens": 0}}, "max_tokens"),
+])
+def test_trajectory_fields_must_be_consistent(over, needle):
+    with pytest.raises(ValueError, match=needle):
+        make_experience(**{**TRAJECTORY, **over})
