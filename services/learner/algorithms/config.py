@@ -92,9 +92,6 @@ class SFTSettings(BaseModel):
     max_steps: int | None = Field(default=None, ge=1, description="Stop after this many steps.")
 
 
-RLAlgorithmSettings = Annotated[
-    PPOSettings | GRPOSettings | ReinforcePPSettings | RLOOSettings, Field(discriminator="name")
-]
 AlgorithmSettings = Annotated[
     PPOSettings | GRPOSettings | ReinforcePPSettings | RLOOSettings | SFTSettings, Field(discriminator="name")
 ]

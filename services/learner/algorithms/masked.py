@@ -5,23 +5,12 @@ from __future__ import annotations
 import torch
 
 
-def masked_sum(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
-    """Sum of ``x`` where ``mask`` is 1."""
-    return (x * mask).sum() if dim is None else (x * mask).sum(dim)
-
-
 def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
     """Mean of ``x`` over positions where ``mask`` is 1 (0 when nothing is unmasked)."""
     mask = mask.to(x.dtype)
     if dim is None:
         return (x * mask).sum() / mask.sum().clamp(min=1.0)
     return (x * mask).sum(dim) / mask.sum(dim).clamp(min=1.0)
-
-
-def masked_var(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Population variance of ``x`` over unmasked positions."""
-    mean = masked_mean(x, mask)
-    return masked_mean((x - mean) ** 2, mask)
 
 
 def masked_whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8) -> torch.Tensor:

@@ -64,7 +64,6 @@ class RLBatch(SequenceBatch):
     engine_logprobs: torch.Tensor  # [B, R] float: the sampler's logprobs of the response tokens
     scores: torch.Tensor  # [B] float: scalar rewards
     groups: torch.Tensor  # [B] long: group label
-    weight_versions: torch.Tensor  # [B] long
 
 
 def _take(x, idx: torch.Tensor):
@@ -123,7 +122,6 @@ def build_rl_batch(experiences: Sequence[Experience], pad_id: int) -> RLBatch:
         engine_logprobs=torch.from_numpy(engine_lp),
         scores=torch.tensor([float(e.reward) for e in experiences], dtype=torch.float32),
         groups=torch.tensor(groups, dtype=torch.long),
-        weight_versions=torch.tensor([e.weight_version for e in experiences], dtype=torch.long),
     )
 
 

@@ -60,7 +60,6 @@ class DeepSpeedEngine(TrainEngine):
             lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, schedule),
         )
         self.model = self.engine.module
-        self._last_norm = 0.0
 
     def backward(self, loss: torch.Tensor) -> None:
         # our losses are divided by global (all-rank) counts; DeepSpeed averages gradients over ranks
