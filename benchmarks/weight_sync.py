@@ -131,7 +131,7 @@ async def receiver(args) -> None:
         if cmd["op"] == "quit":
             break
         if cmd["op"] == "phases":
-            await r.rpush(f"{BENCH}:ack", json.dumps({"i": args.index, **sidecar.last_update.get("phases", {})}))
+            await r.rpush(f"{BENCH}:ack", json.dumps({"i": args.index, **(sidecar.last_update.phases if sidecar.last_update else {})}))
         elif cmd["op"] == "checksum":
             total = sum(float(p.float().sum()) for p in params.values())
             await r.rpush(f"{BENCH}:ack", json.dumps({"i": args.index, "sum": total,

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from services.rollout.engines.settings import EngineSettings, HFEngineSettings
+from services.rollout.weights.settings import SidecarSettings, refuse_legacy_env
 from shared.settings import ServiceSettings, service_config
 
 WEIGHT_SIDECAR_EXTENSION = "services.rollout.weights.routes:weight_router"
@@ -89,12 +91,22 @@ class RolloutSettings(ServiceSettings):
     )
     weight_sidecar: bool | None = Field(
         default=None,
-        description="Join the learner's weight updates (sidecar + /weights routes; sidecar settings: FLEETRL_WEIGHTS_*). "
+        description="Join the learner's weight updates (sidecar + /weights routes; sidecar settings: `weights`). "
         "Default: on when the rollout worker is enabled, i.e. when this replica trains with a learner.",
     )
     incremental_streaming_output: bool = Field(
         default=False, description="/generate streams deltas instead of SGLang's default cumulative chunks."
     )
+    weights: SidecarSettings = Field(
+        default_factory=SidecarSettings,
+        description="The weight sidecar (env FLEETRL_ROLLOUT_WEIGHTS__<KEY>); services/rollout/weights/settings.py.",
+    )
+
+    @field_validator("weights", mode="before")
+    @classmethod
+    def _no_legacy_weight_env(cls, v: object) -> object:
+        refuse_legacy_env(os.environ)  # FLEETRL_WEIGHTS_* configured the sidecar before it was this section
+        return v
 
     @field_validator("model")
     @classmethod

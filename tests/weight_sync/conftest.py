@@ -53,8 +53,8 @@ def replicas(tmp_path, redis_server, tiny_model_dir):
             "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
             "FLEETRL_ROLLOUT_EXTENSIONS": '["services.rollout.weights.routes:weight_router"]',
             "FLEETRL_ROLLOUT_CONTROL_TOKEN": TOKEN,
-            "FLEETRL_WEIGHTS_HEARTBEAT_S": "0.3", "FLEETRL_WEIGHTS_HEARTBEAT_TTL_S": "2",
-            **{f"FLEETRL_WEIGHTS_{k.upper()}": v for k, v in sidecar_env.items()},
+            "FLEETRL_ROLLOUT_WEIGHTS__HEARTBEAT_S": "0.3", "FLEETRL_ROLLOUT_WEIGHTS__HEARTBEAT_TTL_S": "2",
+            **{f"FLEETRL_ROLLOUT_WEIGHTS__{k.upper()}": v for k, v in sidecar_env.items()},
         }
         proc = spawn(["-m", "services.rollout", "--model", str(tiny_model_dir), "--port", str(port),
                       "--engine", "hf", "--device", "cpu", "--redis-url", redis_server.url, "--run-name", run], log, env)
@@ -78,7 +78,7 @@ def replicas(tmp_path, redis_server, tiny_model_dir):
         for rep in started:  # every one, even if stopping another failed
             try:
                 stop(rep.proc)
-            except Exception:
+            except Exception:  # noqa: BLE001 - whatever went wrong, the process must not outlive the test
                 kill9(rep.proc)
 
 

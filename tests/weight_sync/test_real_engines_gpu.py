@@ -51,8 +51,9 @@ async def test_publish_into_a_real_engine_server(kind, gpu_model_dir, tmp_path, 
     try:
         wait_http_ok(f"http://127.0.0.1:{port}/health", server, timeout=600, log=log)
         cfg = {"model": str(gpu_model_dir), "engine": {"kind": kind, "base_url": f"http://127.0.0.1:{port}"},
-               "control_token": TOKEN, "weight_sidecar": True, "redis_url": redis_server.url, "run_name": run}
-        proc, url, rlog = start_rollout(tmp_path, f"rollout-{kind}", cfg, {"FLEETRL_WEIGHTS_BACKEND": "nccl"})
+               "control_token": TOKEN, "weight_sidecar": True, "redis_url": redis_server.url, "run_name": run,
+               "weights": {"backend": "nccl"}}
+        proc, url, rlog = start_rollout(tmp_path, f"rollout-{kind}", cfg)
         try:
             await wait_registered(redis_client, run, 1, timeout=120)
             model = new_weights(gpu_model_dir, seed=3).cuda().to(torch.bfloat16)

@@ -1,32 +1,32 @@
-"""The rollout service's weight routes and the sidecar's place in its lifespan.
-
-Enable with ``extensions: ["services.rollout.weights.routes:weight_router"]`` in the rollout settings
-(``FLEETRL_ROLLOUT_EXTENSIONS='["services.rollout.weights.routes:weight_router"]'``). The router's
-lifespan starts the sidecar after the engine (it needs Redis: ``redis_url`` or ``$REDIS_URL``), and the
-service serves only once the sidecar reached the latest version (bounded by ``join_timeout_s``).
-
-Control routes (bearer token):
+"""The rollout service's weight routes (control plane, bearer token).
 
 - ``GET /weights/version`` — this replica's ``weight_version``, the latest published one, its transport
   and the last update's outcome.
 - ``POST /weights/update`` ``{"version": N | null, "timeout_s": 60}`` — bring this replica to version
   ``N`` (default: the latest) now and answer once it serves it (504 if it did not in time, 409 if ``N``
   was never published or is no longer the latest).
+
+They reach the replica's sidecar through the rollout service object (``service.weight_sidecar``, built by
+:func:`services.rollout.weights.sidecar.create_sidecar`); 503 while the replica runs none.
+
+:func:`weight_router` is the extension factory that settings name
+(``extensions: ["services.rollout.weights.routes:weight_router"]``, and ``RolloutSettings.all_extensions``
+when ``weight_sidecar`` is on): :data:`router` plus, until the service object starts its sidecar itself,
+a lifespan that does it.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from contextlib import asynccontextmanager
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from services.rollout.deps import ControlDep
-from services.rollout.weights.settings import SidecarSettings
-from shared.settings import load_settings
+from services.rollout.weights.sidecar import LastUpdate, WeightSidecar, create_sidecar
+from shared.weight_sync.wire import Transport
 from shared.wire_checks import INT64_MAX, FiniteFloat, StrictInt
 
 log = logging.getLogger(__name__)
@@ -39,62 +39,79 @@ class UpdateWeightsRequest(BaseModel):
     timeout_s: FiniteFloat = Field(default=60.0, gt=0, le=3600, description="How long to wait for the replica to load it.")
 
 
-def get_sidecar(request: Request) -> Any:
-    sidecar = getattr(request.app.state, "weight_sidecar", None)
+class WeightsStatus(BaseModel):
+    """``GET /weights/version``: where this replica stands."""
+
+    replica_id: str = Field(description="This replica's id in the weight-sync registry.")
+    weight_version: int = Field(description="The version the engine serves.")
+    latest_version: int = Field(description="The latest version the learner published (0: none yet).")
+    transport: Transport = Field(description="How versions reach this replica.")
+    backend: Literal["gloo", "nccl"] = Field(description="Collective backend the replica joins.")
+    updating: bool = Field(description="An update is running now.")
+    last_update: LastUpdate | None = Field(description="The last update this replica ran (None: none yet).")
+    last_error: str = Field(description="Why the last update did not load ('' when it did).")
+
+
+class UpdateWeightsResponse(BaseModel):
+    """``POST /weights/update``: the replica serves the version asked for."""
+
+    success: Literal[True] = True
+    weight_version: int = Field(description="The version the engine serves now.")
+
+
+def get_sidecar(request: Request) -> WeightSidecar:
+    sidecar = getattr(request.app.state.service, "weight_sidecar", None)
     if sidecar is None:
-        raise HTTPException(503, "weight sync is off in this replica (no redis_url / $REDIS_URL, or disabled)")
+        raise HTTPException(503, "weight sync is off in this replica (weights.enabled is false, or no redis_url)")
     return sidecar
 
 
-SidecarDep = Annotated[Any, Depends(get_sidecar)]
+SidecarDep = Annotated[WeightSidecar, Depends(get_sidecar)]
+
+router = APIRouter(tags=["weights"])
 
 
-def weight_router(service: Any, settings: SidecarSettings | None = None) -> APIRouter:
-    """Extension factory: the weight routes plus a lifespan that runs the sidecar beside ``service``."""
-    sidecar_settings = settings or load_settings(SidecarSettings)
+@router.get("/weights/version", dependencies=[ControlDep], response_model=WeightsStatus)
+async def weights_version(sidecar: SidecarDep) -> WeightsStatus:
+    return WeightsStatus(**sidecar.status(), latest_version=await sidecar.latest())
+
+
+@router.post("/weights/update", dependencies=[ControlDep], response_model=UpdateWeightsResponse)
+async def update_weights(body: UpdateWeightsRequest, sidecar: SidecarDep) -> UpdateWeightsResponse:
+    latest = await sidecar.latest()
+    target = body.version or latest
+    if target == 0:
+        raise HTTPException(409, "no weight version has been published yet")
+    if target != latest:
+        raise HTTPException(409, f"version {target} is not the latest published version ({latest}); "
+                                 "only the latest can be loaded")
+    if not await sidecar.ensure(target, body.timeout_s):
+        raise HTTPException(504, f"replica still at version {sidecar.weight_version} after {body.timeout_s}s "
+                                 f"(last error: {sidecar.last_error or 'none'})")
+    return UpdateWeightsResponse(weight_version=sidecar.weight_version)
+
+
+def weight_router(service: Any) -> APIRouter:
+    """Extension factory: :data:`router`, plus a lifespan that runs the sidecar beside ``service`` (after its
+    engine started) unless the service object runs one itself (``service.weight_sidecar`` set by its own
+    start). Transitional: once the service object starts and stops its sidecar, this is :data:`router`."""
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI):
-        redis_url = service.settings.redis_url or os.environ.get("REDIS_URL")
-        if not sidecar_settings.enabled or not redis_url:
-            log.warning("weight sidecar off (%s)", "disabled" if not sidecar_settings.enabled else "no redis_url")
-            app.state.weight_sidecar = None
+    async def lifespan(_: FastAPI):
+        if getattr(service, "weight_sidecar", None) is not None:
             yield
             return
-        import redis.asyncio as aioredis
-
-        from services.rollout.weights.sidecar import WeightSidecar
-
-        redis = aioredis.from_url(redis_url, socket_connect_timeout=5, socket_timeout=30)
-        s = service.settings
-        sidecar = WeightSidecar(service.engine, redis, s.run_name, sidecar_settings, name=f"{s.host}:{s.port}")
-        await sidecar.start()
-        app.state.weight_sidecar = sidecar
+        sidecar = create_sidecar(service.engine, service.settings)
+        if sidecar is not None:
+            await sidecar.start()
+        service.weight_sidecar = sidecar
         try:
             yield
         finally:
-            app.state.weight_sidecar = None
-            await sidecar.stop()
-            await redis.aclose()
+            service.weight_sidecar = None
+            if sidecar is not None:
+                await sidecar.stop()
 
-    router = APIRouter(tags=["weights"], lifespan=lifespan)
-
-    @router.get("/weights/version", dependencies=[ControlDep])
-    async def weights_version(sidecar: SidecarDep) -> dict:
-        return {**sidecar.status(), "latest_version": await sidecar.latest()}
-
-    @router.post("/weights/update", dependencies=[ControlDep])
-    async def update_weights(body: UpdateWeightsRequest, sidecar: SidecarDep) -> dict:
-        latest = await sidecar.latest()
-        target = body.version or latest
-        if target == 0:
-            raise HTTPException(409, "no weight version has been published yet")
-        if target != latest:
-            raise HTTPException(409, f"version {target} is not the latest published version ({latest}); "
-                                     "only the latest can be loaded")
-        if not await sidecar.ensure(target, body.timeout_s):
-            raise HTTPException(504, f"replica still at version {sidecar.weight_version} after {body.timeout_s}s "
-                                     f"(last error: {sidecar.last_error or 'none'})")
-        return {"success": True, "weight_version": sidecar.weight_version}
-
-    return router
+    wrapped = APIRouter(lifespan=lifespan)
+    wrapped.include_router(router)
+    return wrapped

@@ -1,18 +1,25 @@
-"""Settings of the per-replica weight sidecar (env prefix ``FLEETRL_WEIGHTS_``; timeouts of each update
-come from the publisher's rendezvous, so both sides always agree on them)."""
+"""Settings of the per-replica weight sidecar: the ``weights`` section of the rollout settings
+(``weights: {backend: nccl}`` in the settings file, ``FLEETRL_ROLLOUT_WEIGHTS__BACKEND=nccl`` in the
+environment). The timeouts of each update come from the publisher's rendezvous, so both sides always agree
+on them."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
 
-from shared.settings import FleetSettings, service_config
 from shared.weight_sync.net import is_wildcard
 
+LEGACY_ENV_PREFIX = "FLEETRL_WEIGHTS_"
 
-class SidecarSettings(FleetSettings):
-    model_config = service_config("WEIGHTS")
+
+class SidecarSettings(BaseModel):
+    """The weight sidecar of one rollout replica (``RolloutSettings.weights``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     enabled: bool = Field(default=True, description="Run the sidecar (join weight updates) in this replica.")
     transport: Literal["collective", "snapshot"] = Field(
@@ -79,3 +86,18 @@ class SidecarSettings(FleetSettings):
                              "publisher, which must be able to dial it: name this host's address on the learner's "
                              "network, or leave it unset")
         return value
+
+
+def refuse_legacy_env(environ: Mapping[str, str]) -> None:
+    """Refuse (a ``ValueError``: one line that names the new setting) an ``environ`` that sets a
+    ``FLEETRL_WEIGHTS_*`` variable: the sidecar used to read those, and ignoring one silently would run the
+    sidecar with other settings than its operator asked for. The rollout settings call it with the
+    environment they read."""
+    old = sorted(v for v in environ if v.upper().startswith(LEGACY_ENV_PREFIX))
+    if old:
+        key = old[0][len(LEGACY_ENV_PREFIX):].lower()
+        # PydanticCustomError is a ValueError that pydantic reports as it is (no "Value error, " prefix)
+        raise PydanticCustomError(
+            "legacy_setting",
+            f"{old[0]} is no longer read: the weight sidecar's settings are the rollout settings' weights section "
+            f"(FLEETRL_ROLLOUT_WEIGHTS__{key.upper()}, or weights: {{{key}: ...}} in the settings file)")

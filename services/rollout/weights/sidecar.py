@@ -1,4 +1,6 @@
-"""The weight sidecar of one rollout replica.
+"""The weight sidecar of one rollout replica: a component of the rollout service, built by
+:func:`create_sidecar` from its engine and settings (the ``weights`` section), started after the engine and
+stopped before it (``await start()`` / ``await stop()``).
 
 It registers the replica in Redis (heartbeat), watches for update rounds that name it and runs them
 through the engine's sink, reports each round's outcome, and keeps the replica at the latest version:
@@ -23,20 +25,53 @@ import time
 import uuid
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from services.rollout.weights.settings import SidecarSettings
-from services.rollout.weights.sinks import RoundFailed, UpdateRefused, WeightSink, create_sink
+from services.rollout.weights.sinks import UpdateRefused, WeightSink, create_sink
 from shared import keys
 from shared.weight_sync.receiver import RoundWatcher
 from shared.weight_sync.registry import ReplicaRegistry
-from shared.weight_sync.wire import Manifest, ReplicaInfo
+from shared.weight_sync.wire import Manifest, ReplicaInfo, ReportState, Transport
 
 log = logging.getLogger(__name__)
 
 
+class LastUpdate(BaseModel):
+    """The last update a replica ran (``GET /weights/version``'s ``last_update``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    version: int = Field(description="The version it carried.")
+    state: ReportState = Field(description="loaded: served since; failed: the round broke; refused: bad data.")
+    source: Transport = Field(description="How it came: a collective round or a snapshot.")
+    round: int | None = Field(default=None, description="The collective round's id.")
+    seconds: float = Field(description="How long it took on this replica.")
+    phases: dict[str, float] = Field(
+        default_factory=dict, description="Where those seconds went (hf: receive, verify, apply).")
+
+
+def create_sidecar(engine: Any, settings: Any) -> WeightSidecar | None:
+    """The weight sidecar of a rollout service (not started yet) around ``engine``, from the rollout
+    ``settings`` (its ``weights`` section, ``redis_url``, ``run_name``; the replica is named after
+    ``host:port``), or None when the section turns it off or there is no Redis to meet the learner in."""
+    section: SidecarSettings = settings.weights
+    if not section.enabled or not settings.redis_url:
+        log.warning("weight sidecar off (%s)", "weights.enabled is false" if not section.enabled else "no redis_url")
+        return None
+    import redis.asyncio as aioredis
+
+    redis = aioredis.from_url(settings.redis_url, socket_connect_timeout=5, socket_timeout=30)
+    return WeightSidecar(engine, redis, settings.run_name, section, name=f"{settings.host}:{settings.port}",
+                         owns_redis=True)
+
+
 class WeightSidecar:
+    """``redis``: a ``redis.asyncio`` client (closed by :meth:`stop` when ``owns_redis``)."""
+
     def __init__(self, engine: Any, redis: Any, run: str, settings: SidecarSettings | None = None,
-                 name: str = "", sink: WeightSink | None = None) -> None:
-        self.engine, self.redis, self.run = engine, redis, run
+                 name: str = "", sink: WeightSink | None = None, owns_redis: bool = False) -> None:
+        self.engine, self.redis, self.run, self.owns_redis = engine, redis, run, owns_redis
         self.settings = settings or SidecarSettings()
         self.name = name or f"{socket.gethostname()}:{os.getpid()}"
         self.replica_id = f"{self.name}/{uuid.uuid4().hex[:8]}"
@@ -45,7 +80,7 @@ class WeightSidecar:
         self.watcher = RoundWatcher(redis, run, self.replica_id, self.settings.poll_s)
         self.wants_version = 0
         self.last_error = ""
-        self.last_update: dict[str, Any] = {}
+        self.last_update: LastUpdate | None = None
         self._busy = asyncio.Lock()
         self._changed = asyncio.Condition()
         self._tasks: list[asyncio.Task] = []
@@ -87,9 +122,11 @@ class WeightSidecar:
         self._tasks = []
         try:
             await self.registry.remove(self.replica_id)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - stopping goes on; the entry expires with its heartbeat
             log.warning("deregistering %s failed: %s", self.replica_id, exc)
         await self.sink.close()
+        if self.owns_redis:
+            await self.redis.aclose()
 
     # ---- control -----------------------------------------------------------------------------------
     async def latest(self) -> int:
@@ -136,7 +173,7 @@ class WeightSidecar:
         while await self._sleep(self.settings.heartbeat_s):
             try:
                 await self.registry.put(self.info(), self.settings.heartbeat_ttl_s)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - the loop outlives a failed beat (Redis away)
                 log.warning("heartbeat failed: %s", exc)
 
     async def _latest_loop(self) -> None:
@@ -146,14 +183,14 @@ class WeightSidecar:
                 latest = await self.latest()
                 if latest > self.weight_version and not self._busy.locked():
                     await self._request(latest)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - the loop outlives a failed check (Redis away)
                 log.warning("checking the latest weight version failed: %s", exc)
 
     async def _round_loop(self) -> None:
         while not self._stopping.is_set():
             try:
                 found = await self.watcher.wait(self.settings.poll_s)  # returns as soon as a round is announced
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - the loop outlives a failed read (Redis away)
                 log.warning("reading the rendezvous failed: %s", exc)
                 await self._sleep(1.0)
                 continue
@@ -169,17 +206,18 @@ class WeightSidecar:
                     await self.sink.run_round(rdv, member, manifest, self.watcher)
                 except UpdateRefused as exc:
                     state, detail = "refused", str(exc)
-                except (RoundFailed, Exception) as exc:
+                except Exception as exc:  # noqa: BLE001 - RoundFailed or any other failure: reported as failed
                     state, detail = "failed", f"{type(exc).__name__}: {exc}"
                 self.last_error = detail
-                self.last_update = {"round": rdv.round, "version": rdv.version, "state": state,
-                                    "seconds": round(time.perf_counter() - t0, 3),
-                                    "phases": {k: round(x, 4) for k, x in self.sink.phases.items()}}
+                self.last_update = LastUpdate(
+                    round=rdv.round, version=rdv.version, state=state, source="collective",
+                    seconds=round(time.perf_counter() - t0, 3),
+                    phases={k: round(x, 4) for k, x in self.sink.phases.items()})
                 log.info("weight round %d (version %d): %s %s", rdv.round, rdv.version, state, detail)
                 try:
                     await self.watcher.report(rdv, state, detail)
                     await self.registry.put(self.info(), self.settings.heartbeat_ttl_s)
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001 - the publisher drops a member that never reports
                     log.warning("reporting round %d failed: %s", rdv.round, exc)
             await self._notify()
 
@@ -196,11 +234,11 @@ class WeightSidecar:
             try:
                 await self.sink.load_snapshot(manifest)
                 state, self.last_error = "loaded", ""
-            except (UpdateRefused, Exception) as exc:
+            except Exception as exc:  # noqa: BLE001 - UpdateRefused or any other failure: this version is refused
                 state, self.last_error = "refused", f"{type(exc).__name__}: {exc}"
                 log.warning("loading snapshot of version %d failed: %s", version, exc)
-            self.last_update = {"version": version, "state": state, "source": "snapshot",
-                                "seconds": round(time.perf_counter() - t0, 3)}
+            self.last_update = LastUpdate(version=version, state=state, source="snapshot",
+                                          seconds=round(time.perf_counter() - t0, 3))
             await self.registry.put(self.info(), self.settings.heartbeat_ttl_s)
         await self._notify()
 
