@@ -161,7 +161,7 @@ async def receiver(args) -> None:
                 from shared.weight_sync.tensors import torch_dtype
 
                 t = torch.empty(msg["shape"], dtype=torch_dtype(msg["dtype"]))
-                await asyncio.to_thread(lambda: g.wait(g.broadcast(t)))
+                await asyncio.to_thread(broadcast_and_wait, g, t)
                 with torch.no_grad():
                     params[msg["name"]].copy_(t)
                 await r.rpush(f"{BENCH}:ack", "1")
@@ -172,6 +172,22 @@ async def receiver(args) -> None:
 
 
 # ---- driver ------------------------------------------------------------------------------------------
+def broadcast_and_wait(group, tensor) -> None:
+    group.wait(group.broadcast(tensor))
+
+
+def start_receivers(tmp: Path, redis_url: str) -> list[subprocess.Popen]:
+    """The two receiver processes (each in a session of its own, so that :func:`reap` can kill all of it)."""
+    procs = []
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    for i in range(2):
+        with open(tmp / f"recv{i}.log", "wb") as log:  # the child holds its own copy of the descriptor
+            procs.append(subprocess.Popen([sys.executable, __file__, "--role", "receiver", "--redis", redis_url,
+                                           "--index", str(i), *sys.argv[1:]], env=env, stdout=log, stderr=log,
+                                          start_new_session=True))
+    return procs
+
+
 async def acks(r, n: int, timeout: float = 600, queue: str = "ack") -> list[dict]:
     out = []
     for _ in range(n):
@@ -187,8 +203,9 @@ async def driver(args) -> None:
     import torch
 
     from shared.redis_server import EmbeddedRedis, free_port
-    from shared.weight_sync import WeightPublisher, WeightSyncSettings
-    from shared.weight_sync import tensors as T
+    from services.learner.weights import WeightPublisher
+    from services.learner.weights import packing as T
+    from shared.weight_sync import WeightSyncSettings
     from shared.weight_sync.group import CollectiveGroup
     from shared.weight_sync.registry import ReplicaRegistry
     from shared.weight_sync.tensors import dtype_name
@@ -203,13 +220,7 @@ async def driver(args) -> None:
     total = sum(p.numel() * p.element_size() for _, p in named)
     print(f"model: {len(named)} tensors, {total / 1e6:.1f} MB (bf16, MoE-shaped: {args.layers} layers x "
           f"{args.experts} experts)")
-    procs = []
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    for i in range(2):
-        log = open(tmp / f"recv{i}.log", "wb")
-        procs.append(subprocess.Popen([sys.executable, __file__, "--role", "receiver", "--redis", server.url,
-                                       "--index", str(i), *sys.argv[1:]], env=env, stdout=log, stderr=log,
-                                      start_new_session=True))
+    procs = start_receivers(tmp, server.url)
     pub = None
     try:
         reg = ReplicaRegistry(r, "bench")
@@ -293,7 +304,7 @@ async def driver(args) -> None:
             msg = json.dumps({"op": "param", "name": name, "dtype": dtype_name(p.dtype), "shape": list(p.shape)})
             for i in range(2):
                 await r.rpush(f"{BENCH}:ctl:{i}", msg)
-            await asyncio.to_thread(lambda: g.wait(g.broadcast(p.data)))
+            await asyncio.to_thread(broadcast_and_wait, g, p.data)
             for _ in range(2):
                 await r.blpop([f"{BENCH}:ack"], timeout=600)
         for i in range(2):

@@ -103,7 +103,7 @@ class MetricsSink:
             self.staleness_counts[v] = self.staleness_counts.get(v, 0) + 1
 
     def observe_publish(self, report: Any) -> dict[str, float]:
-        """Record one publish (a :class:`~shared.weight_sync.PublishReport`); the step metrics it adds."""
+        """Record one publish (a :class:`~services.learner.weights.PublishReport`); the step metrics it adds."""
         self.publish_seconds.observe(report.seconds)
         for phase, seconds in report.phases.items():
             self.publish_phase.labels(phase).set(seconds)

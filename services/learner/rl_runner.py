@@ -142,7 +142,7 @@ class RLRunner:
         self._limits = self.trainer.limits()
         if latest is not None:
             self.last_checkpoint = str(latest)
-        from shared.weight_sync import WeightPublisher
+        from services.learner.weights import WeightPublisher
 
         self.publisher = WeightPublisher(self.redis, self.s.run_name, self.s.publish.sync)
         actor = self.trainer.actor

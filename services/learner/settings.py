@@ -155,7 +155,7 @@ class QueueSettings(_Section):
 
 
 class PublishSettings(_Section):
-    """When new weights go to the rollout fleet (through shared.weight_sync's publisher)."""
+    """When new weights go to the rollout fleet (through services.learner.weights' publisher)."""
 
     every: int = Field(default=1, ge=1, description="Publish weights every N learner steps (and at the end, and "
                                                     "at the next step while replicas that joined late wait).")

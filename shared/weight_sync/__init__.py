@@ -1,26 +1,21 @@
-"""Weight sync: the learner publishes versioned weights; a sidecar beside each rollout replica loads them.
+"""Weight sync, the protocol: the learner publishes versioned weights; a sidecar beside each rollout replica
+loads them. What both sides speak lives here, torch-free at import:
 
-Learner API (``shared.weight_sync.publisher``)::
+- :mod:`~shared.weight_sync.wire` — the records in Redis (manifest, checksums, rendezvous, reports, replica
+  info; JSON, no pickle) and the bucket layout plan; :mod:`~shared.weight_sync.keys` — their Redis keys;
+- :mod:`~shared.weight_sync.settings` — :class:`WeightSyncSettings`, the publisher's settings (the learner's
+  ``publish.sync``), whose timeouts every round carries to the replicas;
+- :mod:`~shared.weight_sync.registry` — replica membership; :mod:`~shared.weight_sync.status` — what
+  ``fleetrl weights status`` shows; :mod:`~shared.weight_sync.phases` — where an update spends its time;
+- :mod:`~shared.weight_sync.digest` — the bucket digests both sides compute;
+  :mod:`~shared.weight_sync.tensors` — wire dtype names and staging buffers;
+- :mod:`~shared.weight_sync.net` and :mod:`~shared.weight_sync.group` — sockets and the collective groups
+  (kinds, forming, timeouts).
 
-    from shared.weight_sync import WeightPublisher, WeightSyncSettings
-    pub = WeightPublisher(redis, run, WeightSyncSettings(backend="gloo", bucket_bytes=256 << 20))
-    version: int = await pub.publish(model_or_named_tensors, version=None)   # -> the new version
-    pub.last_report        # PublishReport(version, loaded, dropped, refused, rounds, total_bytes, seconds, phases)
-    await pub.close()
-
-``redis`` is a ``redis.asyncio`` client. ``publish`` returns once every live collective replica has
-loaded the version, refused it, or been dropped (each wait bounded by the settings), and after
-``shared.keys.weights_version(run)`` holds the version.
-
-Replica side: :mod:`shared.weight_sync.receiver` (``RoundWatcher``, ``BucketReceiver``) and
-:mod:`shared.weight_sync.snapshot` (the fallback transport); the rollout service's sidecar uses them.
-Wire records: :mod:`shared.weight_sync.wire` (JSON in Redis, keys in :mod:`shared.weight_sync.keys`).
-
-This package imports torch only where tensors are handled (``tensors``, ``group``, and lazily inside
-``publish`` / ``BucketReceiver.receive`` / ``read_snapshot``).
+The publisher is the learner's (``services/learner/weights/``: ``from services.learner.weights import
+WeightPublisher``); the receiving side is the rollout service's (``services/rollout/weights/``).
 """
 
-from shared.weight_sync.publisher import PublishReport, WeightPublisher
 from shared.weight_sync.settings import WeightSyncSettings
 
-__all__ = ["PublishReport", "WeightPublisher", "WeightSyncSettings"]
+__all__ = ["WeightSyncSettings"]

@@ -12,7 +12,9 @@ name replicas advertise (``ReplicaInfo.group``) and rounds carry (``Rendezvous.g
   ``NCCLWeightTransferEngine.trainer_init`` does. Needs vLLM installed on the learner (``fleetrl[vllm]``).
 
 A failed group is aborted and dropped (neither kind can shrink a group), and the next round forms a
-fresh one.
+fresh one. Both sides use these (the learner's publisher as rank 0, the rollout sidecar as a member, the
+learner's own data-parallel group for its store); torch is imported inside the functions, so that importing
+``shared`` does not import it.
 
 Sockets (README.md, "Trust boundary"): rank 0 hosts the group's TCP store on a socket the publisher bound
 beforehand (``listener``: the address and port its settings name, never ``*`` unless they say so); other
@@ -27,13 +29,13 @@ import datetime
 import logging
 import socket
 import time
-from typing import Any, Protocol
-
-import torch
-import torch.distributed as dist
-from torch.distributed import distributed_c10d as c10d
+from typing import TYPE_CHECKING, Any, Protocol
 
 from shared.weight_sync import net
+
+if TYPE_CHECKING:
+    import torch
+    import torch.distributed as dist
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +61,8 @@ class CollectiveGroup:
         Rank 0 hosts the TCP store on ``listener`` (taken over; default: a socket bound to ``master_addr:
         master_port``). ``gloo_addr``: the address this rank's gloo sockets listen on and advertise (None:
         ``GLOO_SOCKET_IFNAME``, else torch's default, the address this host's name resolves to)."""
+        from torch.distributed import distributed_c10d as c10d
+
         init = datetime.timedelta(seconds=init_timeout_s)
         timeout = datetime.timedelta(seconds=collective_timeout_s)
         try:
@@ -80,6 +84,8 @@ class CollectiveGroup:
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0) -> Any:
         """Post a broadcast; returns the work handle to pass to :meth:`wait`."""
+        import torch.distributed as dist
+
         try:
             opts = dist.BroadcastOptions()
             opts.rootRank, opts.rootTensor, opts.asyncOp = src, 0, True
@@ -100,6 +106,9 @@ class CollectiveGroup:
         pg, self.pg = self.pg, None
         if pg is None:
             return
+        import torch.distributed as dist
+        from torch.distributed import distributed_c10d as c10d
+
         if self.broken:
             for method in ("abort", "shutdown"):
                 try:
@@ -120,6 +129,8 @@ class CollectiveGroup:
 def host_store(listener: socket.socket, world_size: int, timeout: datetime.timedelta) -> dist.TCPStore:
     """The group's TCP store, served on ``listener`` (a bound, listening socket, taken over: the store closes
     it) and only there; blocks until ``world_size`` ranks (this one included) have connected."""
+    import torch.distributed as dist
+
     port, host = listener.getsockname()[1], net.connect_addr(listener)
     fd = listener.detach()
     # no os.close(fd) if this raises: the store closes it also when it fails (e.g. a rank never connected),
@@ -139,6 +150,8 @@ def dial_store(addr: str, port: int, world_size: int, init_timeout_s: float) -> 
     for the whole init timeout (torch's own client retries a refused port until it passes, twice over).
     Each connection attempt is bounded by a few seconds, so an address that does not answer at all costs
     at most ``init_timeout_s``."""
+    import torch.distributed as dist
+
     deadline = time.monotonic() + init_timeout_s
     while True:
         remaining = deadline - time.monotonic()
@@ -178,7 +191,9 @@ def _gloo_group(store: Any, rank: int, world_size: int, group_name: str, timeout
     """A gloo group whose sockets listen on ``gloo_addr``. ``_new_process_group_helper`` cannot take a gloo
     device, so the group is put together here, with the store layout the helper gives it (``<name>/cpu/``):
     a peer that formed its side with the helper (an SGLang server) meets this one."""
+    import torch
     from torch.distributed import ProcessGroup, ProcessGroupGloo
+    from torch.distributed import distributed_c10d as c10d
 
     prefix_store = c10d.PrefixStore(f"{group_name}/", store)
     opts = ProcessGroupGloo._Options()
@@ -215,6 +230,8 @@ class PyNcclGroup:
         """As :meth:`CollectiveGroup.open` (``gloo_addr`` unused: NCCL picks its interfaces itself)."""
         if backend != "nccl":
             raise CollectiveError(f"group {group_name}: the pynccl kind runs on nccl only, not {backend!r}")
+        import torch
+
         try:
             from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
             from vllm.distributed.utils import StatelessProcessGroup
@@ -241,6 +258,8 @@ class PyNcclGroup:
         return cls(comm, group_name, rank, world_size, collective_timeout_s)
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0) -> Any:
+        import torch
+
         try:
             stream = torch.cuda.current_stream()
             self.comm.broadcast(tensor, src=src, stream=stream)

@@ -8,7 +8,8 @@ import socket
 
 import pytest
 
-from shared.weight_sync import WeightPublisher, WeightSyncSettings, net
+from services.learner.weights import WeightPublisher
+from shared.weight_sync import WeightSyncSettings, net
 from shared.weight_sync import keys as wkeys
 from shared.weight_sync.wire import Rendezvous
 from tests.sockets import beyond_loopback, listening

@@ -13,7 +13,8 @@ import torch
 from services.rollout.weights.settings import SidecarSettings
 from services.rollout.weights.sidecar import WeightSidecar
 from shared.redis_server import free_port
-from shared.weight_sync import WeightPublisher, WeightSyncSettings
+from services.learner.weights import WeightPublisher
+from shared.weight_sync import WeightSyncSettings
 from tests.procs import spawn, stop, wait_http_ok
 from tests.weight_sync.conftest import wait_registered
 

@@ -7,7 +7,8 @@ import sys
 import pytest
 import torch
 
-from shared.weight_sync import WeightPublisher, WeightSyncSettings
+from services.learner.weights import WeightPublisher
+from shared.weight_sync import WeightSyncSettings
 from tests.procs import spawn, stop
 from tests.weight_sync.conftest import wait_registered
 

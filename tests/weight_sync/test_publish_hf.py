@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import time
 
+from services.learner.weights import WeightPublisher
 from shared import keys
-from shared.weight_sync import WeightPublisher, WeightSyncSettings
+from shared.weight_sync import WeightSyncSettings
 from shared.weight_sync import keys as wkeys
 from tests.weight_sync.conftest import new_weights, reference_ids, wait_ready, wait_registered
 

@@ -39,7 +39,8 @@ def sample_logprobs(url: str) -> tuple[list[int], list[int], list[float]]:
 async def test_publish_into_a_real_engine_server(kind, gpu_model_dir, tmp_path, redis_server, redis_client):  # noqa: F811
     import torch
 
-    from shared.weight_sync import WeightPublisher, WeightSyncSettings
+    from services.learner.weights import WeightPublisher
+    from shared.weight_sync import WeightSyncSettings
 
     if importlib.util.find_spec(kind) is None:
         pytest.skip(f"{kind} is not installed here")

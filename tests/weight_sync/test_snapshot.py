@@ -7,7 +7,8 @@ import functools
 import http.server
 import threading
 
-from shared.weight_sync import WeightPublisher, WeightSyncSettings
+from services.learner.weights import WeightPublisher
+from shared.weight_sync import WeightSyncSettings
 from tests.weight_sync.conftest import new_weights, reference_ids, wait_ready, wait_registered
 
 FAST = dict(init_timeout_s=20, collective_timeout_s=10, regroup_timeout_s=5, load_timeout_s=20)

@@ -7,10 +7,10 @@ import json
 import subprocess
 import sys
 
+from services.rollout.weights.receiver import RoundWatcher
 from shared import keys
 from shared.redis_server import free_port
 from shared.weight_sync import keys as wkeys
-from shared.weight_sync.receiver import RoundWatcher
 from shared.weight_sync.registry import ReplicaRegistry
 from shared.weight_sync.status import weight_sync_status
 from shared.weight_sync.wire import Member, Rendezvous, ReplicaInfo

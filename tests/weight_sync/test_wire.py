@@ -6,8 +6,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from shared.weight_sync import tensors as T
-from shared.weight_sync.snapshot import read_snapshot, write_snapshot
+from services.learner.weights import packing
+from services.learner.weights.snapshot import write_snapshot
+from services.rollout.weights.loader import InPlaceLoader, unpack
+from services.rollout.weights.snapshot import read_snapshot
+from shared.weight_sync.digest import digest
+from shared.weight_sync.tensors import staging_buffers
 from shared.weight_sync.wire import Manifest, Rendezvous, plan_buckets
 
 
@@ -33,21 +37,21 @@ def test_pack_unpack_tied_weights_checksum_and_in_place_load(tmp_path):
     src = torch.nn.Sequential(torch.nn.Embedding(7, 4), torch.nn.Linear(4, 7, bias=True))
     src[1].weight = src[0].weight  # tied: sent once
     src[1].bias.data = src[1].bias.data.to(torch.bfloat16)
-    named = T.named_tensors(src)
+    named = packing.named_tensors(src)
     assert [n for n, _ in named] == ["0.weight", "1.bias"]
-    buckets = plan_buckets(T.specs(named), 1 << 20)
-    buf = T.pack_bucket(buckets[0], dict(named))
-    assert dict(T.unpack(buckets[0], buf))["1.bias"].dtype == torch.bfloat16
-    crc = T.checksum(buf)
+    buckets = plan_buckets(packing.specs(named), 1 << 20)
+    buf = packing.pack_bucket(buckets[0], dict(named))
+    assert dict(unpack(buckets[0], buf))["1.bias"].dtype == torch.bfloat16
+    crc = digest(buf, "xxh3_64")
     buf2 = buf.clone()
     buf2[3] ^= 1
-    assert T.checksum(buf2) != crc
+    assert digest(buf2, "xxh3_64") != crc
 
     dst = torch.nn.Sequential(torch.nn.Embedding(7, 4), torch.nn.Linear(4, 7, bias=True))
     dst[1].weight = dst[0].weight
     dst[1].bias.data = dst[1].bias.data.to(torch.bfloat16)
     ptr = dst[0].weight.data_ptr()
-    loader = T.InPlaceLoader(dst)
+    loader = InPlaceLoader(dst)
     loader.check(buckets[0].tensors)
     for e in buckets[0].tensors:
         loader.copy_bytes(e, buf)
@@ -70,23 +74,23 @@ def test_pack_unpack_tied_weights_checksum_and_in_place_load(tmp_path):
 
 def test_adopt_repoints_tensors_and_alternating_sets_stay_independent():
     src = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Linear(6, 3))
-    named = T.named_tensors(src)
-    buckets = plan_buckets(T.specs(named), 64)
+    named = packing.named_tensors(src)
+    buckets = plan_buckets(packing.specs(named), 64)
     assert len(buckets) > 1
     dst = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Linear(6, 3))
-    loader = T.InPlaceLoader(dst)
-    sets = [T.staging_buffers([b.nbytes for b in buckets]) for _ in range(2)]
+    loader = InPlaceLoader(dst)
+    sets = [staging_buffers([b.nbytes for b in buckets]) for _ in range(2)]
     for b, buf in zip(buckets, sets[0]):
-        T.pack_bucket(b, dict(named), out=buf)
+        packing.pack_bucket(b, dict(named), out=buf)
     assert loader.adopt(buckets, sets[0])
     assert all(torch.equal(a, b) for a, b in zip(dst.state_dict().values(), src.state_dict().values()))
     sets[1][0].fill_(0)  # receiving the next version into the other set leaves the model alone
     assert torch.equal(dst[0].weight, src[0].weight)
     assert loader.adopt(buckets, sets[1]) and float(dst[0].weight.abs().sum()) == 0.0
     # a checksum still catches a single flipped byte
-    crc = T.checksum(sets[0][0])
+    crc = digest(sets[0][0], "xxh3_64")
     sets[0][0][5] ^= 1
-    assert T.checksum(sets[0][0]) != crc
+    assert digest(sets[0][0], "xxh3_64") != crc
 
 
 def test_adopt_copies_into_aliased_tensors():
@@ -98,9 +102,9 @@ def test_adopt_copies_into_aliased_tensors():
 
     dst = Tied()
     w = {"a": torch.arange(6, dtype=torch.float32).reshape(3, 2)}
-    buckets = plan_buckets(T.specs(w.items()), 1 << 20)
-    bufs = [T.pack_bucket(buckets[0], w)]
-    T.InPlaceLoader(dst).adopt(buckets, bufs)
+    buckets = plan_buckets(packing.specs(w.items()), 1 << 20)
+    bufs = [packing.pack_bucket(buckets[0], w)]
+    InPlaceLoader(dst).adopt(buckets, bufs)
     assert torch.equal(dst.a, w["a"]) and torch.equal(dst.b, w["a"])  # both names see the update
 
 
@@ -109,26 +113,26 @@ def test_flatten_puts_every_bucket_in_place_and_training_keeps_working():
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
     x = torch.randn(5, 8)
     before = model(x).detach().clone()
-    named = T.named_tensors(model)
+    named = packing.named_tensors(model)
     params = [p for _, p in named]
-    buckets = plan_buckets(T.specs(named), 200)
+    buckets = plan_buckets(packing.specs(named), 200)
     assert len(buckets) > 1
     # scattered tensors must be packed (a bucket of one tensor is always in place)
-    assert all(T.bucket_view(b, dict(named)) is None for b in buckets if len(b.tensors) > 1)
+    assert all(packing.bucket_view(b, dict(named)) is None for b in buckets if len(b.tensors) > 1)
     assert any(len(b.tensors) > 1 for b in buckets)
-    T.flatten_into_buckets(named, buckets)
-    assert [p for _, p in T.named_tensors(model)] == params  # the same Parameter objects
+    packing.flatten_into_buckets(named, buckets)
+    assert [p for _, p in packing.named_tensors(model)] == params  # the same Parameter objects
     assert torch.equal(model(x), before)
-    lookup = dict(T.named_tensors(model))
-    views = [T.bucket_view(b, lookup) for b in buckets]
+    lookup = dict(packing.named_tensors(model))
+    views = [packing.bucket_view(b, lookup) for b in buckets]
     assert all(v is not None for v in views)
-    assert all(torch.equal(v, T.pack_bucket(b, lookup)) for v, b in zip(views, buckets))
+    assert all(torch.equal(v, packing.pack_bucket(b, lookup)) for v, b in zip(views, buckets))
     # a training step updates the parameters in place, so the views carry the new weights
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     model(x).square().mean().backward()
     opt.step()
     assert not torch.equal(model(x), before)
-    assert all(torch.equal(v, T.pack_bucket(b, lookup)) for v, b in zip(views, buckets))
+    assert all(torch.equal(v, packing.pack_bucket(b, lookup)) for v, b in zip(views, buckets))
 
 
 def test_a_tensor_that_cannot_be_aligned_keeps_its_bucket_packed():
@@ -136,16 +140,16 @@ def test_a_tensor_that_cannot_be_aligned_keeps_its_bucket_packed():
     module = torch.nn.Module()
     for k, v in w.items():
         module.register_parameter(k, torch.nn.Parameter(v))
-    named = T.named_tensors(module)
-    buckets = plan_buckets(T.specs(named), 1 << 20)  # one bucket; "f" sits at byte 6, not 4-aligned
-    T.flatten_into_buckets(named, buckets)
-    lookup = dict(T.named_tensors(module))
-    assert T.bucket_view(buckets[0], lookup) is None
-    assert torch.equal(dict(T.unpack(buckets[0], T.pack_bucket(buckets[0], lookup)))["f"], w["f"])
+    named = packing.named_tensors(module)
+    buckets = plan_buckets(packing.specs(named), 1 << 20)  # one bucket; "f" sits at byte 6, not 4-aligned
+    packing.flatten_into_buckets(named, buckets)
+    lookup = dict(packing.named_tensors(module))
+    assert packing.bucket_view(buckets[0], lookup) is None
+    assert torch.equal(dict(unpack(buckets[0], packing.pack_bucket(buckets[0], lookup)))["f"], w["f"])
 
 
 async def test_watcher_rebuilds_a_known_layout_without_fetching(redis_client):
-    from shared.weight_sync.receiver import RoundFailed, RoundWatcher
+    from services.rollout.weights.receiver import RoundFailed, RoundWatcher
     from shared.weight_sync.wire import Manifest, Rendezvous, layout_id
 
     buckets = tuple(plan_buckets([("a", "float32", (4, 4)), ("b", "bfloat16", (8,))], 32))
@@ -185,9 +189,9 @@ async def test_settle_wakes_as_soon_as_a_member_reports(redis_client):
     import asyncio
     import time
 
-    from shared.weight_sync import WeightPublisher
+    from services.learner.weights import WeightPublisher
+    from services.rollout.weights.receiver import RoundWatcher
     from shared.weight_sync import keys as wkeys
-    from shared.weight_sync.receiver import RoundWatcher
     from shared.weight_sync.wire import Member, Rendezvous, ReplicaInfo
 
     run = "settle"
@@ -222,8 +226,8 @@ async def test_watcher_wakes_as_soon_as_a_round_is_announced(redis_client):
     import asyncio
     import time
 
+    from services.rollout.weights.receiver import RoundWatcher
     from shared.weight_sync import keys as wkeys
-    from shared.weight_sync.receiver import RoundWatcher
     from shared.weight_sync.wire import Member, Rendezvous
 
     run = "announce"
@@ -252,10 +256,10 @@ async def test_watcher_wakes_as_soon_as_a_round_is_announced(redis_client):
 
 
 def test_module_walk_is_reused_until_the_structure_changes():
-    from shared.weight_sync.walk import ModuleWalk
+    from services.learner.weights.walk import ModuleWalk
 
     def state_names(m):
-        return [n for n, _ in T.named_tensors(m)]
+        return [n for n, _ in packing.named_tensors(m)]
 
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4), torch.nn.Linear(4, 2))
     model.register_buffer("steps", torch.zeros(1))
@@ -263,9 +267,9 @@ def test_module_walk_is_reused_until_the_structure_changes():
     walk = ModuleWalk()
 
     def check(expect_walks: int) -> None:
-        got = T.named_tensors(model, walk)
+        got = packing.named_tensors(model, walk)
         assert [n for n, _ in got] == state_names(model) == [n for n in model.state_dict()]
-        assert all(t is dict(T.module_tensors(model))[n] for n, t in got)
+        assert all(t is dict(packing.module_tensors(model))[n] for n, t in got)
         assert walk.walks == expect_walks
 
     check(1)
@@ -288,7 +292,8 @@ def test_module_walk_is_reused_until_the_structure_changes():
 
 
 async def test_in_place_views_are_rechecked_when_a_tensor_moves(redis_client):
-    from shared.weight_sync import WeightPublisher, WeightSyncSettings
+    from services.learner.weights import WeightPublisher
+    from shared.weight_sync import WeightSyncSettings
 
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
     pub = WeightPublisher(redis_client, "views", WeightSyncSettings(bucket_bytes=1 << 20))
@@ -300,5 +305,5 @@ async def test_in_place_views_are_rechecked_when_a_tensor_moves(redis_client):
     model[1].weight.data = torch.zeros(8, 8)  # a tensor moved out of the flat buffer
     await pub.publish(model)
     assert pub.outbox.in_place == [False]
-    assert torch.equal(dict(T.unpack(pub.outbox.manifest.buckets[0], pub.outbox.wire[0]))["1.weight"], torch.zeros(8, 8))
+    assert torch.equal(dict(unpack(pub.outbox.manifest.buckets[0], pub.outbox.wire[0]))["1.weight"], torch.zeros(8, 8))
     await pub.close()

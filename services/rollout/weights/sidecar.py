@@ -27,10 +27,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from services.rollout.weights.receiver import RoundWatcher
 from services.rollout.weights.settings import SidecarSettings
 from services.rollout.weights.sinks import UpdateRefused, WeightSink, create_sink
 from shared import keys
-from shared.weight_sync.receiver import RoundWatcher
 from shared.weight_sync.registry import ReplicaRegistry
 from shared.weight_sync.wire import Manifest, ReplicaInfo, ReportState, Transport
 

@@ -75,14 +75,14 @@ def test_critic_from_reward_model_reuses_its_head(tiny_model_dir, tiny_reward_mo
 
 
 def test_policy_weights_of_a_plain_actor_are_the_module_itself(tiny_model_dir, tmp_path):
-    from shared.weight_sync import tensors as T
+    from services.learner.weights import packing
 
     trainer = RLTrainer(settings(tiny_model_dir, tmp_path, algorithm=ALGOS["grpo"]), total_steps=1)
     weights = trainer.policy_weights()
     model = trainer.actor.model
     assert weights is model  # no state dict built per publish
     # the publisher reads the module's tensors under the names, and from the memory, a state dict would give
-    named = T.named_tensors(weights)
+    named = packing.named_tensors(weights)
     state = model.state_dict()
-    assert [n for n, _ in named] == [n for n, _ in T.named_tensors(state)]
+    assert [n for n, _ in named] == [n for n, _ in packing.named_tensors(state)]
     assert all(t.data_ptr() == state[n].data_ptr() for n, t in named)

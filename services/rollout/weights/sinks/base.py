@@ -16,8 +16,8 @@ import logging
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
+from services.rollout.weights.receiver import RoundFailed, RoundWatcher, UpdateRefused
 from services.rollout.weights.settings import SidecarSettings
-from shared.weight_sync.receiver import RoundFailed, RoundWatcher, UpdateRefused
 from shared.weight_sync.wire import Manifest, Member, Rendezvous
 
 log = logging.getLogger(__name__)

@@ -16,9 +16,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from services.rollout.weights.receiver import BucketReceiver, Received, RoundWatcher
 from services.rollout.weights.sinks.base import RoundFailed, UpdateRefused, WeightSink
 from shared.weight_sync.phases import PhaseClock
-from shared.weight_sync.receiver import BucketReceiver, Received, RoundWatcher
 from shared.weight_sync.wire import Manifest, Member, Rendezvous
 
 
@@ -39,7 +39,7 @@ class HFSink(WeightSink):
         return model
 
     def _loader_for(self) -> Any:
-        from shared.weight_sync.tensors import InPlaceLoader
+        from services.rollout.weights.loader import InPlaceLoader
 
         if self._loader is None:
             self._loader = InPlaceLoader(self._model())
@@ -95,7 +95,7 @@ class HFSink(WeightSink):
                 asyncio.to_thread(receiver.ensure_spare, [b.nbytes for b in manifest.buckets]))
 
     async def load_snapshot(self, manifest: Manifest) -> None:
-        from shared.weight_sync.snapshot import SnapshotError, read_snapshot
+        from services.rollout.weights.snapshot import SnapshotError, read_snapshot
 
         if manifest.snapshot is None:
             raise UpdateRefused(f"version {manifest.version} has no snapshot")

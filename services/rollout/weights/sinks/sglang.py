@@ -6,9 +6,9 @@ call carries ``weight_version`` and flushes the cache. The group is kept between
 
 from __future__ import annotations
 
+from services.rollout.weights.receiver import RoundWatcher
 from services.rollout.weights.sinks.base import RoundFailed, UpdateRefused
 from services.rollout.weights.sinks.remote import HTTP_SLACK_S, RemoteEngineSink
-from shared.weight_sync.receiver import RoundWatcher
 from shared.weight_sync.wire import Manifest, Member, Rendezvous
 
 

@@ -10,9 +10,9 @@ The sink offers them at init; a server that refuses the field there gets them pe
 
 from __future__ import annotations
 
+from services.rollout.weights.receiver import RoundWatcher
 from services.rollout.weights.sinks.base import RoundFailed, UpdateRefused
 from services.rollout.weights.sinks.remote import HTTP_SLACK_S, RemoteEngineSink
-from shared.weight_sync.receiver import RoundWatcher
 from shared.weight_sync.wire import Manifest, Member, Rendezvous
 
 

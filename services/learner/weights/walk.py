@@ -22,7 +22,7 @@ _SKIP = attrgetter("_non_persistent_buffers_set")
 
 
 class ModuleWalk:
-    """``module_tensors`` of one module (see :func:`shared.weight_sync.tensors.module_tensors`), cached.
+    """``module_tensors`` of one module (see :func:`services.learner.weights.packing.module_tensors`), cached.
 
     The structure check and the tensor reads run as C-level ``map`` passes over lists kept from the walk
     (a few hundred microseconds for thousands of modules, instead of milliseconds of Python loops)."""

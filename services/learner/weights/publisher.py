@@ -36,14 +36,16 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from services.learner.weights import packing as T
+from services.learner.weights.outbox import Outbox
+from services.learner.weights.walk import ModuleWalk
 from shared import keys
 from shared.weight_sync import keys as wkeys
 from shared.weight_sync import net
-from shared.weight_sync.outbox import Outbox
+from shared.weight_sync.group import open_group
 from shared.weight_sync.phases import PhaseClock
 from shared.weight_sync.registry import ReplicaRegistry
 from shared.weight_sync.settings import WeightSyncSettings
-from shared.weight_sync.walk import ModuleWalk
 from shared.weight_sync.wire import (
     Manifest,
     Member,
@@ -128,8 +130,6 @@ class WeightPublisher:
     # ---- public API ----------------------------------------------------------------------------------
     async def publish(self, weights: Any, *, version: int | None = None) -> int:
         """Publish ``weights`` as a new version (default: latest + 1) and return the version."""
-        from shared.weight_sync import tensors as T
-
         t0 = time.perf_counter()
         s = self.settings
         async with self._lock:
@@ -158,7 +158,7 @@ class WeightPublisher:
             clock.lap("plan")
             try:
                 if s.snapshot_dir:
-                    from shared.weight_sync.snapshot import write_snapshot
+                    from services.learner.weights.snapshot import write_snapshot
 
                     await asyncio.to_thread(self.outbox.finish)  # (every bucket: a snapshot implies copies)
                     snapshot = await asyncio.to_thread(write_snapshot, s.snapshot_dir, v, buckets, self.outbox.wire,
@@ -222,8 +222,6 @@ class WeightPublisher:
         memory themselves, e.g. DeepSpeed). Trade-off: the publisher retains no copy of the version it
         sent, so a replica that joins late is brought up from memory only while the weights still hold
         that version (checked by digest); once training has moved on, it gets the next version."""
-        from shared.weight_sync import tensors as T
-
         named = T.named_tensors(model, self._walk)
         buckets = self._plan_for(T.specs(named))
         T.flatten_into_buckets(named, buckets)
@@ -332,8 +330,6 @@ class WeightPublisher:
         group = held.group if reuse else None
         try:
             if group is None:
-                from shared.weight_sync.group import open_group
-
                 group = await asyncio.to_thread(
                     open_group, kind, backend=rdv.backend, master_addr=rdv.master_addr,
                     master_port=rdv.master_port, rank=0, world_size=rdv.world_size, group_name=rdv.group_name,

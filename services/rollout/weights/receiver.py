@@ -1,4 +1,4 @@
-"""Replica side of the protocol, engine-agnostic: find the rounds a replica is in, read manifests, report
+"""Replica side of the protocol (the rollout service's weight sidecar), engine-agnostic: find the rounds a replica is in, read manifests, report
 results, and (for engines whose sidecar receives the bytes itself) receive and verify a version's buckets.
 
     watcher = RoundWatcher(redis, run, replica_id)
@@ -23,6 +23,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from shared.weight_sync import keys as wkeys
+from shared.weight_sync import net
+from shared.weight_sync.digest import digest
+from shared.weight_sync.group import CollectiveError, open_group
+from shared.weight_sync.tensors import staging_buffers
 from shared.weight_sync.wire import Checksums, Manifest, Member, MemberReport, Rendezvous, ReportState
 
 log = logging.getLogger(__name__)
@@ -180,8 +184,6 @@ class BucketReceiver:
     def gloo_addr(self, rdv: Rendezvous) -> str | None:
         """The address this replica's gloo sockets listen on and advertise: ``bind_addr``, else this host's
         address on the route to the publisher (127.0.0.1 when the publisher is on this host)."""
-        from shared.weight_sync import net
-
         return self.bind_addr or net.route_addr(rdv.master_addr)
 
     def recycle(self, buffers: list[Any]) -> None:
@@ -191,18 +193,13 @@ class BucketReceiver:
 
     def ensure_spare(self, sizes: list[int]) -> None:
         """Allocate (and touch) a spare set of these sizes now, off the update path."""
-        from shared.weight_sync import tensors as T
-
         if self.keep_staging and (self._spare is None or [b.numel() for b in self._spare] != sizes):
-            self._spare = T.staging_buffers(sizes, self.device)
+            self._spare = staging_buffers(sizes, self.device)
 
     def receive(self, rdv: Rendezvous, member: Member, manifest: Manifest) -> Received:
         """Join (or reuse) the group, receive every bucket and digest it. Blocking.
 
         Raises :class:`RoundFailed` if the group or a broadcast fails."""
-        from shared.weight_sync import tensors as T
-        from shared.weight_sync.group import CollectiveError, open_group
-
         if self.group is not None and (rdv.fresh_group or self.group.name != rdv.group_name or self.group.broken):
             self.close()  # a fresh group may carry a name seen before (its port was used by an earlier group)
         if self.group is None:
@@ -221,12 +218,12 @@ class BucketReceiver:
             sizes = [b.nbytes for b in manifest.buckets]
             spare, self._spare = self._spare, None
             buffers = spare if spare is not None and [b.numel() for b in spare] == sizes else \
-                T.staging_buffers(sizes, self.device)
+                staging_buffers(sizes, self.device)
             works = [group.broadcast(buf, src=0) for buf in buffers]
             digests: list[int | None] = []
             for buf, work in zip(buffers, works):
                 group.wait(work)
-                digests.append(T.checksum(buf, manifest.checksum) if manifest.checksum else None)
+                digests.append(digest(buf, manifest.checksum) if manifest.checksum else None)
         except CollectiveError as exc:
             self.close()
             raise RoundFailed(str(exc)) from exc

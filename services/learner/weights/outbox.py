@@ -22,7 +22,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from services.learner.weights import packing
+from shared.weight_sync.digest import digest
 from shared.weight_sync.settings import WeightSyncSettings
+from shared.weight_sync.tensors import staging_buffers
 from shared.weight_sync.wire import Bucket, Checksums, Manifest
 
 
@@ -77,8 +80,6 @@ class Outbox:
     def pack(self, i: int) -> Any:
         """Bucket ``i``'s bytes (packed now unless they are already there)."""
         if not self.packed[i]:
-            from shared.weight_sync import tensors as T
-
             if self.lookup is None or self.manifest is None:
                 raise RuntimeError(f"bucket {i} is no longer held: the publish that packed it is over")
             b = self.manifest.buckets[i]
@@ -86,13 +87,13 @@ class Outbox:
             self.in_place[i], self.pooled[i] = buf is not None, False
             if buf is None and self.pooling:
                 buf = self._pool_slot(i, b)
-                T.pack_bucket(b, self.lookup, out=buf)
+                packing.pack_bucket(b, self.lookup, out=buf)
                 self.pooled[i] = True
             elif buf is None:
                 buf = self.buffers[i]
                 if buf is None:
-                    buf = self.buffers[i] = T.staging_buffers([b.nbytes], pin=self.settings.backend == "nccl")[0]
-                T.pack_bucket(b, self.lookup, out=buf)
+                    buf = self.buffers[i] = staging_buffers([b.nbytes], pin=self.settings.backend == "nccl")[0]
+                packing.pack_bucket(b, self.lookup, out=buf)
             self.wire[i] = buf
             self.packed[i] = True
         return self.wire[i]
@@ -102,8 +103,6 @@ class Outbox:
         for host tensors going to a GPU). Slot ``i % (inflight_buckets + 1)``: the bucket that held it before
         has left the wire (the send loop waits for it before packing this one)."""
         import torch
-
-        from shared.weight_sync import tensors as T
 
         slots = self.settings.inflight_buckets + 1
         if len(self._pool) != slots:
@@ -123,7 +122,7 @@ class Outbox:
         buf = self._pool[slot]
         if buf is None or buf.numel() < need or buf.device != device:
             pin = device.type == "cpu" and self.settings.backend == "nccl"
-            buf = self._pool[slot] = T.staging_buffers([need], device, pin=pin)[0]
+            buf = self._pool[slot] = staging_buffers([need], device, pin=pin)[0]
         self._owner[slot] = i
         return buf[:bucket.nbytes]
 
@@ -134,15 +133,13 @@ class Outbox:
     def _view(self, i: int, bucket: Bucket) -> Any:
         """``bucket_view`` of bucket ``i``; its full check (layout, storage, dtypes of every tensor) is skipped
         when each tensor is where that check last found it (the usual case: training steps in place)."""
-        from shared.weight_sync import tensors as T
-
         assert self.lookup is not None
         tensors = [self.lookup[e.name] for e in bucket.tensors]
         where = [(t.data_ptr(), t.is_contiguous()) for t in tensors]
         known = self._views.get(i)
         if known is not None and known[0] is bucket and known[1] == where:
             return known[2]
-        view = T.bucket_view(bucket, self.lookup)
+        view = packing.bucket_view(bucket, self.lookup)
         self._views[i] = (bucket, where, view)
         return view
 
@@ -165,9 +162,7 @@ class Outbox:
         """Digest bucket ``i`` if the version has checksums and it has not been digested yet."""
         m = self.manifest
         if m is not None and m.checksum and self.sums[i] is None:
-            from shared.weight_sync import tensors as T
-
-            self.sums[i] = T.checksum(self.pack(i), m.checksum)
+            self.sums[i] = digest(self.pack(i), m.checksum)
 
     def checksums(self) -> Checksums | None:
         """The version's :class:`Checksums` record, once every bucket is digested (None without checksums)."""
@@ -191,8 +186,6 @@ class Outbox:
     def intact(self) -> bool:
         """Can a late joiner be served the version held? Copies: always. In place: only while the weights
         have not changed since (digests compared). Pooled: never (nothing was kept)."""
-        from shared.weight_sync import tensors as T
-
         m = self.manifest
         if m is None:
             return False
@@ -203,4 +196,4 @@ class Outbox:
             return True
         if not m.checksum:
             return False
-        return all(T.checksum(self.wire[i], m.checksum) == self.sums[i] for i in live)
+        return all(digest(self.wire[i], m.checksum) == self.sums[i] for i in live)

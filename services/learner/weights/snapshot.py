@@ -1,8 +1,10 @@
-"""Fallback transport: one safetensors file per bucket per version, on a shared path or over HTTP.
+"""Writing the snapshot transport's files: one safetensors file per bucket per version, on a shared path
+(optionally served over HTTP by a server you run), named in the manifest's
+:class:`~shared.weight_sync.wire.SnapshotInfo` with each file's CRC32.
 
 A bucket's bytes are already laid out as a safetensors data section (tensors back to back), so a file is
-the JSON header followed by the bucket buffer as is. Files are read back with the ``safetensors``
-library (no pickle) after their CRC32 is checked.
+the JSON header followed by the bucket buffer as is. Replicas read them back with the ``safetensors``
+library (no pickle) after checking the CRC32 (``services/rollout/weights/snapshot.py``).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import os
 import shutil
 import struct
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +25,6 @@ _ST_DTYPES = {
     "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2",
     "int64": "I64", "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL",
 }
-
-
-class SnapshotError(RuntimeError):
-    """A snapshot file is missing, unreadable or does not match its checksum."""
 
 
 def version_dir(root: str | Path, version: int) -> Path:
@@ -71,32 +69,3 @@ def _prune(root: Path, keep: int) -> None:
     versions = sorted(p for p in root.glob("v*") if p.is_dir() and not p.name.endswith(".tmp"))
     for old in versions[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
-
-
-def fetch_file(info: SnapshotInfo, i: int, timeout_s: float, prefer_url: bool = False) -> bytes:
-    """Bytes of file ``i``: from the shared path when it is visible here, else over HTTP."""
-    local = Path(info.path) / info.files[i]
-    if not prefer_url and local.is_file():
-        data = local.read_bytes()
-    elif info.url:
-        import httpx
-
-        try:
-            r = httpx.get(f"{info.url}/{info.files[i]}", timeout=timeout_s)
-            r.raise_for_status()
-        except httpx.HTTPError as exc:
-            raise SnapshotError(f"fetching {info.files[i]} from {info.url} failed: {exc}") from exc
-        data = r.content
-    else:
-        raise SnapshotError(f"{local} is not visible here and the snapshot has no URL")
-    if zlib.crc32(data) != info.checksums[i]:
-        raise SnapshotError(f"{info.files[i]}: checksum mismatch (file corrupt or replaced)")
-    return data
-
-
-def read_snapshot(info: SnapshotInfo, timeout_s: float = 120.0, prefer_url: bool = False) -> Iterator[dict[str, Any]]:
-    """Each file's tensors (a dict name -> CPU tensor), verified, one file at a time."""
-    from safetensors.torch import load
-
-    for i in range(len(info.files)):
-        yield load(fetch_file(info, i, timeout_s, prefer_url))

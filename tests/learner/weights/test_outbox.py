@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from shared.weight_sync import tensors as T
-from shared.weight_sync.outbox import Outbox
+from services.learner.weights import packing
+from services.learner.weights.outbox import Outbox
+from shared.weight_sync.digest import digest
 from shared.weight_sync.settings import WeightSyncSettings
 from shared.weight_sync.wire import Manifest, plan_buckets
 
@@ -18,8 +19,8 @@ def model() -> torch.nn.Module:
 
 
 def begin(box: Outbox, m: torch.nn.Module, version: int = 1) -> Manifest:
-    named = T.named_tensors(m)
-    buckets = tuple(plan_buckets(T.specs(named), 1050))  # a bucket closes once past 1,050 bytes: one Linear (1,088 bytes) each
+    named = packing.named_tensors(m)
+    buckets = tuple(plan_buckets(packing.specs(named), 1050))  # a bucket closes once past 1,050 bytes: one Linear (1,088 bytes) each
     manifest = Manifest(version=version, bucket_bytes=1050, total_bytes=sum(b.nbytes for b in buckets),
                         buckets=buckets, checksum="xxh3_64")
     box.begin(manifest, dict(named))
@@ -27,8 +28,8 @@ def begin(box: Outbox, m: torch.nn.Module, version: int = 1) -> Manifest:
 
 
 def expected_bytes(manifest: Manifest, m: torch.nn.Module) -> list[torch.Tensor]:
-    lookup = dict(T.named_tensors(m))
-    return [T.pack_bucket(b, lookup) for b in manifest.buckets]
+    lookup = dict(packing.named_tensors(m))
+    return [packing.pack_bucket(b, lookup) for b in manifest.buckets]
 
 
 def test_pooled_buckets_reuse_a_few_buffers_and_keep_nothing():
@@ -50,7 +51,7 @@ def test_pooled_buckets_reuse_a_few_buffers_and_keep_nothing():
     assert not box.packed[0] and box.wire[0] is None
     assert all(b is None for b in box.buffers)               # no host copy retained
     sums = box.checksums()
-    assert sums is not None and list(sums.values) == [T.checksum(w, "xxh3_64") for w in want]
+    assert sums is not None and list(sums.values) == [digest(w, "xxh3_64") for w in want]
     box.finish()
     assert not box.intact()                                   # a late joiner gets the next version
 
@@ -109,8 +110,8 @@ def test_in_place_buckets_with_pooling_are_digested_for_late_joiners():
     m = model()
     settings = WeightSyncSettings(retain="none", bucket_bytes=1050)
     box = Outbox(settings)
-    named = T.named_tensors(m)
-    T.flatten_into_buckets(named, plan_buckets(T.specs(named), 1050))
+    named = packing.named_tensors(m)
+    packing.flatten_into_buckets(named, plan_buckets(packing.specs(named), 1050))
     box.send_in_place = True
     manifest = begin(box, m)
     box.finish()  # nothing was sent: every bucket is a view, digested
@@ -125,14 +126,14 @@ def test_in_place_buckets_with_pooling_are_digested_for_late_joiners():
 
 def test_pack_bucket_checks_the_buffer_size_and_the_tensors():
     m = model()
-    named = T.named_tensors(m)
-    bucket = plan_buckets(T.specs(named), 1050)[0]
+    named = packing.named_tensors(m)
+    bucket = plan_buckets(packing.specs(named), 1050)[0]
     lookup = dict(named)
     with pytest.raises(ValueError, match="holds 1088 bytes"):
-        T.pack_bucket(bucket, lookup, out=torch.empty(1000, dtype=torch.uint8))
+        packing.pack_bucket(bucket, lookup, out=torch.empty(1000, dtype=torch.uint8))
     lookup["0.weight"] = torch.zeros(4, 4)
     with pytest.raises(ValueError, match="changed since the manifest"):
-        T.pack_bucket(bucket, lookup)
+        packing.pack_bucket(bucket, lookup)
 
 
 @pytest.mark.gpu
@@ -151,7 +152,7 @@ def test_nccl_packs_gpu_weights_on_the_gpu():
         assert torch.equal(buf.cpu(), want[i])
     sums = box.checksums()
     assert sums is not None and sums.algo == "wsum64"
-    assert list(sums.values) == [T.checksum(w, "wsum64") for w in want]  # same digest as on the host
+    assert list(sums.values) == [digest(w, "wsum64") for w in want]  # same digest as on the host
 
 
 @pytest.mark.gpu
