@@ -84,7 +84,7 @@ def build_module(shapes, fill: str):
 class ModuleEngine:
     """The parts of an engine the hf sink uses, around a bare module (no generation in this benchmark)."""
 
-    kind = "hf"
+    kind, weight_sink = "hf", "services.rollout.weights.sinks.hf:HFSink"
 
     def __init__(self, model) -> None:
         self.model, self.weight_version, self.paused = model, 0, False
@@ -202,9 +202,9 @@ async def driver(args) -> None:
     import redis.asyncio as aioredis
     import torch
 
-    from shared.redis_server import EmbeddedRedis, free_port
     from services.learner.weights import WeightPublisher
     from services.learner.weights import packing as T
+    from shared.redis_server import EmbeddedRedis, free_port
     from shared.weight_sync import WeightSyncSettings
     from shared.weight_sync.group import CollectiveGroup
     from shared.weight_sync.registry import ReplicaRegistry

@@ -10,10 +10,11 @@ import httpx
 import pytest
 import torch
 
+from services.learner.weights import WeightPublisher
+from services.rollout.engines.base import engine_class
 from services.rollout.weights.settings import SidecarSettings
 from services.rollout.weights.sidecar import WeightSidecar
 from shared.redis_server import free_port
-from services.learner.weights import WeightPublisher
 from shared.weight_sync import WeightSyncSettings
 from tests.procs import spawn, stop, wait_http_ok
 from tests.weight_sync.conftest import wait_registered
@@ -24,6 +25,7 @@ class RemoteEngine:
 
     def __init__(self, kind: str, base_url: str) -> None:
         self.kind, self.base_url, self.client = kind, base_url, httpx.AsyncClient()
+        self.weight_sink = engine_class(kind).weight_sink  # the real engine's sink
         self.weight_version, self.paused, self.pauses = 0, False, 0
 
     def set_weight_version(self, v: int) -> None:
@@ -88,7 +90,7 @@ async def test_remote_sink_maps_requests_and_bytes_arrive(kind, vllm_api, tmp_pa
                 w = weights(seed)
                 assert await pub.publish(w) == version
                 assert pub.last_report.loaded == [sidecar.replica_id], pub.last_report
-                got = httpx.get(f"{engine.base_url}/standin/state", timeout=10).json()
+                got = (await engine.client.get(f"{engine.base_url}/standin/state", timeout=10)).json()
                 assert got["crc"] == {n: crc(t) for n, t in w.items()}
                 assert engine.weight_version == version and not engine.paused
             nb = len(pub.outbox.manifest.buckets)
@@ -132,7 +134,7 @@ async def test_replicas_of_different_group_kinds_update_in_separate_rounds(repli
                 rep = pub.last_report
                 assert rep.rounds == 2 and len(rep.loaded) == 2 and not rep.dropped, rep
                 assert hf.generate()["output_ids"] == reference_ids(model, tiny_model_dir)
-                got = httpx.get(f"{engine.base_url}/standin/state", timeout=10).json()
+                got = (await engine.client.get(f"{engine.base_url}/standin/state", timeout=10)).json()
                 names = pub.outbox.manifest.tensor_names()  # the tied lm_head goes once, as the embedding
                 state = model.state_dict()
                 assert got["crc"] == {n: crc(state[n]) for n in names}

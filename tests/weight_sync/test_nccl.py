@@ -21,7 +21,7 @@ from services.rollout.weights.settings import SidecarSettings
 from services.rollout.weights.sidecar import WeightSidecar
 
 class Engine:
-    kind = "hf"
+    kind, weight_sink = "hf", "services.rollout.weights.sinks.hf:HFSink"
     def __init__(self):
         torch.manual_seed(0)
         self.model = torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(8)]).cuda().to(torch.bfloat16)

@@ -72,7 +72,7 @@ def test_no_sidecar_when_it_is_off_or_there_is_no_redis(tiny_model_dir, weights,
 
 async def test_the_sidecar_is_built_from_the_section(tiny_model_dir):
     class Engine:
-        kind, weight_version = "hf", 0
+        kind, weight_sink, weight_version = "hf", "services.rollout.weights.sinks.hf:HFSink", 0
 
     s = load_settings(RolloutSettings, model=str(tiny_model_dir), redis_url="redis://127.0.0.1:1/0", port=8123,
                       run_name="r1", weights={"heartbeat_s": 0.5, "transport": "snapshot"})

@@ -1,4 +1,5 @@
-"""The engine seam: one abstract :class:`Engine`, a registry by kind ("hf", "sglang", "vllm").
+"""The engine seam: one abstract :class:`Engine`, a registry by kind ("hf", "sglang", "vllm") whose entries
+are import paths, loaded with the service kit's loader and checked to be :class:`Engine` subclasses.
 
 What every engine offers (the routes, the rollout worker and the weight-sync sidecar use only this):
 
@@ -12,7 +13,9 @@ What every engine offers (the routes, the rollout worker and the weight-sync sid
   strings / ids, seeds, logprobs are carried per sequence by :class:`SequenceRequest`. A sequence the
   engine cannot run as asked (parameters out of what it can hold) raises :class:`SequenceRejected` for
   that request alone; a failure that belongs to one sequence ends that sequence alone.
-- weights: ``weight_version`` (int) and ``set_weight_version(v)``. For the hf engine ``model`` (the
+- weights: ``weight_version`` (int) and ``set_weight_version(v)``; whether and how the engine loads the
+  versions the learner publishes is its class's ``weight_sink`` (the import path of its weight sink, or
+  None: it cannot), so an engine and its sink are declared in one place. For the hf engine ``model`` (the
   torch ``nn.Module``; copy weights in place under ``torch.no_grad()`` while paused) and
   ``tokenizer``; for SGLang / vLLM ``base_url`` and ``client`` (the shared ``httpx.AsyncClient``) so
   the sidecar can call the engine server's own weight-update endpoints.
@@ -29,7 +32,6 @@ service tokenises text and applies chat templates itself, so token ids are alway
 from __future__ import annotations
 
 import asyncio
-import importlib
 import json
 import logging
 from abc import ABC, abstractmethod
@@ -46,6 +48,7 @@ from services.rollout.engines.types import (
     SequenceOutput,
     SequenceRequest,
 )
+from shared.service_kit.loader import load_object
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +97,10 @@ class Engine(ABC):
     ``abort`` and ``_abort_all``; admission, pause / resume and in-flight tracking live here."""
 
     kind: ClassVar[str]
+    #: How this engine loads the weights the learner publishes: the import path (``"package.module:Class"``)
+    #: of its weight sink, a ``services.rollout.weights.sinks.WeightSink`` (imported only when a weight
+    #: sidecar starts beside the engine); None: the engine cannot load weights, and no sidecar runs with it.
+    weight_sink: ClassVar[str | None] = None
 
     def __init__(self, settings: EngineSettings, model_path: str) -> None:
         self.settings = settings
@@ -316,9 +323,7 @@ def engine_class(kind: str) -> type[Engine]:
     if entry is None:
         raise KeyError(f"unknown engine kind {kind!r}; known: {sorted(_ENGINES)}")
     if isinstance(entry, str):
-        module, _, name = entry.partition(":")
-        entry = getattr(importlib.import_module(module), name)
-        _ENGINES[kind] = entry
+        entry = _ENGINES[kind] = load_object(entry, Engine, what=f"engine {kind!r}")
     return entry
 
 

@@ -25,6 +25,7 @@ def parse_finish(obj: dict | None, n_tokens: int) -> Finish | None:
 
 class SGLangEngine(RemoteEngine):
     kind = "sglang"
+    weight_sink = "services.rollout.weights.sinks.sglang:SGLangSink"  # the server's own weight-update API
 
     async def _start(self) -> None:
         await super()._start()

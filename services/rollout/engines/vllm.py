@@ -19,6 +19,7 @@ def _token_id(key: str) -> int:
 
 class VLLMEngine(RemoteEngine):
     kind = "vllm"
+    weight_sink = "services.rollout.weights.sinks.vllm:VLLMSink"  # vLLM's native weight-transfer API
 
     @property
     def served_model(self) -> str:

@@ -36,6 +36,7 @@ def _resolve_device(name: str) -> torch.device:
 
 class HFEngine(Engine):
     kind = "hf"
+    weight_sink = "services.rollout.weights.sinks.hf:HFSink"  # receives the buckets itself, swaps them in
     settings: HFEngineSettings
 
     def __init__(self, settings: HFEngineSettings, model_path: str) -> None:

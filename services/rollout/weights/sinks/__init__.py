@@ -5,7 +5,7 @@ from services.rollout.weights.sinks.base import (
     UpdateRefused,
     WeightSink,
     create_sink,
-    register_sink,
+    sink_class,
 )
 
-__all__ = ["RoundFailed", "UpdateRefused", "WeightSink", "create_sink", "register_sink"]
+__all__ = ["RoundFailed", "UpdateRefused", "WeightSink", "create_sink", "sink_class"]

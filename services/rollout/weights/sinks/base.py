@@ -1,5 +1,5 @@
-"""A sink loads a version into one engine through that engine's own API; a registry maps engine kinds
-("hf", "sglang", "vllm") to sinks.
+"""A sink loads a version into one engine through that engine's own API. Which sink an engine takes is the
+engine's own declaration (``Engine.weight_sink``, an import path), so there is no registry by kind here.
 
 - ``run_round`` takes part in one collective update round (the sidecar calls it when a rendezvous names
   the replica; ``watcher`` reads the round's checksums for sinks that verify the bytes themselves). It raises :class:`RoundFailed` when the round broke (the replica is alive and can take
@@ -11,18 +11,18 @@
 from __future__ import annotations
 
 import asyncio
-import importlib
 import logging
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
 from services.rollout.weights.receiver import RoundFailed, RoundWatcher, UpdateRefused
 from services.rollout.weights.settings import SidecarSettings
+from shared.service_kit.loader import load_object
 from shared.weight_sync.wire import Manifest, Member, Rendezvous
 
 log = logging.getLogger(__name__)
 
-__all__ = ["RoundFailed", "UpdateRefused", "WeightSink", "create_sink", "register_sink"]
+__all__ = ["RoundFailed", "UpdateRefused", "WeightSink", "create_sink", "sink_class"]
 
 
 class WeightSink(ABC):
@@ -67,24 +67,17 @@ class _Paused:
         await self.engine.resume()
 
 
-_SINKS: dict[str, str | type[WeightSink]] = {
-    "hf": "services.rollout.weights.sinks.hf:HFSink",
-    "sglang": "services.rollout.weights.sinks.sglang:SGLangSink",
-    "vllm": "services.rollout.weights.sinks.vllm:VLLMSink",
-}
-
-
-def register_sink(kind: str, cls: str | type[WeightSink]) -> None:
-    _SINKS[kind] = cls
+def sink_class(engine: Any) -> type[WeightSink]:
+    """The sink class ``engine`` declares (its ``weight_sink`` import path, loaded and checked to be a
+    :class:`WeightSink`). Raises ``TypeError`` for an engine that cannot load weights."""
+    path = getattr(engine, "weight_sink", None)
+    kind = getattr(engine, "kind", type(engine).__name__)
+    if path is None:
+        raise TypeError(f"the {kind!r} engine cannot load weights (its class names no weight_sink); "
+                        "turn the weight sidecar off (weights.enabled: false)")
+    return load_object(path, WeightSink, what=f"weight sink of the {kind!r} engine")
 
 
 def create_sink(engine: Any, settings: SidecarSettings) -> WeightSink:
-    kind = getattr(engine, "kind", None)
-    entry = _SINKS.get(kind)
-    if entry is None:
-        raise KeyError(f"no weight sink for engine kind {kind!r}; known: {sorted(_SINKS)}")
-    if isinstance(entry, str):
-        module, _, name = entry.partition(":")
-        entry = getattr(importlib.import_module(module), name)
-        _SINKS[kind] = entry
-    return entry(engine, settings)
+    """The sink that loads versions into ``engine`` (see :func:`sink_class`)."""
+    return sink_class(engine)(engine, settings)
