@@ -1,7 +1,9 @@
 """Settings base for every service: typed, read from a YAML/TOML file and from the environment.
 
 Precedence (highest first): explicit overrides (CLI flags) > environment (``FLEETRL_<SERVICE>_*``) >
-the config file > defaults. Unknown keys anywhere are an error that names the key, never ignored.
+the config file > the few conventional un-prefixed variables a class accepts (``fallback_env``:
+``$REDIS_URL`` for ``redis_url``) > defaults. Unknown keys anywhere are an error that names the key, never
+ignored. This module is the only place that reads the environment for a setting.
 
 Usage::
 
@@ -17,7 +19,7 @@ from __future__ import annotations
 import contextvars
 import os
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import tomllib
 import yaml
@@ -63,6 +65,18 @@ class _ConfigFileSource(PydanticBaseSettingsSource):
         return read_config_file(path) if path is not None else {}
 
 
+class _FallbackEnvSource(PydanticBaseSettingsSource):
+    """The conventional un-prefixed variables a settings class accepts (``fallback_env``), below its file: a
+    machine-wide ``$REDIS_URL`` never overrides what a run's own flags, variables or file say. Empty is unset."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:  # pragma: no cover
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        fallbacks: dict[str, str] = getattr(self.settings_cls, "fallback_env", {})
+        return {name: os.environ[var] for name, var in fallbacks.items() if os.environ.get(var)}
+
+
 def service_config(service: str) -> SettingsConfigDict:
     """The model_config every service settings class uses (env prefix ``FLEETRL_<SERVICE>_``)."""
     return SettingsConfigDict(
@@ -87,11 +101,13 @@ class FleetSettings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return (init_settings, env_settings, _ConfigFileSource(settings_cls))
+        return (init_settings, env_settings, _ConfigFileSource(settings_cls), _FallbackEnvSource(settings_cls))
 
 
 class ServiceSettings(FleetSettings):
     """Fields every service has."""
+
+    fallback_env: ClassVar[dict[str, str]] = {"redis_url": "REDIS_URL"}
 
     host: str = Field(default="127.0.0.1", description="Bind address; loopback unless you mean to expose it.")
     port: int = Field(default=8000, ge=0, le=65535, description="HTTP port (0 picks a free one).")
@@ -99,7 +115,10 @@ class ServiceSettings(FleetSettings):
         default=None, description="Bearer token for control routes; without one, control routes are off."
     )
     redis_url: str | None = Field(
-        default=None, description="Redis URL; unset means an embedded private server (see shared.redis_server)."
+        default=None,
+        description="Redis URL (redis://host:port/db); also taken from $REDIS_URL when no flag, FLEETRL_<SERVICE>_ "
+                    "variable or file sets it. Unset: no Redis (the learner's entry point then starts a private "
+                    "embedded server under its run_dir).",
     )
     run_name: str = Field(default="default", pattern=r"^[A-Za-z0-9_.-]+$", description="Namespace of Redis keys.")
     log_level: str = Field(default="INFO", description="Python logging level.")

@@ -56,3 +56,23 @@ def test_control_token_is_secret(monkeypatch):
     s = load_settings(DemoSettings)
     assert s.control_token.get_secret_value() == "s3cret"
     assert "s3cret" not in repr(s)
+
+
+def test_redis_url_comes_from_REDIS_URL_below_every_other_source(tmp_path, monkeypatch):
+    monkeypatch.delenv("FLEETRL_DEMOSVC_REDIS_URL", raising=False)
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    assert load_settings(DemoSettings).redis_url is None
+    monkeypatch.setenv("REDIS_URL", "redis://machine:6379/0")
+    assert load_settings(DemoSettings).redis_url == "redis://machine:6379/0"
+    assert DemoSettings().redis_url == "redis://machine:6379/0"  # built directly, too
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("redis_url: redis://file:6379/0\n")
+    assert load_settings(DemoSettings, cfg).redis_url == "redis://file:6379/0"
+    monkeypatch.setenv("FLEETRL_DEMOSVC_REDIS_URL", "redis://prefixed:6379/0")
+    assert load_settings(DemoSettings, cfg).redis_url == "redis://prefixed:6379/0"
+    assert load_settings(DemoSettings, cfg, redis_url="redis://flag:6379/0").redis_url == "redis://flag:6379/0"
+
+
+def test_an_empty_REDIS_URL_is_unset(monkeypatch):
+    monkeypatch.setenv("REDIS_URL", "")
+    assert load_settings(DemoSettings).redis_url is None

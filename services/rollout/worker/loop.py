@@ -64,10 +64,10 @@ class RolloutWorker:
 
     # ---- lifecycle ---------------------------------------------------------------------------------
     async def start(self) -> None:
-        url = self.settings.redis_url or os.environ.get("REDIS_URL")
-        if not url:
-            raise RuntimeError("the rollout worker needs redis_url (or $REDIS_URL)")
-        self.redis = aioredis.from_url(url, socket_timeout=30, socket_connect_timeout=5)
+        if not self.settings.redis_url:
+            raise RuntimeError("the rollout worker needs redis_url (--redis-url, FLEETRL_ROLLOUT_REDIS_URL, the "
+                               "config file, or $REDIS_URL)")
+        self.redis = aioredis.from_url(self.settings.redis_url, socket_timeout=30, socket_connect_timeout=5)
         run = self.settings.run_name
         self.prompts = StreamQueue(self.redis, keys.prompts_stream(run), "rollout", PromptTask,
                                    max_deliveries=self.cfg.prompts_max_deliveries, claim_idle_ms=self.cfg.claim_idle_ms)
