@@ -5,6 +5,7 @@
 ``load_state`` / ``lr``.
 """
 
-from .base import BACKENDS, TrainEngine, build_engine
+from .base import TrainEngine
+from .factory import BACKENDS, build_engine
 
 __all__ = ["BACKENDS", "TrainEngine", "build_engine"]

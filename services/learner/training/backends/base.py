@@ -1,4 +1,4 @@
-"""The optimizer-backend seam and its registry."""
+"""The optimizer-backend seam: what every backend implements (the backends by name: :mod:`.factory`)."""
 
 from __future__ import annotations
 
@@ -73,25 +73,3 @@ class TrainEngine(ABC):
 def make_schedule(optim: OptimSettings, total_steps: int) -> Schedule:
     warmup = int(optim.warmup_ratio * total_steps)
     return SCHEDULES[optim.schedule](total_steps, warmup, optim.min_lr_ratio)
-
-
-EngineBuilder = Callable[..., TrainEngine]
-BACKENDS: dict[str, EngineBuilder] = {}
-
-
-def register_backend(name: str) -> Callable[[EngineBuilder], EngineBuilder]:
-    def deco(builder: EngineBuilder) -> EngineBuilder:
-        BACKENDS[name] = builder
-        return builder
-
-    return deco
-
-
-def build_engine(backend, model: nn.Module, lr: float, optim: OptimSettings, total_steps: int,
-                 accumulation: int = 1) -> TrainEngine:
-    """The engine for ``backend.name`` (``torch`` | ``deepspeed``)."""
-    from . import deepspeed_engine, torch_engine  # noqa: F401  (register the builders)
-
-    if backend.name not in BACKENDS:
-        raise ValueError(f"unknown backend {backend.name!r}; known: {sorted(BACKENDS)}")
-    return BACKENDS[backend.name](backend, model, lr, optim, total_steps, accumulation)

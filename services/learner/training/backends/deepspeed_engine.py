@@ -17,7 +17,7 @@ from torch import nn
 
 from services.learner.settings import DeepSpeedBackendSettings, OptimSettings
 
-from .base import TrainEngine, make_schedule, register_backend
+from .base import TrainEngine, make_schedule
 
 
 def deepspeed_config(backend: DeepSpeedBackendSettings, optim: OptimSettings, accumulation: int,
@@ -116,7 +116,6 @@ class DeepSpeedEngine(TrainEngine):
                                     load_optimizer_states=True, load_lr_scheduler_states=True)
 
 
-@register_backend("deepspeed")
 def build_deepspeed_engine(backend: DeepSpeedBackendSettings, model: nn.Module, lr: float, optim: OptimSettings,
                            total_steps: int, accumulation: int) -> TrainEngine:
     return DeepSpeedEngine(backend, model, lr, optim, total_steps, accumulation)

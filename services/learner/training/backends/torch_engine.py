@@ -10,7 +10,7 @@ from torch import nn
 from services.learner.distributed.collectives import all_reduce_grads
 from services.learner.settings import OptimSettings, TorchBackendSettings
 
-from .base import TrainEngine, make_schedule, register_backend
+from .base import TrainEngine, make_schedule
 
 
 class TorchEngine(TrainEngine):
@@ -62,7 +62,6 @@ class TorchEngine(TrainEngine):
         self._steps = int(state["steps"])
 
 
-@register_backend("torch")
 def build_torch_engine(backend: TorchBackendSettings, model: nn.Module, lr: float, optim: OptimSettings,
                        total_steps: int, accumulation: int) -> TrainEngine:
     return TorchEngine(model, lr, optim, total_steps)
