@@ -138,7 +138,8 @@ class RLRunner:
 
             self.link = await asyncio.to_thread(OwnerLink, self.s, self.ranks)
             await asyncio.to_thread(self.link.start, self.total_steps, resume_dir)
-        self.trainer = await asyncio.to_thread(RLTrainer, self.s, self.total_steps, resume_dir)
+        self.trainer = await asyncio.to_thread(RLTrainer, self.s, self.total_steps, resume_dir,
+                                               self.ranks.local_rank)
         self._limits = self.trainer.limits()
         if latest is not None:
             self.last_checkpoint = str(latest)

@@ -14,6 +14,7 @@ from typing import Any
 
 from .checkpoint import CheckpointManager
 from .data import PromptSet
+from .distributed.env import RankInfo
 from .observability import MetricsSink
 from .run_state import RunState
 from .settings import LearnerSettings
@@ -54,7 +55,8 @@ class SFTRunner:
         if self.sft.max_steps:
             self.total_steps = min(self.total_steps, self.sft.max_steps)
         resume_dir = latest / "trainer" if latest is not None else None
-        self.trainer = await asyncio.to_thread(SFTTrainer, self.s, self.total_steps, resume_dir)
+        self.trainer = await asyncio.to_thread(SFTTrainer, self.s, self.total_steps, resume_dir,
+                                               RankInfo.from_env().local_rank)
         self.sink.open(self.total_steps, self.trainer.global_step)
 
     def _done(self) -> bool:

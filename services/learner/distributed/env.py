@@ -1,5 +1,9 @@
 """Which rank this process is (torchrun / deepspeed env) and the process group with a timeout. Torch-free
-until :func:`init_process_group` is called, so the CLI can decide what to start before importing torch."""
+until :func:`init_process_group` is called, so the CLI can decide what to start before importing torch.
+
+The launcher's variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``,
+``TORCHELASTIC_USE_AGENT_STORE``) are the launcher's contract, not FleetRL settings: they are read here, in
+:meth:`RankInfo.from_env`, and nowhere else; the rest of the learner gets them from a :class:`RankInfo`."""
 
 from __future__ import annotations
 
@@ -12,12 +16,18 @@ class RankInfo:
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
+    master_addr: str | None = None
+    master_port: int | None = None
+    agent_store: bool = False  # torchrun's agent hosts the rendezvous store (TORCHELASTIC_USE_AGENT_STORE)
 
     @classmethod
     def from_env(cls) -> RankInfo:
-        """``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK`` as set by torchrun, deepspeed or a Ray placement group."""
-        return cls(int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1")),
-                   int(os.environ.get("LOCAL_RANK", "0")))
+        """What torchrun, deepspeed or a Ray placement group set; one rank of one when nothing is set."""
+        env = os.environ
+        port = env.get("MASTER_PORT")
+        return cls(int(env.get("RANK", "0")), int(env.get("WORLD_SIZE", "1")), int(env.get("LOCAL_RANK", "0")),
+                   master_addr=env.get("MASTER_ADDR") or None, master_port=int(port) if port else None,
+                   agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE") == "True")
 
     @property
     def multi(self) -> bool:
@@ -63,15 +73,14 @@ def init_process_group(info: RankInfo, backend: str, timeout_s: float, device: s
         backend = "nccl" if device.startswith("cuda") else "gloo"
     timeout = timedelta(seconds=timeout_s)
     store = None
-    if info.owner and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+    if info.owner and not info.agent_store:
         from shared.weight_sync import net
         from shared.weight_sync.group import host_store
 
-        addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
-        if not addr or not port:
+        if not info.master_addr or not info.master_port:
             raise RuntimeError("WORLD_SIZE > 1 needs MASTER_ADDR and MASTER_PORT (rank 0's address and port)")
         # the same key prefix env:// gives the default group, which the other ranks use
-        store = dist.PrefixStore("default_pg", host_store(net.listen(bind_addr or addr, int(port)),
+        store = dist.PrefixStore("default_pg", host_store(net.listen(bind_addr or info.master_addr, info.master_port),
                                                           info.world_size, timeout))
     dist.init_process_group(backend=backend, rank=info.rank, world_size=info.world_size, timeout=timeout,
                             store=store)

@@ -34,7 +34,7 @@ def _join(settings: LearnerSettings, info: RankInfo):
 
     from .channel import StepChannel
 
-    device = resolve_device(settings.model.device)
+    device = resolve_device(settings.model.device, info.local_rank)
     init_process_group(info, settings.distributed.backend, settings.distributed.timeout_s, device.type,
                        settings.distributed.bind_addr)
     return StepChannel(device if dist.get_backend() == "nccl" else torch.device("cpu"))
@@ -119,7 +119,8 @@ class Follower:
             msg = channel.recv()
             if msg.op == Op.START:
                 resume = msg.meta.get("resume_dir")
-                self.trainer = RLTrainer(self.s, int(msg.meta["total_steps"]), Path(resume) if resume else None)
+                self.trainer = RLTrainer(self.s, int(msg.meta["total_steps"]), Path(resume) if resume else None,
+                                         local_rank=self.info.local_rank)
             elif msg.op == Op.TRAIN:
                 self._require_trainer(msg.op)
                 self.trainer.train_step(msg.shard, batch_scores=msg.meta["scores"],

@@ -19,12 +19,13 @@ log = logging.getLogger(__name__)
 
 
 class TrainerBase:
-    """Owns the actor. ``resume_dir`` (a checkpoint's ``trainer/`` directory) restores an exact state."""
+    """Owns the actor. ``resume_dir`` (a checkpoint's ``trainer/`` directory) restores an exact state;
+    ``local_rank`` picks this rank's GPU for a bare ``cuda`` device."""
 
     def __init__(self, settings: LearnerSettings, total_optimizer_steps: int, samples_per_step: int,
-                 resume_dir: Path | None = None) -> None:
+                 resume_dir: Path | None = None, local_rank: int = 0) -> None:
         self.settings = settings
-        self.device = resolve_device(settings.model.device)
+        self.device = resolve_device(settings.model.device, local_rank)
         if settings.train.torch_threads:
             torch.set_num_threads(settings.train.torch_threads)
         seed_everything(settings.train.seed)

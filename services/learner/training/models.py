@@ -21,14 +21,13 @@ log = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def resolve_device(name: str) -> torch.device:
-    """'auto' -> cuda if available, else cpu; a bare 'cuda' is this rank's GPU (``LOCAL_RANK``)."""
+def resolve_device(name: str, local_rank: int = 0) -> torch.device:
+    """'auto' -> cuda if available, else cpu; a bare 'cuda' is this rank's GPU (``local_rank``, the launcher's
+    ``LOCAL_RANK``: :class:`~services.learner.distributed.env.RankInfo`)."""
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda":
-        import os
-
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        return torch.device("cuda", local_rank)
     return torch.device(name)
 
 

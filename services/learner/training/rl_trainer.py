@@ -30,13 +30,14 @@ log = logging.getLogger(__name__)
 class RLTrainer(TrainerBase):
     """PPO / GRPO / REINFORCE++ / RLOO updates on batches of complete groups."""
 
-    def __init__(self, settings: LearnerSettings, total_steps: int, resume_dir: Path | None = None) -> None:
+    def __init__(self, settings: LearnerSettings, total_steps: int, resume_dir: Path | None = None,
+                 local_rank: int = 0) -> None:
         self.algo_settings = settings.algorithm
         self.algorithm = build_algorithm(settings.algorithm)
         samples = settings.train.groups_per_step * settings.rollout.group_size
         mini = min(settings.train.mini_batch_size or samples, samples)
         optimizer_steps = total_steps * self.algo_settings.ppo_epochs * -(-samples // mini)
-        super().__init__(settings, optimizer_steps, mini, resume_dir)
+        super().__init__(settings, optimizer_steps, mini, resume_dir, local_rank)
         temp = settings.rollout.sampling.temperature
         self.temperature = temp if temp else 1.0  # greedy sampling: logprobs of the untempered policy
         self.reward_stats = RunningMeanStd()

@@ -18,9 +18,10 @@ Pair = tuple[Sequence[int], Sequence[int]]
 
 
 class SFTTrainer(TrainerBase):
-    def __init__(self, settings: LearnerSettings, total_steps: int, resume_dir: Path | None = None) -> None:
+    def __init__(self, settings: LearnerSettings, total_steps: int, resume_dir: Path | None = None,
+                 local_rank: int = 0) -> None:
         self.sft = settings.algorithm
-        super().__init__(settings, total_steps, self.sft.batch_size, resume_dir)
+        super().__init__(settings, total_steps, self.sft.batch_size, resume_dir, local_rank)
         if resume_dir is not None:
             self.restore(resume_dir)
 

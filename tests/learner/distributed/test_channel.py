@@ -38,7 +38,7 @@ def _worker(rank: int, port: int, out: str) -> None:
     from services.learner.distributed.env import RankInfo, init_process_group
 
     torch.set_num_threads(1)
-    init_process_group(RankInfo(rank, 2, rank), "auto", 30.0, "cpu")
+    init_process_group(RankInfo(rank, 2, rank, "127.0.0.1", port), "auto", 30.0, "cpu")
     ch = StepChannel(torch.device("cpu"))
     if rank == 0:
         ch.send(Op.TRAIN, {"samples": 14}, shard_groups(groups(), 2))

@@ -27,7 +27,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     from services.learner.distributed.env import RankInfo, init_process_group, leave_process_group
 
     torch.set_num_threads(1)
-    init_process_group(RankInfo(rank, 2, rank), "auto", 30.0, "cpu")
+    init_process_group(RankInfo(rank, 2, rank, "127.0.0.1", port), "auto", 30.0, "cpu")
     # what transformers does when a trainer loads its model, after the group exists: this module binds
     # group.WORLD as a default argument when it is imported
     import torch.distributed.nn.functional
