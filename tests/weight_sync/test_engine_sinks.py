@@ -139,5 +139,5 @@ async def test_replicas_of_different_group_kinds_update_in_separate_rounds(repli
                 state = model.state_dict()
                 assert got["crc"] == {n: crc(state[n]) for n in names}
                 assert engine.weight_version == version
-            assert sorted(pub._held) == ["pynccl", "torch"]
+            assert sorted(pub.transports["collective"].held) == ["pynccl", "torch"]
         assert got["calls"].count("/init_weight_transfer_engine") == 1  # its group was reused for version 2

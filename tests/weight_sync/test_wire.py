@@ -212,7 +212,7 @@ async def test_settle_wakes_as_soon_as_a_member_reports(redis_client):
 
     task = asyncio.create_task(report_later())
     t0 = time.monotonic()
-    out = await pub._settle(5, members, timeout_s=30)
+    out = await pub.transports["collective"]._settle(5, members, timeout_s=30)
     waited = time.monotonic() - t0
     await task
     assert out.loaded == ["r1"] and out.refused == ["r2"] and not out.dropped and not out.retry

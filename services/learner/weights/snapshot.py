@@ -1,4 +1,6 @@
-"""Writing the snapshot transport's files: one safetensors file per bucket per version, on a shared path
+"""The snapshot transport, publisher side: it writes the files; replicas pull them (nothing is sent).
+
+The files: one safetensors file per bucket per version, on a shared path
 (optionally served over HTTP by a server you run), named in the manifest's
 :class:`~shared.weight_sync.wire.SnapshotInfo` with each file's CRC32.
 
@@ -9,6 +11,7 @@ library (no pickle) after checking the CRC32 (``services/rollout/weights/snapsho
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -18,7 +21,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from shared.weight_sync.wire import Bucket, SnapshotInfo
+from services.learner.weights.transport import Shipment, WeightTransport
+from shared.weight_sync.wire import Bucket, Manifest, ReplicaInfo, SnapshotInfo
 
 _ST_DTYPES = {
     "float32": "F32", "float16": "F16", "bfloat16": "BF16", "float64": "F64",
@@ -69,3 +73,23 @@ def _prune(root: Path, keep: int) -> None:
     versions = sorted(p for p in root.glob("v*") if p.is_dir() and not p.name.endswith(".tmp"))
     for old in versions[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
+
+
+class SnapshotTransport(WeightTransport):
+    """For replicas that cannot join a collective (``transport: snapshot``): with ``snapshot_dir`` set, every
+    version is written there (and named in its manifest) before it is announced; the replicas pull it
+    themselves once the latest version names it (``services/rollout/weights/``), so there is nothing to send."""
+
+    name = "snapshot"
+
+    async def stage(self, manifest: Manifest) -> Manifest:
+        s = self.settings
+        if not s.snapshot_dir:
+            return manifest
+        await asyncio.to_thread(self.outbox.finish)  # (every bucket: a snapshot implies copies)
+        snapshot = await asyncio.to_thread(write_snapshot, s.snapshot_dir, manifest.version, manifest.buckets,
+                                           self.outbox.wire, s.snapshot_url, s.snapshot_keep)
+        return manifest.model_copy(update={"snapshot": snapshot})
+
+    async def deliver(self, replicas: list[ReplicaInfo], shipment: Shipment) -> None:
+        """Nothing to send: these replicas fetch the files :meth:`stage` wrote."""
