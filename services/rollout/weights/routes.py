@@ -25,7 +25,8 @@ from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from services.rollout.deps import ControlDep
-from services.rollout.weights.sidecar import LastUpdate, WeightSidecar, create_sidecar
+from services.rollout.weights.sidecar import WeightSidecar, create_sidecar
+from services.rollout.weights.transport import LastUpdate
 from shared.weight_sync.wire import Transport
 from shared.wire_checks import INT64_MAX, FiniteFloat, StrictInt
 

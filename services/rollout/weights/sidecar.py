@@ -2,8 +2,9 @@
 :func:`create_sidecar` from its engine and settings (the ``weights`` section), started after the engine and
 stopped before it (``await start()`` / ``await stop()``).
 
-It registers the replica in Redis (heartbeat), watches for update rounds that name it and runs them
-through the engine's sink, reports each round's outcome, and keeps the replica at the latest version:
+It registers the replica in Redis (heartbeat), takes each version through its transport
+(:mod:`services.rollout.weights.transport`: collective rounds, or snapshot files) and the engine's sink,
+and keeps the replica at the latest version:
 
 - at startup (``start``) it waits, up to ``join_timeout_s``, to be brought to the latest version before
   the service starts serving (collective replicas ask the publisher for a catch-up; snapshot replicas
@@ -25,30 +26,15 @@ import time
 import uuid
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from services.rollout.weights.receiver import RoundWatcher
 from services.rollout.weights.settings import SidecarSettings
-from services.rollout.weights.sinks import UpdateRefused, WeightSink, create_sink
+from services.rollout.weights.sinks import WeightSink, create_sink
+from services.rollout.weights.transport import TRANSPORTS, LastUpdate, ReplicaTransport
 from shared import keys
 from shared.weight_sync.registry import ReplicaRegistry
-from shared.weight_sync.wire import Manifest, ReplicaInfo, ReportState, Transport
+from shared.weight_sync.wire import ReplicaInfo
 
 log = logging.getLogger(__name__)
-
-
-class LastUpdate(BaseModel):
-    """The last update a replica ran (``GET /weights/version``'s ``last_update``)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    version: int = Field(description="The version it carried.")
-    state: ReportState = Field(description="loaded: served since; failed: the round broke; refused: bad data.")
-    source: Transport = Field(description="How it came: a collective round or a snapshot.")
-    round: int | None = Field(default=None, description="The collective round's id.")
-    seconds: float = Field(description="How long it took on this replica.")
-    phases: dict[str, float] = Field(
-        default_factory=dict, description="Where those seconds went (hf: receive, verify, apply).")
 
 
 def create_sidecar(engine: Any, settings: Any) -> WeightSidecar | None:
@@ -81,7 +67,8 @@ class WeightSidecar:
         self.wants_version = 0
         self.last_error = ""
         self.last_update: LastUpdate | None = None
-        self._busy = asyncio.Lock()
+        self.busy = asyncio.Lock()  # held while an update runs
+        self.transport: ReplicaTransport = TRANSPORTS[self.settings.transport](self)
         self._changed = asyncio.Condition()
         self._tasks: list[asyncio.Task] = []
         self._stopping = asyncio.Event()
@@ -100,11 +87,10 @@ class WeightSidecar:
 
     async def start(self) -> None:
         """Register, start the loops, and wait (bounded) to reach the latest version."""
-        await self.registry.put(self.info(), self.settings.heartbeat_ttl_s)
+        await self.advertise()
         loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(self._heartbeat_loop()), loop.create_task(self._latest_loop())]
-        if self.settings.transport == "collective":
-            self._tasks.append(loop.create_task(self._round_loop()))
+        loops = [self._heartbeat_loop(), self._latest_loop(), *self.transport.loops()]
+        self._tasks = [loop.create_task(c) for c in loops]
         latest = await self.latest()
         if latest > self.weight_version and self.settings.join_timeout_s > 0:
             reached = await self.ensure(latest, self.settings.join_timeout_s)
@@ -136,7 +122,7 @@ class WeightSidecar:
         """Ask to be brought to ``version`` and wait until the engine serves it (or ``timeout_s``)."""
         deadline = time.monotonic() + timeout_s
         while self.weight_version < version:
-            await self._request(version)
+            await self.transport.request(version)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return False
@@ -147,21 +133,21 @@ class WeightSidecar:
                     pass
         return True
 
-    async def _request(self, version: int) -> None:
-        if self.settings.transport == "snapshot":
-            await self._pull_snapshot(version)
-            return
-        if self.wants_version != version:
-            self.wants_version = version
-            await self.registry.put(self.info(), self.settings.heartbeat_ttl_s)
+    async def advertise(self) -> None:
+        """Write this replica's registry entry (version, the version it wants) and refresh its heartbeat."""
+        await self.registry.put(self.info(), self.settings.heartbeat_ttl_s)
 
     def status(self) -> dict[str, Any]:
         return {"replica_id": self.replica_id, "weight_version": self.weight_version,
                 "transport": self.settings.transport, "backend": self.settings.backend,
-                "updating": self._busy.locked(), "last_update": self.last_update, "last_error": self.last_error}
+                "updating": self.busy.locked(), "last_update": self.last_update, "last_error": self.last_error}
 
     # ---- loops -------------------------------------------------------------------------------------
-    async def _sleep(self, seconds: float) -> bool:
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+    async def sleep(self, seconds: float) -> bool:
         """Sleep unless stopping; False once the sidecar is stopping."""
         try:
             await asyncio.wait_for(self._stopping.wait(), seconds)
@@ -170,83 +156,23 @@ class WeightSidecar:
         return False
 
     async def _heartbeat_loop(self) -> None:
-        while await self._sleep(self.settings.heartbeat_s):
+        while await self.sleep(self.settings.heartbeat_s):
             try:
-                await self.registry.put(self.info(), self.settings.heartbeat_ttl_s)
+                await self.advertise()
             except Exception as exc:  # noqa: BLE001 - the loop outlives a failed beat (Redis away)
                 log.warning("heartbeat failed: %s", exc)
 
     async def _latest_loop(self) -> None:
         """Fell behind (dropped, refused, restarted)? Ask for the latest version again."""
-        while await self._sleep(self.settings.heartbeat_s):
+        while await self.sleep(self.settings.heartbeat_s):
             try:
                 latest = await self.latest()
-                if latest > self.weight_version and not self._busy.locked():
-                    await self._request(latest)
+                if latest > self.weight_version and not self.busy.locked():
+                    await self.transport.request(latest)
             except Exception as exc:  # noqa: BLE001 - the loop outlives a failed check (Redis away)
                 log.warning("checking the latest weight version failed: %s", exc)
 
-    async def _round_loop(self) -> None:
-        while not self._stopping.is_set():
-            try:
-                found = await self.watcher.wait(self.settings.poll_s)  # returns as soon as a round is announced
-            except Exception as exc:  # noqa: BLE001 - the loop outlives a failed read (Redis away)
-                log.warning("reading the rendezvous failed: %s", exc)
-                await self._sleep(1.0)
-                continue
-            if found is None:
-                continue
-            rdv, member = found
-            async with self._busy:
-                t0 = time.perf_counter()
-                state, detail = "loaded", ""
-                self.sink.phases = {}
-                try:
-                    manifest = await self.watcher.manifest(rdv)
-                    await self.sink.run_round(rdv, member, manifest, self.watcher)
-                except UpdateRefused as exc:
-                    state, detail = "refused", str(exc)
-                except Exception as exc:  # noqa: BLE001 - RoundFailed or any other failure: reported as failed
-                    state, detail = "failed", f"{type(exc).__name__}: {exc}"
-                self.last_error = detail
-                self.last_update = LastUpdate(
-                    round=rdv.round, version=rdv.version, state=state, source="collective",
-                    seconds=round(time.perf_counter() - t0, 3),
-                    phases={k: round(x, 4) for k, x in self.sink.phases.items()})
-                log.info("weight round %d (version %d): %s %s", rdv.round, rdv.version, state, detail)
-                try:
-                    await self.watcher.report(rdv, state, detail)
-                    await self.registry.put(self.info(), self.settings.heartbeat_ttl_s)
-                except Exception as exc:  # noqa: BLE001 - the publisher drops a member that never reports
-                    log.warning("reporting round %d failed: %s", rdv.round, exc)
-            await self._notify()
-
-    async def _pull_snapshot(self, version: int) -> None:
-        async with self._busy:
-            if self.weight_version >= version:
-                return
-            raw = await self.redis.get(self.watcher_manifest_key(version))
-            if raw is None:
-                self.last_error = f"version {version} has no manifest"
-                return
-            manifest = Manifest.loads(raw)
-            t0 = time.perf_counter()
-            try:
-                await self.sink.load_snapshot(manifest)
-                state, self.last_error = "loaded", ""
-            except Exception as exc:  # noqa: BLE001 - UpdateRefused or any other failure: this version is refused
-                state, self.last_error = "refused", f"{type(exc).__name__}: {exc}"
-                log.warning("loading snapshot of version %d failed: %s", version, exc)
-            self.last_update = LastUpdate(version=version, state=state, source="snapshot",
-                                          seconds=round(time.perf_counter() - t0, 3))
-            await self.registry.put(self.info(), self.settings.heartbeat_ttl_s)
-        await self._notify()
-
-    def watcher_manifest_key(self, version: int) -> str:
-        from shared.weight_sync import keys as wkeys
-
-        return wkeys.manifest(self.run, version)
-
-    async def _notify(self) -> None:
+    async def notify(self) -> None:
+        """Wake whoever waits for the version to change (:meth:`ensure`)."""
         async with self._changed:
             self._changed.notify_all()

@@ -1,0 +1,165 @@
+"""How versions reach this replica: one :class:`ReplicaTransport` per way, chosen by the sidecar's
+``transport`` setting (which the replica advertises, ``ReplicaInfo.transport``, so that the publisher
+serves it the same way):
+
+- ``collective`` (:class:`CollectiveJoin`): wait for the update rounds that name this replica, run each
+  through the engine's sink, report the outcome; to be brought to a version, ask the publisher for it
+  (``wants_version`` in the registry) and it runs a catch-up round;
+- ``snapshot`` (:class:`SnapshotPull`): nothing to wait for; to be brought to a version, read its manifest
+  and load the safetensors files it names (written by the publisher's snapshot transport).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Coroutine
+from typing import Any, ClassVar, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from services.rollout.weights.receiver import RoundWatcher, UpdateRefused
+from services.rollout.weights.sinks.base import WeightSink
+from shared.weight_sync import keys as wkeys
+from shared.weight_sync.wire import Manifest, ReportState, Transport
+
+log = logging.getLogger(__name__)
+
+
+class LastUpdate(BaseModel):
+    """The last update a replica ran (``GET /weights/version``'s ``last_update``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    version: int = Field(description="The version it carried.")
+    state: ReportState = Field(description="loaded: served since; failed: the round broke; refused: bad data.")
+    source: Transport = Field(description="How it came: a collective round or a snapshot.")
+    round: int | None = Field(default=None, description="The collective round's id.")
+    seconds: float = Field(description="How long it took on this replica.")
+    phases: dict[str, float] = Field(
+        default_factory=dict, description="Where those seconds went (hf: receive, verify, apply).")
+
+
+class Sidecar(Protocol):
+    """What a transport uses of the sidecar that runs it (:class:`~services.rollout.weights.sidecar.WeightSidecar`)."""
+
+    redis: Any
+    run: str
+    sink: WeightSink
+    watcher: RoundWatcher
+    busy: asyncio.Lock  # held while an update runs
+    wants_version: int
+    last_error: str
+    last_update: LastUpdate | None
+
+    @property
+    def weight_version(self) -> int: ...
+    @property
+    def stopping(self) -> bool: ...
+    async def advertise(self) -> None: ...
+    async def sleep(self, seconds: float) -> bool: ...
+    async def notify(self) -> None: ...
+
+
+class ReplicaTransport(ABC):
+    """One way versions reach this replica (see the module docstring)."""
+
+    name: ClassVar[Transport]
+
+    def __init__(self, sidecar: Sidecar) -> None:
+        self.sidecar = sidecar
+
+    def loops(self) -> list[Coroutine[Any, Any, None]]:
+        """What runs beside the sidecar's own loops while it runs (none by default)."""
+        return []
+
+    @abstractmethod
+    async def request(self, version: int) -> None:
+        """Ask to be brought to ``version`` (returns before it is reached; the sidecar waits for that)."""
+
+
+class CollectiveJoin(ReplicaTransport):
+    """Join the publisher's update rounds (see the module docstring)."""
+
+    name = "collective"
+
+    def loops(self) -> list[Coroutine[Any, Any, None]]:
+        return [self._rounds()]
+
+    async def request(self, version: int) -> None:
+        sc = self.sidecar
+        if sc.wants_version != version:
+            sc.wants_version = version
+            await sc.advertise()
+
+    async def _rounds(self) -> None:
+        sc = self.sidecar
+        while not sc.stopping:
+            try:
+                found = await sc.watcher.wait(sc.watcher.poll_s)  # returns as soon as a round is announced
+            except Exception as exc:  # noqa: BLE001 - the loop outlives a failed read (Redis away)
+                log.warning("reading the rendezvous failed: %s", exc)
+                await sc.sleep(1.0)
+                continue
+            if found is None:
+                continue
+            rdv, member = found
+            async with sc.busy:
+                t0 = time.perf_counter()
+                state: ReportState = "loaded"
+                detail = ""
+                sc.sink.phases = {}
+                try:
+                    manifest = await sc.watcher.manifest(rdv)
+                    await sc.sink.run_round(rdv, member, manifest, sc.watcher)
+                except UpdateRefused as exc:
+                    state, detail = "refused", str(exc)
+                except Exception as exc:  # noqa: BLE001 - RoundFailed or any other failure: reported as failed
+                    state, detail = "failed", f"{type(exc).__name__}: {exc}"
+                sc.last_error = detail
+                sc.last_update = LastUpdate(
+                    round=rdv.round, version=rdv.version, state=state, source="collective",
+                    seconds=round(time.perf_counter() - t0, 3),
+                    phases={k: round(x, 4) for k, x in sc.sink.phases.items()})
+                log.info("weight round %d (version %d): %s %s", rdv.round, rdv.version, state, detail)
+                try:
+                    await sc.watcher.report(rdv, state, detail)
+                    await sc.advertise()
+                except Exception as exc:  # noqa: BLE001 - the publisher drops a member that never reports
+                    log.warning("reporting round %d failed: %s", rdv.round, exc)
+            await sc.notify()
+
+
+class SnapshotPull(ReplicaTransport):
+    """Load versions from the publisher's snapshot files (see the module docstring)."""
+
+    name = "snapshot"
+
+    async def request(self, version: int) -> None:
+        sc = self.sidecar
+        async with sc.busy:
+            if sc.weight_version >= version:
+                return
+            raw = await sc.redis.get(wkeys.manifest(sc.run, version))
+            if raw is None:
+                sc.last_error = f"version {version} has no manifest"
+                return
+            manifest = Manifest.loads(raw)
+            t0 = time.perf_counter()
+            state: ReportState = "loaded"
+            try:
+                await sc.sink.load_snapshot(manifest)
+                sc.last_error = ""
+            except Exception as exc:  # noqa: BLE001 - UpdateRefused or any other failure: this version is refused
+                state, sc.last_error = "refused", f"{type(exc).__name__}: {exc}"
+                log.warning("loading snapshot of version %d failed: %s", version, exc)
+            sc.last_update = LastUpdate(version=version, state=state, source="snapshot",
+                                        seconds=round(time.perf_counter() - t0, 3))
+            await sc.advertise()
+        await sc.notify()
+
+
+#: the replica's transports, by the name its settings choose and its registry entry advertises
+TRANSPORTS: dict[Transport, type[ReplicaTransport]] = {"collective": CollectiveJoin, "snapshot": SnapshotPull}
