@@ -15,7 +15,8 @@ from services.learner.weights.outbox import Outbox
 from shared.weight_sync import WeightSyncSettings
 from tests.weight_sync.conftest import new_weights, reference_ids, wait_registered
 
-FAST = dict(init_timeout_s=10, collective_timeout_s=4, regroup_timeout_s=4, load_timeout_s=10, catch_up_poll_s=0.1)
+FAST = {"init_timeout_s": 10, "collective_timeout_s": 4, "regroup_timeout_s": 4, "load_timeout_s": 10,
+        "catch_up_poll_s": 0.1}
 
 
 class SignallingOutbox(Outbox):

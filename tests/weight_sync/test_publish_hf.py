@@ -11,7 +11,8 @@ from shared.weight_sync import WeightSyncSettings
 from shared.weight_sync import keys as wkeys
 from tests.weight_sync.conftest import new_weights, reference_ids, wait_ready, wait_registered
 
-FAST = dict(init_timeout_s=20, collective_timeout_s=10, regroup_timeout_s=5, load_timeout_s=20, catch_up_poll_s=0.1)
+FAST = {"init_timeout_s": 20, "collective_timeout_s": 10, "regroup_timeout_s": 5, "load_timeout_s": 20,
+        "catch_up_poll_s": 0.1}
 
 
 async def test_publish_reaches_every_replica_and_late_joiner(replicas, redis_client, tiny_model_dir):
@@ -73,14 +74,14 @@ async def test_weight_routes_need_token_and_validate(replicas, redis_client):
     import httpx
 
     rep = replicas("routes")
-    r = httpx.get(f"{rep.url}/weights/version", timeout=10)
-    assert r.status_code == 401
-    hdr = {"Authorization": "Bearer weights-test-token"}
-    r = httpx.post(f"{rep.url}/weights/update", json={"version": 0}, headers=hdr, timeout=10)
-    assert r.status_code in (400, 422)
-    r = httpx.post(f"{rep.url}/weights/update", json={}, headers=hdr, timeout=10)
-    assert r.status_code == 409 and "no weight version" in r.text
-    await asyncio.sleep(0)
+    async with httpx.AsyncClient(base_url=rep.url, timeout=10) as client:
+        r = await client.get("/weights/version")
+        assert r.status_code == 401
+        hdr = {"Authorization": "Bearer weights-test-token"}
+        r = await client.post("/weights/update", json={"version": 0}, headers=hdr)
+        assert r.status_code in (400, 422)
+        r = await client.post("/weights/update", json={}, headers=hdr)
+        assert r.status_code == 409 and "no weight version" in r.text
 
 
 async def test_in_place_publish_serves_late_joiners_only_while_the_weights_hold_the_version(

@@ -63,7 +63,8 @@ async def test_publish_into_a_real_engine_server(kind, gpu_model_dir, tmp_path, 
             async with WeightPublisher(redis_client, run, settings) as pub:
                 assert await pub.publish(model) == 1
                 assert len(pub.last_report.loaded) == 1, (pub.last_report, rlog.read_text()[-3000:])
-            assert httpx.get(f"{url}/model_info", timeout=30).json()["weight_version"] == "1"
+            async with httpx.AsyncClient(timeout=30) as client:
+                assert (await client.get(f"{url}/model_info")).json()["weight_version"] == "1"
             prompt, out, got = sample_logprobs(url)
             new_dir = tmp_path / "new"
             model.float().save_pretrained(new_dir)

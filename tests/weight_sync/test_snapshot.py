@@ -11,7 +11,7 @@ from services.learner.weights import WeightPublisher
 from shared.weight_sync import WeightSyncSettings
 from tests.weight_sync.conftest import new_weights, reference_ids, wait_ready, wait_registered
 
-FAST = dict(init_timeout_s=20, collective_timeout_s=10, regroup_timeout_s=5, load_timeout_s=20)
+FAST = {"init_timeout_s": 20, "collective_timeout_s": 10, "regroup_timeout_s": 5, "load_timeout_s": 20}
 
 
 async def wait_version(rep, version: int, timeout: float = 60) -> None:
