@@ -21,6 +21,7 @@ def _clean_env(monkeypatch):
 
     for var in [v for v in os.environ if v.startswith(("FLEETRL_ROLLOUT_", "FLEETRL_WEIGHTS_"))]:
         monkeypatch.delenv(var)
+    monkeypatch.delenv("REDIS_URL", raising=False)  # the settings read it when redis_url is not given
 
 
 def test_the_section_comes_from_the_settings_file(tiny_model_dir, tmp_path):
