@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 from services.rollout.weights.receiver import RoundFailed, RoundWatcher, UpdateRefused
 from services.rollout.weights.settings import SidecarSettings
 from shared.service_kit.loader import load_object
-from shared.weight_sync.wire import Manifest, Member, Rendezvous
+from shared.weight_sync.wire import GroupKind, Manifest, Member, Rendezvous
 
 log = logging.getLogger(__name__)
 
@@ -26,8 +26,7 @@ __all__ = ["RoundFailed", "UpdateRefused", "WeightSink", "create_sink", "sink_cl
 
 
 class WeightSink(ABC):
-    kind: ClassVar[str]
-    group_kind: ClassVar[str] = "torch"  # the update group the engine joins (shared.weight_sync.group)
+    group_kind: ClassVar[GroupKind] = "torch"  # the update group the engine joins (shared.weight_sync.group)
 
     def __init__(self, engine: Any, settings: SidecarSettings) -> None:
         self.engine, self.settings = engine, settings

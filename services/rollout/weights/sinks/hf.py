@@ -23,7 +23,7 @@ from shared.weight_sync.wire import Manifest, Member, Rendezvous
 
 
 class HFSink(WeightSink):
-    kind = "hf"
+    """The hf engine's sink (``HFEngine.weight_sink``): receive, verify, swap or copy in (module docstring)."""
 
     def __init__(self, engine: Any, settings: Any) -> None:
         super().__init__(engine, settings)

@@ -13,7 +13,7 @@ from shared.weight_sync.wire import Manifest, Member, Rendezvous
 
 
 class SGLangSink(RemoteEngineSink):
-    kind = "sglang"
+    """The sglang engine's sink (``SGLangEngine.weight_sink``): the server joins the group (module docstring)."""
 
     async def run_round(self, rdv: Rendezvous, member: Member, manifest: Manifest, watcher: RoundWatcher) -> None:
         await self._pause()

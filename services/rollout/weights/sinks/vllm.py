@@ -17,7 +17,6 @@ from shared.weight_sync.wire import Manifest, Member, Rendezvous
 
 
 class VLLMSink(RemoteEngineSink):
-    kind = "vllm"
     group_kind = "pynccl"  # vLLM's NCCLWeightTransferEngine joins a StatelessProcessGroup + PyNcclCommunicator
 
     def __init__(self, engine, settings) -> None:
