@@ -56,7 +56,7 @@ def learner_config(run: Path, mode: str, actor: Path, args, redis_url: str) -> d
 
 
 def run_mode(run: Path, mode: str, actor: Path, args) -> dict:
-    fleet = Fleet(run_dir=run / mode)
+    fleet = Fleet(run_dir=run / mode, redis_url=args.redis_url)
     try:
         redis_url = fleet.start_redis()
         reward = fleet.start("reward", "services.reward", reward_config())
@@ -98,13 +98,15 @@ def main() -> int:
     ap.add_argument("--modes", default="sync,async")
     ap.add_argument("--run-dir", type=Path, default=None)
     ap.add_argument("--timeout", type=float, default=900)
+    ap.add_argument("--redis-url", default=os.environ.get("REDIS_URL") or None,
+                    help="an external Redis (default: $REDIS_URL; unset: an embedded server per mode)")
     args = ap.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     run = (args.run_dir or REPO / "runs" / time.strftime("bench-e2e-%Y%m%d-%H%M%S")).resolve()
     run.mkdir(parents=True, exist_ok=True)
     train, _ = make_splits(0, 50)
     write_jsonl(train, run / "train.jsonl")
-    from shared.tiny_model import build_tiny_causal_lm
+    from deploy.local.tiny_model import build_tiny_causal_lm
 
     actor = build_tiny_causal_lm(run / "model", hidden_size=128, layers=2, heads=4, max_positions=64)
     results = []

@@ -26,7 +26,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from shared.redis_server import free_port
+from deploy.local.ports import free_port
 
 
 def start_service(workdir: Path, name: str, scorers: list[dict]) -> tuple[subprocess.Popen, str]:
@@ -130,7 +130,7 @@ def main() -> None:
         work = Path(tmp)
         model = args.model
         if model is None:
-            from shared.tiny_model import build_tiny_reward_model
+            from deploy.local.tiny_model import build_tiny_reward_model
 
             model = str(build_tiny_reward_model(work / "rm", hidden_size=args.hidden_size, layers=args.layers,
                                                 heads=4))

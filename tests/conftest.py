@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 
-from shared.redis_server import EmbeddedRedis
+from deploy.local.redis_server import EmbeddedRedis
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -36,7 +36,7 @@ async def redis_client(redis_server):
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     """A tiny Llama-shaped causal LM with a byte-level tokenizer, in Hugging Face format."""
-    from shared.tiny_model import build_tiny_causal_lm
+    from deploy.local.tiny_model import build_tiny_causal_lm
 
     return build_tiny_causal_lm(tmp_path_factory.mktemp("tiny-lm"))
 
@@ -44,6 +44,6 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_reward_model_dir(tmp_path_factory) -> Path:
     """A tiny sequence-classification reward model in Hugging Face format."""
-    from shared.tiny_model import build_tiny_reward_model
+    from deploy.local.tiny_model import build_tiny_reward_model
 
     return build_tiny_reward_model(tmp_path_factory.mktemp("tiny-rm"))

@@ -1,6 +1,6 @@
 """``make demo``: the whole fleet on one machine, training a tiny model with GRPO until it gets better.
 
-1. Start (or reuse, with $REDIS_URL) Redis; build a tiny Llama-shaped model and the sort-four-digits
+1. Start (or reuse, with --redis-url / $REDIS_URL) Redis; build a tiny Llama-shaped model and the sort-four-digits
    task (train and held-out prompts disjoint).
 2. Warm up with a short SFT run of the learner (its `sft` algorithm): the checkpoint RL starts from.
 3. Start the reward service (exact-answer rule), the rollout service (hf engine + rollout worker +
@@ -47,6 +47,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--hidden-size", type=int, default=128)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--redis-url", default=os.environ.get("REDIS_URL") or None,
+                    help="an external Redis (default: $REDIS_URL; unset: an embedded server under the run dir)")
     return ap.parse_args(argv)
 
 
@@ -139,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
 
     for sig in (signal.SIGINT, signal.SIGTERM):  # explicit: a shell may start us with SIGINT ignored
         signal.signal(sig, on_signal)
-    fleet = Fleet(run_dir=run)
+    fleet = Fleet(run_dir=run, redis_url=args.redis_url)
     try:
         redis_url = fleet.start_redis()
         say(f"run dir {run}; Redis at {redis_url}")

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import time
@@ -229,14 +230,14 @@ class DrillResult:
         return self.error is None and self.accounting is not None and self.accounting.ok
 
 
-def run_drill(drill: Drill, root: Path, model: Path, rows: list[dict]) -> DrillResult:
+def run_drill(drill: Drill, root: Path, model: Path, rows: list[dict], redis_url: str | None = None) -> DrillResult:
     run = root / drill.name
     (run / "data").mkdir(parents=True, exist_ok=True)
     (run / "data" / "drill.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     t0 = time.monotonic()
     ctx = None
     error = None
-    fleet = Fleet(run_dir=run)
+    fleet = Fleet(run_dir=run, redis_url=redis_url)
     try:
         fleet.start_redis()
         reward = fleet.start("reward", "services.reward", REWARD_CONFIG)
@@ -304,6 +305,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="make drills", description=__doc__.splitlines()[0])
     ap.add_argument("--only", action="append", choices=sorted(DRILLS), help="run only these drills (repeatable)")
     ap.add_argument("--run-dir", type=Path, default=None, help="default: runs/drills-<time>")
+    ap.add_argument("--redis-url", default=os.environ.get("REDIS_URL") or None,
+                    help="an external Redis (default: $REDIS_URL; unset: an embedded server per drill; the "
+                         "Redis drills need an embedded one)")
     args = ap.parse_args(argv)
     root = (args.run_dir or Path("runs") / time.strftime("drills-%Y%m%d-%H%M%S")).resolve()
     root.mkdir(parents=True, exist_ok=True)
@@ -312,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for name in args.only or list(DRILLS):
         say(f"drill {name} (bound {DRILLS[name].bound_s:.0f}s)")
-        res = run_drill(DRILLS[name], root, model, rows)
+        res = run_drill(DRILLS[name], root, model, rows, args.redis_url)
         say(f"{name}: {'ok' if res.ok else 'FAILED'} in {res.wall_s:.0f}s; " + "; ".join(res.notes))
         if res.error:
             say(f"{name}: {res.error}")

@@ -18,8 +18,9 @@ from pathlib import Path
 import httpx
 import yaml
 
+from deploy.local.ports import free_port
+from deploy.local.redis_server import EmbeddedRedis, resolve_redis_url
 from deploy.private_files import private_dir, write_private
-from shared.redis_server import EmbeddedRedis, free_port, resolve_redis_url
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -62,7 +63,7 @@ class Fleet:
         private_dir(self.run_dir / "configs")  # the configs carry the control token
 
     def start_redis(self) -> str:
-        """Use $REDIS_URL / the given URL, else start an embedded server under the run dir."""
+        """Use the fleet's ``redis_url`` if given, else start an embedded server under the run dir."""
         self.redis_url, self._redis = resolve_redis_url(self.redis_url, self.run_dir)
         return self.redis_url
 

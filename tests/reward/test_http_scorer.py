@@ -7,7 +7,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from shared.redis_server import free_port
+from deploy.local.ports import free_port
 from tests.reward.conftest import metric_value
 
 

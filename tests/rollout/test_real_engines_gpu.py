@@ -12,7 +12,7 @@ import importlib.util
 import httpx
 import pytest
 
-from shared.redis_server import free_port
+from deploy.local.ports import free_port
 from tests.procs import spawn, stop, wait_http_ok
 from tests.rollout.conftest import start_rollout
 
@@ -32,7 +32,7 @@ def _cuda() -> bool:
 def gpu_model_dir(tmp_path_factory):
     if not _cuda():
         pytest.skip("no CUDA GPU")
-    from shared.tiny_model import build_tiny_causal_lm
+    from deploy.local.tiny_model import build_tiny_causal_lm
 
     # head_dim 64: the shape GPU attention kernels support
     return build_tiny_causal_lm(tmp_path_factory.mktemp("gpu-lm"), hidden_size=256, layers=2, heads=4)

@@ -17,9 +17,9 @@ import httpx
 import pytest
 import uvicorn
 from fastapi import FastAPI, Request
-
 from shared.http_errors import InternalErrorGuard
-from shared.redis_server import free_port
+
+from deploy.local.ports import free_port
 
 
 @contextlib.contextmanager

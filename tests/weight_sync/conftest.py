@@ -12,7 +12,7 @@ from subprocess import Popen
 import httpx
 import pytest
 
-from shared.redis_server import free_port
+from deploy.local.ports import free_port
 from tests.procs import kill9, spawn, stop, wait_http_ok
 
 TOKEN = "weights-test-token"

@@ -7,9 +7,9 @@ import json
 import subprocess
 import sys
 
+from deploy.local.ports import free_port
 from services.rollout.weights.receiver import RoundWatcher
 from shared import keys
-from shared.redis_server import free_port
 from shared.weight_sync import keys as wkeys
 from shared.weight_sync.registry import ReplicaRegistry
 from shared.weight_sync.status import weight_sync_status

@@ -6,8 +6,8 @@ from pathlib import Path
 import msgpack
 import torch.multiprocessing as mp
 
+from deploy.local.ports import free_port
 from services.learner.distributed.channel import shard_groups
-from shared.redis_server import free_port
 from tests.learner.helpers import group
 
 

@@ -10,7 +10,7 @@ import msgpack
 import pytest
 import torch.multiprocessing as mp
 
-from shared.redis_server import free_port
+from deploy.local.ports import free_port
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads thread names from /proc")
 

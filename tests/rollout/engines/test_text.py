@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from deploy.local.tiny_model import build_tokenizer
 from services.rollout.engines.hf.text import IncrementalText, find_stop, holdback
-from shared.tiny_model import build_tokenizer
 
 
 @pytest.fixture(scope="module")
