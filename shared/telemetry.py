@@ -29,6 +29,13 @@ def setup_logging(level: str = "INFO", service: str = "fleetrl") -> logging.Logg
     return logging.getLogger(service)
 
 
-def metrics_response(registry: CollectorRegistry) -> Response:
+class PrometheusText(Response):
+    """``GET /metrics``: Prometheus' text exposition format (``response_class=PrometheusText`` declares it in
+    the OpenAPI spec as ``text/plain``, with no JSON schema)."""
+
+    media_type = "text/plain"
+
+
+def metrics_response(registry: CollectorRegistry) -> PrometheusText:
     """The body of a ``GET /metrics`` route."""
-    return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+    return PrometheusText(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
