@@ -17,7 +17,8 @@ cannot honour (penalties, ``logit_bias``, ``echo``, ``suffix``) are accepted onl
 
 Numbers and text follow :mod:`shared.wire_checks`: strict JSON types (no ``"10"`` for an int, an int is fine
 for a float), finite floats, ints the engines hold (token ids and counts in int32, seeds in int64), and text
-that is valid UTF-8 in every field. Each violation is a 400 naming the field.
+that is valid UTF-8 in every field. Each violation is a 400 naming the field. Every error body is the
+service kit's envelope (:class:`shared.service_kit.envelope.ErrorResponse`).
 """
 
 from __future__ import annotations
@@ -432,8 +433,16 @@ class ModelInfo(BaseModel):
     paused: bool
 
 
-class ErrorBody(BaseModel):
-    """Every 4xx/5xx body: ``{"error": {"message", "type", "code"}}`` (OpenAI's shape) plus ``detail``."""
+class RolloutHealth(BaseModel):
+    """``GET /health`` and ``GET /health_generate`` (200 healthy, 503 not: the same body)."""
 
-    error: dict[str, Any]
-    detail: str
+    status: Literal["ok", "unhealthy"]
+    paused: bool = Field(description="Generation is paused (control plane or a weight update).")
+    weight_version: str = Field(description="The weight version the engine generates with.")
+
+
+class ControlReply(BaseModel):
+    """The answer of a control route (``/pause_generation``, ``/continue_generation``), as SGLang's."""
+
+    success: bool
+    message: str

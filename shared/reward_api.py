@@ -17,11 +17,14 @@ scorer's own (unweighted) value. A scorer configured with ``on_error: mark`` tha
 Every text in a request (prompt, response, chat content, labels and metadata included) must be valid UTF-8:
 a lone surrogate (JSON ``"\ud800"``) is refused naming the field (:mod:`shared.wire_checks`), since reward
 models' tokenizers and remote scorers' JSON encoders cannot take it.
+
+Every error body is the service kit's envelope (:class:`shared.service_kit.envelope.ErrorResponse`); when
+scorers failed, its ``errors`` holds one ``{"scorer", "error"}`` record per scorer.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -111,3 +114,16 @@ class GetRewardResponse(BaseModel):
     extra_logs: dict[str, list[float]] = Field(
         default_factory=dict, description="Per scorer name, its unweighted value per query."
     )
+
+
+class RewardHealth(BaseModel):
+    """``GET /health`` (200 when every scorer's check passed, else 503: the same body)."""
+
+    status: Literal["ok", "unhealthy"]
+    scorers: dict[str, str] = Field(description="Per scorer: \"ok\", or what its check said.")
+
+
+class ScorersResponse(BaseModel):
+    """``GET /scorers``: the configured scorers (secrets masked)."""
+
+    scorers: list[dict[str, Any]] = Field(description="Each scorer's settings, as configured.")

@@ -12,6 +12,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 from redis.exceptions import RedisError
 
+from shared.service_kit.errors import ServiceError
+
 from .observability import MetricsSink
 from .rl_runner import RLRunner
 from .settings import LearnerSettings
@@ -23,12 +25,12 @@ RUNNERS: dict[str, type] = {"ppo": RLRunner, "grpo": RLRunner, "reinforce_pp": R
                             "sft": SFTRunner}
 
 
-class ControlError(Exception):
-    """A control request cannot be served now; ``status`` is the HTTP status."""
+class ControlError(ServiceError):
+    """A control request cannot be served now: 409 (the run's phase does not allow it) or 504 (timed out)."""
 
     def __init__(self, status: int, detail: str) -> None:
-        super().__init__(detail)
-        self.status, self.detail = status, detail
+        super().__init__(detail, status=status, type="conflict" if status == 409 else "timeout")
+        self.detail = detail
 
 
 class LearnerService:
@@ -39,6 +41,7 @@ class LearnerService:
         self.sink = MetricsSink(settings.observability, Path(settings.run_dir), self.registry)
         self.runner: RLRunner | SFTRunner | None = None
         self.redis = None
+        self._embedded = None
         self._stop = asyncio.Event()
         self._task: asyncio.Task | None = None
         self.exit_code: int | None = None
@@ -48,11 +51,12 @@ class LearnerService:
         if runner_cls.needs_redis:
             import redis.asyncio as aioredis
 
-            if not self.settings.redis_url:  # the entry point (services/learner/cli.py) starts one when none is given
-                raise RuntimeError(f"the {self.settings.algorithm.name} learner needs redis_url (--redis-url, "
-                                   "FLEETRL_LEARNER_REDIS_URL, the config file or $REDIS_URL)")
+            from shared.redis_server import resolve_redis_url
+
+            url, self._embedded = await asyncio.to_thread(resolve_redis_url, self.settings.redis_url,
+                                                          self.settings.run_dir)
             timeout = max(30.0, self.settings.queue.block_ms / 1000 + 10)
-            self.redis = aioredis.from_url(self.settings.redis_url, socket_timeout=timeout, socket_connect_timeout=5)
+            self.redis = aioredis.from_url(url, socket_timeout=timeout, socket_connect_timeout=5)
         self.runner = runner_cls(self.settings, self.redis, self.sink)
         self._task = asyncio.create_task(self._run(), name="learner-run")
 
@@ -74,7 +78,7 @@ class LearnerService:
             if self.settings.exit_when_done and self.on_exit is not None:
                 self.on_exit(code)
 
-    async def close(self, timeout: float = 300.0) -> None:
+    async def stop(self, timeout: float = 300.0) -> None:
         """Stop at the next step boundary (checkpointing), then release Redis."""
         self._stop.set()
         if self._task is not None and not self._task.done():
@@ -85,6 +89,8 @@ class LearnerService:
                 await asyncio.gather(self._task, return_exceptions=True)
         if self.redis is not None:
             await self.redis.aclose()
+        if self._embedded is not None:
+            await asyncio.to_thread(self._embedded.stop)
 
     # ---- queries -------------------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:

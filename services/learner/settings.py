@@ -229,6 +229,7 @@ class LearnerSettings(ServiceSettings):
     observability: ObservabilitySettings = Field(default_factory=ObservabilitySettings)
     distributed: DistributedSettings = Field(default_factory=DistributedSettings)
     exit_when_done: bool = Field(default=True, description="Exit the process once training has finished.")
+    max_body_bytes: int = Field(default=64 * 1024, ge=1024, description="Larger request bodies get 413.")
 
     @model_validator(mode="after")
     def _consistent(self) -> LearnerSettings:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from shared.service_kit.errors import ServiceError
+
 
 class ScorerFailure(Exception):
     """A scorer call failed. ``status`` is the HTTP status the request gets if this is final."""
@@ -40,11 +42,14 @@ class InvalidItem(Exception):
     status = 422
 
 
-class RewardRequestError(Exception):
-    """A request failed because of one or more scorers (policy ``fail``) or bad items."""
+_TYPES = {413: "request_too_large", 422: "invalid_request_error", 502: "scorer_error", 503: "scorer_unavailable",
+          504: "scorer_timeout"}
+
+
+class RewardRequestError(ServiceError):
+    """A request failed because of one or more scorers (policy ``fail``) or bad items; ``errors`` holds one
+    ``{"scorer", "error"}`` record per cause (the envelope's ``errors``)."""
 
     def __init__(self, status: int, detail: str, errors: list[dict] | None = None):
-        super().__init__(detail)
-        self.status = status
+        super().__init__(detail, status=status, type=_TYPES.get(status, "scorer_error"), errors=errors or None)
         self.detail = detail
-        self.errors = errors or []

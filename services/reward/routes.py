@@ -2,53 +2,54 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from fastapi import APIRouter, Response
 
-from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse, Response
-
-from services.reward.service import RewardService
-from shared.reward_api import GetRewardRequest, GetRewardResponse, ScoreRequest, ScoreResponse
-from shared.telemetry import metrics_response
-
-
-def get_service(request: Request) -> RewardService:
-    return request.app.state.reward_service
-
-
-ServiceDep = Annotated[RewardService, Depends(get_service)]
+from services.reward.deps import ServiceDep
+from shared.reward_api import (
+    GetRewardRequest,
+    GetRewardResponse,
+    RewardHealth,
+    ScoreRequest,
+    ScoreResponse,
+    ScorersResponse,
+)
+from shared.service_kit.openapi import error_responses
+from shared.telemetry import PrometheusText, metrics_response
 
 router = APIRouter()
 
+# 413: more items than max_items; 422: an item a scorer cannot score as sent (a verifier without a label);
+# 502 / 503 / 504: a scorer whose policy is `fail` failed, could not be reached, or timed out.
+SCORING_ERRORS = error_responses(422, 502, 503, 504)
 
-@router.post("/score", response_model=ScoreResponse)
+
+@router.post("/score", response_model=ScoreResponse, responses=SCORING_ERRORS)
 async def score(body: ScoreRequest, svc: ServiceDep) -> ScoreResponse:
     svc.metrics.request_items.labels("/score").observe(len(body.items))
-    reply = await svc.score(body.items)
-    svc.metrics.requests.labels("/score", "200").inc()
-    return reply
+    return await svc.score(body.items)
 
 
-@router.post("/get_reward", response_model=GetRewardResponse)
+@router.post("/get_reward", response_model=GetRewardResponse, responses=SCORING_ERRORS)
 async def get_reward(body: GetRewardRequest, svc: ServiceDep) -> GetRewardResponse:
     svc.metrics.request_items.labels("/get_reward").observe(len(body.query))
-    reply = await svc.get_reward(body)
-    svc.metrics.requests.labels("/get_reward", "200").inc()
-    return reply
+    return await svc.get_reward(body)
 
 
-@router.get("/scorers")
-async def scorers(svc: ServiceDep) -> dict:
-    return {"scorers": svc.describe()}
+@router.get("/scorers", response_model=ScorersResponse)
+async def scorers(svc: ServiceDep) -> ScorersResponse:
+    return ScorersResponse(scorers=svc.describe())
 
 
-@router.get("/health")
-async def health(svc: ServiceDep) -> JSONResponse:
+@router.get("/health", response_model=RewardHealth,
+            responses={503: {"model": RewardHealth, "description": "A scorer's check failed (the same body)."}})
+async def health(svc: ServiceDep, response: Response) -> RewardHealth:
     checks = await svc.health()
     ok = all(v == "ok" for v in checks.values())
-    return JSONResponse({"status": "ok" if ok else "unhealthy", "scorers": checks}, status_code=200 if ok else 503)
+    response.status_code = 200 if ok else 503
+    return RewardHealth(status="ok" if ok else "unhealthy", scorers=checks)
 
 
-@router.get("/metrics")
-async def metrics(svc: ServiceDep) -> Response:
+@router.get("/metrics", response_class=PrometheusText)
+async def metrics(svc: ServiceDep) -> PrometheusText:
+    """Prometheus text exposition."""
     return metrics_response(svc.metrics.registry)

@@ -44,7 +44,7 @@ class RewardService:
             log.info("starting scorer %s (%s, weight %s)", scorer.name, scorer.kind, scorer.config.weight)
             await scorer.start()
 
-    async def close(self) -> None:
+    async def stop(self) -> None:
         for scorer in self.scorers:
             try:
                 await scorer.close()

@@ -40,7 +40,7 @@ async def run_to_end(svc: LearnerService, timeout: float = 90.0) -> dict:
         assert asyncio.get_running_loop().time() < deadline, svc.status()
         await asyncio.sleep(0.05)
     status = svc.status()
-    await svc.close()
+    await svc.stop()
     return status
 
 
@@ -124,7 +124,7 @@ async def test_window_bounds_prompts_in_flight(tiny_model_dir, tmp_path, redis_s
         assert st["step"] == 1 and st["counters"]["prompts_issued"] == 4 and st["prompts_in_flight"] == 3
     finally:
         await fleet.stop(fleet_task)
-        await svc.close()
+        await svc.stop()
 
 
 async def test_stale_groups_are_dropped_and_their_prompts_reissued(tiny_model_dir, tmp_path, redis_server,

@@ -1,4 +1,4 @@
-"""A bug's 500 is JSON in the service's error shape and the client's keep-alive connection survives it.
+"""A bug's 500 is JSON in the error envelope and the client's keep-alive connection survives it.
 
 Issue 17 #5: Starlette answered the 500 and re-raised, uvicorn then dropped the connection, and the client's
 next request on it failed (``httpx.ReadError``). The reward and learner apps run in-process under a real
@@ -17,9 +17,9 @@ import httpx
 import pytest
 import uvicorn
 from fastapi import FastAPI, Request
-from shared.http_errors import InternalErrorGuard
 
-from deploy.local.ports import free_port
+from shared.redis_server import free_port
+from shared.service_kit.internal_errors import InternalErrorGuard
 
 
 @contextlib.contextmanager
@@ -36,6 +36,10 @@ def serving(app: FastAPI) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(10)
+
+
+INTERNAL_ERROR = {"error": {"message": "internal error: RuntimeError", "type": "internal_error", "code": 500},
+                  "detail": "internal error: RuntimeError"}
 
 
 def add_faulty_routes(app: FastAPI) -> None:
@@ -73,10 +77,10 @@ class _StubLearner:
 
     async def start(self) -> None: ...
 
-    async def close(self) -> None: ...
+    async def stop(self) -> None: ...
 
     async def health(self):
-        return True, {}
+        return True, {"phase": "running"}
 
 
 def learner_app() -> FastAPI:
@@ -92,13 +96,13 @@ def test_a_500_keeps_the_connection(make_app):
     app = make_app()
     add_faulty_routes(app)
     with serving(app) as url:
-        assert_500_keeps_the_connection(url, {"detail": "internal error: RuntimeError"})
+        assert_500_keeps_the_connection(url, INTERNAL_ERROR)
         assert httpx.get(f"{url}/health", timeout=10).status_code == 200
 
 
-def test_the_guard_renders_the_services_shape_and_leaves_a_started_response_alone():
+def test_the_guard_renders_the_envelope_and_leaves_a_started_response_alone():
     app = FastAPI()
-    app.add_middleware(InternalErrorGuard, render=lambda status, msg: {"error": {"code": status, "message": msg}})
+    app.add_middleware(InternalErrorGuard)
     add_faulty_routes(app)
 
     async def half_sent():
@@ -112,7 +116,7 @@ def test_the_guard_renders_the_services_shape_and_leaves_a_started_response_alon
 
     app.add_api_route("/test/half", half_sent, methods=["GET"])
     with serving(app) as url:
-        assert_500_keeps_the_connection(url, {"error": {"code": 500, "message": "internal error: RuntimeError"}})
+        assert_500_keeps_the_connection(url, INTERNAL_ERROR)
         # a cut body must not look complete: the connection closes
         with httpx.Client(base_url=url, timeout=10) as c, pytest.raises(httpx.RemoteProtocolError):
             c.get("/test/half")

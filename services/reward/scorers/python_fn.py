@@ -1,40 +1,49 @@
 """User reward functions by import path (``module:function``), with OpenRLHF's or verl's signature.
 
 The config names the signature; each is adapted explicitly by its own class (``SIGNATURES``), never
-guessed per call. Sync functions run in a thread pool so blocking user code cannot stall the event
-loop; async functions are awaited (at most ``max_workers`` at a time).
+guessed per call, and the function is checked against that signature's protocol when it is loaded (a
+function that cannot be called that way fails the service's start, naming the path). Sync functions run
+in a thread pool so blocking user code cannot stall the event loop; async functions are awaited (at most
+``max_workers`` at a time).
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib
 import inspect
 import math
 import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from services.reward.errors import ScorerFailure
 from services.reward.scorers.base import Scorer, query_text, render_prompt
 from shared.reward_api import ScoreItem
+from shared.service_kit.loader import load_object
 
 
-def load_function(path: str, sys_path: Sequence[str] = ()) -> Callable[..., Any]:
-    """Import ``module:function``; raises ValueError saying what is missing."""
+@runtime_checkable
+class OpenRLHFRewardFunc(Protocol):
+    """OpenRLHF's ``reward_func(queries, prompts, labels, **kwargs)`` (the config's ``kwargs`` follow)."""
+
+    def __call__(self, queries: list[str], prompts: list[str], labels: list[Any], /) -> Any: ...
+
+
+@runtime_checkable
+class VerlComputeScore(Protocol):
+    """verl's ``compute_score(data_source, solution_str, ground_truth, extra_info)``, called by keyword."""
+
+    def __call__(self, *, data_source: str, solution_str: str, ground_truth: Any, extra_info: Any) -> Any: ...
+
+
+def load_function(path: str, protocol: type, sys_path: Sequence[str] = ()) -> Callable[..., Any]:
+    """Import ``module:function`` (``sys_path`` entries first on ``sys.path``) and check it against the
+    signature's ``protocol``; raises :class:`~shared.service_kit.loader.LoadError` saying what is wrong."""
     for entry in sys_path:
         if entry not in sys.path:
             sys.path.insert(0, entry)
-    module_name, _, attr = path.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(f"cannot import module {module_name!r} for function {path!r}: {exc}") from exc
-    fn = getattr(module, attr, None)
-    if not callable(fn):
-        raise TypeError(f"module {module_name!r} has no callable {attr!r}")
-    return fn
+    return load_object(path, protocol, what="reward function")
 
 
 def _as_float(value: Any, where: str) -> float:
@@ -49,7 +58,9 @@ def _as_float(value: Any, where: str) -> float:
 
 
 class _Signature:
-    """How one external signature is called and how its result is read."""
+    """How one external signature is called and how its result is read; ``protocol`` is the signature."""
+
+    protocol: type
 
     def __init__(self, fn: Callable[..., Any], config, executor: ThreadPoolExecutor):
         self.fn = fn
@@ -66,6 +77,8 @@ class _Signature:
 
 class OpenRLHFSignature(_Signature):
     """``reward_func(queries, prompts, labels, **kwargs) -> {"rewards": [...], "scores"?, "extra_logs"?}``."""
+
+    protocol = OpenRLHFRewardFunc
 
     async def score(self, items: Sequence[ScoreItem]) -> list[float]:
         queries = [query_text(i) for i in items]
@@ -85,6 +98,8 @@ class OpenRLHFSignature(_Signature):
 
 class VerlSignature(_Signature):
     """``compute_score(data_source, solution_str, ground_truth, extra_info) -> float | {"score": ...}``."""
+
+    protocol = VerlComputeScore
 
     async def _one(self, item: ScoreItem, index: int, gate: asyncio.Semaphore) -> float:
         extra_info = item.metadata.get("extra_info", item.metadata)
@@ -119,9 +134,10 @@ class PythonScorer(Scorer):
         self._adapter: _Signature | None = None
 
     async def start(self) -> None:
-        fn = load_function(self.config.function, self.config.sys_path)
+        signature = SIGNATURES[self.config.signature]
+        fn = load_function(self.config.function, signature.protocol, self.config.sys_path)
         self._executor = ThreadPoolExecutor(self.config.max_workers, thread_name_prefix=f"reward-{self.name}")
-        self._adapter = SIGNATURES[self.config.signature](fn, self.config, self._executor)
+        self._adapter = signature(fn, self.config, self._executor)
 
     async def close(self) -> None:
         if self._executor is not None:

@@ -3,10 +3,9 @@
 
 from __future__ import annotations
 
-import importlib
-
 from services.reward.metrics import RewardMetrics
 from services.reward.scorers.base import Scorer
+from shared.service_kit.loader import load_object
 
 SCORER_CLASSES: dict[str, str] = {
     "rule": "services.reward.scorers.rule:RuleScorer",
@@ -17,8 +16,7 @@ SCORER_CLASSES: dict[str, str] = {
 
 
 def scorer_class(kind: str) -> type[Scorer]:
-    module, _, name = SCORER_CLASSES[kind].partition(":")
-    return getattr(importlib.import_module(module), name)
+    return load_object(SCORER_CLASSES[kind], Scorer, what=f"scorer kind {kind!r}")
 
 
 def build_scorer(config, metrics: RewardMetrics) -> Scorer:

@@ -1,6 +1,6 @@
 """Control plane (bearer token): ``/pause_generation``, ``/continue_generation``.
 
-Weight-update routes come from extensions (see ``app.create_app``) and use the same ``ControlDep``.
+The weight routes (``services/rollout/weights/routes.py``) use the same ``ControlDep``.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from services.rollout.deps import ControlDep, ServiceDep
 from services.rollout.errors import RequestError
+from shared.generate_api import ControlReply
+from shared.service_kit.openapi import error_responses
 from shared.wire_checks import FiniteFloat
 
 router = APIRouter(tags=["control"], dependencies=[ControlDep])
@@ -26,12 +28,7 @@ class PauseRequest(BaseModel):
                                           description="wait mode: give up waiting after this long.")
 
 
-class ControlReply(BaseModel):
-    success: bool
-    message: str
-
-
-@router.post("/pause_generation")
+@router.post("/pause_generation", response_model=ControlReply, responses=error_responses(503, 504))
 async def pause_generation(service: ServiceDep, body: PauseRequest | None = None) -> ControlReply:
     body = body or PauseRequest()
     try:
@@ -41,7 +38,7 @@ async def pause_generation(service: ServiceDep, body: PauseRequest | None = None
     return ControlReply(success=True, message=f"generation paused ({body.mode})")
 
 
-@router.post("/continue_generation")
+@router.post("/continue_generation", response_model=ControlReply, responses=error_responses(503))
 async def continue_generation(service: ServiceDep) -> ControlReply:
     await service.resume()
     return ControlReply(success=True, message="generation continued")

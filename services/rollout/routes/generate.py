@@ -7,16 +7,18 @@ from fastapi.responses import JSONResponse
 
 from services.rollout import protocol_sglang
 from services.rollout.deps import ServiceDep
-from services.rollout.routes.streaming import sse_response, until_disconnect
-from shared.generate_api import GenerateRequest
+from services.rollout.routes.streaming import GENERATION_ERRORS, SSE_OK, sse_response, until_disconnect
+from shared.generate_api import GenerateRequest, GenerateResponse
 
 router = APIRouter(tags=["generate"])
 
 
-@router.post("/generate")
+@router.post("/generate", response_model=GenerateResponse | list[GenerateResponse],
+             responses={**SSE_OK, **GENERATION_ERRORS})
 async def generate(body: GenerateRequest, request: Request, service: ServiceDep):
+    """One result, or a list (a batch, or ``n > 1``); with ``stream`` an SSE stream of chunks."""
     plan = protocol_sglang.plan(service, body)
     if body.stream:
         return await sse_response(service.stream(plan.seqs), lambda d: protocol_sglang.sse_chunks(service, plan, d))
     outs = await until_disconnect(request, service.generate(plan.seqs))
-    return JSONResponse(protocol_sglang.response(service, plan, outs))
+    return JSONResponse(protocol_sglang.response(service, plan, outs))  # built by the protocol: no re-validation

@@ -7,30 +7,39 @@ from fastapi.responses import JSONResponse
 
 from services.rollout import protocol_openai
 from services.rollout.deps import ServiceDep
-from services.rollout.routes.streaming import sse_response, until_disconnect
-from shared.generate_api import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
+from services.rollout.routes.streaming import GENERATION_ERRORS, SSE_OK, sse_response, until_disconnect
+from shared.generate_api import (
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    CompletionRequest,
+    CompletionResponse,
+    ModelCard,
+    ModelList,
+)
+from shared.service_kit.openapi import error_responses
 
 router = APIRouter(prefix="/v1", tags=["openai"])
+ERRORS = {**SSE_OK, **GENERATION_ERRORS, **error_responses(404)}  # 404: the model named is not served here
 
 
 async def _run(plan, request: Request, service):
     if plan.request.stream:
         return await sse_response(service.stream(plan.seqs), lambda d: protocol_openai.sse_chunks(service, plan, d))
     outs = await until_disconnect(request, service.generate(plan.seqs))
-    return JSONResponse(protocol_openai.response(service, plan, outs))
+    return JSONResponse(protocol_openai.response(service, plan, outs))  # built by the protocol: no re-validation
 
 
-@router.post("/completions")
+@router.post("/completions", response_model=CompletionResponse, responses=ERRORS)
 async def completions(body: CompletionRequest, request: Request, service: ServiceDep):
     return await _run(protocol_openai.plan_completion(service, body), request, service)
 
 
-@router.post("/chat/completions")
+@router.post("/chat/completions", response_model=ChatCompletionResponse, responses=ERRORS)
 async def chat_completions(body: ChatCompletionRequest, request: Request, service: ServiceDep):
     return await _run(protocol_openai.plan_chat(service, body), request, service)
 
 
-@router.get("/models")
+@router.get("/models", response_model=ModelList)
 async def models(service: ServiceDep) -> ModelList:
     card = ModelCard(id=service.settings.model_name, created=service.started_at, root=service.settings.model,
                      max_model_len=service.engine.context_length)

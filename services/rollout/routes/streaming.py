@@ -1,4 +1,4 @@
-"""Helpers shared by routes: SSE responses and client-disconnect handling."""
+"""Helpers shared by the generation routes: SSE responses, client-disconnect handling, what their spec declares."""
 
 from __future__ import annotations
 
@@ -12,11 +12,22 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from services.rollout.errors import RequestError
+from shared.service_kit.envelope import error_body
+from shared.service_kit.openapi import error_responses
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+SSE_EVENT = {  # one server-sent event (OpenAPI 3.1: a text/event-stream `schema` describes each event)
+    "type": "object", "required": ["data"],
+    "properties": {"data": {"type": "string", "description": "A chunk as JSON; if generation fails after the first "
+                                                              "chunk, the error envelope; `[DONE]` last."}},
+}
+SSE_OK = {200: {"content": {"text/event-stream": {"schema": SSE_EVENT}},
+                "description": "The result; with `stream`, server-sent events."}}
+GENERATION_ERRORS = error_responses(429, 503)  # 429: over capacity; 503: paused past its wait, engine down
 
 
 async def sse_response(deltas: AsyncIterator, render: Callable[[AsyncIterator], AsyncIterator[bytes]]) -> StreamingResponse:
@@ -40,7 +51,7 @@ async def sse_response(deltas: AsyncIterator, render: Callable[[AsyncIterator], 
                 yield chunk
         except Exception as exc:  # noqa: BLE001 - headers are sent: report it in-band, never a torn stream
             log.warning("stream failed: %r", exc)
-            err = {"error": {"message": f"generation failed: {exc}", "type": type(exc).__name__, "code": 500}}
+            err = error_body(500, f"generation failed: {exc}", type(exc).__name__)
             yield f"data: {json.dumps(err)}\n\n".encode()
             yield b"data: [DONE]\n\n"
         finally:

@@ -1,0 +1,14 @@
+"""FastAPI dependencies of the reward service as ``Annotated`` aliases (tests can override ``get_service``)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends
+
+from services.reward.service import RewardService
+from shared.service_kit.deps import ControlDep, get_service
+
+ServiceDep = Annotated[RewardService, Depends(get_service)]
+
+__all__ = ["ControlDep", "ServiceDep", "get_service"]
