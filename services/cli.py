@@ -43,7 +43,7 @@ def redis_cmd(
     host: str = typer.Option("127.0.0.1", help="Bind address."),
 ) -> None:
     """Run the embedded Redis-compatible server in the foreground until Ctrl-C."""
-    from shared.redis_server import EmbeddedRedis, RedisServerError
+    from deploy.local.redis_server import EmbeddedRedis, RedisServerError
 
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):  # before the server starts, so no signal can orphan it
@@ -54,7 +54,7 @@ def redis_cmd(
     except RedisServerError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from exc
-    typer.echo(f"REDIS_URL={server.url}  (data in {data_dir}; Ctrl-C stops it)")
+    typer.echo(f"REDIS_URL={server.url}  (data in {server.data_dir}; Ctrl-C stops it)")
     while not stop.wait(0.5) and server.running:
         pass
     server.stop()
@@ -70,7 +70,7 @@ def tiny_model_cmd(
     seed: int = typer.Option(0, help="Initialisation seed."),
 ) -> None:
     """Write a tiny randomly initialised model + byte-level tokenizer in Hugging Face format."""
-    from shared import tiny_model
+    from deploy.local import tiny_model
 
     if hidden_size % heads:
         raise typer.BadParameter(f"hidden_size {hidden_size} must be divisible by heads {heads}")

@@ -41,7 +41,6 @@ class LearnerService:
         self.sink = MetricsSink(settings.observability, Path(settings.run_dir), self.registry)
         self.runner: RLRunner | SFTRunner | None = None
         self.redis = None
-        self._embedded = None
         self._stop = asyncio.Event()
         self._task: asyncio.Task | None = None
         self.exit_code: int | None = None
@@ -51,12 +50,11 @@ class LearnerService:
         if runner_cls.needs_redis:
             import redis.asyncio as aioredis
 
-            from shared.redis_server import resolve_redis_url
-
-            url, self._embedded = await asyncio.to_thread(resolve_redis_url, self.settings.redis_url,
-                                                          self.settings.run_dir)
+            if not self.settings.redis_url:  # the entry point (services/learner/cli.py) starts one when none is given
+                raise RuntimeError(f"the {self.settings.algorithm.name} learner needs redis_url (--redis-url, "
+                                   "FLEETRL_LEARNER_REDIS_URL, the config file or $REDIS_URL)")
             timeout = max(30.0, self.settings.queue.block_ms / 1000 + 10)
-            self.redis = aioredis.from_url(url, socket_timeout=timeout, socket_connect_timeout=5)
+            self.redis = aioredis.from_url(self.settings.redis_url, socket_timeout=timeout, socket_connect_timeout=5)
         self.runner = runner_cls(self.settings, self.redis, self.sink)
         self._task = asyncio.create_task(self._run(), name="learner-run")
 
@@ -89,8 +87,6 @@ class LearnerService:
                 await asyncio.gather(self._task, return_exceptions=True)
         if self.redis is not None:
             await self.redis.aclose()
-        if self._embedded is not None:
-            await asyncio.to_thread(self._embedded.stop)
 
     # ---- queries -------------------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:

@@ -18,7 +18,7 @@ import pytest
 import uvicorn
 from fastapi import FastAPI, Request
 
-from shared.redis_server import free_port
+from deploy.local.ports import free_port
 from shared.service_kit.internal_errors import InternalErrorGuard
 
 
