@@ -50,9 +50,9 @@ class FleetLauncher:
     # ---- specs -----------------------------------------------------------------------------------
     def _spec(self, service: str, group: ServiceGroup, index: int, extra: dict[str, Any],
               env: dict[str, str] | None = None) -> dict[str, Any]:
-        common = {"control_token": self.token}
+        common: dict[str, Any] = {}  # the reward service has no control routes and no Redis
         if service != "reward":
-            common |= {"redis_url": self.s.redis_url, "run_name": self.s.run_name}
+            common = {"control_token": self.token, "redis_url": self.s.redis_url, "run_name": self.s.run_name}
         return {
             "name": f"{service}-{index}", "module": f"services.{service}",
             "settings": merge(group.settings(), {**common, **extra}),

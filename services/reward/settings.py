@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from pydantic import Field, field_validator
+import warnings
+from typing import Any
+
+from pydantic import Field, SecretStr, field_validator
 
 from services.reward.scorer_config import ScorerConfig
 from shared.settings import ServiceSettings, service_config
@@ -16,6 +19,9 @@ class RewardSettings(ServiceSettings):
     model_config = service_config("REWARD")
 
     port: int = Field(default=8002, ge=0, le=65535, description="HTTP port (0 picks a free one).")
+    control_token: SecretStr | None = Field(
+        default=None, description="Deprecated and ignored: the reward service has no control routes. Setting it "
+                                  "(control_token, FLEETRL_REWARD_CONTROL_TOKEN) warns; a later release refuses it.")
     scorers: list[ScorerConfig] = Field(
         min_length=1, description="Scorers; the reward is the weighted sum of their values (see examples/reward/)."
     )
@@ -26,6 +32,14 @@ class RewardSettings(ServiceSettings):
         default_factory=lambda: list(DEFAULT_STRIP_TOKENS),
         description="/get_reward: special-token text stripped from both ends of each query (as OpenRLHF does).",
     )
+
+    @field_validator("control_token", mode="before")
+    @classmethod
+    def _control_token_is_deprecated(cls, value: Any) -> None:
+        if value is not None:
+            warnings.warn("reward settings: control_token is deprecated and ignored (the reward service has no "
+                          "control routes); remove it, or FLEETRL_REWARD_CONTROL_TOKEN, from the reward's settings",
+                          FutureWarning)
 
     @field_validator("scorers")
     @classmethod

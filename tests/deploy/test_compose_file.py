@@ -38,12 +38,16 @@ def test_services_have_health_checks_on_their_health_route(name):
     assert f"127.0.0.1:{HTTP_PORTS[name]}/health" in test
 
 
-@pytest.mark.parametrize("name", sorted(HTTP_PORTS))
+@pytest.mark.parametrize("name", sorted(set(HTTP_PORTS) - {"reward"}))
 def test_control_token_is_required_never_defaulted(name):
     env = SERVICES[name]["environment"]
     token_vars = {k: v for k, v in env.items() if k.endswith("_CONTROL_TOKEN")}
     assert len(token_vars) == 1, f"{name} sets no control token"
     assert re.fullmatch(r"\$\{FLEETRL_TOKEN:\?[^}]+\}", next(iter(token_vars.values())))
+
+
+def test_reward_takes_no_control_token():  # it has no control routes (the setting is deprecated there)
+    assert not [k for k in SERVICES["reward"]["environment"] if k.endswith("_CONTROL_TOKEN")]
 
 
 def test_no_token_default_anywhere_in_the_file():

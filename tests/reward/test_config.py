@@ -81,3 +81,15 @@ def test_circuit_breaker_opens_half_opens_and_closes():
     breaker.record_success()
     breaker.before_call()
     assert not breaker.is_open
+
+
+def test_a_control_token_is_deprecated_and_ignored(tmp_path, monkeypatch):
+    """The reward service has no control routes: a config that still sets a token warns and keeps working."""
+    monkeypatch.delenv("FLEETRL_REWARD_CONTROL_TOKEN", raising=False)
+    scorers = [{"name": "a", "kind": "rule", "check": {"type": "math"}}]
+    with pytest.warns(FutureWarning, match="control_token is deprecated and ignored"):
+        s = _load(tmp_path, {"scorers": scorers, "control_token": "s3cret"})
+    assert s.control_token is None
+    monkeypatch.setenv("FLEETRL_REWARD_CONTROL_TOKEN", "s3cret")
+    with pytest.warns(FutureWarning, match="FLEETRL_REWARD_CONTROL_TOKEN"):
+        assert _load(tmp_path, {"scorers": scorers}).control_token is None
