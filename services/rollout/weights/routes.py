@@ -21,12 +21,14 @@ import logging
 from contextlib import asynccontextmanager
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
+from fastapi import APIRouter, Depends, FastAPI, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from services.rollout.deps import ControlDep
 from services.rollout.weights.sidecar import WeightSidecar, create_sidecar
 from services.rollout.weights.transport import LastUpdate
+from shared.service_kit.errors import ServiceError
+from shared.service_kit.openapi import error_responses
 from shared.weight_sync.wire import Transport
 from shared.wire_checks import INT64_MAX, FiniteFloat, StrictInt
 
@@ -60,10 +62,31 @@ class UpdateWeightsResponse(BaseModel):
     weight_version: int = Field(description="The version the engine serves now.")
 
 
+class WeightSyncOff(ServiceError):
+    """This replica runs no weight sidecar: 503."""
+
+    status = 503
+    type = "weight_sync_off"
+
+
+class VersionConflict(ServiceError):
+    """The version asked for cannot be loaded (never published, or no longer the latest): 409."""
+
+    status = 409
+    type = "version_conflict"
+
+
+class UpdateTimeout(ServiceError):
+    """The replica did not reach the version in the time asked for: 504."""
+
+    status = 504
+    type = "update_timeout"
+
+
 def get_sidecar(request: Request) -> WeightSidecar:
     sidecar = getattr(request.app.state.service, "weight_sidecar", None)
     if sidecar is None:
-        raise HTTPException(503, "weight sync is off in this replica (weights.enabled is false, or no redis_url)")
+        raise WeightSyncOff("weight sync is off in this replica (weights.enabled is false, or no redis_url)")
     return sidecar
 
 
@@ -72,23 +95,25 @@ SidecarDep = Annotated[WeightSidecar, Depends(get_sidecar)]
 router = APIRouter(tags=["weights"])
 
 
-@router.get("/weights/version", dependencies=[ControlDep], response_model=WeightsStatus)
+@router.get("/weights/version", dependencies=[ControlDep], response_model=WeightsStatus,
+            responses=error_responses(503))  # 503: no sidecar here
 async def weights_version(sidecar: SidecarDep) -> WeightsStatus:
     return WeightsStatus(**sidecar.status(), latest_version=await sidecar.latest())
 
 
-@router.post("/weights/update", dependencies=[ControlDep], response_model=UpdateWeightsResponse)
+@router.post("/weights/update", dependencies=[ControlDep], response_model=UpdateWeightsResponse,
+             responses=error_responses(409, 503, 504))  # 409: not the latest version; 504: not reached in time
 async def update_weights(body: UpdateWeightsRequest, sidecar: SidecarDep) -> UpdateWeightsResponse:
     latest = await sidecar.latest()
     target = body.version or latest
     if target == 0:
-        raise HTTPException(409, "no weight version has been published yet")
+        raise VersionConflict("no weight version has been published yet")
     if target != latest:
-        raise HTTPException(409, f"version {target} is not the latest published version ({latest}); "
-                                 "only the latest can be loaded")
+        raise VersionConflict(f"version {target} is not the latest published version ({latest}); "
+                              "only the latest can be loaded")
     if not await sidecar.ensure(target, body.timeout_s):
-        raise HTTPException(504, f"replica still at version {sidecar.weight_version} after {body.timeout_s}s "
-                                 f"(last error: {sidecar.last_error or 'none'})")
+        raise UpdateTimeout(f"replica still at version {sidecar.weight_version} after {body.timeout_s}s "
+                            f"(last error: {sidecar.last_error or 'none'})")
     return UpdateWeightsResponse(weight_version=sidecar.weight_version)
 
 
