@@ -1,7 +1,7 @@
 """The rollout service's FastAPI app, built with the service kit (``shared.service_kit.app``).
 
-Routers: generation (``/generate``, ``/v1/*``), info, control, and extensions (the weight routes among them
-when the replica runs the weight sidecar: ``settings.all_extensions``).
+Routers: generation (``/generate``, ``/v1/*``), info, control, the weight routes when the replica runs the
+weight sidecar (``settings.sidecar_on``; the service object starts the sidecar itself), and extensions.
 
 Extension seam: ``create_app(..., extra_routers=[...])``, or ``settings.extensions = ["pkg.module:factory"]``
 where ``factory(service) -> APIRouter``. An extension router may carry its own ``lifespan`` (FastAPI merges
@@ -20,7 +20,7 @@ from services.rollout.errors import ENGINE_ERRORS
 from services.rollout.metrics import RolloutMetrics
 from services.rollout.routes import control, generate, info, openai
 from services.rollout.service import RolloutService
-from services.rollout.settings import RolloutSettings
+from services.rollout.settings import WEIGHT_SIDECAR_EXTENSION, RolloutSettings
 from shared.service_kit.app import create_service_app
 from shared.service_kit.body_limit import Observer
 from shared.service_kit.loader import LoadError, load_object
@@ -54,8 +54,13 @@ def request_metrics(metrics: RolloutMetrics) -> Observer:
 def create_app(settings: RolloutSettings, *, service: RolloutService | None = None,
                extra_routers: Sequence[APIRouter] = ()) -> FastAPI:
     service = service or RolloutService(settings)
-    routers = [generate.router, openai.router, info.router, control.router, *extra_routers]
-    routers += [load_extension(p, service) for p in settings.all_extensions]
+    routers = [generate.router, openai.router, info.router, control.router]
+    if settings.sidecar_on:
+        from services.rollout.weights.routes import router as weight_routes
+
+        routers.append(weight_routes)
+    routers += extra_routers
+    routers += [load_extension(p, service) for p in settings.extensions if p != WEIGHT_SIDECAR_EXTENSION]
     return create_service_app(
         title="FleetRL rollout", settings=settings, service=service, routers=routers,
         max_body_bytes=settings.limits.max_body_bytes, body_limit_setting="limits.max_body_bytes",

@@ -1,4 +1,5 @@
-"""The rollout service object: the engine, admission control, tokenisation, metrics, the worker.
+"""The rollout service object: its components (the engine, the weight sidecar, the worker), admission
+control, tokenisation, metrics.
 
 Routes make one call on it; it turns prompts into engine :class:`SequenceRequest` s, admits them
 (bounded: over ``limits.max_inflight_sequences`` it raises :class:`Overloaded` rather than queueing
@@ -14,7 +15,7 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing, asynccontextmanager
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from services.rollout.engines.base import Engine, PauseMode, create_engine
 from services.rollout.engines.types import (
@@ -28,11 +29,30 @@ from services.rollout.errors import Overloaded, RequestError
 from services.rollout.metrics import RolloutMetrics
 from services.rollout.settings import RolloutSettings
 
+if TYPE_CHECKING:
+    from services.rollout.weights.sidecar import WeightSidecar
+    from services.rollout.worker.loop import RolloutWorker
+
 log = logging.getLogger(__name__)
 
 
 def new_request_id() -> str:
     return uuid.uuid4().hex
+
+
+class Component(Protocol):
+    """A part of the rollout service with a lifetime: the engine, the weight sidecar, the worker."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+async def _stop_quietly(component: Component) -> None:
+    try:
+        await component.stop()
+    except Exception:
+        log.exception("stopping the %s failed", type(component).__name__)
 
 
 class RolloutService:
@@ -43,28 +63,52 @@ class RolloutService:
         self.metrics = RolloutMetrics()
         self.started_at = int(time.time())
         self._admitted = 0
-        self.worker: Any = None
+        self.weight_sidecar: WeightSidecar | None = None
+        self.worker: RolloutWorker | None = None
+        self._running: list[Component] = []
 
     # ---- lifecycle ---------------------------------------------------------------------------------
     async def start(self) -> None:
-        await self.engine.start()
-        self.engine.on_batch_step = self.metrics.batch_size.observe
-        self.metrics.bind(
-            queue_depth=lambda: self.engine.queue_depth,
-            inflight=lambda: self.engine.inflight,
-            weight_version=lambda: self.engine.weight_version,
-            paused=lambda: float(self.engine.paused),
-        )
-        if self.settings.worker.enabled:
-            from services.rollout.worker.loop import RolloutWorker
+        """Start the components in order, each once the one before it is up: the engine, the weight sidecar
+        (``settings.sidecar_on``; it loads the latest weights before the worker generates), the worker
+        (``worker.enabled``). If one fails to start, those already running are stopped, then it raises."""
+        try:
+            await self._start(self.engine)
+            self.engine.on_batch_step = self.metrics.batch_size.observe
+            self.metrics.bind(
+                queue_depth=lambda: self.engine.queue_depth,
+                inflight=lambda: self.engine.inflight,
+                weight_version=lambda: self.engine.weight_version,
+                paused=lambda: float(self.engine.paused),
+            )
+            if self.settings.sidecar_on:
+                from services.rollout.weights.sidecar import create_sidecar
 
-            self.worker = RolloutWorker(self.settings, self, self.metrics.registry)
-            await self.worker.start()
+                self.weight_sidecar = create_sidecar(self.engine, self.settings)
+                if self.weight_sidecar is not None:
+                    await self._start(self.weight_sidecar)
+            if self.settings.worker.enabled:
+                from services.rollout.worker.loop import RolloutWorker
+
+                self.worker = RolloutWorker(self.settings, self, self.metrics.registry)
+                await self._start(self.worker)
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def _start(self, component: Component) -> None:
+        try:
+            await component.start()
+        except BaseException:
+            await _stop_quietly(component)  # release what it opened before it failed
+            raise
+        self._running.append(component)
 
     async def stop(self) -> None:
-        if self.worker is not None:
-            await self.worker.stop()
-        await self.engine.stop()
+        """Stop the running components in reverse order (worker, sidecar, engine); one failing to stop is
+        logged and the others still stop."""
+        while self._running:
+            await _stop_quietly(self._running.pop())
 
     async def health(self) -> bool:
         return await self.engine.health()

@@ -12,6 +12,7 @@ from services.rollout.weights.settings import SidecarSettings, refuse_legacy_env
 from shared.settings import ServiceSettings, service_config
 
 WEIGHT_SIDECAR_EXTENSION = "services.rollout.weights.routes:weight_router"
+"""How configs turned the weight sidecar on before ``weight_sidecar``: still honoured (``sidecar_on``)."""
 
 
 class LimitsSettings(BaseModel):
@@ -87,7 +88,7 @@ class RolloutSettings(ServiceSettings):
     limits: LimitsSettings = Field(default_factory=LimitsSettings)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
     extensions: list[str] = Field(
-        default_factory=list, description="'module:factory' import paths; factory(service) -> APIRouter (weight routes)."
+        default_factory=list, description="'module:factory' import paths; factory(service) -> APIRouter (your routes)."
     )
     weight_sidecar: bool | None = Field(
         default=None,
@@ -117,13 +118,11 @@ class RolloutSettings(ServiceSettings):
         return v
 
     @property
-    def all_extensions(self) -> list[str]:
-        """``extensions`` plus the weight sidecar's when it is on."""
+    def sidecar_on(self) -> bool:
+        """Whether this replica runs the weight sidecar and serves ``/weights/*``: ``weight_sidecar``, by default
+        on with the worker; ``extensions`` naming the weight routes (as configs did before) turns it on too."""
         on = self.weight_sidecar if self.weight_sidecar is not None else self.worker.enabled
-        exts = list(self.extensions)
-        if on and WEIGHT_SIDECAR_EXTENSION not in exts:
-            exts.append(WEIGHT_SIDECAR_EXTENSION)
-        return exts
+        return on or WEIGHT_SIDECAR_EXTENSION in self.extensions
 
     @property
     def model_name(self) -> str:
