@@ -31,7 +31,8 @@ def test_lora_trains_adapters_and_exports_merged_weights(tiny_model_dir, tmp_pat
     from safetensors import safe_open
 
     with safe_open(str(export / "model.safetensors"), "pt") as f:  # a plain checkpoint: base names only
-        assert not [k for k in f.keys() if "lora" in k or "base_layer" in k or k.startswith("base_model")]
+        names = f.keys()  # safe_open has keys(), not iteration
+        assert not [k for k in names if "lora" in k or "base_layer" in k or k.startswith("base_model")]
     ids = torch.tensor([[1, 10, 20, 30, GOOD, GOOD]])
     with torch.no_grad():
         assert torch.allclose(merged(input_ids=ids).logits, model(input_ids=ids).logits, atol=1e-4)
