@@ -13,7 +13,7 @@ import signal
 import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 
@@ -38,9 +38,9 @@ _add_service("learner", "services.learner.cli", "Run the learner (PPO / GRPO / R
 
 @app.command("redis")
 def redis_cmd(
-    data_dir: Path = typer.Option(Path("runs/redis"), help="Where the AOF files live."),
-    port: int = typer.Option(6390, help="TCP port (0 picks a free one)."),
-    host: str = typer.Option("127.0.0.1", help="Bind address."),
+    data_dir: Annotated[Path, typer.Option(help="Where the AOF files live.")] = Path("runs/redis"),
+    port: Annotated[int, typer.Option(help="TCP port (0 picks a free one).")] = 6390,
+    host: Annotated[str, typer.Option(help="Bind address.")] = "127.0.0.1",
 ) -> None:
     """Run the embedded Redis-compatible server in the foreground until Ctrl-C."""
     from deploy.local.redis_server import EmbeddedRedis, RedisServerError
@@ -62,12 +62,12 @@ def redis_cmd(
 
 @app.command("tiny-model")
 def tiny_model_cmd(
-    out_dir: Path = typer.Argument(..., help="Directory to write the Hugging Face checkpoint to."),
-    kind: str = typer.Option("causal-lm", help="causal-lm or reward-model."),
-    hidden_size: int = typer.Option(64, min=8, help="Hidden size."),
-    layers: int = typer.Option(2, min=1, help="Transformer layers."),
-    heads: int = typer.Option(4, min=1, help="Attention heads."),
-    seed: int = typer.Option(0, help="Initialisation seed."),
+    out_dir: Annotated[Path, typer.Argument(help="Directory to write the Hugging Face checkpoint to.")],
+    kind: Annotated[str, typer.Option(help="causal-lm or reward-model.")] = "causal-lm",
+    hidden_size: Annotated[int, typer.Option(min=8, help="Hidden size.")] = 64,
+    layers: Annotated[int, typer.Option(min=1, help="Transformer layers.")] = 2,
+    heads: Annotated[int, typer.Option(min=1, help="Attention heads.")] = 4,
+    seed: Annotated[int, typer.Option(help="Initialisation seed.")] = 0,
 ) -> None:
     """Write a tiny randomly initialised model + byte-level tokenizer in Hugging Face format."""
     from deploy.local import tiny_model
