@@ -42,7 +42,7 @@ def launch_settings(tmp_path, model_dir, redis_url) -> LaunchSettings:
             "model": str(model_dir), "engine": {"kind": "hf", "device": "cpu", "torch_threads": 1},
             "worker": {"enabled": True, "concurrency": 8, "max_staleness": 1, "claim_idle_ms": 1500,
                        "sampling": sampling},
-            "extensions": ["services.rollout.weights.routes:weight_router"], "weights": {"join_timeout_s": 20}}},
+            "weights": {"join_timeout_s": 20}}},
         learner={"replicas": 1, "num_cpus": 1, "health_timeout_s": 120, "config": {
             "run_dir": str(tmp_path / "learner"), "model": {"actor": str(model_dir)},
             "algorithm": {"name": "grpo"}, "optim": {"actor_lr": 1e-4, "schedule": "constant", "warmup_ratio": 0.0},

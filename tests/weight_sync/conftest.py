@@ -51,7 +51,7 @@ def replicas(tmp_path, redis_server, tiny_model_dir):
         log = tmp_path / f"rollout-{port}.log"
         env = {
             "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-            "FLEETRL_ROLLOUT_EXTENSIONS": '["services.rollout.weights.routes:weight_router"]',
+            "FLEETRL_ROLLOUT_WEIGHT_SIDECAR": "true",
             "FLEETRL_ROLLOUT_CONTROL_TOKEN": TOKEN,
             "FLEETRL_ROLLOUT_WEIGHTS__HEARTBEAT_S": "0.3", "FLEETRL_ROLLOUT_WEIGHTS__HEARTBEAT_TTL_S": "2",
             **{f"FLEETRL_ROLLOUT_WEIGHTS__{k.upper()}": v for k, v in sidecar_env.items()},

@@ -7,32 +7,25 @@
   was never published or is no longer the latest).
 
 They reach the replica's sidecar through the rollout service object (``service.weight_sidecar``, built by
-:func:`services.rollout.weights.sidecar.create_sidecar`); 503 while the replica runs none.
-
-:func:`weight_router` is the extension factory that settings name
-(``extensions: ["services.rollout.weights.routes:weight_router"]``, and ``RolloutSettings.all_extensions``
-when ``weight_sidecar`` is on): :data:`router` plus, until the service object starts its sidecar itself,
-a lifespan that does it.
+:func:`services.rollout.weights.sidecar.create_sidecar` and started by the service object); 503 while the
+replica runs none. The rollout app includes :data:`router` when the sidecar is on (``weight_sidecar``, by
+default with the worker).
 """
 
 from __future__ import annotations
 
-import logging
-from contextlib import asynccontextmanager
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
-from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from services.rollout.deps import ControlDep
-from services.rollout.weights.sidecar import WeightSidecar, create_sidecar
+from services.rollout.weights.sidecar import WeightSidecar
 from services.rollout.weights.transport import LastUpdate
 from shared.service_kit.errors import ServiceError
 from shared.service_kit.openapi import error_responses
 from shared.weight_sync.wire import Transport
 from shared.wire_checks import INT64_MAX, FiniteFloat, StrictInt
-
-log = logging.getLogger(__name__)
 
 
 class UpdateWeightsRequest(BaseModel):
@@ -115,29 +108,3 @@ async def update_weights(body: UpdateWeightsRequest, sidecar: SidecarDep) -> Upd
         raise UpdateTimeout(f"replica still at version {sidecar.weight_version} after {body.timeout_s}s "
                             f"(last error: {sidecar.last_error or 'none'})")
     return UpdateWeightsResponse(weight_version=sidecar.weight_version)
-
-
-def weight_router(service: Any) -> APIRouter:
-    """Extension factory: :data:`router`, plus a lifespan that runs the sidecar beside ``service`` (after its
-    engine started) unless the service object runs one itself (``service.weight_sidecar`` set by its own
-    start). Transitional: once the service object starts and stops its sidecar, this is :data:`router`."""
-
-    @asynccontextmanager
-    async def lifespan(_: FastAPI):
-        if getattr(service, "weight_sidecar", None) is not None:
-            yield
-            return
-        sidecar = create_sidecar(service.engine, service.settings)
-        if sidecar is not None:
-            await sidecar.start()
-        service.weight_sidecar = sidecar
-        try:
-            yield
-        finally:
-            service.weight_sidecar = None
-            if sidecar is not None:
-                await sidecar.stop()
-
-    wrapped = APIRouter(lifespan=lifespan)
-    wrapped.include_router(router)
-    return wrapped
