@@ -16,8 +16,9 @@ $(STAMP): pyproject.toml constraints/cpu.txt
 
 install: $(STAMP)
 
-## the whole CPU suite (what CI runs)
+## lint, then the whole CPU suite (what CI runs)
 test: $(STAMP)
+	$(BIN)/ruff check shared services tests benchmarks deploy
 	$(BIN)/python -m pytest -q -m 'not gpu' tests
 
 ## GPU checks (vLLM / SGLang / NCCL / DeepSpeed): run on a machine with a CUDA GPU and the engines

@@ -17,9 +17,9 @@ REPO = Path(__file__).resolve().parents[1]
 def spawn(args: list[str], log_path: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
     """Start ``python <args>`` from the repo root in its own process group, logging to ``log_path``."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    log = open(log_path, "wb")
-    return subprocess.Popen([sys.executable, *args], cwd=REPO, env=full_env, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    with open(log_path, "wb") as log:  # the child holds its own copy of the descriptor
+        return subprocess.Popen([sys.executable, *args], cwd=REPO, env=full_env, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def wait_http_ok(url: str, proc: subprocess.Popen | None = None, timeout: float = 90.0, log: Path | None = None) -> None:
