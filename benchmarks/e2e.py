@@ -43,7 +43,7 @@ def learner_config(run: Path, mode: str, actor: Path, args, redis_url: str) -> d
     return {
         "run_name": f"e2e-{mode}", "redis_url": redis_url, "run_dir": str(run / mode / "learner"),
         "model": {"actor": str(actor)},
-        "algorithm": {"name": "grpo", "eps_high": 0.28, "tis_cap": 2.0},
+        "algorithm": {"name": "grpo", "policy_loss": {"kind": "ppo", "eps_high": 0.28}, "correction": {"kind": "tis", "cap": 2.0}},
         "optim": {"actor_lr": 5e-4, "schedule": "constant", "warmup_ratio": 0.0},
         "train": {"groups_per_step": g, "micro_batch_size": 64, "max_steps": args.steps, "torch_threads": 1},
         "rollout": {"group_size": args.group_size, **MODES[mode](g),

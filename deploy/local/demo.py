@@ -73,7 +73,8 @@ def grpo_config(run: Path, actor: Path, args, redis_url: str, token: str) -> dic
     return {
         "run_name": "demo", "redis_url": redis_url, "run_dir": str(run / "learner"), "control_token": token,
         "model": {"actor": str(actor)},
-        "algorithm": {"name": "grpo", "eps_low": 0.2, "eps_high": 0.28, "tis_cap": 2.0},
+        "algorithm": {"name": "grpo", "policy_loss": {"kind": "ppo", "eps_low": 0.2, "eps_high": 0.28},
+                      "correction": {"kind": "tis", "cap": 2.0}},
         "optim": {"actor_lr": args.lr, "schedule": "constant", "warmup_ratio": 0.0},
         "train": {"groups_per_step": args.groups_per_step, "micro_batch_size": 64, "max_steps": args.rl_steps,
                   "seed": args.seed, "torch_threads": 1},

@@ -17,7 +17,8 @@ from services.learner.settings import ObservabilitySettings
 log = logging.getLogger(__name__)
 
 STEP_GAUGES = ("reward_mean", "reward_std", "kl", "entropy", "clip_frac", "actor_grad_norm", "critic_grad_norm",
-               "policy_loss", "value_loss", "sft_loss", "tokens_per_s", "actor_lr", "tis_mean", "staleness_mean",
+               "policy_loss", "value_loss", "sft_loss", "tokens_per_s", "actor_lr", "is_weight_mean", "is_capped_frac",
+               "is_rejected_frac", "mismatch_k3", "mismatch_abs_mean", "mismatch_abs_max", "staleness_mean",
                "response_len_mean", "step_time_s", "wait_time_s")
 STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 32)
 PUBLISH_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)

@@ -73,7 +73,12 @@ class TrainSettings(_Section):
     mini_batch_size: int | None = Field(
         default=None, ge=1, description="Samples per optimizer step (RL); default: the whole step batch."
     )
-    micro_batch_size: int = Field(default=4, ge=1, description="Samples per forward/backward (gradient accumulation).")
+    micro_batch_size: int = Field(default=4, ge=1, description="Samples per forward/backward (gradient accumulation); "
+                                                            "with micro_batch_tokens, the most rows of one pass.")
+    micro_batch_tokens: int | None = Field(
+        default=None, ge=1, description="Cut each mini-batch into passes by a token budget instead of a sample "
+        "count: rows sorted by length, each pass's rows x longest row within the budget (verl's dynamic batch "
+        "size), so long and short samples do not pay for each other's padding. Plain torch backend only.")
     freeze_actor_steps: int = Field(default=0, ge=0, description="Learner steps training only the critic (PPO warm-up).")
     max_steps: int | None = Field(default=None, ge=1, description="Stop after this many learner steps.")
     seed: int = Field(default=42, description="Seed of torch / python RNGs (saved and restored in checkpoints).")
@@ -245,7 +250,25 @@ class LearnerSettings(ServiceSettings):
             raise ValueError("train.freeze_actor_steps warms up a critic: it only applies to algorithm.name=ppo")
         if self.distributed.heartbeat_s >= self.distributed.timeout_s:
             raise ValueError("distributed.heartbeat_s must be below distributed.timeout_s")
+        if self.train.micro_batch_tokens is not None and self.backend.name != "torch":
+            raise ValueError("train.micro_batch_tokens needs backend torch: DeepSpeed accumulates a fixed number of "
+                             "micro-batches per update (use train.micro_batch_size with it)")
+        if name != "sft":
+            self._sampling_fits_correction()
         return self
+
+    def _sampling_fits_correction(self) -> None:
+        """The learner scores samples with the full (tempered) softmax; top-p / top-k / min-p sampling draws from a
+        truncated one, so the engine's logprobs and the learner's differ by design and an importance-sampling
+        correction between them would be biased. Refuse the combination rather than train on it silently."""
+        s = self.rollout.sampling
+        truncated = (s.top_p is not None and s.top_p < 1.0) or (s.top_k is not None and s.top_k > 0)
+        if truncated and self.algorithm.correction.kind != "none":
+            raise ValueError(
+                f"rollout.sampling truncates the distribution (top_p={s.top_p}, top_k={s.top_k}) while "
+                f"algorithm.correction is {self.algorithm.correction.kind!r}: the learner's logprobs are of the full "
+                "distribution, so the correction would be biased. Sample with top_p: 1 and top_k: -1, or set "
+                "algorithm.correction: {kind: none}")
 
     @property
     def checkpoint_dir(self) -> Path:

@@ -34,7 +34,7 @@ def test_env_overrides_nested_sections(tmp_path, monkeypatch):
         ({"rollout": {"group_size": 1}}, "group_size >= 2"),
         ({"rollout": {"window": 2}, "train": {"groups_per_step": 4}}, "must be >= train.groups_per_step"),
         ({"train": {"freeze_actor_steps": 3}}, "only applies to algorithm.name=ppo"),
-        ({"algorithm": {"name": "grpo", "eps_low": 1.5}}, "eps_low"),
+        ({"algorithm": {"name": "grpo", "policy_loss": {"kind": "ppo", "eps_low": 1.5}}}, "eps_low"),
         ({"algorithm": {"name": "ppo", "kl": {"estimator": "k4"}}}, "estimator"),
         ({"backend": {"name": "deepspeed", "zero_stage": 1}}, "zero_stage"),
         ({"optim": {"actor_lr": 1e-5, "lr": 1}}, "unknown setting"),

@@ -6,11 +6,16 @@ the class that computes advantages. Defaults follow OpenRLHF / the papers unless
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+import warnings
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-LossAggregation = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
+from .loss_config import LossAggregation, PolicyLossSettings, PPOClipLoss
+from .offpolicy_config import CorrectionSettings, OverlongNone, OverlongSettings, TISCorrection
+
+__all__ = ["AlgorithmSettings", "GRPOSettings", "KLSettings", "LossAggregation", "PPOSettings", "RLOOSettings",
+           "ReinforcePPSettings", "SFTSettings"]
 
 
 class KLSettings(BaseModel):
@@ -31,19 +36,49 @@ class _RLAlgorithm(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     kl: KLSettings = Field(default_factory=KLSettings, description="KL penalty / loss to the reference policy.")
-    eps_low: float = Field(default=0.2, gt=0.0, lt=1.0, description="Lower clip range: ratio >= 1 - eps_low.")
-    eps_high: float = Field(default=0.2, gt=0.0, description="Upper clip range: ratio <= 1 + eps_high (clip-higher: 0.28).")
-    dual_clip: float | None = Field(default=None, gt=1.0, description="Dual-clip constant c > 1 for negative advantages.")
+    policy_loss: PolicyLossSettings = Field(
+        default_factory=PPOClipLoss, description="The policy loss, by kind: ppo (clipped, clip-higher, dual clip), "
+        "dr_grpo, gspo, cispo, dppo, or custom by import path.")
+    correction: CorrectionSettings = Field(
+        default_factory=lambda: TISCorrection(cap=2.0), description="Off-policy correction between the engine's and "
+        "the learner's log-probabilities, by kind: tis, mis, geo_seq, icepop, none.")
+    overlong: OverlongSettings = Field(
+        default_factory=OverlongNone, description="Samples cut by the length limit, by kind: none, mask (leave the "
+        "loss), soft_penalty (DAPO's length penalty added to the reward).")
     entropy_coef: float = Field(default=0.0, ge=0.0, description="Entropy bonus coefficient (loss -= coef * entropy).")
-    loss_agg: LossAggregation = Field(default="token-mean", description="How per-token losses are reduced.")
-    tis_cap: float | None = Field(
-        default=2.0, gt=0.0, description="Truncated IS cap C for min(exp(old_lp - engine_lp), C); null disables TIS."
-    )
+    loss_agg: LossAggregation = Field(default="token-mean", description="How per-token losses are reduced (a loss "
+                                                                       "defined with its own reduction overrides it).")
     normalize_rewards: bool = Field(default=False, description="Normalise scalar rewards by running mean / std.")
     reward_clip: float | None = Field(default=None, gt=0.0, description="Clip rewards to [-c, c] after normalisation.")
     normalize_advantages: bool = Field(default=False, description="Whiten advantages over the batch's action tokens.")
     gamma: float = Field(default=1.0, ge=0.0, le=1.0, description="Discount over response tokens.")
     ppo_epochs: int = Field(default=1, ge=1, le=64, description="Passes of updates over each batch.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_keys(cls, data: Any) -> Any:
+        """Keys of earlier releases keep working (with a FutureWarning naming the new place): ``eps_low``,
+        ``eps_high``, ``dual_clip`` -> ``policy_loss`` (kind ppo); ``tis_cap`` -> ``correction`` (kind tis,
+        or none for null)."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        clip = {k: data.pop(k) for k in ("eps_low", "eps_high", "dual_clip") if k in data}
+        if clip:
+            if "policy_loss" in data:
+                raise ValueError(f"{sorted(clip)} and policy_loss are both set: put them in policy_loss")
+            warnings.warn(f"algorithm.{', algorithm.'.join(sorted(clip))} moved: write policy_loss: "
+                          f"{{kind: ppo, {', '.join(f'{k}: {v}' for k, v in clip.items())}}}", FutureWarning,
+                          stacklevel=2)
+            data["policy_loss"] = {"kind": "ppo", **clip}
+        if "tis_cap" in data:
+            cap = data.pop("tis_cap")
+            if "correction" in data:
+                raise ValueError("tis_cap and correction are both set: put the cap in correction (kind: tis)")
+            new = {"kind": "none"} if cap is None else {"kind": "tis", "cap": cap}
+            warnings.warn(f"algorithm.tis_cap moved: write correction: {new}", FutureWarning, stacklevel=2)
+            data["correction"] = new
+        return data
 
 
 class PPOSettings(_RLAlgorithm):
@@ -63,6 +98,12 @@ class GRPOSettings(_RLAlgorithm):
     kl: KLSettings = Field(default_factory=lambda: KLSettings(coef=0.0, estimator="k3", placement="loss"))
     norm_std: bool = Field(default=True, description="Divide by the group std (false: Dr. GRPO, mean-centring only).")
     std_eps: float = Field(default=1e-6, gt=0.0, description="Added to the group std.")
+
+    @model_validator(mode="after")
+    def _dr_grpo(self) -> GRPOSettings:
+        if self.policy_loss.kind == "dr_grpo" and self.norm_std:
+            raise ValueError("policy_loss dr_grpo removes GRPO's std normalisation: set algorithm.norm_std: false")
+        return self
 
 
 class ReinforcePPSettings(_RLAlgorithm):

@@ -39,13 +39,17 @@ LOG_CLAMP = 20.0  # |log rho| beyond this is a numerical accident, not informati
 class Correction:
     weights: torch.Tensor  # [B, T] detached importance weights (1 where nothing to correct)
     keep: torch.Tensor  # [B, T] float, 1 for tokens that stay in the loss (already multiplied by mask)
+    capped: torch.Tensor | None = None  # [B, T] float, 1 where truncation lowered the weight
 
     def stats(self, mask: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Scalar tensors (no host sync): share of tokens rejected, mean weight of the kept ones."""
+        """Scalar tensors (no host sync): the share of action tokens rejected and capped, and the mean weight
+        of the kept ones."""
         m = mask.to(self.keep.dtype)
         n = m.sum().clamp(min=1.0)
         kept = self.keep.sum().clamp(min=1.0)
-        return {"rejected_frac": ((m - self.keep).clamp(min=0.0)).sum() / n,
+        capped = (self.capped * self.keep).sum() / kept if self.capped is not None else torch.zeros((), device=m.device)
+        return {"is_rejected_frac": ((m - self.keep).clamp(min=0.0)).sum() / n,
+                "is_capped_frac": capped,
                 "is_weight_mean": (self.weights * self.keep).sum() / kept}
 
 
@@ -62,7 +66,7 @@ def truncated_is(learner_lp: torch.Tensor, engine_lp: torch.Tensor, mask: torch.
     """Token-level TIS: ``w = min(rho, cap)``; nothing rejected."""
     m = mask.to(learner_lp.dtype)
     rho = _log_ratio(learner_lp, engine_lp, m).exp()
-    return Correction(weights=rho.clamp(max=cap) * m + (1 - m), keep=m)
+    return Correction(weights=rho.clamp(max=cap) * m + (1 - m), keep=m, capped=(rho > cap).to(m.dtype) * m)
 
 
 def masked_is(learner_lp: torch.Tensor, engine_lp: torch.Tensor, mask: torch.Tensor, low: float, high: float,
@@ -100,7 +104,7 @@ def geometric_sequence_is(learner_lp: torch.Tensor, engine_lp: torch.Tensor, mas
         inside &= geo <= high
     keep = m * inside.to(m.dtype).unsqueeze(-1)
     w = geo.clamp(max=cap).unsqueeze(-1)
-    return Correction(weights=w * keep + (1 - keep), keep=keep)
+    return Correction(weights=w * keep + (1 - keep), keep=keep, capped=(geo > cap).to(m.dtype).unsqueeze(-1) * keep)
 
 
 def icepop(learner_lp: torch.Tensor, engine_lp: torch.Tensor, mask: torch.Tensor, alpha: float,

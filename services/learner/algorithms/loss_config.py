@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .config import LossAggregation
+LossAggregation = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
 
 
 class _Loss(BaseModel):

@@ -64,6 +64,8 @@ class RLBatch(SequenceBatch):
     engine_logprobs: torch.Tensor  # [B, R] float: the sampler's logprobs of the response tokens
     scores: torch.Tensor  # [B] float: scalar rewards
     groups: torch.Tensor  # [B] long: group label
+    temperatures: torch.Tensor  # [B] float: the temperature each sample was sampled with (greedy: 1)
+    truncated: torch.Tensor  # [B] bool: cut by the length limit (finish reason "length")
 
 
 def _take(x, idx: torch.Tensor):
@@ -106,8 +108,12 @@ def build_sequences(prompts: Sequence[Sequence[int]], responses: Sequence[Sequen
     }
 
 
-def build_rl_batch(experiences: Sequence[Experience], pad_id: int) -> RLBatch:
-    """An RLBatch from experiences; samples of one ``group_id`` share a group label."""
+def build_rl_batch(experiences: Sequence[Experience], pad_id: int, temperature: float = 1.0) -> RLBatch:
+    """An RLBatch from experiences; samples of one ``group_id`` share a group label.
+
+    Each sample's logprobs are scored at the temperature it was sampled with (``Experience.sampling``; records
+    that do not say use ``temperature``); greedy samples (0) at 1, the untempered policy. Environment tokens
+    of a multi-turn trajectory (``action_mask`` 0) are context, not actions: they leave the action mask."""
     seq = build_sequences([e.prompt_token_ids for e in experiences], [e.response_token_ids for e in experiences],
                           pad_id)
     resp_len = seq["response_ids"].shape[1]
@@ -115,30 +121,38 @@ def build_rl_batch(experiences: Sequence[Experience], pad_id: int) -> RLBatch:
     for i, e in enumerate(experiences):
         lp = np.asarray(e.response_logprobs, dtype=np.float32)
         engine_lp[i, : len(lp)] = lp
+        if e.action_mask is not None:
+            seq["action_mask"][i, : len(lp)] *= torch.from_numpy(np.asarray(e.action_mask, dtype=np.float32))
     labels: dict[str, int] = {}
     groups = [labels.setdefault(e.group_id, len(labels)) for e in experiences]
+    temps = [(e.sampling.temperature if e.sampling is not None else temperature) or 1.0 for e in experiences]
     return RLBatch(
         **seq,
         engine_logprobs=torch.from_numpy(engine_lp),
         scores=torch.tensor([float(e.reward) for e in experiences], dtype=torch.float32),
         groups=torch.tensor(groups, dtype=torch.long),
+        temperatures=torch.tensor(temps, dtype=torch.float32),
+        truncated=torch.tensor([e.finish_reason == "length" for e in experiences], dtype=torch.bool),
     )
 
 
 def action_logprobs(
-    model: nn.Module, batch: SequenceBatch, temperature: float = 1.0, with_entropy: bool = False,
+    model: nn.Module, batch: SequenceBatch, temperature: float | torch.Tensor = 1.0, with_entropy: bool = False,
     entropy_grad: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probabilities ``[B, R]`` of the response tokens under ``model`` (and the entropy if asked).
 
-    Logits are divided by the sampling temperature so that the learner's probabilities match the
-    distribution the engine sampled from.
+    Logits are divided by the sampling temperature (one for the batch, or ``[B]``, one per sample) so that
+    the learner's probabilities match the distribution the engine sampled from.
     """
     logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
     vocab = logits.shape[-1]
     idx = batch.action_pos.unsqueeze(-1).expand(-1, -1, vocab)
     act_logits = logits.gather(1, idx).float()
-    if temperature != 1.0:
+    if isinstance(temperature, torch.Tensor):
+        if not bool((temperature == 1.0).all()):
+            act_logits = act_logits / temperature.to(act_logits.device, act_logits.dtype).view(-1, 1, 1)
+    elif temperature != 1.0:
         act_logits = act_logits / temperature
     logp = torch.log_softmax(act_logits, dim=-1).gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1)
     entropy = None

@@ -10,10 +10,13 @@ from pathlib import Path
 
 import torch
 
+from services.learner.algorithms.corrections import build_correction, mismatch_metrics
 from services.learner.algorithms.kl import kl_estimate
-from services.learner.algorithms.losses import aggregate, clipped_surrogate, truncated_is_weights, value_loss
+from services.learner.algorithms.length_shaping import keep_unless_truncated, soft_overlong_penalty
+from services.learner.algorithms.losses import aggregate, value_loss
 from services.learner.algorithms.masked import masked_mean
 from services.learner.algorithms.normalize import RunningMeanStd
+from services.learner.algorithms.policy_losses import PolicyLossInputs, build_policy_loss
 from services.learner.algorithms.registry import AdvantageInputs, build_algorithm
 from services.learner.distributed.collectives import all_sum, global_whiten
 from services.learner.settings import LearnerSettings
@@ -22,9 +25,13 @@ from shared.schemas import Experience
 from .backends import TrainEngine
 from .base import TrainerBase
 from .batch import RLBatch, SequenceBatch, action_logprobs, action_values, build_rl_batch
+from .micro_batches import by_count, by_token_budget
 from .models import load_critic, load_reference
 
 log = logging.getLogger(__name__)
+
+# each update all-reduces: tokens trained on, sequences trained on, action tokens, sequences (see train_step)
+_UPDATE_COUNTS = 4
 
 
 class RLTrainer(TrainerBase):
@@ -41,6 +48,9 @@ class RLTrainer(TrainerBase):
         temp = settings.rollout.sampling.temperature
         self.temperature = temp if temp else 1.0  # greedy sampling: logprobs of the untempered policy
         self.reward_stats = RunningMeanStd()
+        self.correction = build_correction(self.algo_settings.correction)
+        self.policy_loss = build_policy_loss(self.algo_settings.policy_loss)
+        self.loss_agg = self.algo_settings.policy_loss.aggregation or self.algo_settings.loss_agg
         self.reference = load_reference(settings.model, self.device) if self.algorithm.needs_reference else None
         self.critic: TrainEngine | None = None
         if self.algorithm.needs_critic:
@@ -67,12 +77,22 @@ class RLTrainer(TrainerBase):
             self.critic.load_state(in_dir / "critic_optim")
 
     # ---- the step -----------------------------------------------------------------------------------
-    def _no_grad_pass(self, fn: Callable[[SequenceBatch], torch.Tensor], batch: RLBatch) -> torch.Tensor:
+    def _micro_batches(self, rows: torch.Tensor, lengths: torch.Tensor) -> list[torch.Tensor]:
+        """``rows`` (batch positions) cut into forward/backward passes: by token budget when
+        ``train.micro_batch_tokens`` is set (rows of similar length together), else ``micro_batch_size`` at a
+        time. The loss is the same either way (its denominators are the mini-batch's)."""
+        train = self.settings.train
+        if train.micro_batch_tokens is None:
+            groups = by_count(len(rows), train.micro_batch_size)
+        else:
+            groups = by_token_budget(lengths[rows].tolist(), train.micro_batch_tokens, train.micro_batch_size)
+        return [rows[torch.tensor(g, dtype=torch.long, device=rows.device)] for g in groups]
+
+    def _no_grad_pass(self, fn: Callable[[SequenceBatch], torch.Tensor], batch: RLBatch,
+                      lengths: torch.Tensor) -> torch.Tensor:
         out = torch.zeros_like(batch.action_mask)
-        micro = self.settings.train.micro_batch_size
         with torch.no_grad():
-            for start in range(0, batch.size, micro):
-                idx = torch.arange(start, min(start + micro, batch.size), device=self.device)
+            for idx in self._micro_batches(torch.arange(batch.size, device=self.device), lengths):
                 mb = batch.select(idx)
                 out[idx, : mb.action_mask.shape[1]] = fn(mb).float()
         return out
@@ -109,7 +129,7 @@ class RLTrainer(TrainerBase):
         train_actor = self.global_step >= self.settings.train.freeze_actor_steps
         for _epoch in range(a.ppo_epochs):
             for _ in range(self._updates(total)):
-                all_sum(torch.zeros(2, dtype=torch.float64, device=self.device))
+                all_sum(torch.zeros(_UPDATE_COUNTS, dtype=torch.float64, device=self.device))
                 if train_actor:
                     self.actor.step()
                 if self.critic is not None:
@@ -130,28 +150,39 @@ class RLTrainer(TrainerBase):
         total = batch_samples if batch_samples is not None else len(experiences)
         if not experiences:
             return self._empty_step(total)
-        batch = build_rl_batch(experiences, self.pad_id).to(self.device)
-        mask = batch.action_mask
-        actor, temp = self.actor.model, self.temperature
+        batch = build_rl_batch(experiences, self.pad_id, self.temperature).to(self.device)
+        action_mask = batch.action_mask
+        lengths = batch.attention_mask.sum(-1)
+        actor = self.actor.model
 
         actor.eval()
-        old_lp = self._no_grad_pass(lambda mb: action_logprobs(actor, mb, temp)[0], batch)
+        old_lp = self._no_grad_pass(lambda mb: action_logprobs(actor, mb, mb.temperatures)[0], batch, lengths)
         ref_lp = None
         if self.reference is not None:
-            ref_lp = self._no_grad_pass(lambda mb: action_logprobs(self.reference, mb, temp)[0], batch)
+            ref_lp = self._no_grad_pass(lambda mb: action_logprobs(self.reference, mb, mb.temperatures)[0], batch,
+                                        lengths)
         values = None
         if self.critic is not None:
             self.critic.model.eval()
-            values = self._no_grad_pass(lambda mb: action_values(self.critic.model, mb), batch)
+            values = self._no_grad_pass(lambda mb: action_values(self.critic.model, mb), batch, lengths)
 
-        kl = kl_estimate(old_lp, ref_lp, a.kl.estimator, mask) if ref_lp is not None else torch.zeros_like(mask)
-        all_scores = batch.scores if batch_scores is None else torch.tensor(list(batch_scores), dtype=torch.float32)
-        scores = self._scores(batch.scores, all_scores)
+        kl = kl_estimate(old_lp, ref_lp, a.kl.estimator, action_mask) if ref_lp is not None else torch.zeros_like(action_mask)
+        raw = batch.scores
+        if a.overlong.kind == "soft_penalty":
+            o = a.overlong
+            raw = raw + o.coef * soft_overlong_penalty(action_mask.sum(-1), o.budget, o.buffer)
+        all_scores = raw if batch_scores is None else torch.tensor(list(batch_scores), dtype=torch.float32)
+        scores = self._scores(raw, all_scores)
         adv, returns = self.algorithm.advantages(
-            AdvantageInputs(scores=scores, groups=batch.groups, mask=mask, kl=kl, values=values, whiten=global_whiten)
+            AdvantageInputs(scores=scores, groups=batch.groups, mask=action_mask, kl=kl, values=values,
+                            whiten=global_whiten)
         )
-        tis = (truncated_is_weights(old_lp, batch.engine_logprobs, a.tis_cap) if a.tis_cap is not None
-               else torch.ones_like(mask))
+        mask = action_mask
+        if a.overlong.kind == "mask":
+            mask = mask * keep_unless_truncated(batch.truncated).unsqueeze(-1)
+        correction = self.correction(old_lp, batch.engine_logprobs, mask)
+        mask = correction.keep  # the tokens this step trains on
+        stats = {**mismatch_metrics(old_lp, batch.engine_logprobs, action_mask), **correction.stats(action_mask)}
 
         train_actor = self.global_step >= train.freeze_actor_steps
         acc = _Accumulator()
@@ -161,24 +192,23 @@ class RLTrainer(TrainerBase):
             self.critic.model.train()
         for _epoch in range(a.ppo_epochs):
             for m_idx in self._chunks(size, total):
-                local = torch.stack([mask[m_idx].sum().double(),
+                local = torch.stack([mask[m_idx].sum().double(), (mask[m_idx].sum(-1) > 0).sum().double(),
+                                     action_mask[m_idx].sum().double(),
                                      torch.tensor(float(len(m_idx)), dtype=torch.float64, device=mask.device)])
                 counts = all_sum(local)  # global token / sequence counts of this update
-                n_tok = counts[0].to(mask.dtype).clamp(min=1.0)
-                n_seq = float(counts[1])
-                for ms in range(0, len(m_idx), train.micro_batch_size):
-                    idx = m_idx[ms : ms + train.micro_batch_size]
+                n_tok, n_seq = counts[0].to(mask.dtype).clamp(min=1.0), float(counts[1])
+                v_tok, v_seq = counts[2].to(mask.dtype).clamp(min=1.0), float(counts[3])
+                for idx in self._micro_batches(m_idx, lengths):
                     mb = batch.select(idx)
                     cols = functools.partial(_rows_cols, idx=idx, width=mb.action_mask.shape[1])
-
                     if train_actor:
-                        self._actor_micro(mb, cols, old_lp, adv, tis, ref_lp, n_tok, n_seq, acc)
+                        self._actor_micro(mb, cols, old_lp, adv, correction.weights, mask, ref_lp, n_tok, n_seq, acc)
                     if self.critic is not None:
                         v = action_values(self.critic.model, mb)
                         vl = aggregate(value_loss(v, cols(values), cols(returns), a.value_clip), mb.action_mask,
-                                       a.loss_agg, n_tok, n_seq)
+                                       a.loss_agg, v_tok, v_seq)
                         self.critic.backward(vl)
-                        acc.add("value_loss", vl.item())
+                        acc.add("value_loss", vl)
                 if train_actor:
                     acc.add("actor_grad_norm", self.actor.step(), per_update=True)
                 if self.critic is not None:
@@ -192,14 +222,13 @@ class RLTrainer(TrainerBase):
             "reward_mean": float(batch.scores.mean()),
             "reward_std": float(batch.scores.std(unbiased=False)),
             "score_mean": float(scores.mean()),
-            "kl": float(masked_mean(kl, mask)) if ref_lp is not None else 0.0,
-            "advantage_mean": float(masked_mean(adv, mask)),
-            "advantage_std": float(masked_mean((adv - masked_mean(adv, mask)) ** 2, mask).sqrt()),
-            "return_mean": float(masked_mean(returns, mask)),
-            "tis_mean": float(masked_mean(tis, mask)),
-            "tis_capped_frac": float(masked_mean((tis >= (a.tis_cap or float("inf"))).float(), mask)),
-            "engine_logprob_gap": float(masked_mean((old_lp - batch.engine_logprobs).abs(), mask)),
-            "response_len_mean": float(mask.sum(-1).mean()),
+            "kl": float(masked_mean(kl, action_mask)) if ref_lp is not None else 0.0,
+            "advantage_mean": float(masked_mean(adv, action_mask)),
+            "advantage_std": float(masked_mean((adv - masked_mean(adv, action_mask)) ** 2, action_mask).sqrt()),
+            "return_mean": float(masked_mean(returns, action_mask)),
+            **{k: float(v) for k, v in stats.items()},
+            "truncated_frac": float(batch.truncated.float().mean()),
+            "response_len_mean": float(action_mask.sum(-1).mean()),
             "samples": float(size),
             "tokens": float(tokens),
             "tokens_per_s": tokens * a.ppo_epochs / max(elapsed, 1e-9),
@@ -210,29 +239,30 @@ class RLTrainer(TrainerBase):
         }
         if self.critic is not None:
             metrics["critic_lr"] = self.critic.lr()
-            metrics["value_mean"] = float(masked_mean(values, mask))
+            metrics["value_mean"] = float(masked_mean(values, action_mask))
         return metrics
 
-    def _actor_micro(self, mb: SequenceBatch, cols, old_lp, adv, tis, ref_lp, n_tok, n_seq, acc) -> None:
+    def _actor_micro(self, mb: SequenceBatch, cols, old_lp, adv, weights, mask, ref_lp, n_tok, n_seq, acc) -> None:
         a = self.algo_settings
-        logp, entropy = action_logprobs(self.actor.model, mb, self.temperature, with_entropy=True,
+        logp, entropy = action_logprobs(self.actor.model, mb, mb.temperatures, with_entropy=True,
                                         entropy_grad=a.entropy_coef > 0)
-        m = mb.action_mask
-        out = clipped_surrogate(logp, cols(old_lp), cols(adv), a.eps_low, a.eps_high, a.dual_clip)
-        pg_loss = aggregate(out.loss * cols(tis), m, a.loss_agg, n_tok, n_seq)
+        m = cols(mask)
+        out = self.policy_loss(PolicyLossInputs(logp=logp, old_logp=cols(old_lp), advantages=cols(adv), mask=m,
+                                                weights=cols(weights)))
+        pg_loss = aggregate(out.loss, m, self.loss_agg, n_tok, n_seq)
         loss = pg_loss
-        ent = aggregate(entropy, m, a.loss_agg, n_tok, n_seq)
+        ent = aggregate(entropy, m, self.loss_agg, n_tok, n_seq)
         if a.entropy_coef > 0:
             loss = loss - a.entropy_coef * ent
         if self.algorithm.kl_loss_coef > 0 and ref_lp is not None:
-            kl_loss = aggregate(kl_estimate(logp, cols(ref_lp), a.kl.estimator, m), m, a.loss_agg, n_tok, n_seq)
+            kl_loss = aggregate(kl_estimate(logp, cols(ref_lp), a.kl.estimator, m), m, self.loss_agg, n_tok, n_seq)
             loss = loss + self.algorithm.kl_loss_coef * kl_loss
-            acc.add("kl_loss", kl_loss.item())
+            acc.add("kl_loss", kl_loss)
         self.actor.backward(loss)
-        acc.add("policy_loss", pg_loss.item())
-        acc.add("entropy", ent.item())
-        acc.count("clip_frac", float((out.clipped * m).sum()), float(m.sum()))
-        acc.count("ratio_mean", float((out.ratio.detach() * m).sum()), float(m.sum()))
+        acc.add("policy_loss", pg_loss)
+        acc.add("entropy", ent)
+        acc.count("clip_frac", (out.clipped * m).sum(), m.sum())
+        acc.count("ratio_mean", (out.ratio * m).sum(), m.sum())
 
 
 def _rows_cols(t: torch.Tensor, idx: torch.Tensor, width: int) -> torch.Tensor:
@@ -241,25 +271,28 @@ def _rows_cols(t: torch.Tensor, idx: torch.Tensor, width: int) -> torch.Tensor:
 
 
 class _Accumulator:
-    """Sums of per-micro-batch contributions (already normalised by mini-batch totals) per update."""
+    """Sums of per-micro-batch contributions (already normalised by mini-batch totals) per update. Values
+    may be tensors: they are summed on the device and read once, at the end of the step (a ``.item()`` per
+    micro-batch would be a GPU sync each)."""
 
     def __init__(self) -> None:
-        self.sums: dict[str, float] = {}
+        self.sums: dict[str, torch.Tensor | float] = {}
         self.updates: dict[str, int] = {}
-        self.ratios: dict[str, list[float]] = {}
-        self.n_updates = 0
+        self.ratios: dict[str, list] = {}
 
-    def add(self, name: str, value: float, per_update: bool = False) -> None:
+    def add(self, name: str, value: torch.Tensor | float, per_update: bool = False) -> None:
+        value = value.detach() if isinstance(value, torch.Tensor) else value
         self.sums[name] = self.sums.get(name, 0.0) + value
         if per_update:
             self.updates[name] = self.updates.get(name, 0) + 1
 
-    def count(self, name: str, num: float, den: float) -> None:
+    def count(self, name: str, num: torch.Tensor | float, den: torch.Tensor | float) -> None:
         n, d = self.ratios.get(name, [0.0, 0.0])
+        num = num.detach() if isinstance(num, torch.Tensor) else num
         self.ratios[name] = [n + num, d + den]
 
     def means(self) -> dict[str, float]:
         n_updates = max(self.updates.values(), default=1)
-        out = {k: v / (self.updates.get(k) or n_updates) for k, v in self.sums.items()}
-        out.update({k: n / max(d, 1.0) for k, (n, d) in self.ratios.items()})
+        out = {k: float(v) / (self.updates.get(k) or n_updates) for k, v in self.sums.items()}
+        out.update({k: float(n) / max(float(d), 1.0) for k, (n, d) in self.ratios.items()})
         return out

@@ -36,13 +36,16 @@ def test_tis_truncates_each_token_and_rejects_nothing():
     c = truncated_is(LEARNER, ENGINE, MASK, cap=2.0)
     close(c.weights, [[1.0, 2.0, 0.25, 1.0]])
     close(c.keep, [[1.0, 1.0, 1.0, 0.0]])
+    stats = c.stats(MASK)
+    assert float(stats["is_capped_frac"]) == pytest.approx(1 / 3) and float(stats["is_rejected_frac"]) == 0
+    assert float(stats["is_weight_mean"]) == pytest.approx((1 + 2 + 0.25) / 3)
 
 
 def test_masked_is_token_level_rejects_tokens_outside_the_band():
     c = masked_is(LEARNER, ENGINE, MASK, low=0.5, high=2.0, level="token")
     close(c.keep, [[1.0, 0.0, 0.0, 0.0]])
     assert c.weights[0, 0] == pytest.approx(1.0)
-    assert float(c.stats(MASK)["rejected_frac"]) == pytest.approx(2 / 3)
+    assert float(c.stats(MASK)["is_rejected_frac"]) == pytest.approx(2 / 3)
 
 
 def test_masked_is_sequence_level_uses_the_product_ratio():

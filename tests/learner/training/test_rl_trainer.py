@@ -39,12 +39,13 @@ def test_rewarded_response_becomes_more_likely(name, tiny_model_dir, tmp_path):
 def test_metrics_clip_fraction_and_tis(tiny_model_dir, tmp_path):
     # Several epochs with a large LR push ratios out of the clip range; stale engine logprobs (-5.5 vs the
     # model's ~-5.57) keep TIS weights near 1 and below the cap.
-    s = settings(tiny_model_dir, tmp_path, algorithm={"name": "grpo", "ppo_epochs": 4, "tis_cap": 1.5},
+    s = settings(tiny_model_dir, tmp_path, algorithm={"name": "grpo", "ppo_epochs": 4, "correction": {"kind": "tis", "cap": 1.5}},
                  optim={"actor_lr": 5e-3}, train={"mini_batch_size": 4})
     trainer = RLTrainer(s, total_steps=2)
     m = trainer.train_step(good_bad_batch(0))
     assert 0.0 < m["clip_frac"] <= 1.0
-    assert 0.0 < m["tis_mean"] <= 1.5
+    assert 0.0 < m["is_weight_mean"] <= 1.5 and 0.0 <= m["is_capped_frac"] <= 1.0
+    assert m["mismatch_abs_mean"] > 0 and m["mismatch_k3"] >= 0 and m["is_rejected_frac"] == 0
     assert m["entropy"] > 0
 
 
