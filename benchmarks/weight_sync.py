@@ -202,11 +202,10 @@ async def driver(args) -> None:
     import redis.asyncio as aioredis
     import torch
 
-    from deploy.local.ports import free_port
     from deploy.local.redis_server import EmbeddedRedis
     from services.learner.weights import WeightPublisher
     from services.learner.weights import packing as T
-    from shared.weight_sync import WeightSyncSettings
+    from shared.weight_sync import WeightSyncSettings, net
     from shared.weight_sync.group import CollectiveGroup
     from shared.weight_sync.registry import ReplicaRegistry
     from shared.weight_sync.tensors import dtype_name
@@ -244,12 +243,15 @@ async def driver(args) -> None:
         assert sorted(pub.last_report.loaded) == sorted(i.replica_id for i in await reg.alive()), pub.last_report
 
         # the raw group of (2) and (3), formed untimed
-        port, group = free_port(), "bench-raw"
+        # bound before the receivers hear of it, as a publish does (a member that finds nothing listening
+        # gives up at once: the round's publisher is gone)
+        listener = net.listen("127.0.0.1")
+        port, group = listener.getsockname()[1], "bench-raw"
         for i in range(2):
             await r.rpush(f"{BENCH}:ctl:{i}", json.dumps({"op": "raw-open", "port": port, "group": group,
                                                           "nbytes": total}))
         g = await asyncio.to_thread(CollectiveGroup.open, backend="gloo", master_addr="127.0.0.1",
-                                    master_port=port, rank=0, world_size=3, group_name=group,
+                                    master_port=port, listener=listener, rank=0, world_size=3, group_name=group,
                                     init_timeout_s=60, collective_timeout_s=600, gloo_addr="127.0.0.1")
         flat = torch.zeros(total, dtype=torch.uint8)
         flat.copy_(torch.cat([p.detach().reshape(-1).view(torch.uint8) for _, p in named]))
