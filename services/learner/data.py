@@ -70,6 +70,20 @@ def read_rows(path: str | Path, split: str = "train") -> list[dict]:
     return readers[p.suffix](p)
 
 
+def check_fields(rows: list[dict], settings: DataSettings, need_output: bool = False) -> None:
+    """Every row has the fields the settings name: ``input_key``, and ``output_key`` (SFT) or ``label_key`` (RL,
+    unless it is null): a key naming no field is an error at start, not a run of ``null`` labels."""
+    keys = {"input_key": settings.input_key}
+    keys.update({"output_key": settings.output_key} if need_output else
+                {"label_key": settings.label_key} if settings.label_key else {})
+    for n, row in enumerate(rows):
+        for setting, key in keys.items():
+            if key not in row:
+                hint = " (or label_key: null for a reward that needs no label)" if setting == "label_key" else ""
+                raise DataError(f"data.{setting} {key!r} names no field of row {n} of {settings.path} (fields: "
+                                f"{sorted(row)}): set data.{setting} to one of them{hint}")
+
+
 def item_id(epoch: int, index: int, attempt: int = 0) -> str:
     """PromptTask id of dataset position (epoch, index); re-issues get an attempt suffix."""
     return f"e{epoch}-{index}" if attempt == 0 else f"e{epoch}-{index}-r{attempt}"
@@ -104,12 +118,7 @@ class PromptSet:
             rows = rows[: settings.max_samples]
         if not rows:
             raise DataError(f"data.path {settings.path} holds no rows")
-        keys = [settings.input_key] + ([settings.output_key] if need_output else [])
-        for n, row in enumerate(rows):
-            for key in keys:
-                if key not in row:
-                    raise DataError(f"row {n} of {settings.path} has no {key!r} field (fields: {sorted(row)}); "
-                                    f"set data.input_key / data.output_key")
+        check_fields(rows, settings, need_output)
         if settings.apply_chat_template and tokenizer is None:
             raise DataError("data.apply_chat_template needs the tokenizer")
         return cls(settings, rows, seed, tokenizer)

@@ -41,8 +41,21 @@ def test_bad_inputs_name_the_problem(tmp_path):
         (tmp_path / "x.csv").write_text("a,b\n")
         read_rows(tmp_path / "x.csv")
     path = write_jsonl(tmp_path / "p.jsonl", ROWS)
-    with pytest.raises(DataError, match="no 'prompt' field"):
-        PromptSet.load(DataSettings(path=str(path), input_key="prompt"), seed=0)
+    with pytest.raises(DataError, match="data.input_key 'prompt' names no field"):
+        PromptSet.load(DataSettings(path=str(path), input_key="prompt", label_key="answer"), seed=0)
+
+
+def test_a_label_key_naming_no_field_is_an_error_at_start(tmp_path):
+    """Not a run whose every label is null: the reward would score every sample against nothing."""
+    path = write_jsonl(tmp_path / "p.jsonl", ROWS)
+    with pytest.raises(DataError, match=r"data.label_key 'label' names no field of row 0 .*'answer'"):
+        PromptSet.load(DataSettings(path=str(path), input_key="question"), seed=0)
+    assert PromptSet.load(DataSettings(path=str(path), input_key="question", label_key=None), seed=0).label(ROWS[0]) is None
+    sft = PromptSet.load(DataSettings(path=str(path), input_key="question", output_key="answer"), seed=0,
+                         need_output=True)  # SFT reads the answer, not the label
+    assert len(sft) == 5
+    with pytest.raises(DataError, match="data.output_key 'output' names no field"):
+        PromptSet.load(DataSettings(path=str(path), input_key="question"), seed=0, need_output=True)
 
 
 def test_positions_are_stable_permutations(tmp_path):
@@ -51,7 +64,8 @@ def test_positions_are_stable_permutations(tmp_path):
     again = PromptSet.load(DataSettings(path=str(path), input_key="question", label_key="answer"), seed=3)
     assert sorted(ps.order(0).tolist()) == list(range(5))
     assert ps.order(0).tolist() == again.order(0).tolist() and ps.order(0).tolist() != ps.order(1).tolist()
-    unshuffled = PromptSet.load(DataSettings(path=str(path), input_key="question", shuffle=False), seed=3)
+    unshuffled = PromptSet.load(DataSettings(path=str(path), input_key="question", label_key="answer", shuffle=False),
+                                seed=3)
     assert unshuffled.order(4).tolist() == [0, 1, 2, 3, 4]
 
 
@@ -72,10 +86,11 @@ def test_task_fields_template_and_ids(tmp_path):
 def test_chat_template_and_chat_messages(tmp_path):
     tok = build_tokenizer()
     path = write_jsonl(tmp_path / "p.jsonl", [{"input": "hi"}, {"input": [{"role": "user", "content": "yo"}]}])
-    templ = PromptSet.load(DataSettings(path=str(path), apply_chat_template=True, shuffle=False), 0, tok)
+    templ = PromptSet.load(DataSettings(path=str(path), label_key=None, apply_chat_template=True, shuffle=False), 0,
+                           tok)
     assert templ.render_prompt(templ.rows[0]) == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
     assert templ.render_prompt(templ.rows[1]) == "<|im_start|>user\nyo<|im_end|>\n<|im_start|>assistant\n"
-    plain = PromptSet.load(DataSettings(path=str(path), shuffle=False), 0, tok)
+    plain = PromptSet.load(DataSettings(path=str(path), label_key=None, shuffle=False), 0, tok)
     assert plain.render_prompt(plain.rows[1]) == [ChatMessage(role="user", content="yo")]
 
 
