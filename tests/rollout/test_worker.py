@@ -14,7 +14,7 @@ import yaml
 from deploy.local.ports import free_port
 from shared import keys
 from shared.experience_queue import StreamQueue
-from shared.schemas import Experience, PromptTask, SamplingOverrides, sample_id
+from shared.schemas import Experience, PromptTask, SamplingOverrides, SamplingRecord, sample_id
 from tests.procs import kill9, spawn, stop, wait_http_ok
 from tests.rollout.conftest import THREAD_ENV, start_rollout
 
@@ -100,6 +100,10 @@ async def test_prompts_become_acked_experiences(redis_server, redis_client, tiny
                 assert e.reward == (1.0 if "a" in e.response_text else 0.0)  # the real reward service's rule
                 assert e.reward_components == {"has_a": e.reward}
                 assert e.label == t.label and e.metadata == t.metadata
+                # the sampling contract: how it was sampled, and by which version
+                assert e.sampling == SamplingRecord(temperature=1.0, top_p=1.0, top_k=-1, min_p=0.0,
+                                                    max_tokens=t.sampling.max_new_tokens or 6)
+                assert e.version_spans == [(0, 0)]
         assert by_id["ids#0"].prompt_token_ids == [72, 105] and len(by_id["ids#0"].response_token_ids) <= 4
         assert by_id["chat#0"].prompt_token_ids[0] == 3  # <|im_start|> from the chat template
 

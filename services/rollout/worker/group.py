@@ -7,7 +7,7 @@ import time
 from services.rollout.engines.types import SamplingParams, SequenceOutput
 from services.rollout.settings import WorkerSampling
 from shared.reward_api import ScoreResponse
-from shared.schemas import Experience, PromptTask, sample_id
+from shared.schemas import Experience, PromptTask, SamplingRecord, sample_id
 
 
 def task_sampling(defaults: WorkerSampling, task: PromptTask) -> SamplingParams:
@@ -16,14 +16,22 @@ def task_sampling(defaults: WorkerSampling, task: PromptTask) -> SamplingParams:
     pick = lambda name: getattr(o, name) if getattr(o, name) is not None else getattr(defaults, name)
     return SamplingParams(
         max_new_tokens=pick("max_new_tokens"), temperature=pick("temperature"), top_p=pick("top_p"),
-        top_k=pick("top_k"), stop=tuple(pick("stop")), stop_token_ids=tuple(pick("stop_token_ids")),
-        ignore_eos=pick("ignore_eos"),
+        top_k=pick("top_k"), min_p=defaults.min_p, stop=tuple(pick("stop")),
+        stop_token_ids=tuple(pick("stop_token_ids")), ignore_eos=pick("ignore_eos"),
     )
 
 
+def sampling_record(params: SamplingParams) -> SamplingRecord:
+    """What the learner needs to know of how a sample was drawn (the sampling contract of every experience)."""
+    return SamplingRecord(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
+                          min_p=params.min_p, max_tokens=params.max_new_tokens)
+
+
 def experiences(task: PromptTask, prompt_ids: list[int], prompt_text: str, outs: list[SequenceOutput],
-                scores: ScoreResponse) -> list[Experience]:
+                scores: ScoreResponse, params: SamplingParams) -> list[Experience]:
+    """One experience per sample of a single-turn group: every response token is the model's, from one version."""
     now = time.time()
+    record = sampling_record(params)
     group = []
     for i, (out, score, comps) in enumerate(zip(outs, scores.scores, scores.components)):
         assert score is not None and out.finish is not None
@@ -34,5 +42,6 @@ def experiences(task: PromptTask, prompt_ids: list[int], prompt_text: str, outs:
             reward_components={k: float(v) for k, v in comps.items() if v is not None},
             weight_version=out.weight_version, prompt_text=prompt_text, response_text=out.text, label=task.label,
             metadata=task.metadata, created_at=task.created_at, generated_at=now,
+            version_spans=[(0, out.weight_version)], sampling=record,
         ))
     return group

@@ -207,7 +207,7 @@ class RolloutWorker:
         scores = await self.rewards.score(items)
         if any(s is None for s in scores.scores):
             raise GroupFailed(f"the reward service could not score every sample: {scores.errors}")
-        return experiences(task, ids, prompt_text, outs, scores)
+        return experiences(task, ids, prompt_text, outs, scores, params)
 
     async def _generate(self, task: PromptTask, ids: list[int], params) -> list[SequenceOutput]:
         aborted_attempts = 0
