@@ -123,6 +123,28 @@ def queue_stats(
     _print_from_redis(redis_url, collect)
 
 
+@queue_app.command("clear")
+def queue_clear(
+    run_name: Annotated[str, typer.Option(help="Run namespace whose keys to delete.")],
+    redis_url: Annotated[str, typer.Option(envvar="REDIS_URL", help="Redis URL of the run.")],
+    yes: Annotated[bool, typer.Option("--yes", help="Do not ask for confirmation.")] = False,
+) -> None:
+    """Delete every Redis key of a run (prompts, experiences, dead letters, processed ids, weight sync), so a
+    learner can start that run name afresh. Its checkpoints are not touched."""
+    from redis.exceptions import RedisError
+
+    from services.learner.run_guard import clear_run
+
+    if not yes and not typer.confirm(f"delete every key of run {run_name!r} at {redis_url}?"):
+        raise typer.Exit(1)
+    try:
+        n = clear_run(redis_url, run_name)
+    except (OSError, RedisError) as exc:
+        typer.echo(f"error: cannot clear run {run_name!r} at {redis_url}: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    typer.echo(f"deleted {n} keys of run {run_name!r}")
+
+
 @weights_app.command("status")
 def weights_status(
     redis_url: str = typer.Option(..., envvar="REDIS_URL", help="Redis URL of the run."),

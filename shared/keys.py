@@ -7,6 +7,11 @@ def _prefix(run: str) -> str:
     return f"fleetrl:{run}"
 
 
+def run_pattern(run: str) -> str:
+    """A SCAN pattern matching every key of ``run`` (what clearing a run deletes)."""
+    return f"{_prefix(run)}:*"
+
+
 def prompts_stream(run: str) -> str:
     """Stream of PromptTask records: produced by the learner, consumed by rollout workers (group "rollout")."""
     return f"{_prefix(run)}:prompts"

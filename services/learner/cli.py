@@ -63,6 +63,7 @@ def main(
     from services.learner.app import create_app
 
     settings, embedded = _embedded_redis_if_needed(settings)
+    _refuse_a_used_run_name(settings, embedded)
     server: uvicorn.Server | None = None
     exit_code = {"code": 0}
 
@@ -80,6 +81,28 @@ def main(
         if embedded is not None:
             embedded.stop()
     raise typer.Exit(exit_code["code"])
+
+
+def _refuse_a_used_run_name(settings: LearnerSettings, embedded: EmbeddedRedis | None) -> None:
+    """A fresh learner on a run name whose processed sample ids are still in Redis would train nothing: say so
+    and exit 2 (services/learner/run_guard.py)."""
+    from redis.exceptions import RedisError
+
+    from services.learner.run_guard import stale_run_problem
+    from services.learner.service import RUNNERS
+
+    if not RUNNERS[settings.algorithm.name].needs_redis or not settings.redis_url:
+        return
+    try:
+        problem = stale_run_problem(settings.redis_url, settings.run_name, settings.checkpoint_dir,
+                                    settings.checkpoint.resume)
+    except (RedisError, OSError) as exc:
+        problem = f"cannot read Redis at {settings.redis_url} (redis_url): {exc}"
+    if problem is not None:
+        if embedded is not None:
+            embedded.stop()
+        typer.echo(f"error: {problem}", err=True)
+        raise typer.Exit(2)
 
 
 def _embedded_redis_if_needed(settings: LearnerSettings) -> tuple[LearnerSettings, EmbeddedRedis | None]:
