@@ -26,7 +26,10 @@ class LearnerStatus(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    phase: str = Field(description="starting, running, waiting_for_redis, stopping, stopped, finished, failed.")
+    phase: str = Field(description="starting, running, waiting_for_redis, waiting_for_rollout, stopping, stopped, "
+                                   "finished, failed.")
+    waiting: str | None = Field(default=None, description="What the run waits for (phase waiting_for_rollout: "
+                                                          "prompts that no rollout worker takes), in plain words.")
     run_name: str | None = Field(default=None, description="The run's name (its Redis namespace).")
     error: str | None = Field(default=None, description="Why the run failed, if it did.")
     algorithm: str | None = Field(default=None, description="ppo, grpo, reinforce_pp, rloo or sft.")

@@ -16,6 +16,7 @@ from shared.service_kit.errors import ServiceError
 
 from .observability import MetricsSink
 from .rl_runner import RLRunner
+from .rollout_watch import RolloutWatch
 from .settings import LearnerSettings
 from .sft_runner import SFTRunner
 
@@ -43,6 +44,8 @@ class LearnerService:
         self.redis = None
         self._stop = asyncio.Event()
         self._task: asyncio.Task | None = None
+        self.rollout_watch: RolloutWatch | None = None
+        self._watch_task: asyncio.Task | None = None
         self.exit_code: int | None = None
 
     async def start(self) -> None:
@@ -57,6 +60,20 @@ class LearnerService:
             self.redis = aioredis.from_url(self.settings.redis_url, socket_timeout=timeout, socket_connect_timeout=5)
         self.runner = runner_cls(self.settings, self.redis, self.sink)
         self._task = asyncio.create_task(self._run(), name="learner-run")
+        if self.redis is not None:
+            self.rollout_watch = RolloutWatch(self.redis, self.settings.run_name, self.settings.rollout.stall_warn_s)
+            self._watch_task = asyncio.create_task(self._watch_rollout(), name="learner-rollout-watch")
+
+    async def _watch_rollout(self) -> None:
+        """Poll the rollout watch while the run is running (its problem shows in /status and the log)."""
+        period = min(2.0, self.settings.rollout.stall_warn_s / 4)
+        while not self._stop.is_set() and (self._task is None or not self._task.done()):
+            if self.runner is not None and self.runner.phase == "running":
+                try:
+                    await self.rollout_watch.poll()
+                except (RedisError, OSError) as exc:  # the runner itself waits out Redis outages and says so
+                    log.debug("rollout watch: %s", exc)
+            await asyncio.sleep(period)
 
     async def _run(self) -> None:
         code = 0
@@ -79,6 +96,9 @@ class LearnerService:
     async def stop(self, timeout: float = 300.0) -> None:
         """Stop at the next step boundary (checkpointing), then release Redis."""
         self._stop.set()
+        if self._watch_task is not None:
+            self._watch_task.cancel()
+            await asyncio.gather(self._watch_task, return_exceptions=True)
         if self._task is not None and not self._task.done():
             done, _ = await asyncio.wait({self._task}, timeout=timeout)
             if not done:
@@ -92,7 +112,11 @@ class LearnerService:
     def status(self) -> dict[str, Any]:
         if self.runner is None:
             return {"phase": "starting"}
-        return {"run_name": self.settings.run_name, **self.runner.status()}
+        status = {"run_name": self.settings.run_name, **self.runner.status()}
+        waiting = self.rollout_watch.problem if self.rollout_watch is not None else None
+        if waiting is not None and status["phase"] == "running":
+            status.update(phase="waiting_for_rollout", waiting=waiting)
+        return status
 
     async def health(self) -> tuple[bool, dict[str, Any]]:
         phase = self.runner.phase if self.runner else "starting"

@@ -133,6 +133,10 @@ class RolloutRequestSettings(_Section):
     prompt_timeout_s: float = Field(
         default=900.0, gt=0.0, description="Re-issue a prompt whose group is not complete after this long."
     )
+    stall_warn_s: float = Field(
+        default=60.0, gt=0.0, description="Say so (a log warning; /status phase waiting_for_rollout, with why) when "
+        "prompts wait and no rollout worker has taken one for this long.",
+    )
     dead_letter_retries: int = Field(
         default=2, ge=0, description="Re-issues of a prompt whose task or experiences were dead-lettered before "
         "its dataset position is given up (logged with the reason, counted as prompts_abandoned).",
