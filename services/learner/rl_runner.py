@@ -35,10 +35,15 @@ their prompt is re-issued at once, and after ``rollout.dead_letter_retries`` of 
 is given up with the reason (``prompts_abandoned``) — the owner never waits on work that only sits in a
 dead-letter stream.
 
-**Staleness.** A complete group whose oldest sample has ``weight_version < current - max_staleness`` is
-dropped (counted) and its prompt re-issued under a new attempt id (``e{epoch}-{index}-r{n}``), so no
-prompt is lost. Dedupe is by sample id (ProcessedIds for committed ones, memory for held ones) and by
-dataset position (a position already trained takes no more groups).
+**Staleness.** A complete group holding a token older than ``current - max_staleness`` (a sample's
+``weight_version`` is its oldest token's, partial rollouts included) is dropped (counted) and its prompt
+re-issued under a new attempt id (``e{epoch}-{index}-r{n}``), so no prompt is lost. Dedupe is by sample id
+(ProcessedIds for committed ones, the :class:`GroupBuffer` for held ones) and by dataset position (a
+position already trained takes no more groups).
+
+**Dynamic sampling** (``algorithm.dynamic_sampling``, DAPO): a complete group whose rewards are all equal is
+dropped and its dataset position finished untrained, so the window feeds a fresh prompt in its place; at most
+``max_refills_per_step`` per step, after which such groups are trained (counted).
 """
 
 from __future__ import annotations
@@ -48,7 +53,6 @@ import contextlib
 import logging
 import math
 import time
-from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +65,7 @@ from shared.schemas import Experience, PromptTask
 from .checkpoint import CheckpointManager
 from .data import PromptSet, parse_item_id
 from .distributed.env import RankInfo
+from .group_buffer import Filed, GroupBuffer, position_of
 from .observability import MetricsSink
 from .queue_watch import REDIS_DOWN, DeadLetter, DeadLetterWatch, prompts_lost_by_redis
 from .run_state import InFlight, RunState
@@ -100,9 +105,8 @@ class RLRunner:
         self.total_steps = 0
         self.last_metrics: dict[str, Any] = {}
         self.last_checkpoint: str | None = None
-        self._buffer: dict[str, dict[int, tuple[str, Experience]]] = {}  # group id -> index -> (entry, exp)
-        self._complete: deque[str] = deque()  # complete group ids, oldest first
-        self._held_samples: set[str] = set()  # sample ids buffered or trained since the last commit
+        self.buffer = GroupBuffer()
+        self._refills = 0  # groups dropped by dynamic sampling since the last training step
         # stream entry ids we hold (buffered or awaiting the commit), renewed so they never go idle
         self.lease = Lease(self.experiences, settings.queue.consumer, on_lost=self._lease_lost)
         self.dead_letters: DeadLetterWatch | None = None
@@ -291,7 +295,7 @@ class RLRunner:
             return
         key, attempt = parsed
         item = self.state.in_flight.get(key)
-        if item is None or item.attempt != attempt or dl.group_id in self._complete:
+        if item is None or item.attempt != attempt or self.buffer.is_complete(dl.group_id):
             return  # trained, re-issued already, or complete without the dead-lettered copy
         item.dead_letters += 1
         if item.dead_letters > self.s.rollout.dead_letter_retries:
@@ -299,9 +303,7 @@ class RLRunner:
             log.error("giving up dataset position %s: %s", key, reason)
             del self.state.in_flight[key]
             self.state.abandoned[key] = reason
-            for gid in [g for g in self._buffer if parse_item_id(g)[0] == key]:
-                if gid in self._complete:
-                    self._complete.remove(gid)
+            for gid in self.buffer.groups_of(key):
                 self._drop_group(gid)
             self.state.bump("prompts_abandoned")
             self.sink.count("prompts_abandoned")
@@ -360,7 +362,7 @@ class RLRunner:
 
     async def _reissue_timeouts(self) -> None:
         limit = time.time() - self.s.rollout.prompt_timeout_s
-        completed = {parse_item_id(g)[0] for g in self._complete}
+        completed = {position_of(g) for g in self.buffer.complete}
         for key, item in list(self.state.in_flight.items()):
             if item.issued_at < limit and key not in completed:
                 log.warning("prompt %s (attempt %d) timed out; re-issuing", key, item.attempt)
@@ -392,17 +394,10 @@ class RLRunner:
                 self.sink.count("experiences_rejected")
                 st.commit_entry_ids.append(d.id)  # its prompt is re-issued when the group times out
                 continue
-            parsed = parse_item_id(e.group_id)
-            if e.id not in new or e.id in self._held_samples or parsed is None or parsed[0] not in st.in_flight:
+            if e.id not in new or self.buffer.file(d.id, e, st.in_flight) is Filed.DUPLICATE:
                 st.bump("experiences_deduplicated")
                 self.sink.count("experiences_deduplicated")
                 st.commit_entry_ids.append(d.id)
-                continue
-            group = self._buffer.setdefault(e.group_id, {})
-            group[e.index] = (d.id, e)
-            self._held_samples.add(e.id)
-            if len(group) == e.group_size:
-                self._complete.append(e.group_id)
 
     def _invalid(self, e: Experience) -> str | None:
         vocab, max_len = self._limits
@@ -418,20 +413,16 @@ class RLRunner:
         return None
 
     def _drop_group(self, gid: str) -> list[Experience]:
-        group = self._buffer.pop(gid, {})
-        for entry, e in group.values():
-            self.state.commit_entry_ids.append(entry)
-            self._held_samples.discard(e.id)
-        return [e for _, e in group.values()]
+        held = self.buffer.drop(gid)
+        self.state.commit_entry_ids += [h.entry for h in held]
+        return [h.exp for h in held]
 
     async def _take_batch(self) -> list[str]:
-        """Pop up to groups_per_step fresh complete groups (dropping stale ones), or [] if not ready."""
+        """Up to groups_per_step fresh complete groups (dropping stale ones, and with dynamic sampling those
+        without signal), or [] if not ready."""
         limit = self.state.weight_version - self.s.rollout.max_staleness
-        for gid in list(self._complete):
-            oldest = min(e.weight_version for _, e in self._buffer[gid].values())
-            if oldest >= limit:
-                continue
-            self._complete.remove(gid)
+        for gid in self.buffer.stale(limit):
+            oldest = self.buffer.oldest_version(gid)
             dropped = self._drop_group(gid)
             self.state.bump("experiences_dropped_stale", len(dropped))
             self.sink.count("experiences_dropped_stale", len(dropped))
@@ -439,25 +430,28 @@ class RLRunner:
             log.info("dropped stale group %s (version %d < %d); re-issuing", gid, oldest, limit)
             if self.state.in_flight[key].attempt == attempt:  # not re-issued already
                 await self._reissue(key)
-        want = self.s.train.groups_per_step
-        # at most one group per dataset position (a re-issued prompt can complete twice: the late first attempt
-        # and the re-issue); the others stay complete and are superseded once the chosen one is trained
-        batch: list[str] = []
-        positions: set[str] = set()
-        for gid in self._complete:
-            key = parse_item_id(gid)[0]
-            if key not in positions and len(batch) < want:
-                batch.append(gid)
-                positions.add(key)
-        ready = len(batch) >= want
-        if not ready and batch and self._exhausted():
-            # the last, smaller batch: every prompt still in flight has a complete group
-            ready = positions >= set(self.state.in_flight)
-        if not ready:
-            return []
-        for gid in batch:
-            self._complete.remove(gid)
-        return batch
+        if self.s.algorithm.dynamic_sampling.enabled:
+            self._filter_without_signal()
+        return self.buffer.take(self.s.train.groups_per_step, self.state.in_flight, self._exhausted())
+
+    def _filter_without_signal(self) -> None:
+        """Dynamic sampling: finish the positions of zero-variance groups untrained (the window then feeds fresh
+        prompts), up to the step's refill cap; past the cap they stay and are trained."""
+        cap = self.s.algorithm.dynamic_sampling.max_refills_per_step
+        st = self.state
+        for gid in self.buffer.without_signal():
+            if self._refills >= cap:
+                st.bump("dynamic_sampling_cap_reached")
+                self.sink.count("dynamic_sampling_cap_reached")
+                return
+            key = position_of(gid)
+            self._drop_group(gid)
+            for other in self.buffer.groups_of(key):  # other attempts of a finished position: superseded
+                st.bump("experiences_deduplicated", len(self._drop_group(other)))
+            del st.in_flight[key]
+            self._refills += 1
+            st.bump("groups_filtered")
+            self.sink.count("groups_filtered")
 
     # ---- training --------------------------------------------------------------------------------------
     async def _train(self, gids: list[str]) -> None:
@@ -465,25 +459,22 @@ class RLRunner:
             self._wait_s += time.perf_counter() - self._wait_started
             self._wait_started = None
         st = self.state
-        exps: list[Experience] = []
-        for gid in gids:
-            exps += [e for _, (_, e) in sorted(self._buffer[gid].items())]
+        groups = [self.buffer.experiences(gid) for gid in gids]
+        exps = [e for group in groups for e in group]
         staleness = [st.weight_version - e.weight_version for e in exps]
         if self.link is not None:
-            groups = [[e for _, (_, e) in sorted(self._buffer[gid].items())] for gid in gids]
             metrics = await asyncio.to_thread(self.link.train, self.trainer, groups)
         else:
             metrics = await asyncio.to_thread(self.trainer.train_step, exps)
         step = self.trainer.global_step
+        self._refills = 0
         for gid in gids:
-            key, _ = parse_item_id(gid)
-            group = self._buffer.pop(gid)
-            st.commit_entry_ids += [entry for entry, _ in group.values()]
-            st.commit_sample_ids += [e.id for _, e in group.values()]
+            key = position_of(gid)
+            held = self.buffer.remove(gid)
+            st.commit_entry_ids += [h.entry for h in held]
+            st.commit_sample_ids += [h.exp.id for h in held]
             del st.in_flight[key]
-            for other in [g for g in self._buffer if parse_item_id(g)[0] == key]:  # other attempts: superseded
-                if other in self._complete:
-                    self._complete.remove(other)
+            for other in self.buffer.groups_of(key):  # other attempts: superseded
                 st.bump("experiences_deduplicated", len(self._drop_group(other)))
         st.bump("groups_trained", len(gids))
         st.bump("samples_trained", len(exps))
@@ -572,7 +563,7 @@ class RLRunner:
         await self.processed.mark(sample_ids)
         await self.experiences.ack(entry_ids)
         self._unsettled = None
-        self._held_samples.difference_update(sample_ids)
+        self.buffer.release(sample_ids)
         self.lease.release(entry_ids)
 
     def request_checkpoint(self) -> asyncio.Future:
@@ -613,8 +604,8 @@ class RLRunner:
             "epoch": st.epoch,
             "next_index": st.next_index,
             "prompts_in_flight": len(st.in_flight),
-            "groups_buffered": len(self._buffer),
-            "groups_complete": len(self._complete),
+            "groups_buffered": len(self.buffer),
+            "groups_complete": len(self.buffer.complete),
             "counters": dict(st.counters),
             "staleness_histogram": {str(k): v for k, v in sorted(self.sink.staleness_counts.items())},
             "abandoned": dict(list(st.abandoned.items())[-5:]),

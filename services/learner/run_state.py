@@ -18,6 +18,8 @@ COUNTERS = (
     "publishes_failed",  # weight publishes that failed (the next step publishes again)
     "groups_trained",
     "samples_trained",
+    "groups_filtered",  # dropped by dynamic sampling: every reward of the group equal (their position is done)
+    "dynamic_sampling_cap_reached",  # zero-variance groups trained because a step's refills were used up
 )
 
 

@@ -29,6 +29,7 @@ class FakeFleet:
     duplicate: bool = False  # push every experience twice (a fleet that retried after a crash)
     poison_keys: set[str] = field(default_factory=set)  # dataset positions ("e0-3") whose tasks fail every time
     hold_keys: set[str] = field(default_factory=set)  # positions whose tasks wait (unanswered) until removed
+    flat_keys: set[str] = field(default_factory=set)  # positions answered with equal rewards (no GRPO signal)
     _waiting: list = field(default_factory=list)
     produced_groups: list[str] = field(default_factory=list)
     stopped: bool = False
@@ -41,8 +42,9 @@ class FakeFleet:
     def experiences_for(self, task: PromptTask, version: int) -> list[Experience]:
         prompt = [1] + [5 + b % 200 for b in str(task.prompt).encode()][:16]
         out = []
+        flat = task.id.rsplit("-r", 1)[0] in self.flat_keys
         for i in range(task.n):
-            good = i % 2 == 0
+            good = flat or i % 2 == 0
             length = 2 + i % 3
             token = 99_999 if task.id in self.bad_prompt_ids else GOOD if good else BAD
             out.append(Experience(

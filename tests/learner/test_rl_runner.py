@@ -216,7 +216,34 @@ async def test_one_step_never_takes_two_attempts_of_the_same_prompt(tiny_model_d
         gid = key if attempt == 0 else f"{key}-r{attempt}"
         runner.state.in_flight[key] = InFlight(epoch=0, index=int(key[3:]), attempt=1 if key == "e0-1" else 0,
                                                issued_at=0.0)
-        runner._buffer[gid] = {e.index: (f"entry-{gid}-{e.index}", e) for e in group(gid, [[5]] * 4, [1, 0, 1, 0])}
-        runner._complete.append(gid)
+        for e in group(gid, [[5]] * 4, [1, 0, 1, 0]):
+            runner.buffer.file(f"entry-{gid}-{e.index}", e, runner.state.in_flight)
     assert await runner._take_batch() == ["e0-1", "e0-2"]  # in completion order, one group per position
-    assert list(runner._complete) == ["e0-1-r1", "e0-3"]  # the other attempt waits (superseded when e0-1 trains)
+    # the other attempt waits (superseded when e0-1 trains)
+    assert [g for g in runner.buffer.complete if g not in ("e0-1", "e0-2")] == ["e0-1-r1", "e0-3"]
+
+
+async def test_dynamic_sampling_drops_groups_without_signal_and_fills_each_step_with_fresh_prompts(
+        tiny_model_dir, tmp_path, redis_server, redis_client, prompts_file):
+    s = learner_settings(tiny_model_dir, tmp_path, redis_server,
+                         algorithm={"name": "grpo", "dynamic_sampling": {"enabled": True}})
+    status, _, fleet = await run_with_fleet(s, redis_client, flat_keys={"e0-2", "e0-5"})
+    assert status["phase"] == "finished", status
+    c = status["counters"]
+    assert c["groups_filtered"] == 2 and c["dynamic_sampling_cap_reached"] == 0
+    # the other six positions are trained, in three full steps of two groups; the flat ones never
+    assert trained_items(tmp_path / "run") == {f"e0-{i}": 4 for i in (0, 1, 3, 4, 6, 7)}
+    rows = read_history(tmp_path / "run" / "metrics.jsonl")
+    assert [r["groups"] for r in rows.values()] == [2, 2, 2]
+    assert c["prompts_reissued"] == 0 and {"e0-2", "e0-5"} <= set(fleet.produced_groups)
+
+
+async def test_dynamic_sampling_trains_groups_without_signal_once_a_steps_refills_are_used_up(
+        tiny_model_dir, tmp_path, redis_server, redis_client, prompts_file):
+    s = learner_settings(tiny_model_dir, tmp_path, redis_server,
+                         algorithm={"name": "grpo", "dynamic_sampling": {"enabled": True, "max_refills_per_step": 0}})
+    status, _, _ = await run_with_fleet(s, redis_client, flat_keys={"e0-2", "e0-5"})
+    c = status["counters"]
+    assert status["phase"] == "finished", status
+    assert c["groups_filtered"] == 0 and c["dynamic_sampling_cap_reached"] >= 1
+    assert trained_items(tmp_path / "run") == {f"e0-{i}": 4 for i in range(N_PROMPTS)}

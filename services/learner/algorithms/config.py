@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from .loss_config import LossAggregation, PolicyLossSettings, PPOClipLoss
 from .offpolicy_config import CorrectionSettings, OverlongNone, OverlongSettings, TISCorrection
 
-__all__ = ["AlgorithmSettings", "GRPOSettings", "KLSettings", "LossAggregation", "PPOSettings", "RLOOSettings",
+__all__ = ["AlgorithmSettings", "DynamicSamplingSettings", "GRPOSettings", "KLSettings", "LossAggregation", "PPOSettings", "RLOOSettings",
            "ReinforcePPSettings", "SFTSettings"]
 
 
@@ -28,6 +28,19 @@ class KLSettings(BaseModel):
     placement: Literal["reward", "loss"] = Field(
         default="reward", description="'reward': -coef*KL added to token rewards; 'loss': coef*KL added to the actor loss."
     )
+
+
+class DynamicSamplingSettings(BaseModel):
+    """DAPO's dynamic sampling: complete groups whose rewards are all equal carry no group-relative signal; drop
+    them (their dataset position is done) so that fresh prompts fill the step's batch."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = Field(default=False, description="Drop zero-variance groups and fill the batch with fresh ones.")
+    max_refills_per_step: int = Field(
+        default=16, ge=0, description="Groups dropped per training step at most; past it, zero-variance groups are "
+        "trained (counted as dynamic_sampling_cap_reached) so a task the policy always solves or always fails "
+        "cannot starve the run.")
 
 
 class _RLAlgorithm(BaseModel):
@@ -45,6 +58,8 @@ class _RLAlgorithm(BaseModel):
     overlong: OverlongSettings = Field(
         default_factory=OverlongNone, description="Samples cut by the length limit, by kind: none, mask (leave the "
         "loss), soft_penalty (DAPO's length penalty added to the reward).")
+    dynamic_sampling: DynamicSamplingSettings = Field(
+        default_factory=DynamicSamplingSettings, description="Drop zero-variance groups and refill the batch (DAPO).")
     entropy_coef: float = Field(default=0.0, ge=0.0, description="Entropy bonus coefficient (loss -= coef * entropy).")
     loss_agg: LossAggregation = Field(default="token-mean", description="How per-token losses are reduced (a loss "
                                                                        "defined with its own reduction overrides it).")
