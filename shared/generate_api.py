@@ -292,7 +292,9 @@ class ChatCompletionRequest(_OpenAICommon):
     max_completion_tokens: StrictInt | None = Field(default=None, ge=1, le=INT32_MAX)
     logprobs: StrictBool = False
     top_logprobs: StrictInt | None = Field(default=None, ge=0, le=_MAX_TOP_LOGPROBS)
-    tools: list[dict[str, Any]] | None = Field(default=None, description="Passed to the chat template; calls are not parsed.")
+    tools: list[dict[str, Any]] | None = Field(
+        default=None, description="Rendered by the chat template; the model's calls come back as `tool_calls` (the "
+        "server's tool_call_parser; not while streaming).")
     tool_choice: Literal["none", "auto"] | None = None
     add_generation_prompt: StrictBool = True
     continue_final_message: StrictBool = False
@@ -360,6 +362,8 @@ class ChoiceLogprobs(BaseModel):
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = Field(
+        default=None, description="Calls read from the model's text when the request declared tools (OpenAI's shape).")
 
 
 class ChatChoice(BaseModel):

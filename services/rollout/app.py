@@ -1,6 +1,6 @@
 """The rollout service's FastAPI app, built with the service kit (``shared.service_kit.app``).
 
-Routers: generation (``/generate``, ``/v1/*``), info, control, the weight routes when the replica runs the
+Routers: generation (``/generate``, ``/v1/*``, ``/inference/v1/generate``), info, control, sessions (``/sessions/*``), the weight routes when the replica runs the
 weight sidecar (``settings.sidecar_on``; the service object starts the sidecar itself), and extensions.
 
 Extension seam: ``create_app(..., extra_routers=[...])``, or ``settings.extensions = ["pkg.module:factory"]``
@@ -18,7 +18,7 @@ from fastapi import APIRouter, FastAPI
 
 from services.rollout.errors import ENGINE_ERRORS
 from services.rollout.metrics import RolloutMetrics
-from services.rollout.routes import control, generate, info, openai
+from services.rollout.routes import control, generate, inference, info, openai, sessions
 from services.rollout.service import RolloutService
 from services.rollout.settings import WEIGHT_SIDECAR_EXTENSION, RolloutSettings
 from shared.service_kit.app import create_service_app
@@ -54,7 +54,8 @@ def request_metrics(metrics: RolloutMetrics) -> Observer:
 def create_app(settings: RolloutSettings, *, service: RolloutService | None = None,
                extra_routers: Sequence[APIRouter] = ()) -> FastAPI:
     service = service or RolloutService(settings)
-    routers = [generate.router, openai.router, info.router, control.router]
+    routers = [generate.router, openai.router, inference.router, info.router, control.router, sessions.control,
+               sessions.scoped]
     if settings.sidecar_on:
         from services.rollout.weights.routes import router as weight_routes
 

@@ -7,6 +7,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from services.rollout.agents.tool_calls import parse_tool_calls
 from services.rollout.engines.types import SamplingParams, SequenceOutput, SequenceRequest
 from services.rollout.errors import RequestError
 from services.rollout.service import RolloutService, new_request_id
@@ -42,6 +43,8 @@ class OpenAIPlan:
     model: str
     top_n: int  # top alternatives per token (0 = none)
     want_logprobs: bool
+    tool_parser: str | None = None  # chat: read tool calls from the text in this format
+    messages: list[dict] | None = None  # chat: the messages as rendered
 
 
 def check_model(service: RolloutService, model: str | None) -> str:
@@ -73,9 +76,8 @@ def plan_completion(service: RolloutService, r: CompletionRequest) -> OpenAIPlan
     return OpenAIPlan(r, False, seqs, prompts, f"cmpl-{rid}", int(time.time()), model, top_n, r.logprobs is not None)
 
 
-def plan_chat(service: RolloutService, r: ChatCompletionRequest) -> OpenAIPlan:
-    model = check_model(service, r.model)
-    service.check_stop_ids(r.stop_token_ids)
+def chat_messages(r: ChatCompletionRequest) -> list[dict]:
+    """The request's messages as the chat template takes them."""
     messages = []
     for m in r.messages:
         msg = {"role": m.role, "content": m.text()}
@@ -83,15 +85,42 @@ def plan_chat(service: RolloutService, r: ChatCompletionRequest) -> OpenAIPlan:
             if getattr(m, key) is not None:
                 msg[key] = getattr(m, key)
         messages.append(msg)
-    ids = service.apply_chat_template(
+    return messages
+
+
+def chat_tools(r: ChatCompletionRequest) -> list[dict] | None:
+    return r.tools if r.tools and r.tool_choice != "none" else None
+
+
+def plan_chat(service: RolloutService, r: ChatCompletionRequest, prompt_ids: list[int] | None = None) -> OpenAIPlan:
+    """``prompt_ids``: the prompt already built (a session continuing its exact ids); else the template renders it."""
+    model = check_model(service, r.model)
+    service.check_stop_ids(r.stop_token_ids)
+    messages = chat_messages(r)
+    tools = chat_tools(r)
+    ids = prompt_ids if prompt_ids is not None else service.apply_chat_template(
         messages, add_generation_prompt=r.add_generation_prompt, continue_final_message=r.continue_final_message,
-        tools=r.tools if r.tool_choice != "none" else None, extra=r.chat_template_kwargs)
+        tools=tools, extra=r.chat_template_kwargs)
     max_tokens = r.max_completion_tokens or r.max_tokens
     top_n = (r.top_logprobs or 0) if r.logprobs else 0
     params = [_params(service, r, ids, max_tokens, top_n, "chat prompt")]
     rid = new_request_id()
     seqs = service.sequences([ids], params, r.n, r.stream, rid)
-    return OpenAIPlan(r, True, seqs, [ids], f"chatcmpl-{rid}", int(time.time()), model, top_n, r.logprobs)
+    parser = service.settings.tool_call_parser if tools and not r.stream else None
+    return OpenAIPlan(r, True, seqs, [ids], f"chatcmpl-{rid}", int(time.time()), model, top_n, r.logprobs,
+                      tool_parser=parser, messages=messages)
+
+
+def assistant_message(p: OpenAIPlan, text: str, finish: str | None) -> tuple[AssistantMessage, str | None]:
+    """The reply, with ``tool_calls`` read from the text when the request declared tools (finish_reason
+    ``tool_calls`` then). A call the model wrote unreadably stays in the content, as vLLM's parsers leave it."""
+    if p.tool_parser is None:
+        return AssistantMessage(content=text), finish
+    parsed = parse_tool_calls(text, p.tool_parser)
+    if not parsed.calls or parsed.errors:
+        return AssistantMessage(content=text), finish
+    calls = [c.openai() for c in parsed.calls]
+    return AssistantMessage(content=parsed.content or None, tool_calls=calls), "tool_calls" if finish == "stop" else finish
 
 
 # ---- pieces -------------------------------------------------------------------------------------------
@@ -145,7 +174,8 @@ def response(service: RolloutService, p: OpenAIPlan, outs: list[SequenceOutput])
         for k, o in enumerate(outs):
             fr, sr = finish_reason(o.finish)
             lp = chat_logprobs(service, p, o.output_ids, o.logprobs, o.top_logprobs) if p.want_logprobs else None
-            choices.append(ChatChoice(index=k, message=AssistantMessage(content=o.text), logprobs=lp, finish_reason=fr,
+            message, fr = assistant_message(p, o.text, fr)
+            choices.append(ChatChoice(index=k, message=message, logprobs=lp, finish_reason=fr,
                                       stop_reason=sr, token_ids=o.output_ids if tids else None))
         body = ChatCompletionResponse(id=p.id, created=p.created, model=p.model, choices=choices, usage=usage,
                                       prompt_token_ids=p.prompts[0] if tids else None, weight_version=version)

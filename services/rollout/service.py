@@ -1,4 +1,4 @@
-"""The rollout service object: its components (the engine, the weight sidecar, the worker), admission
+"""The rollout service object: its components (the engine, the weight sidecar, the sessions, the worker), admission
 control, tokenisation, metrics.
 
 Routes make one call on it; it turns prompts into engine :class:`SequenceRequest` s, admits them
@@ -30,6 +30,7 @@ from services.rollout.metrics import RolloutMetrics
 from services.rollout.settings import RolloutSettings
 
 if TYPE_CHECKING:
+    from services.rollout.sessions.manager import SessionManager
     from services.rollout.weights.sidecar import WeightSidecar
     from services.rollout.worker.loop import RolloutWorker
 
@@ -65,6 +66,7 @@ class RolloutService:
         self._admitted = 0
         self.weight_sidecar: WeightSidecar | None = None
         self.worker: RolloutWorker | None = None
+        self.sessions: SessionManager | None = None
         self._running: list[Component] = []
 
     # ---- lifecycle ---------------------------------------------------------------------------------
@@ -87,6 +89,13 @@ class RolloutService:
                 self.weight_sidecar = create_sidecar(self.engine, self.settings)
                 if self.weight_sidecar is not None:
                     await self._start(self.weight_sidecar)
+            if self.settings.sessions.enabled:
+                from services.rollout.sessions.manager import SessionManager
+
+                self.sessions = SessionManager(
+                    self.settings.sessions, redis_url=self.settings.redis_url, run_name=self.settings.run_name,
+                    reward_url=self.settings.worker.reward_url, tokenizer=self.tokenizer, registry=self.metrics.registry)
+                await self._start(self.sessions)
             if self.settings.worker.enabled:
                 from services.rollout.worker.loop import RolloutWorker
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from services.rollout.engines.settings import EngineSettings, HFEngineSettings
+from services.rollout.sessions.settings import SessionSettings
 from services.rollout.weights.settings import SidecarSettings, refuse_legacy_env
 from shared.settings import ServiceSettings, service_config
 
@@ -103,6 +104,22 @@ class RolloutSettings(ServiceSettings):
         default_factory=SidecarSettings,
         description="The weight sidecar (env FLEETRL_ROLLOUT_WEIGHTS__<KEY>); services/rollout/weights/settings.py.",
     )
+    sessions: SessionSettings = Field(
+        default_factory=SessionSettings,
+        description="Session mode: agents' calls recorded as trajectories (services/rollout/sessions/settings.py).",
+    )
+    tool_call_parser: str | None = Field(
+        default="hermes", description="How /v1/chat/completions reads tool calls from the model's text when the request "
+        "declares tools (services/rollout/agents/tool_calls.py); None: never parsed.")
+
+    @field_validator("tool_call_parser")
+    @classmethod
+    def _known_parser(cls, v: str | None) -> str | None:
+        from services.rollout.agents.tool_calls import TOOL_CALL_FORMATS
+
+        if v is not None and v not in TOOL_CALL_FORMATS:
+            raise ValueError(f"tool_call_parser {v!r} is unknown; known: {sorted(TOOL_CALL_FORMATS)} (or null)")
+        return v
 
     @field_validator("weights", mode="before")
     @classmethod

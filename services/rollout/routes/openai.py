@@ -7,7 +7,9 @@ from fastapi.responses import JSONResponse
 
 from services.rollout import protocol_openai
 from services.rollout.deps import ServiceDep
+from services.rollout.routes.inference import SessionHeader
 from services.rollout.routes.streaming import GENERATION_ERRORS, SSE_OK, sse_response, until_disconnect
+from services.rollout.sessions import recording
 from shared.generate_api import (
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -19,7 +21,7 @@ from shared.generate_api import (
 from shared.service_kit.openapi import error_responses
 
 router = APIRouter(prefix="/v1", tags=["openai"])
-ERRORS = {**SSE_OK, **GENERATION_ERRORS, **error_responses(404)}  # 404: the model named is not served here
+ERRORS = {**SSE_OK, **GENERATION_ERRORS, **error_responses(404, 409)}  # 404: the model or session; 409: session finished
 
 
 async def _run(plan, request: Request, service):
@@ -29,18 +31,35 @@ async def _run(plan, request: Request, service):
     return JSONResponse(protocol_openai.response(service, plan, outs))  # built by the protocol: no re-validation
 
 
-@router.post("/completions", response_model=CompletionResponse, responses=ERRORS)
-async def completions(body: CompletionRequest, request: Request, service: ServiceDep):
+async def completion_in(body: CompletionRequest, request: Request, service, session):
+    if session is not None:
+        return JSONResponse(await recording.completion(service, request, body, session))
     return await _run(protocol_openai.plan_completion(service, body), request, service)
 
 
-@router.post("/chat/completions", response_model=ChatCompletionResponse, responses=ERRORS)
-async def chat_completions(body: ChatCompletionRequest, request: Request, service: ServiceDep):
+async def chat_in(body: ChatCompletionRequest, request: Request, service, session):
+    if session is not None:
+        return JSONResponse(await recording.chat(service, request, body, session))
     return await _run(protocol_openai.plan_chat(service, body), request, service)
+
+
+@router.post("/completions", response_model=CompletionResponse, responses=ERRORS)
+async def completions(body: CompletionRequest, request: Request, service: ServiceDep, x_session_id: SessionHeader = None):
+    return await completion_in(body, request, service, recording.session_named(service, header_id=x_session_id))
+
+
+@router.post("/chat/completions", response_model=ChatCompletionResponse, responses=ERRORS)
+async def chat_completions(body: ChatCompletionRequest, request: Request, service: ServiceDep,
+                           x_session_id: SessionHeader = None):
+    return await chat_in(body, request, service, recording.session_named(service, header_id=x_session_id))
+
+
+def model_list(service) -> ModelList:
+    card = ModelCard(id=service.settings.model_name, created=service.started_at, root=service.settings.model,
+                     max_model_len=service.engine.context_length)
+    return ModelList(data=[card])
 
 
 @router.get("/models", response_model=ModelList)
 async def models(service: ServiceDep) -> ModelList:
-    card = ModelCard(id=service.settings.model_name, created=service.started_at, root=service.settings.model,
-                     max_model_len=service.engine.context_length)
-    return ModelList(data=[card])
+    return model_list(service)

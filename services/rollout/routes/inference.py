@@ -1,0 +1,39 @@
+"""vLLM's token-in / token-out ``POST /inference/v1/generate`` (at the server root, as vLLM serves it).
+
+With an ``X-Session-ID`` header naming a session (session mode on), the call is recorded in it.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Request
+from fastapi.responses import JSONResponse
+
+from services.rollout import protocol_tokens
+from services.rollout.deps import ServiceDep
+from services.rollout.routes.streaming import GENERATION_ERRORS, SSE_OK, sse_response, until_disconnect
+from services.rollout.sessions import recording
+from shared.inference_api import GENERATE_PATH, SESSION_ID_HEADER, TokenGenerateRequest, TokenGenerateResponse
+from shared.service_kit.openapi import error_responses
+
+router = APIRouter(tags=["inference"])
+ERRORS = {**SSE_OK, **GENERATION_ERRORS, **error_responses(404, 409)}  # 404: model / session; 409: session finished
+SessionHeader = Annotated[str | None, Header(alias=SESSION_ID_HEADER, description="Record the call in this session.")]
+
+
+async def generate_tokens(body: TokenGenerateRequest, request: Request, service, session) -> JSONResponse:
+    if session is not None:
+        return JSONResponse(await recording.tokens(service, request, body, session))
+    plan = protocol_tokens.plan(service, body)
+    if body.stream:
+        return await sse_response(service.stream(plan.seqs), lambda d: protocol_tokens.sse_chunks(plan, d))
+    outs = await until_disconnect(request, service.generate(plan.seqs))
+    return JSONResponse(protocol_tokens.response(plan, outs))
+
+
+@router.post(GENERATE_PATH, response_model=TokenGenerateResponse, responses=ERRORS)
+async def inference_generate(body: TokenGenerateRequest, request: Request, service: ServiceDep,
+                             x_session_id: SessionHeader = None):
+    """Token ids in, token ids (and logprobs) out; vLLM's request and reply shapes."""
+    return await generate_tokens(body, request, service, recording.session_named(service, header_id=x_session_id))

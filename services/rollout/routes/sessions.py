@@ -1,0 +1,84 @@
+"""Session routes: the lifecycle (control plane, bearer token) and the OpenAI / token-in routes scoped to a
+session, so an agent records its calls by pointing its client's ``base_url`` at ``/sessions/{id}/v1``.
+
+    POST   /sessions                                  create             (control)
+    GET    /sessions/{id}                             state              (control)
+    POST   /sessions/{id}/finish                      reward -> experiences (control)
+    DELETE /sessions/{id}                             drop               (control)
+    POST   /sessions/{id}/v1/chat/completions         recorded call
+    POST   /sessions/{id}/v1/completions              recorded call
+    GET    /sessions/{id}/v1/models                   the model card (max_model_len)
+    POST   /sessions/{id}/inference/v1/generate       recorded call (vLLM token-in / token-out)
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Request
+
+from services.rollout.deps import ControlDep, ServiceDep
+from services.rollout.routes.inference import generate_tokens
+from services.rollout.routes.openai import chat_in, completion_in, model_list
+from services.rollout.sessions import recording
+from shared.generate_api import (
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    CompletionRequest,
+    CompletionResponse,
+    ModelList,
+)
+from shared.inference_api import GENERATE_PATH, TokenGenerateRequest, TokenGenerateResponse
+from shared.service_kit.openapi import error_responses
+from shared.session_api import SESSION_ID_PATTERN, SessionCreate, SessionFinish, SessionFinished, SessionInfo
+
+control = APIRouter(prefix="/sessions", tags=["sessions"], dependencies=[ControlDep])
+scoped = APIRouter(prefix="/sessions/{session_id}", tags=["sessions"])
+SessionId = Annotated[str, Path(pattern=SESSION_ID_PATTERN, description="The session's id.")]
+CALL_ERRORS = error_responses(404, 409, 429, 503)
+
+
+@control.post("", response_model=SessionInfo, status_code=201, responses=error_responses(404, 409, 429))
+async def create_session(body: SessionCreate, service: ServiceDep) -> SessionInfo:
+    """Open a session; its calls go to ``openai_base_url`` (or carry ``X-Session-ID``)."""
+    sessions = recording.manager(service)
+    return sessions.info(sessions.create(body))
+
+
+@control.get("/{session_id}", response_model=SessionInfo, responses=error_responses(404, 409))
+async def session_state(session_id: SessionId, service: ServiceDep) -> SessionInfo:
+    sessions = recording.manager(service)
+    return sessions.info(sessions.get(session_id))
+
+
+@control.post("/{session_id}/finish", response_model=SessionFinished, responses=error_responses(404, 409, 422, 503))
+async def finish_session(session_id: SessionId, body: SessionFinish, service: ServiceDep) -> SessionFinished:
+    """Reward the session (given, or scored by the reward service) and push its trajectories as experiences."""
+    return await recording.manager(service).finish(session_id, body)
+
+
+@control.delete("/{session_id}", response_model=SessionInfo, responses=error_responses(404, 409))
+async def delete_session(session_id: SessionId, service: ServiceDep) -> SessionInfo:
+    """Drop the session: nothing is pushed."""
+    return recording.manager(service).delete(session_id)
+
+
+@scoped.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=CALL_ERRORS)
+async def session_chat(session_id: SessionId, body: ChatCompletionRequest, request: Request, service: ServiceDep):
+    return await chat_in(body, request, service, recording.session_named(service, path_id=session_id))
+
+
+@scoped.post("/v1/completions", response_model=CompletionResponse, responses=CALL_ERRORS)
+async def session_completion(session_id: SessionId, body: CompletionRequest, request: Request, service: ServiceDep):
+    return await completion_in(body, request, service, recording.session_named(service, path_id=session_id))
+
+
+@scoped.post(GENERATE_PATH, response_model=TokenGenerateResponse, responses=CALL_ERRORS)
+async def session_generate(session_id: SessionId, body: TokenGenerateRequest, request: Request, service: ServiceDep):
+    return await generate_tokens(body, request, service, recording.session_named(service, path_id=session_id))
+
+
+@scoped.get("/v1/models", response_model=ModelList, responses=error_responses(404, 409))
+async def session_models(session_id: SessionId, service: ServiceDep) -> ModelList:
+    recording.session_named(service, path_id=session_id)
+    return model_list(service)

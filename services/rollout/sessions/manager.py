@@ -1,0 +1,240 @@
+"""The session manager: a component of the rollout service (started with it when ``sessions.enabled``).
+
+It owns the open sessions (:mod:`.store`), records each generation call a session makes (exact prompt ids,
+output ids, logprobs, weight version: :mod:`.trajectory`), and on finish turns the session into experiences on
+the run's experiences stream (``shared.keys.experiences_stream(run)``), with the reward given or one from the
+reward service. A finish that cannot complete (reward service or Redis unavailable) leaves the session open,
+so the caller can retry it. Idle sessions expire after ``ttl_s``: dropped and counted, never pushed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import redis.asyncio as aioredis
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from services.rollout.engines.types import SamplingParams, SequenceOutput
+from services.rollout.errors import RequestError
+from services.rollout.sessions.settings import SessionSettings
+from services.rollout.sessions.store import ChatTurn, Session, SessionConflict, SessionStore, new_session_id
+from services.rollout.sessions.trajectory import (
+    Call,
+    SamplingMismatch,
+    SessionIdentity,
+    append,
+    check_extension,
+    experiences,
+)
+from services.rollout.worker.reward_client import RewardClient, RewardRejected
+from shared import keys
+from shared.experience_queue import BackpressureTimeout, StreamQueue
+from shared.reward_api import ScoreItem
+from shared.schemas import Experience
+from shared.session_api import SessionCreate, SessionFinish, SessionFinished, SessionInfo
+
+log = logging.getLogger(__name__)
+
+
+class SessionUnavailable(RequestError):
+    """The reward service or Redis did not answer in time: the session stays open, retry the finish."""
+
+    status = 503
+    type = "unavailable"
+    retry_after = True
+
+
+class SessionManager:
+    def __init__(self, cfg: SessionSettings, *, redis_url: str | None, run_name: str, reward_url: str | None,
+                 tokenizer: Any, registry: CollectorRegistry) -> None:
+        self.cfg = cfg
+        self.redis_url = redis_url
+        self.run_name = run_name
+        self.reward_url = cfg.reward_url or reward_url
+        self.tokenizer = tokenizer
+        self.store = SessionStore(cfg)
+        self.redis: aioredis.Redis | None = None
+        self.rewards: RewardClient | None = None
+        self._queues: dict[str, StreamQueue] = {}
+        self._sweeper: asyncio.Task | None = None
+        r = registry
+        self.m_sessions = Counter("fleetrl_rollout_sessions", "Sessions by outcome (created, finished, expired, deleted, "
+                                  "rejected).", ["outcome"], registry=r)
+        self.m_calls = Counter("fleetrl_rollout_session_calls", "Calls recorded in sessions, by whether they extended "
+                               "the session's trajectory.", ["extended"], registry=r)
+        self.m_open = Gauge("fleetrl_rollout_sessions_open", "Open sessions.", registry=r)
+        self.m_open.set_function(lambda: len(self.store.open))
+
+    # ---- lifecycle ---------------------------------------------------------------------------------
+    async def start(self) -> None:
+        if not self.redis_url:
+            raise RuntimeError("sessions.enabled needs redis_url (finished sessions go to the run's experiences stream)")
+        self.redis = aioredis.from_url(self.redis_url, socket_timeout=30, socket_connect_timeout=5)
+        if self.reward_url:
+            self.rewards = RewardClient(self.reward_url, self.cfg.reward_timeout_s, backoff_max_s=2.0)
+        self._sweeper = asyncio.create_task(self._sweep(), name="session-sweeper")
+
+    async def stop(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            await asyncio.gather(self._sweeper, return_exceptions=True)
+        if self.rewards is not None:
+            await self.rewards.aclose()
+        if self.redis is not None:
+            await self.redis.aclose()
+
+    async def _sweep(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.sweep_interval_s)
+            for s in self.store.expired():
+                self.m_sessions.labels("expired").inc()
+                log.info("session %s expired after %.0fs idle (%d calls dropped)", s.id, self.cfg.ttl_s, s.calls)
+
+    # ---- sessions ----------------------------------------------------------------------------------
+    def create(self, body: SessionCreate) -> Session:
+        sid = body.session_id or new_session_id()
+        prompt_id = body.prompt_id or sid
+        who = SessionIdentity(session_id=sid, prompt_id=prompt_id, group_id=body.group_id or prompt_id,
+                              group_size=body.group_size, index=body.index, label=body.label, metadata=body.metadata)
+        try:
+            session = self.store.create(who, body.run or self.run_name)
+        except RequestError:
+            self.m_sessions.labels("rejected").inc()
+            raise
+        self.m_sessions.labels("created").inc()
+        return session
+
+    def info(self, session: Session, state: str = "open") -> SessionInfo:
+        w = session.who
+        return SessionInfo(session_id=session.id, state=state, prompt_id=w.prompt_id, group_id=w.group_id,
+                           group_size=w.group_size, index=w.index, run=session.run, calls=session.calls,
+                           trajectories=len(session.trajectories), tokens=session.tokens,
+                           idle_expires_in_s=self.store.expires_in(session) if state == "open" else 0.0,
+                           openai_base_url=f"/sessions/{session.id}/v1")
+
+    def get(self, sid: str) -> Session:
+        return self.store.get(sid)
+
+    def by_header(self, sid: str | None) -> Session | None:
+        """The session an ``X-Session-ID`` header names (see ``sessions.unknown_header_id``)."""
+        if not sid:
+            return None
+        if self.store.known(sid) or self.cfg.unknown_header_id == "reject":
+            return self.store.get(sid)
+        if self.cfg.unknown_header_id == "ignore":
+            return None
+        return self.create(SessionCreate(session_id=sid))
+
+    def delete(self, sid: str) -> SessionInfo:
+        session = self.store.get(sid)
+        if session.busy:
+            raise SessionConflict(f"session {sid!r} has a call in flight; delete it once the call returned")
+        self.store.close(sid, "deleted")
+        self.m_sessions.labels("deleted").inc()
+        return self.info(session, "deleted")
+
+    @asynccontextmanager
+    async def call(self, session: Session) -> AsyncIterator[Session]:
+        """Hold ``session`` for one generation call: one at a time (a session is one conversation)."""
+        if session.busy:
+            raise SessionConflict(f"session {session.id!r} has a call in flight; a session is one conversation: "
+                                  "wait for that call's reply")
+        if session.calls >= self.cfg.max_calls:
+            raise SessionConflict(f"session {session.id!r} made {session.calls} calls, the limit (sessions.max_calls); "
+                                  "finish it")
+        session.busy = True
+        try:
+            yield session
+        finally:
+            session.busy = False
+            session.last_used = time.monotonic()
+
+    def check_sampling(self, session: Session, prompt_ids: list[int], params: SamplingParams) -> None:
+        """Refuse (400), before generating, a call that would extend the session's trajectory with another
+        sampling distribution."""
+        try:
+            check_extension(session.trajectories, prompt_ids, params)
+        except SamplingMismatch as exc:
+            raise RequestError(f"session {session.id!r}: {exc}") from None
+
+    def record(self, session: Session, prompt_ids: list[int], out: SequenceOutput, params: SamplingParams,
+               chat: ChatTurn | None = None) -> None:
+        """Record one finished call (its output as the engine produced it)."""
+        finish = out.finish.type if out.finish is not None else "abort"
+        call = Call(list(prompt_ids), list(out.output_ids), list(out.logprobs), finish, out.weight_version, params)
+        try:
+            extended = append(session.trajectories, call)
+        except SamplingMismatch as exc:  # checked before generating; a race cannot reach here
+            raise RequestError(f"session {session.id!r}: {exc}") from None
+        session.calls += 1
+        session.chat = chat
+        self.m_calls.labels(str(extended).lower()).inc()
+
+    # ---- finish ------------------------------------------------------------------------------------
+    async def finish(self, sid: str, body: SessionFinish) -> SessionFinished:
+        session = self.store.get(sid)
+        if session.busy:
+            raise SessionConflict(f"session {sid!r} has a call in flight; finish it once the call returned")
+        if not session.trajectories:
+            raise SessionConflict(f"session {sid!r} has no calls: nothing to train on (delete it instead)")
+        session.busy = True
+        try:
+            texts = [(self._text(t.prompt_ids), self._text(t.response_ids)) for t in session.trajectories]
+            rewards, comps = await self._rewards(session, body, texts)
+            group = experiences(session.who, session.trajectories, rewards, comps, texts)
+            stream = await self._push(session.run, group)
+        finally:
+            session.busy = False
+        self.store.close(sid, "finished")
+        self.m_sessions.labels("finished").inc()
+        return SessionFinished(session_id=sid, experience_ids=[e.id for e in group], rewards=rewards, stream=stream)
+
+    def _text(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+    async def _rewards(self, session: Session, body: SessionFinish, texts: list[tuple[str, str]]):
+        n = len(session.trajectories)
+        if not body.score:
+            return [float(body.reward)] * n, [dict(body.reward_components) for _ in range(n)]
+        if self.rewards is None:
+            raise RequestError("score=true needs a reward service (sessions.reward_url or worker.reward_url); "
+                               "or finish with a reward")
+        w = session.who
+        items = [ScoreItem(prompt=p, response=r, label=w.label, metadata=w.metadata) for p, r in texts]
+        try:
+            reply = await asyncio.wait_for(self.rewards.score(items), self.cfg.reward_timeout_s)
+        except (asyncio.TimeoutError, TimeoutError):
+            raise SessionUnavailable(f"the reward service did not score session {session.id!r} within "
+                                     f"{self.cfg.reward_timeout_s:g}s; the session is still open: retry") from None
+        except RewardRejected as exc:
+            raise RequestError(f"the reward service refused session {session.id!r}: {exc}", status=422) from None
+        if any(s is None for s in reply.scores):
+            raise SessionUnavailable(f"the reward service could not score session {session.id!r}: {reply.errors}; "
+                                     "the session is still open")
+        comps = [{k: float(v) for k, v in c.items() if v is not None} for c in reply.components]
+        return [float(s) for s in reply.scores], comps
+
+    def _queue(self, run: str) -> StreamQueue:
+        q = self._queues.get(run)
+        if q is None:
+            assert self.redis is not None
+            q = self._queues[run] = StreamQueue(self.redis, keys.experiences_stream(run), "learner", Experience,
+                                                max_backlog=self.cfg.max_experience_backlog)
+        return q
+
+    async def _push(self, run: str, group: list[Experience]) -> str:
+        q = self._queue(run)
+        try:
+            await q.ensure_group()
+            await q.produce(group, timeout=self.cfg.push_timeout_s)
+        except BackpressureTimeout:
+            raise SessionUnavailable(f"the experiences stream of run {run!r} stayed full for "
+                                     f"{self.cfg.push_timeout_s:g}s (the learner is behind); retry the finish") from None
+        except (aioredis.ConnectionError, aioredis.TimeoutError, aioredis.BusyLoadingError) as exc:
+            raise SessionUnavailable(f"redis unavailable ({type(exc).__name__}); retry the finish") from None
+        return q.stream
