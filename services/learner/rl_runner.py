@@ -169,8 +169,11 @@ class RLRunner:
         await self._settle_unsettled()
         if self._published_step < 0:
             published = int(await self.redis.get(keys.weights_version(self.s.run_name)) or 0)
-            if published != self.state.weight_version:
-                # the fleet holds weights we are not resuming from: give it ours under a new version
+            if published != self.state.weight_version or published > 0:
+                # the fleet holds weights we are not resuming from, or replicas (re)started with the run wait for
+                # the latest version, which this new process holds nothing of to serve them: give the fleet our
+                # weights under a new version (else their workers hold back, past max_staleness, until a step
+                # that cannot come without their experiences)
                 await self._publish(strict=True)
             self._published_step = self.trainer.global_step
         self.lease.start()
