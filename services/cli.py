@@ -36,6 +36,17 @@ _add_service("reward", "services.reward.cli", "Run the reward service (/score, /
 _add_service("learner", "services.learner.cli", "Run the learner (PPO / GRPO / REINFORCE++ / RLOO / SFT).")
 
 
+def _add_run_commands() -> None:
+    """``fleetrl run`` / ``fleetrl settings``: a whole run from one spec (deploy/run/)."""
+    from deploy.run.cli import run_cmd, settings_cmd
+
+    app.command("run")(run_cmd)
+    app.command("settings")(settings_cmd)
+
+
+_add_run_commands()
+
+
 @app.command("redis")
 def redis_cmd(
     data_dir: Annotated[Path, typer.Option(help="Where the AOF files live.")] = Path("runs/redis"),

@@ -1,0 +1,71 @@
+"""``fleetrl run FILE`` and ``fleetrl settings FILE``: a run spec on this machine, and the settings each of its
+services gets. Imports nothing heavy at import time (``fleetrl --help`` stays fast)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+SpecFile = Annotated[Path, typer.Argument(help="The run spec (fleetrl.yaml; see examples/).")]
+Sets = Annotated[list[str] | None, typer.Option("--set", help="Override a setting: --set train.max_steps=20 "
+                                                 "(repeatable; validated like the file).")]
+
+
+def _load(file: Path, sets: list[str] | None):
+    from .load import SpecError, load_spec
+
+    try:
+        return load_spec(file, sets or [])
+    except SpecError as exc:
+        for line in str(exc).splitlines():
+            typer.echo(f"error: {line}", err=True)
+        raise typer.Exit(2) from exc
+
+
+def run_cmd(
+    file: SpecFile,
+    set_: Sets = None,
+    reset: Annotated[bool, typer.Option("--reset", help="Start the run over: delete its Redis keys and the "
+                                        "learner's checkpoints and logs in run_dir.")] = False,
+    live: Annotated[bool | None, typer.Option("--live/--lines", help="Live panel or plain lines (default: a "
+                                              "live panel on a terminal).")] = None,
+) -> None:
+    """Start the whole fleet of a run spec on this machine and follow it (Ctrl-C stops; the same command
+    resumes)."""
+    from .display import make_display
+    from .launch import run_spec
+
+    spec = _load(file, set_)
+    raise typer.Exit(run_spec(spec, file.resolve(), make_display(live), reset=reset))
+
+
+def settings_cmd(
+    file: SpecFile,
+    set_: Sets = None,
+    service: Annotated[str | None, typer.Option(help="Only this process (learner, rollout-0, reward-0, ...).")] = None,
+) -> None:
+    """Print the settings each process of the run gets, derived from the spec (ports and Redis as placeholders
+    where fleetrl run picks them at start)."""
+    import yaml
+
+    from shared.settings import SettingsError
+
+    from .plan import plan
+
+    spec = _load(file, set_)
+    try:
+        procs = plan(spec, file.resolve(), "redis://<embedded: run_dir/redis>" if spec.redis.url is None
+                     else spec.redis.url, "<generated per run>")
+    except SettingsError as exc:
+        for line in str(exc).splitlines():
+            typer.echo(f"error: {line}", err=True)
+        raise typer.Exit(2) from exc
+    chosen = [p for p in procs if service in (None, p.name, p.kind)]
+    if not chosen:
+        typer.echo(f"error: --service {service}: the run has {', '.join(p.name for p in procs)}", err=True)
+        raise typer.Exit(2)
+    for p in chosen:
+        typer.echo(f"# {p.name}: python -m {p.module} --config <run_dir>/configs/{p.name}.yaml")
+        typer.echo(yaml.safe_dump(p.config, sort_keys=False))

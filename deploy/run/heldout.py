@@ -1,0 +1,46 @@
+"""Held-out accuracy during a run: the held-out prompts of the spec, answered greedily by a rollout replica
+(whatever version it serves) and judged by the reward service (a reward >= 0.999 is correct)."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from deploy.local.evaluate import greedy_accuracy
+from services.learner.data import check_fields, read_rows
+
+from .progress import EvalPoint
+from .spec import RunSpec
+
+
+def heldout_rows(spec: RunSpec) -> list[dict]:
+    """``[{"input": prompt text, "label": label}]`` of ``eval.data``, rendered as the learner renders prompts."""
+    rows = read_rows(spec.eval.data, spec.data.split)[: spec.eval.max_samples]
+    check_fields(rows, spec.data)
+    out = []
+    for n, row in enumerate(rows):
+        value = row[spec.data.input_key]
+        if not isinstance(value, str) or spec.data.apply_chat_template:
+            raise ValueError(f"eval.data row {n}: held-out evaluation takes text prompts without a chat template")
+        text = spec.data.input_template.format(value) if spec.data.input_template else value
+        out.append({"input": text, "label": row.get(spec.data.label_key) if spec.data.label_key else None})
+    return out
+
+
+def evaluate(rollout_url: str, reward_url: str, rows: list[dict], step: int, max_new_tokens: int,
+             log_path: Path | None = None, attempts: int = 3) -> EvalPoint:
+    """Greedy accuracy at ``step``; a pass whose answers span a weight update is taken again."""
+    for attempt in range(attempts):
+        try:
+            acc, version = greedy_accuracy(rollout_url, reward_url, rows, max_new_tokens=max_new_tokens)
+            break
+        except RuntimeError:  # answers from several weight versions: the fleet updated mid-pass
+            if attempt == attempts - 1:
+                raise
+    point = EvalPoint(step=step, accuracy=acc, weight_version=version)
+    if log_path is not None:
+        with log_path.open("a") as f:
+            f.write(json.dumps({**asdict(point), "time": time.time(), "n": len(rows)}) + "\n")
+    return point

@@ -1,0 +1,113 @@
+"""Read a run spec: the file, then ``--set a.b=c`` overrides, validated as strictly as the file. Every problem is
+one line naming the setting (and, for an unknown key, the closest valid one)."""
+
+from __future__ import annotations
+
+import difflib
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from shared.settings import SettingsError, read_config_file
+
+from .spec import RunSpec, resolve_paths
+
+
+class SpecError(ValueError):
+    """The run spec (or an override) is not valid; the message has one line per problem."""
+
+
+def parse_set(item: str) -> tuple[list[str], Any]:
+    """``"a.b=c"`` -> (["a", "b"], c parsed as YAML: numbers, booleans, null, lists and mappings as written)."""
+    key, sep, raw = item.partition("=")
+    path = key.strip().split(".")
+    if not sep or not all(path):
+        raise SpecError(f"--set {item!r}: write it as key.path=value, e.g. --set train.max_steps=20")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as exc:
+        raise SpecError(f"--set {item}: the value is not valid YAML ({exc.problem})") from exc
+    return path, value
+
+
+def apply_set(raw: dict[str, Any], path: list[str], value: Any) -> None:
+    node = raw
+    for i, part in enumerate(path[:-1]):
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            where = ".".join(path[: i + 1])
+            raise SpecError(f"--set {'.'.join(path)}: {where} is {type(child).__name__} {child!r}, not a section")
+        node = child
+    node[path[-1]] = value
+
+
+def load_spec(file: str | Path, sets: list[str] | tuple[str, ...] = ()) -> RunSpec:
+    """The validated spec of ``file`` with ``sets`` applied. Raises SpecError."""
+    path = Path(file)
+    try:
+        raw = read_config_file(path)
+    except SettingsError as exc:
+        raise SpecError(str(exc)) from exc
+    from_set: set[str] = set()
+    for item in sets:
+        keys, value = parse_set(item)
+        apply_set(raw, keys, value)
+        from_set.add(".".join(keys))
+    raw = resolve_paths(raw, path.resolve().parent)
+    try:
+        return RunSpec.model_validate(raw)
+    except ValidationError as exc:
+        raise SpecError("\n".join(describe(err, path, from_set) for err in exc.errors())) from exc
+
+
+def describe(err: dict, file: Path, from_set: set[str]) -> str:
+    """One line for one validation error: where it came from, the setting, what is wrong."""
+    setting = user_path(err["loc"])
+    related = [k for k in sorted(from_set) if k == setting or k.startswith(f"{setting}.") or
+               setting.startswith(f"{k}.") or not setting]
+    source = f"--set {related[0]}" if related else str(file)
+    if err["type"] == "extra_forbidden":
+        near = difflib.get_close_matches(setting, sorted(known_paths(RunSpec)), n=1, cutoff=0.6)
+        hint = f" (did you mean {near[0]}?)" if near else ""
+        return f"{source}: unknown setting {setting}{hint}"
+    msg = err["msg"].removeprefix("Value error, ")
+    return f"{source}: {setting or '<top level>'}: {msg}"
+
+
+def user_path(loc: tuple) -> str:
+    """pydantic's error location as the user wrote it: no union tags, list indices in brackets."""
+    names = all_field_names(RunSpec)
+    parts: list[str] = []
+    for i, p in enumerate(loc):
+        if isinstance(p, int):
+            parts[-1:] = [f"{parts[-1]}[{p}]"] if parts else [f"[{p}]"]
+        elif p in names or i == len(loc) - 1:  # the last part may be a key the user made up
+            parts.append(str(p))
+    return ".".join(parts)
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    out: list[type[BaseModel]] = []
+    for arg in typing.get_args(annotation):
+        out += _models_in(arg)
+    return out
+
+
+def known_paths(model: type[BaseModel], prefix: str = "") -> set[str]:
+    """Every dotted setting path of ``model`` (members of discriminated unions included)."""
+    out: set[str] = set()
+    for name, field in model.model_fields.items():
+        path = f"{prefix}{name}"
+        out.add(path)
+        for sub in _models_in(field.annotation):
+            out |= known_paths(sub, path + ".")
+    return out
+
+
+def all_field_names(model: type[BaseModel]) -> set[str]:
+    return {p.rsplit(".", 1)[-1] for p in known_paths(model)}

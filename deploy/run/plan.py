@@ -1,0 +1,86 @@
+"""The processes of a run: which service, under which name, with which settings — derived from the run spec,
+completed with what only the launcher knows (ports, Redis, the reward URL, the control token), and validated
+by each service's own settings class before anything starts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from deploy.local.ports import free_port
+from services.learner.settings import LearnerSettings
+from services.reward.settings import RewardSettings
+from services.rollout.settings import RolloutSettings
+
+from .derive import deep_merge, service_config, validate
+from .spec import RunSpec
+
+
+@dataclass(frozen=True)
+class ServiceKind:
+    """A service: the module ``python -m`` runs, and its settings class (torch-free, like every settings class)."""
+
+    module: str
+    settings_cls: type[BaseModel]
+
+
+KINDS = {
+    "reward": ServiceKind("services.reward", RewardSettings),
+    "rollout": ServiceKind("services.rollout", RolloutSettings),
+    "learner": ServiceKind("services.learner", LearnerSettings),
+}
+
+LEARNER_DEFAULTS = {"observability": {"progress_bar": False}}
+"""What the learner does differently under ``fleetrl run`` unless its own settings say otherwise (the run has
+one progress display)."""
+
+
+@dataclass(frozen=True)
+class ProcessPlan:
+    name: str  # "reward-0", "rollout-1", "learner"
+    kind: str  # key of KINDS
+    config: dict[str, Any]
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.config.get('host', '127.0.0.1')}:{self.config['port']}"
+
+    @property
+    def module(self) -> str:
+        return KINDS[self.kind].module
+
+
+def run_dir_of(spec: RunSpec) -> Path:
+    return Path(spec.run_dir) if spec.run_dir else (Path("runs") / spec.run_name).resolve()
+
+
+def plan(spec: RunSpec, spec_file: str | Path, redis_url: str | None, token: str) -> list[ProcessPlan]:
+    """The run's processes in start order (reward, rollout, learner). Raises SettingsError naming the setting."""
+    out: list[ProcessPlan] = []
+    reward_urls: list[str] = []
+    if spec.is_rl and spec.reward.scorers is not None:
+        base = service_config(spec, "reward", spec_file)
+        for i in range(spec.replicas.reward):
+            p = ProcessPlan(f"reward-{i}", "reward", {**base, "port": free_port()})
+            reward_urls.append(p.url)
+            out.append(p)
+    elif spec.is_rl:
+        reward_urls.append(spec.reward.url.rstrip("/"))
+    if spec.is_rl:
+        base = service_config(spec, "rollout", spec_file)
+        for i in range(spec.replicas.rollout):
+            fleet = {"port": free_port(), "redis_url": redis_url, "control_token": token,
+                     "worker": {"enabled": True, "reward_url": reward_urls[i % len(reward_urls)],
+                                "consumer_name": f"rollout-{i}"}}
+            out.append(ProcessPlan(f"rollout-{i}", "rollout", deep_merge(base, fleet)))
+    learner = deep_merge(LEARNER_DEFAULTS, service_config(spec, "learner", spec_file))
+    fleet = {"port": free_port(), "control_token": token, "run_dir": str(run_dir_of(spec) / "learner")}
+    if redis_url is not None and spec.is_rl:
+        fleet["redis_url"] = redis_url
+    out.append(ProcessPlan("learner", "learner", deep_merge(learner, fleet)))
+    for p in out:
+        validate(KINDS[p.kind].settings_cls, p.kind, p.config)
+    return out

@@ -1,0 +1,154 @@
+"""The run spec (``fleetrl.yaml``): one typed, strict file for a whole run. Every service's settings are derived
+from it (``deploy/run/derive.py``), so what the services share is written once.
+
+Relative paths in the file (``model``, ``data.path``, ``eval.data``, ``export``, ``run_dir``, files named under
+``services``) are relative to the file's own directory; without ``run_dir`` the run lives in
+``./runs/<run_name>`` under the directory ``fleetrl run`` is started from.
+
+The learner's own section types are reused as they are (``data``, ``algorithm``, ``optim``, ``train``): one
+definition, documented once, in ``services/learner/settings.py``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from services.learner.algorithms.config import AlgorithmSettings, GRPOSettings
+from services.learner.settings import DataSettings, OptimSettings, TrainSettings
+from services.reward.scorer_config import ScorerConfig
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RewardSpec(_Strict):
+    """How samples are scored: the reward service's scorers (``fleetrl run`` starts it), or a running one."""
+
+    scorers: list[ScorerConfig] | None = Field(
+        default=None, description="The reward service's scorers (see examples/reward/); it is started with the run.")
+    url: str | None = Field(default=None, description="Base URL of a reward service already running (POST /score).")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> RewardSpec:
+        if (self.scorers is None) == (self.url is None):
+            raise ValueError("set exactly one of reward.scorers (a reward service started with the run) and "
+                             "reward.url (one already running)")
+        return self
+
+
+class SamplingSpec(_Strict):
+    """How the rollout fleet samples; the learner asks for it in every prompt and scores with what each sample
+    was drawn with."""
+
+    group_size: int = Field(default=8, ge=1, le=1024, description="Samples per prompt.")
+    max_new_tokens: int = Field(default=256, ge=1, description="Tokens generated per sample at most.")
+    temperature: float = Field(default=1.0, ge=0.0, description="Sampling temperature.")
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="Nucleus mass (1: off).")
+    top_k: int = Field(default=-1, ge=-1, description="Top-k (-1: off).")
+    min_p: float = Field(default=0.0, ge=0.0, le=1.0, description="Min-p filter (0: off).")
+    stop: list[str] = Field(default_factory=list, description="Stop strings.")
+
+
+class ReplicasSpec(_Strict):
+    """Processes per service on this machine."""
+
+    rollout: int = Field(default=1, ge=1, le=64, description="Rollout replicas (each with its worker and sidecar).")
+    reward: int = Field(default=1, ge=1, le=64, description="Reward replicas (rollout replica i uses i mod n).")
+
+
+class RedisSpec(_Strict):
+    """Where the run's queue lives."""
+
+    url: str | None = Field(default=None, description="An external Redis; unset: an embedded server in run_dir/redis.")
+
+
+class EvalSpec(_Strict):
+    """Held-out accuracy: greedy answers of the policy the rollout fleet serves, scored by the reward service."""
+
+    data: str | None = Field(default=None, description="Held-out prompts (same format and keys as data); unset: none.")
+    every: int | None = Field(default=None, ge=1, description="Evaluate every N learner steps (and before and after).")
+    max_samples: int | None = Field(default=None, ge=1, description="Use only the first N held-out rows.")
+
+
+class ServicesSpec(_Strict):
+    """Each service's own settings (a mapping, or the path of its settings file) for what the run spec does not
+    set: e.g. ``rollout: {engine: {kind: hf, max_batch_size: 256}}``. Setting something the run spec sets, to
+    another value, is an error naming both places."""
+
+    learner: dict[str, Any] | str | None = Field(default=None, description="Learner settings (services/learner).")
+    rollout: dict[str, Any] | str | None = Field(default=None, description="Rollout settings (services/rollout).")
+    reward: dict[str, Any] | str | None = Field(default=None, description="Reward settings (services/reward).")
+
+
+class RunSpec(_Strict):
+    """One run: model, data, reward, algorithm, sampling, staleness, fleet shape, and where Redis is."""
+
+    run_name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$", description="The run's name (its Redis namespace).")
+    run_dir: str | None = Field(default=None, description="Logs, configs, checkpoints; default ./runs/<run_name>.")
+    model: str = Field(description="The policy to start from: a local Hugging Face model directory.")
+    data: DataSettings = Field(description="The prompt set (learner data settings: path, input_key, label_key, ...).")
+    reward: RewardSpec | None = Field(default=None, description="How samples are scored (RL algorithms).")
+    algorithm: AlgorithmSettings = Field(default_factory=GRPOSettings, description="The learner's algorithm.")
+    optim: OptimSettings = Field(default_factory=OptimSettings, description="Optimizer and LR schedule.")
+    train: TrainSettings = Field(default_factory=TrainSettings, description="Batch shapes, max_steps, seed.")
+    sampling: SamplingSpec = Field(default_factory=SamplingSpec)
+    staleness: int = Field(
+        default=1, ge=0, description="How many weight versions a sample's policy may be behind the learner's when it "
+        "is trained: rollout workers stop taking prompts beyond it and the learner drops (and re-issues) older groups.")
+    window: int | None = Field(
+        default=None, ge=1, description="Prompt groups issued but not yet trained at most; default 2 x "
+        "train.groups_per_step.")
+    checkpoint_every: int = Field(default=10, ge=1, description="Checkpoint every N learner steps (and at the end).")
+    export: str | None = Field(default=None, description="Write the final policy here (Hugging Face format).")
+    replicas: ReplicasSpec = Field(default_factory=ReplicasSpec)
+    redis: RedisSpec = Field(default_factory=RedisSpec)
+    eval: EvalSpec = Field(default_factory=EvalSpec)
+    services: ServicesSpec = Field(default_factory=ServicesSpec)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RunSpec:
+        if self.data.path is None:
+            raise ValueError("data.path is required: the prompt set (JSONL, Parquet or a saved HF dataset)")
+        if self.is_rl and self.reward is None:
+            raise ValueError(f"algorithm {self.algorithm.name} needs reward: scorers or url")
+        if self.eval.every is not None and self.eval.data is None:
+            raise ValueError("eval.every needs eval.data (the held-out prompts)")
+        if self.eval.data is not None and not self.is_rl:
+            raise ValueError("eval.data: held-out evaluation goes through the rollout fleet, which an sft run does "
+                             "not start; evaluate its export with an RL run's eval or fleetrl eval")
+        return self
+
+    @property
+    def is_rl(self) -> bool:
+        """RL runs start the rollout and reward fleets; SFT is the learner alone."""
+        return self.algorithm.name != "sft"
+
+    @property
+    def group_window(self) -> int:
+        return self.window if self.window is not None else 2 * self.train.groups_per_step
+
+
+def resolve_paths(raw: dict[str, Any], base: Path) -> dict[str, Any]:
+    """``raw`` with the spec's relative paths made absolute against ``base`` (the spec file's directory)."""
+
+    def absolute(value: Any) -> Any:
+        if isinstance(value, str) and value and not Path(value).expanduser().is_absolute():
+            return str((base / value).resolve())
+        return value
+
+    out = dict(raw)
+    if isinstance(out.get("model"), str) and (base / out["model"]).exists():  # else a hub id, kept as it is
+        out["model"] = absolute(out["model"])
+    for key in ("export", "run_dir"):
+        if key in out:
+            out[key] = absolute(out[key])
+    for section, key in (("data", "path"), ("eval", "data")):
+        if isinstance(out.get(section), dict) and key in out[section]:
+            out[section] = {**out[section], key: absolute(out[section][key])}
+    if isinstance(out.get("services"), dict):
+        out["services"] = {k: absolute(v) for k, v in out["services"].items()}
+    return out
