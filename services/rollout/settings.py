@@ -7,6 +7,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from services.rollout.agents.settings import AgentSettings
 from services.rollout.engines.settings import EngineSettings, HFEngineSettings
 from services.rollout.sessions.settings import SessionSettings
 from services.rollout.weights.settings import SidecarSettings, refuse_legacy_env
@@ -70,6 +71,18 @@ class WorkerSettings(BaseModel):
     group_retries: int = Field(default=3, ge=0, description="Regenerations of a group whose samples were aborted.")
     poll_interval_s: float = Field(default=0.5, gt=0, description="Re-check period while the worker holds back.")
     sampling: WorkerSampling = Field(default_factory=WorkerSampling)
+    rollout_function: str = Field(
+        default="single_turn", description="What the worker does with a prompt task: single_turn (n samples, one "
+        "/score call), multi_turn (environments and tools; `agent`), or your own 'package.module:function'.")
+    agent: AgentSettings = Field(default_factory=AgentSettings, description="The multi_turn rollout function.")
+
+    @field_validator("rollout_function")
+    @classmethod
+    def _loadable(cls, v: str) -> str:
+        from services.rollout.worker.functions import load_rollout_function
+
+        load_rollout_function(v)  # a LoadError (a ValueError) names the path and what is wrong
+        return v
 
     @model_validator(mode="after")
     def _reward(self) -> WorkerSettings:

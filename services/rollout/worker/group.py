@@ -1,4 +1,4 @@
-"""One prompt task -> its group of experiences (pure mapping, no I/O)."""
+"""One prompt task -> its group of experiences (pure mappings, no I/O)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import time
 
 from services.rollout.engines.types import SamplingParams, SequenceOutput
 from services.rollout.settings import WorkerSampling
-from shared.reward_api import ScoreResponse
+from services.rollout.worker.trajectory import Trajectory, TrajectoryBuilder
 from shared.schemas import Experience, PromptTask, SamplingRecord, sample_id
 
 
@@ -27,21 +27,30 @@ def sampling_record(params: SamplingParams) -> SamplingRecord:
                           min_p=params.min_p, max_tokens=params.max_new_tokens)
 
 
-def experiences(task: PromptTask, prompt_ids: list[int], prompt_text: str, outs: list[SequenceOutput],
-                scores: ScoreResponse, params: SamplingParams) -> list[Experience]:
-    """One experience per sample of a single-turn group: every response token is the model's, from one version."""
+def single_turn_trajectory(prompt_ids: list[int], prompt_text: str, out: SequenceOutput, reward: float,
+                           components: dict[str, float], params: SamplingParams) -> Trajectory:
+    """A single-turn sample as the one-turn trajectory: one model turn, every response token the model's."""
+    assert out.finish is not None
+    b = TrajectoryBuilder(prompt_ids)
+    b.model(out.output_ids, out.logprobs, out.weight_version)
+    return b.build(finish_reason=out.finish.type, reward=reward, sampling=sampling_record(params),
+                   reward_components=components, prompt_text=prompt_text, response_text=out.text)
+
+
+def experiences(task: PromptTask, trajectories: list[Trajectory]) -> list[Experience]:
+    """One experience per trajectory, in group order. ``action_mask`` is left out (None) when every response
+    token is the model's, as single-turn samples always are."""
     now = time.time()
-    record = sampling_record(params)
     group = []
-    for i, (out, score, comps) in enumerate(zip(outs, scores.scores, scores.components)):
-        assert score is not None and out.finish is not None
+    for i, t in enumerate(trajectories):
         group.append(Experience(
             id=sample_id(task.id, i), prompt_id=task.id, group_id=task.id, group_size=task.n, index=i,
-            prompt_token_ids=prompt_ids, response_token_ids=out.output_ids, response_logprobs=out.logprobs,
-            finish_reason=out.finish.type, reward=float(score),
-            reward_components={k: float(v) for k, v in comps.items() if v is not None},
-            weight_version=out.weight_version, prompt_text=prompt_text, response_text=out.text, label=task.label,
-            metadata=task.metadata, created_at=task.created_at, generated_at=now,
-            version_spans=[(0, out.weight_version)], sampling=record,
+            prompt_token_ids=list(t.prompt_ids), response_token_ids=list(t.response_ids),
+            response_logprobs=list(t.response_logprobs), finish_reason=t.finish_reason, reward=t.reward,
+            reward_components=dict(t.reward_components), weight_version=t.weight_version,
+            prompt_text=t.prompt_text, response_text=t.response_text, label=task.label,
+            metadata={**task.metadata, **t.metadata}, created_at=task.created_at, generated_at=now,
+            action_mask=None if all(t.action_mask) else list(t.action_mask),
+            version_spans=[tuple(s) for s in t.version_spans], sampling=t.sampling,
         ))
     return group

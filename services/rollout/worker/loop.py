@@ -1,8 +1,9 @@
 """The rollout worker loop (runs inside the rollout service process when ``worker.enabled``).
 
-For each prompt task taken from ``keys.prompts_stream(run)`` (consumer group "rollout"): generate
-``task.n`` samples as one group on this service's engine, score them all with one ``/score`` call,
-push one Experience per sample to ``keys.experiences_stream(run)``, and only then ack the prompt. While
+For each prompt task taken from ``keys.prompts_stream(run)`` (consumer group "rollout"): run the rollout
+function (``worker.rollout_function``; ``single_turn`` generates ``task.n`` samples as one group on this
+service's engine and scores them with one ``/score`` call, ``multi_turn`` runs environments and tools), push
+one Experience per trajectory to ``keys.experiences_stream(run)``, and only then ack the prompt. While
 a group is being generated and scored, however long that takes, the worker keeps its lease on the prompt
 alive (:class:`~shared.experience_queue.Lease`), so no other worker takes it. A worker that dies or hangs
 (stopped) mid-group stops renewing: another worker reclaims the prompt after ``claim_idle_ms`` and
@@ -13,6 +14,10 @@ Admission: no new prompt is taken while the experiences backlog is over ``max_ex
 while the learner's published version (``keys.weights_version(run)``) is more than ``max_staleness``
 ahead of this engine's ``weight_version``. A group with aborted samples (a weight switch in abort
 mode) is regenerated whole, so a group never mixes versions or carries a truncated sample.
+
+What fails a group (a bad task, an environment that fails past its retries, a rollout function that raises
+or returns something else than ``task.n`` trajectories) fails that delivery with the reason: redelivered,
+then dead-lettered. The worker itself carries on.
 """
 
 from __future__ import annotations
@@ -21,27 +26,20 @@ import asyncio
 import logging
 import os
 import socket
-import uuid
-from dataclasses import replace
 
 import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from services.rollout.engines.base import EngineError, SequenceRejected
-from services.rollout.engines.types import SequenceOutput, SequenceRequest
-from services.rollout.errors import Overloaded
+from services.rollout.worker.contract import GroupFailed, RolloutContext
+from services.rollout.worker.functions import load_rollout_function
 from services.rollout.worker.group import experiences, task_sampling
 from services.rollout.worker.reward_client import RewardClient, RewardRejected
+from services.rollout.worker.trajectory import Trajectory
 from shared import keys
 from shared.experience_queue import BackpressureTimeout, Delivery, Lease, StreamQueue
-from shared.reward_api import ScoreItem
-from shared.schemas import ChatMessage, Experience, PromptTask
+from shared.schemas import Experience, PromptTask
 
 log = logging.getLogger(__name__)
-
-
-class GroupFailed(RuntimeError):
-    """This delivery cannot be completed now; it is failed (redelivered later, or dead-lettered)."""
 
 
 class RolloutWorker:
@@ -50,6 +48,7 @@ class RolloutWorker:
         self.cfg = settings.worker
         self.service = service
         self.consumer = self.cfg.consumer_name or f"{socket.gethostname()}-{os.getpid()}"
+        self.rollout_function = load_rollout_function(self.cfg.rollout_function)  # checked by the settings too
         self._task: asyncio.Task | None = None
         self._groups: dict[str, asyncio.Task] = {}  # prompt entry id -> the task generating its group
         self.lease: Lease | None = None
@@ -183,51 +182,21 @@ class RolloutWorker:
                 delay = min(delay * 2, 5.0)
 
     # ---- one group ---------------------------------------------------------------------------------
-    def _prompt(self, task: PromptTask) -> tuple[list[int], str | list[ChatMessage]]:
-        if task.prompt_token_ids:
-            ids = list(task.prompt_token_ids)
-            return ids, self.service.tokenizer.decode(ids, skip_special_tokens=False)
-        if isinstance(task.prompt, str):
-            return self.service.encode(task.prompt), task.prompt
-        messages = [m.model_dump() for m in task.prompt]
-        return self.service.apply_chat_template(messages), task.prompt
-
     async def _rollout(self, task: PromptTask) -> list[Experience]:
+        ctx = RolloutContext(task, task_sampling(self.cfg.sampling, task), self.cfg, self.service, self.rewards)
+        trajectories = await self.rollout_function(ctx)
+        name = self.cfg.rollout_function
+        if not isinstance(trajectories, list) or len(trajectories) != task.n:
+            got = f"{len(trajectories)} trajectories" if isinstance(trajectories, list) else type(trajectories).__name__
+            raise GroupFailed(f"rollout function {name!r} returned {got} for a group of {task.n}")
+        bad = next((t for t in trajectories if not isinstance(t, Trajectory)), None)
+        if bad is not None:
+            raise GroupFailed(f"rollout function {name!r} returned a {type(bad).__name__}, not a Trajectory")
         try:
-            ids, prompt = self._prompt(task)
-            params = task_sampling(self.cfg.sampling, task)
-            max_new = min(params.max_new_tokens, self.service.engine.context_length - len(ids))
-            self.service.check_prompt(ids, max_new)
-        except ValueError as exc:  # RequestError: this task can never be generated as given
-            raise GroupFailed(f"bad prompt task: {exc}") from exc
-        params = replace(params, max_new_tokens=max_new)
-        outs = await self._generate(task, ids, params)
-        prompt_text = prompt if isinstance(prompt, str) else self.service.tokenizer.decode(ids, skip_special_tokens=False)
-        items = [ScoreItem(prompt=prompt, response=o.text, label=task.label, metadata=task.metadata) for o in outs]
-        scores = await self.rewards.score(items)
-        if any(s is None for s in scores.scores):
-            raise GroupFailed(f"the reward service could not score every sample: {scores.errors}")
-        return experiences(task, ids, prompt_text, outs, scores, params)
-
-    async def _generate(self, task: PromptTask, ids: list[int], params) -> list[SequenceOutput]:
-        aborted_attempts = 0
-        while True:
-            rid = f"w{uuid.uuid4().hex[:12]}"
-            seqs = [SequenceRequest(rid=f"{rid}-{j}", prompt_ids=tuple(ids), params=params) for j in range(task.n)]
-            try:
-                outs = await self.service.generate(seqs)
-            except (Overloaded, EngineError) as exc:  # capacity, pause past its wait, engine down: wait, retry
-                log.info("group %s: %s; retrying", task.id, exc)
-                await asyncio.sleep(self.cfg.poll_interval_s)
-                continue
-            except SequenceRejected as exc:  # the task asks for what the engine cannot do: retrying cannot help
-                raise GroupFailed(f"bad prompt task: {exc}") from exc
-            if all(o.finish is not None and o.finish.type != "abort" for o in outs):
-                return outs
-            aborted_attempts += 1
-            if aborted_attempts > self.cfg.group_retries:
-                raise GroupFailed(f"group {task.id} was aborted {aborted_attempts} times")
-            log.info("group %s had aborted samples; regenerating the whole group", task.id)
+            return experiences(task, trajectories)
+        except ValueError as exc:  # a trajectory the queue's record refuses (misaligned fields ...)
+            raise GroupFailed(f"rollout function {name!r} returned a trajectory that is not a valid experience: "
+                              f"{exc}") from exc
 
     async def _push(self, group: list[Experience]) -> None:
         while True:

@@ -7,9 +7,8 @@ import pytest
 
 from services.rollout.engines.types import Finish, SequenceOutput
 from services.rollout.settings import WorkerSampling
-from services.rollout.worker.group import experiences, sampling_record, task_sampling
+from services.rollout.worker.group import experiences, sampling_record, single_turn_trajectory, task_sampling
 from shared.codec import decode, encode
-from shared.reward_api import ScoreResponse
 from shared.schemas import Experience, PromptTask, SamplingOverrides, SamplingRecord
 
 
@@ -30,12 +29,13 @@ def test_every_single_turn_experience_carries_sampling_and_version_spans(version
     task = PromptTask(id="t", prompt="hi", n=2, label="a")
     params = task_sampling(WorkerSampling(max_new_tokens=7, temperature=0.0), task)
     outs = [_out([5, 6, 4], versions[0]), _out([], versions[1])]  # an empty response is still a sample
-    scores = ScoreResponse(scores=[1.0, 0.0], components=[{"r": 1.0}, {"r": 0.0}])
-    group = experiences(task, [1, 2], "hi", outs, scores, params)
+    trajectories = [single_turn_trajectory([1, 2], "hi", o, r, {"r": r}, params) for o, r in zip(outs, (1.0, 0.0))]
+    group = experiences(task, trajectories)
     for e, v in zip(group, versions):
         assert e.sampling == SamplingRecord(temperature=0.0, top_p=1.0, top_k=-1, min_p=0.0, max_tokens=7)
         assert e.version_spans == [(0, v)] and e.weight_version == v
         assert e.action_mask is None  # the one-turn case: every response token is the model's
+        assert e.reward_components == {"r": e.reward} and e.response_text == "x" * len(e.response_token_ids)
         back = decode(encode(e), Experience)
         assert back.sampling == e.sampling and back.version_spans == e.version_spans
         assert back.token_versions() == [v] * len(e.response_token_ids)

@@ -1,0 +1,1 @@
+"""Environments shipped with FleetRL (by name in ``ENVIRONMENTS``): echo, calculator, reasoning_gym, openenv."""

@@ -1,0 +1,51 @@
+"""Settings of multi-turn rollouts (``worker.agent``): the environment, its tools, limits and failure policy."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class AgentSettings(BaseModel):
+    """The ``multi_turn`` rollout function: an environment per trajectory, tool calls, turn and context limits."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    environment: str = Field(
+        default="echo", description="Environment by name (see services/rollout/agents/environments.py) or "
+        "'package.module:factory'; a task's metadata.environment overrides it.")
+    environment_args: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments of the environment's factory (a task's "
+        "metadata.environment_args are merged over them).")
+    max_turns: int = Field(default=8, ge=1, le=1024, description="Model turns per trajectory at most; a "
+                           "trajectory that reaches it before the environment is done ends with finish reason length.")
+    tool_call_format: str = Field(default="hermes", description="How the model writes tool calls (tool_calls.py).")
+    tool_timeout_s: float = Field(default=10.0, gt=0, description="One tool call's time limit; past it the "
+                                  "trajectory fails.")
+    env_timeout_s: float = Field(default=30.0, gt=0, description="One environment reset / step / close's time "
+                                 "limit; past it the trajectory fails.")
+    max_result_chars: int = Field(default=4000, ge=16, description="Tool results are cut to this many characters.")
+    trajectory_retries: int = Field(default=2, ge=0, description="Retries of a trajectory whose environment or "
+                                    "tool failed; past them the group fails with the reason (then dead-lettered).")
+    on_length: Literal["keep", "mask", "penalize"] = Field(
+        default="keep", description="A trajectory cut by the turn or context limit: keep it as it is, mask it "
+        "(nothing trained on, it still counts in its group's baseline), or give it `length_penalty` as its reward.")
+    length_penalty: float = Field(default=-1.0, description="The reward of a cut trajectory with on_length: penalize.")
+
+    @field_validator("tool_call_format")
+    @classmethod
+    def _known_format(cls, v: str) -> str:
+        from services.rollout.agents.tool_calls import TOOL_CALL_FORMATS
+
+        if v not in TOOL_CALL_FORMATS:
+            raise ValueError(f"unknown tool_call_format {v!r}; known: {', '.join(sorted(TOOL_CALL_FORMATS))}")
+        return v
+
+    @field_validator("environment")
+    @classmethod
+    def _loadable(cls, v: str) -> str:
+        from services.rollout.agents.environments import load_environment
+
+        load_environment(v)  # a LoadError (a ValueError) names the path and what is wrong
+        return v

@@ -1,0 +1,125 @@
+"""The rollout-function plug-in contract: what the worker hands a rollout function, and what it gets back.
+
+A rollout function turns one prompt task into its group: ``async def fn(ctx: RolloutContext) ->
+list[Trajectory]`` with exactly ``ctx.task.n`` trajectories, in group order. The context gives it
+token-in / token-out generation on this replica's engine (:meth:`RolloutContext.generate`: prompt ids in,
+:class:`SequenceOutput` s with output ids and logprobs out — nothing is re-tokenised), the tokenizer and chat
+template (:meth:`RolloutContext.chat`), the reward service (:meth:`RolloutContext.score`), the task and the
+worker's settings.
+
+What goes wrong is said by raising: :class:`GroupFailed` (this delivery cannot be completed; the prompt is
+redelivered, then dead-lettered with the reason). Any other exception is treated the same way, logged as a
+bug. Never return a made-up reward for a sample that could not be scored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from services.rollout.engines.base import EngineError, SequenceRejected
+from services.rollout.engines.types import SamplingParams, SequenceOutput, SequenceRequest
+from services.rollout.errors import Overloaded, RequestError
+from services.rollout.worker.trajectory import Trajectory
+from shared.reward_api import ScoreItem, ScoreResponse
+from shared.schemas import ChatMessage, PromptTask
+
+if TYPE_CHECKING:
+    from services.rollout.agents.chat_tokens import ChatTokens
+    from services.rollout.worker.reward_client import RewardClient
+
+log = logging.getLogger(__name__)
+
+
+class GroupFailed(RuntimeError):
+    """This delivery cannot be completed now; it is failed (redelivered later, or dead-lettered)."""
+
+
+class RolloutContext:
+    """Everything a rollout function may use; built by the worker for one prompt task."""
+
+    def __init__(self, task: PromptTask, params: SamplingParams, settings: Any, service: Any,
+                 rewards: RewardClient) -> None:
+        self.task = task
+        self.params = params  #: the task's sampling: the worker's defaults with the task's overrides
+        #: the worker's settings, a ``services.rollout.settings.WorkerSettings`` (not imported here: the settings
+        #: load rollout functions, which import this module); ``settings.agent`` for multi-turn rollouts
+        self.settings = settings
+        self._service = service
+        self._rewards = rewards
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._service.tokenizer
+
+    @property
+    def context_length(self) -> int:
+        return int(self._service.engine.context_length)
+
+    def prompt(self) -> tuple[list[int], str | list[ChatMessage]]:
+        """The task's prompt as ids (given ids are used as they are), and as the reward service sees it."""
+        task, svc = self.task, self._service
+        try:
+            if task.prompt_token_ids:
+                ids = list(task.prompt_token_ids)
+                return ids, svc.tokenizer.decode(ids, skip_special_tokens=False)
+            if isinstance(task.prompt, str):
+                return svc.encode(task.prompt), task.prompt
+            return svc.apply_chat_template([m.model_dump() for m in task.prompt]), task.prompt
+        except RequestError as exc:
+            raise GroupFailed(f"bad prompt task: {exc}") from exc
+
+    def chat(self, tools: list[dict] | None = None) -> ChatTokens:
+        """Token-in / token-out over the model's chat template (prompt ids, turn endings, message deltas)."""
+        from services.rollout.agents.chat_tokens import ChatTokens, TemplateNotAppendOnly
+
+        try:
+            return ChatTokens(self.tokenizer, tools=tools)
+        except TemplateNotAppendOnly as exc:
+            raise GroupFailed(f"multi-turn rollouts need an append-only chat template: {exc}") from exc
+
+    def room(self, prompt_ids: Sequence[int], max_new_tokens: int) -> int:
+        """``max_new_tokens`` cut to what the context leaves after ``prompt_ids`` (0: no room)."""
+        return max(0, min(max_new_tokens, self.context_length - len(prompt_ids)))
+
+    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams, n: int = 1) -> list[SequenceOutput]:
+        """``n`` samples continuing exactly ``prompt_ids`` on this replica's engine (output ids + logprobs).
+
+        Waits while the engine is over capacity, paused past its wait or down; a sequence the engine can never
+        run as asked (bad ids, no room in the context) is :class:`GroupFailed`. Samples aborted by a weight
+        switch come back with ``finish.type == "abort"``: the caller decides whether to regenerate them."""
+        try:
+            max_new = self._service.check_prompt(prompt_ids, params.max_new_tokens)
+            self._service.check_stop_ids(params.stop_token_ids)
+        except RequestError as exc:
+            raise GroupFailed(f"bad prompt task: {exc}") from exc
+        params = replace(params, max_new_tokens=max_new)
+        while True:
+            rid = f"w{uuid.uuid4().hex[:12]}"
+            seqs = [SequenceRequest(rid=f"{rid}-{j}", prompt_ids=tuple(prompt_ids), params=params) for j in range(n)]
+            try:
+                return await self._service.generate(seqs)
+            except (Overloaded, EngineError) as exc:  # capacity, pause past its wait, engine down: wait, retry
+                log.info("task %s: %s; retrying", self.task.id, exc)
+                await asyncio.sleep(self.settings.poll_interval_s)
+            except SequenceRejected as exc:  # the task asks for what the engine cannot do: retrying cannot help
+                raise GroupFailed(f"bad prompt task: {exc}") from exc
+
+    async def score(self, items: list[ScoreItem]) -> ScoreResponse:
+        """Scores from the reward service (retried while it is down; a 4xx is :class:`RewardRejected`). A
+        reply that could not score every item is :class:`GroupFailed`: no reward is made up."""
+        scores = await self._rewards.score(items)
+        if any(s is None for s in scores.scores):
+            raise GroupFailed(f"the reward service could not score every sample: {scores.errors}")
+        return scores
+
+
+@runtime_checkable
+class RolloutFunction(Protocol):
+    """``async def fn(ctx: RolloutContext) -> list[Trajectory]``: the group of ``ctx.task`` (``task.n`` of them)."""
+
+    async def __call__(self, ctx: RolloutContext) -> list[Trajectory]: ...
