@@ -22,7 +22,11 @@ What every engine offers (the routes, the rollout worker and the weight-sync sid
 - pause: ``await pause(mode)`` stops admitting new sequences (they wait until ``resume()``, bounded by
   their admission timeout, then fail with :class:`EnginePaused`); ``mode="wait"`` returns once the
   sequences in flight have finished, ``mode="abort"`` aborts them (``finish_reason = abort``) and
-  returns once they are gone. ``paused`` tells the state. ``await resume()`` admits again.
+  returns once they are gone, ``mode="partial"`` interrupts them at a token boundary like abort, but each
+  one continues after ``resume()`` from its exact tokens under the new weights (its prompt plus what it had
+  generated is prefilled again, so no forward pass mixes two versions), and its deltas say which weight
+  version produced them (``SequenceOutput.version_spans``). ``paused`` tells the state. ``await resume()``
+  admits again.
 
 Every engine also has ``tokenizer`` (a Hugging Face tokenizer loaded from the model directory: the
 service tokenises text and applies chat templates itself, so token ids are always FleetRL's) and
@@ -37,6 +41,7 @@ import logging
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import aclosing
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -52,7 +57,7 @@ from shared.service_kit.loader import load_object
 
 log = logging.getLogger(__name__)
 
-PauseMode = Literal["abort", "wait"]
+PauseMode = Literal["abort", "wait", "partial"]
 
 __all__ = [
     "Engine",
@@ -112,6 +117,7 @@ class Engine(ABC):
         self._admitting = asyncio.Event()
         self._admitting.set()
         self._inflight: set[str] = set()
+        self._interrupted: set[str] = set()  # in flight when a partial pause came: they continue after resume
         self._idle = asyncio.Event()
         self._idle.set()
         self._started = False
@@ -166,16 +172,45 @@ class Engine(ABC):
         if not self._started:
             raise EngineUnavailable("the engine is not started")
         await self._admit(admit_timeout)
-        self._inflight.add(request.rid)
-        self._idle.clear()
-        try:
-            async with aclosing(self._stream(request)) as deltas:
-                async for delta in deltas:
-                    yield delta
-        finally:
-            self._inflight.discard(request.rid)
-            if not self._inflight:
-                self._idle.set()
+        segment: SequenceRequest | None = request
+        produced: list[int] = []
+        while segment is not None:
+            version = self._weight_version  # constant while it runs: weights switch only with nothing in flight
+            interrupted: SequenceDelta | None = None
+            self._inflight.add(request.rid)
+            self._idle.clear()
+            try:
+                async with aclosing(self._stream(segment)) as deltas:
+                    async for delta in deltas:
+                        delta.weight_version = version
+                        produced += delta.token_ids
+                        if delta.finish is not None and delta.finish.type == "abort" and request.rid in self._interrupted:
+                            interrupted = delta
+                            break
+                        yield delta
+            finally:
+                self._interrupted.discard(request.rid)
+                self._inflight.discard(request.rid)
+                if not self._inflight:
+                    self._idle.set()
+            if interrupted is None:
+                return
+            interrupted.finish = None  # what it had generated goes out; the sequence goes on
+            yield interrupted
+            segment = self._continuation(request, produced)
+            if segment is None:
+                yield SequenceDelta([], [], "", Finish("length", length=len(produced)), weight_version=version)
+                return
+            await self._admit(admit_timeout)
+
+    def _continuation(self, request: SequenceRequest, produced: list[int]) -> SequenceRequest | None:
+        """The rest of an interrupted sequence: its prompt plus the tokens it produced, for the tokens it has
+        left (None when it has none left: it ends with ``length``)."""
+        left = request.params.max_new_tokens - len(produced)
+        prompt = request.prompt_ids + tuple(produced)
+        if left <= 0 or len(prompt) >= self.context_length:
+            return None
+        return replace(request, prompt_ids=prompt, params=replace(request.params, max_new_tokens=left))
 
     async def generate(self, request: SequenceRequest, admit_timeout: float | None = None) -> SequenceOutput:
         """One finished sequence."""
@@ -183,7 +218,10 @@ class Engine(ABC):
         async with aclosing(self.stream(request, admit_timeout)) as deltas:
             async for delta in deltas:
                 out.add(delta)
-        out.weight_version = self._weight_version
+        spans = out.version_spans
+        out.weight_version = min(v for _, v in spans) if spans else self._weight_version
+        if spans is not None and len(spans) == 1:
+            out.version_spans = None  # one version made every token
         return out
 
     async def generate_many(
@@ -233,13 +271,16 @@ class Engine(ABC):
         return 0
 
     async def pause(self, mode: PauseMode = "wait", timeout: float | None = None) -> None:
-        """Stop admitting; ``wait`` lets in-flight sequences finish, ``abort`` aborts them. Returns when
-        nothing is in flight (``asyncio.TimeoutError`` after ``timeout`` s; the engine stays paused)."""
-        if mode not in ("abort", "wait"):
-            raise ValueError(f"pause mode must be 'abort' or 'wait', got {mode!r}")
+        """Stop admitting; ``wait`` lets in-flight sequences finish, ``abort`` aborts them, ``partial``
+        interrupts them to continue after ``resume()``. Returns when nothing is in flight
+        (``asyncio.TimeoutError`` after ``timeout`` s; the engine stays paused)."""
+        if mode not in ("abort", "wait", "partial"):
+            raise ValueError(f"pause mode must be 'abort', 'wait' or 'partial', got {mode!r}")
         self._paused = True
         self._admitting.clear()
-        if mode == "abort" and self._inflight:
+        if mode == "partial":
+            self._interrupted |= self._inflight
+        if mode != "wait" and self._inflight:
             await self._abort_all()
         await asyncio.wait_for(self._idle.wait(), timeout)
 

@@ -74,6 +74,7 @@ class SequenceDelta:
     text: str
     finish: Finish | None = None
     top_logprobs: list[list[tuple[int, float]]] | None = None
+    weight_version: int | None = None  # the weights that produced these tokens (stamped by Engine.stream)
 
 
 @dataclass
@@ -87,9 +88,18 @@ class SequenceOutput:
     top_logprobs: list[list[tuple[int, float]]] | None = None
     text: str = ""
     finish: Finish | None = None
-    weight_version: int = 0
+    weight_version: int = 0  # the oldest version any of its tokens came from
+    #: [(first output token, version), ...] when the weights changed during generation (partial rollouts:
+    #: ``weights.pause_mode: partial``); None when one version produced every token
+    version_spans: list[tuple[int, int]] | None = None
 
     def add(self, delta: SequenceDelta) -> None:
+        v = delta.weight_version
+        if v is not None and delta.token_ids:
+            spans = self.version_spans if self.version_spans is not None else []
+            if not spans or spans[-1][1] != v:
+                spans.append((len(self.output_ids), v))
+            self.version_spans = spans
         self.output_ids.extend(delta.token_ids)
         self.logprobs.extend(delta.logprobs)
         self.text += delta.text

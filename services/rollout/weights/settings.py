@@ -42,10 +42,12 @@ class SidecarSettings(BaseModel):
                     "master_addr (127.0.0.1 when the learner runs on this host). A specific address, not "
                     "0.0.0.0: peers dial what it advertises. SGLang and vLLM servers open their own sockets.",
     )
-    pause_mode: Literal["wait", "abort"] = Field(
+    pause_mode: Literal["wait", "abort", "partial"] = Field(
         default="wait",
         description="Around the switch: wait = in-flight requests finish on the old weights; abort = they end "
-                    "with finish_reason abort (the rollout worker requeues them).",
+                    "with finish_reason abort (the rollout worker regenerates their group); partial = they are "
+                    "interrupted at a token boundary and continue from their exact tokens under the new weights "
+                    "(partial rollouts: each token records the version that produced it, version_spans).",
     )
     pause_timeout_s: float = Field(
         default=120.0, gt=0, description="Longest wait for in-flight requests before aborting them."
