@@ -165,7 +165,7 @@ async def _run(ctx: RolloutContext, cfg: AgentSettings, name: str, env: Environm
     text = ""
     for turn in range(1, cfg.max_turns + 1):
         out = await _model_turn(ctx, b, base)
-        b.model(out.output_ids, out.logprobs, out.weight_version)
+        b.model(out.output_ids, out.logprobs, out.weight_version, out.version_spans)
         text = out.text
         reply = await _respond(cfg, name, env, box, start, text)
         if reply.done:

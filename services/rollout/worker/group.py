@@ -32,7 +32,7 @@ def single_turn_trajectory(prompt_ids: list[int], prompt_text: str, out: Sequenc
     """A single-turn sample as the one-turn trajectory: one model turn, every response token the model's."""
     assert out.finish is not None
     b = TrajectoryBuilder(prompt_ids)
-    b.model(out.output_ids, out.logprobs, out.weight_version)
+    b.model(out.output_ids, out.logprobs, out.weight_version, out.version_spans)
     return b.build(finish_reason=out.finish.type, reward=reward, sampling=sampling_record(params),
                    reward_components=components, prompt_text=prompt_text, response_text=out.text)
 

@@ -98,16 +98,26 @@ class TrajectoryBuilder:
     def model_turns(self) -> int:
         return sum(1 for t in self.turns if t.kind == "model")
 
-    def model(self, ids: Sequence[int], logprobs: Sequence[float], weight_version: int) -> None:
-        """A model turn: the engine's output ids and their logprobs, as sampled."""
+    def model(self, ids: Sequence[int], logprobs: Sequence[float], weight_version: int,
+              version_spans: Sequence[tuple[int, int]] | None = None) -> None:
+        """A model turn: the engine's output ids and their logprobs, as sampled. ``version_spans`` (the engine's
+        ``SequenceOutput.version_spans``, positions within this turn) when the weights changed during the turn
+        (partial rollouts); else ``weight_version`` produced every token."""
         if len(ids) != len(logprobs):
             raise ValueError(f"a model turn has {len(ids)} ids but {len(logprobs)} logprobs")
         start = len(self.ids)
-        if not self.spans or self.spans[-1][1] != weight_version:
-            if self.spans and self.spans[-1][0] == start:  # the previous span is still empty: replace it
-                self.spans.pop()
-            self.spans.append((start, int(weight_version)))
+        for offset, version in (version_spans or [(0, weight_version)]):
+            self._open_span(start + int(offset), int(version))
         self._add("model", ids, [float(x) for x in logprobs], 1, weight_version)
+
+    def _open_span(self, position: int, version: int) -> None:
+        if self.spans and self.spans[-1][1] == version:
+            return
+        if self.spans and self.spans[-1][0] == position:  # the previous span is still empty: replace it
+            self.spans.pop()
+            if self.spans and self.spans[-1][1] == version:
+                return
+        self.spans.append((position, version))
 
     def environment(self, ids: Sequence[int]) -> None:
         """An environment turn: template ids the model did not sample (mask 0, logprob 0.0 placeholders)."""

@@ -37,6 +37,17 @@ def test_the_one_turn_case_has_no_mask_on_the_wire():
     assert e.action_mask is None and e.version_spans == [(0, 0)] and e.finish_reason == "length"
 
 
+def test_versions_changing_inside_a_turn_partial_rollouts():
+    b = TrajectoryBuilder([1])
+    b.model([5, 6, 7], [-1.0] * 3, weight_version=2, version_spans=[(0, 2), (2, 3)])
+    b.environment([8, 9])
+    b.model([10, 11], [-1.0] * 2, weight_version=3, version_spans=[(0, 3), (1, 4)])
+    t = b.build(finish_reason="stop", reward=0.0, sampling=REC)
+    assert t.version_spans == ((0, 2), (2, 3), (6, 4)) and t.weight_version == 2
+    (e,) = experiences(PromptTask(id="p", prompt="x"), [t])
+    assert e.token_versions() == [2, 2, 3, 3, 3, 3, 4]
+
+
 def test_an_empty_last_model_turn_opens_no_span():
     b = TrajectoryBuilder([1])
     b.model([5], [-1.0], weight_version=1)
@@ -60,3 +71,14 @@ def test_a_reward_must_be_finite():
     b.model([5], [-1.0], weight_version=0)
     with pytest.raises(ValueError, match="finite"):
         b.build(finish_reason="stop", reward=float("nan"), sampling=REC)
+
+
+def test_a_model_turn_generated_across_weight_switches_keeps_its_version_spans():
+    from services.rollout.worker.trajectory import TrajectoryBuilder
+
+    b = TrajectoryBuilder([1, 2])
+    b.model([10, 11], [-0.1, -0.2], 3)
+    b.environment([20, 21, 22])
+    # the second model turn: its first token from version 3, the rest from version 4 (a partial rollout)
+    b.model([12, 13, 14], [-0.3, -0.4, -0.5], 3, version_spans=[(0, 3), (1, 4)])
+    assert b.spans == [(0, 3), (6, 4)]
