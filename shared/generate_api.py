@@ -160,6 +160,9 @@ class MetaInfo(BaseModel):
     cached_tokens: int = 0
     finish_reason: dict[str, Any] | None
     weight_version: str
+    weight_version_spans: list[tuple[int, int]] | None = Field(
+        default=None, description="FleetRL: [(first output token, weight version), ...] when the weights changed "
+        "while this sequence was generated (partial rollouts); weight_version is then the oldest.")
     e2e_latency: float | None = None
     output_token_logprobs: list[tuple[float, int, str | None]] | None = None
     output_top_logprobs: list[list[tuple[float, int, str | None]]] | None = None

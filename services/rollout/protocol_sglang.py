@@ -68,6 +68,7 @@ def _meta(service: RolloutService, p: GeneratePlan, k: int, out: SequenceOutput,
         completion_tokens=len(out.output_ids),
         finish_reason=out.finish.to_wire() if (final and out.finish is not None) else None,
         weight_version=str(service.engine.weight_version if not final else out.weight_version),
+        weight_version_spans=out.version_spans if final and out.version_spans and len(out.version_spans) > 1 else None,
         e2e_latency=round(time.monotonic() - p.started, 6) if final else None,
     )
     if req.return_logprob:
@@ -102,7 +103,8 @@ async def sse_chunks(service: RolloutService, p: GeneratePlan, deltas: AsyncIter
         out.add(delta)
         final = delta.finish is not None
         if final:
-            out.weight_version = service.engine.weight_version
+            spans = out.version_spans
+            out.weight_version = min(v for _, v in spans) if spans else service.engine.weight_version
         meta = _meta(service, p, k, out, final)
         if incremental:
             start = sent[k]
