@@ -36,6 +36,68 @@ def test_rewarded_response_becomes_more_likely(name, tiny_model_dir, tmp_path):
         assert metrics["kl"] != 0.0  # the policy moved away from the reference
 
 
+LOSSES = {
+    "ppo_dual_clip": {"kind": "ppo", "eps_high": 0.28, "dual_clip": 3.0},
+    "dr_grpo": {"kind": "dr_grpo", "normalizer": 8},
+    "gspo": {"kind": "gspo"},
+    "cispo": {"kind": "cispo"},
+    "dppo": {"kind": "dppo"},
+    "custom": {"kind": "custom", "path": "tests.learner.training.custom_loss:plain_reinforce", "kwargs": {"scale": 1.0}},
+}
+CORRECTIONS = {
+    "none": {"kind": "none"},
+    "mis_token": {"kind": "mis", "level": "token"},
+    "mis_sequence": {"kind": "mis", "level": "sequence"},
+    "geo_seq": {"kind": "geo_seq", "cap": 2.0},
+    "icepop": {"kind": "icepop"},
+}
+
+
+def on_policy(trainer, batch):
+    """The batch with the engine logprobs a fleet holding the trainer's current weights would report."""
+    from services.learner.training.batch import action_logprobs, build_rl_batch
+
+    rb = build_rl_batch(batch, trainer.pad_id).to(trainer.device)
+    with torch.no_grad():
+        lp, _ = action_logprobs(trainer.actor.model, rb)
+    out = []
+    for row, e in enumerate(batch):
+        n = len(e.response_token_ids)
+        mask = rb.action_mask[row].bool()
+        out.append(e.model_copy(update={"response_logprobs": lp[row][mask][:n].tolist()}))
+    return out
+
+
+def rewarded_becomes_more_likely(trainer, steps: int = 6, engine=None) -> dict:
+    good0, bad0 = response_logprob(trainer, [GOOD] * 3), response_logprob(trainer, [BAD] * 3)
+    for step in range(steps):
+        batch = good_bad_batch(step)
+        metrics = trainer.train_step(engine(trainer, batch) if engine else batch)
+        assert all(math.isfinite(v) for v in metrics.values()), metrics
+    good1, bad1 = response_logprob(trainer, [GOOD] * 3), response_logprob(trainer, [BAD] * 3)
+    assert good1 > good0 + 1.0, (good0, good1)
+    assert good1 - bad1 > (good0 - bad0) + 2.0
+    return metrics
+
+
+@pytest.mark.parametrize("loss", sorted(LOSSES))
+def test_rewarded_response_becomes_more_likely_with_every_policy_loss(loss, tiny_model_dir, tmp_path):
+    algo = {"name": "grpo", "policy_loss": LOSSES[loss], "norm_std": loss != "dr_grpo"}
+    trainer = RLTrainer(settings(tiny_model_dir, tmp_path, algorithm=algo), total_steps=6)
+    metrics = rewarded_becomes_more_likely(trainer)
+    assert metrics["samples"] == 8 and metrics["actor_grad_norm"] > 0
+
+
+@pytest.mark.parametrize("correction", sorted(CORRECTIONS))
+def test_rewarded_response_becomes_more_likely_with_every_correction(correction, tiny_model_dir, tmp_path):
+    algo = {"name": "grpo", "correction": CORRECTIONS[correction]}
+    trainer = RLTrainer(settings(tiny_model_dir, tmp_path, algorithm=algo), total_steps=6)
+    # the rejecting corrections (mis, icepop) need engine logprobs that follow the policy, as a real fleet's do
+    metrics = rewarded_becomes_more_likely(trainer, engine=on_policy)
+    assert metrics["is_rejected_frac"] < 0.5  # the engine logprobs (-5.5) are near the model's: little rejected
+    assert metrics["mismatch_abs_mean"] < 1e-3  # on policy: the learner scores what the engine sampled
+
+
 def test_metrics_clip_fraction_and_tis(tiny_model_dir, tmp_path):
     # Several epochs with a large LR push ratios out of the clip range; stale engine logprobs (-5.5 vs the
     # model's ~-5.57) keep TIS weights near 1 and below the cap.
