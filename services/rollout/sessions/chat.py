@@ -14,6 +14,7 @@ session then starts a new trajectory unless the rendering happens to extend the 
 from __future__ import annotations
 
 import json
+from collections import OrderedDict
 from typing import Any
 
 from services.rollout.agents.chat_tokens import ChatTokens
@@ -49,14 +50,26 @@ def same_reply(echoed: dict[str, Any], reply: dict[str, Any]) -> bool:
     return _calls(echoed.get("tool_calls")) == _calls(reply.get("tool_calls"))
 
 
-def chat_tokens(session: Session, tokenizer: Any, tools: list[dict] | None, kwargs: dict | None, key: str) -> ChatTokens:
-    ct = session.chat_tokens.get(key)
-    if ct is None:
-        ct = session.chat_tokens[key] = ChatTokens(tokenizer, tools=tools, template_kwargs=kwargs)
-    return ct
+class ChatTokensCache:
+    """ChatTokens per (tools, template kwargs), shared by the sessions (building one renders the template a few
+    times); bounded, the least recently used dropped first."""
+
+    def __init__(self, tokenizer: Any, size: int = 64) -> None:
+        self.tokenizer = tokenizer
+        self.size = size
+        self._items: OrderedDict[str, ChatTokens] = OrderedDict()
+
+    def get(self, tools: list[dict] | None, kwargs: dict | None, key: str) -> ChatTokens:
+        ct = self._items.get(key)
+        if ct is None:
+            ct = self._items[key] = ChatTokens(self.tokenizer, tools=tools, template_kwargs=kwargs)
+            while len(self._items) > self.size:
+                self._items.popitem(last=False)
+        self._items.move_to_end(key)
+        return ct
 
 
-def continuation(session: Session, messages: list[dict[str, Any]], tokenizer: Any, tools: list[dict] | None,
+def continuation(session: Session, messages: list[dict[str, Any]], cache: ChatTokensCache, tools: list[dict] | None,
                  kwargs: dict | None) -> list[int] | None:
     """The prompt ids continuing the session's last chat call, or None when ``messages`` do not continue it."""
     last: ChatTurn | None = session.chat
@@ -70,7 +83,7 @@ def continuation(session: Session, messages: list[dict[str, Any]], tokenizer: An
     if any(m.get("role") == "assistant" for m in tail):
         return None
     try:
-        ct = chat_tokens(session, tokenizer, tools, kwargs, key)
+        ct = cache.get(tools, kwargs, key)
         return last.prompt_ids + last.output_ids + ct.close_turn(last.output_ids) + ct.delta(tail)
     except Exception:  # noqa: BLE001 - TemplateNotAppendOnly or a template error: render the conversation instead
         return None

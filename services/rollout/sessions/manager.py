@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from services.rollout.engines.types import SamplingParams, SequenceOutput
 from services.rollout.errors import RequestError
+from services.rollout.sessions.chat import ChatTokensCache
 from services.rollout.sessions.settings import SessionSettings
 from services.rollout.sessions.store import ChatTurn, Session, SessionConflict, SessionStore, new_session_id
 from services.rollout.sessions.trajectory import (
@@ -58,6 +59,7 @@ class SessionManager:
         self.reward_url = cfg.reward_url or reward_url
         self.tokenizer = tokenizer
         self.store = SessionStore(cfg)
+        self.chat_tokens = ChatTokensCache(tokenizer)
         self.redis: aioredis.Redis | None = None
         self.rewards: RewardClient | None = None
         self._queues: dict[str, StreamQueue] = {}

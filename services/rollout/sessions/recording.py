@@ -51,7 +51,7 @@ async def chat(service: RolloutService, request: Request, body: ChatCompletionRe
         tools = protocol_openai.chat_tools(body)
         ids = None
         if body.add_generation_prompt and not body.continue_final_message:
-            ids = continuation(session, messages, service.tokenizer, tools, body.chat_template_kwargs)
+            ids = continuation(session, messages, sessions.chat_tokens, tools, body.chat_template_kwargs)
         plan = protocol_openai.plan_chat(service, body, prompt_ids=ids)
         seq = plan.seqs[0]
         sessions.check_sampling(session, list(seq.prompt_ids), seq.params)

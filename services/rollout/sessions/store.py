@@ -53,7 +53,6 @@ class Session:
     last_used: float = field(default_factory=time.monotonic)
     busy: bool = False  # a call or the finish is in flight
     chat: ChatTurn | None = None
-    chat_tokens: dict[str, Any] = field(default_factory=dict)  # template key -> ChatTokens
 
     @property
     def id(self) -> str:
