@@ -41,7 +41,8 @@ class MetricsSink:
             name: Counter(f"fleetrl_learner_{name}", f"Learner {name.replace('_', ' ')}", registry=registry)
             for name in ("experiences_consumed", "experiences_deduplicated", "experiences_dropped_stale",
                          "experiences_rejected", "prompts_issued", "prompts_reissued", "prompts_abandoned",
-                         "samples_trained", "redis_outages", "publishes_failed")
+                         "samples_trained", "redis_outages", "publishes_failed", "groups_filtered",
+                         "dynamic_sampling_cap_reached")
         }
         self.staleness = Histogram("fleetrl_learner_staleness", "Weight versions between generation and training",
                                    buckets=STALENESS_BUCKETS, registry=registry)
@@ -53,7 +54,11 @@ class MetricsSink:
                                    ["phase"], registry=registry)
         self.publish_replicas = Gauge("fleetrl_learner_publish_replicas", "Replicas per outcome in the last publish",
                                       ["outcome"], registry=registry)
+        self.version_span = Histogram("fleetrl_learner_version_span", "Weight versions one trained sample's tokens "
+                                      "span (partial rollouts; 0 = one version made it)", buckets=STALENESS_BUCKETS,
+                                      registry=registry)
         self.staleness_counts: dict[int, int] = {}
+        self.version_span_counts: dict[int, int] = {}
         self._bar = None
         self._tb = None
         self._wandb = None
@@ -102,6 +107,11 @@ class MetricsSink:
         for v in values:
             self.staleness.observe(v)
             self.staleness_counts[v] = self.staleness_counts.get(v, 0) + 1
+
+    def observe_version_spans(self, values: list[int]) -> None:
+        for v in values:
+            self.version_span.observe(v)
+            self.version_span_counts[v] = self.version_span_counts.get(v, 0) + 1
 
     def observe_publish(self, report: Any) -> dict[str, float]:
         """Record one publish (a :class:`~services.learner.weights.PublishReport`); the step metrics it adds."""

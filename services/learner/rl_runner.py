@@ -464,7 +464,8 @@ class RLRunner:
         st = self.state
         groups = [self.buffer.experiences(gid) for gid in gids]
         exps = [e for group in groups for e in group]
-        staleness = [st.weight_version - e.weight_version for e in exps]
+        staleness = [st.weight_version - e.weight_version for e in exps]  # of each sample's oldest token
+        spans = [max(v for _, v in e.version_spans) - e.weight_version if e.version_spans else 0 for e in exps]
         if self.link is not None:
             metrics = await asyncio.to_thread(self.link.train, self.trainer, groups)
         else:
@@ -483,6 +484,7 @@ class RLRunner:
         st.bump("samples_trained", len(exps))
         self.sink.count("samples_trained", len(exps))
         self.sink.observe_staleness(staleness)
+        self.sink.observe_version_spans(spans)
         self._steps_since_commit += 1
         due = publish_due(step, self.s.publish.every, self.publisher.replicas_waiting) or self._publish_failed
         if due and await self._publish():
@@ -490,6 +492,7 @@ class RLRunner:
         metrics.update({
             "step": step, "weight_version": st.weight_version, "groups": len(gids),
             "staleness_mean": sum(staleness) / len(staleness), "staleness_max": max(staleness),
+            "version_span_mean": sum(spans) / len(spans), "version_span_max": max(spans),
             "wait_time_s": self._wait_s, "in_flight": len(st.in_flight), "epoch": st.epoch,
             **{k: v for k, v in st.counters.items()},
         })
@@ -611,6 +614,7 @@ class RLRunner:
             "groups_complete": len(self.buffer.complete),
             "counters": dict(st.counters),
             "staleness_histogram": {str(k): v for k, v in sorted(self.sink.staleness_counts.items())},
+            "version_span_histogram": {str(k): v for k, v in sorted(self.sink.version_span_counts.items())},
             "abandoned": dict(list(st.abandoned.items())[-5:]),
             "last_checkpoint": self.last_checkpoint,
             "ranks": self.ranks.world_size,

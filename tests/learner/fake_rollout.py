@@ -30,6 +30,8 @@ class FakeFleet:
     poison_keys: set[str] = field(default_factory=set)  # dataset positions ("e0-3") whose tasks fail every time
     hold_keys: set[str] = field(default_factory=set)  # positions whose tasks wait (unanswered) until removed
     flat_keys: set[str] = field(default_factory=set)  # positions answered with equal rewards (no GRPO signal)
+    cut_keys: set[str] = field(default_factory=set)  # positions whose odd samples hit the length limit
+    span_keys: set[str] = field(default_factory=set)  # positions whose samples span two versions (partial rollout)
     _waiting: list = field(default_factory=list)
     produced_groups: list[str] = field(default_factory=list)
     stopped: bool = False
@@ -47,11 +49,15 @@ class FakeFleet:
             good = flat or i % 2 == 0
             length = 2 + i % 3
             token = 99_999 if task.id in self.bad_prompt_ids else GOOD if good else BAD
+            key = task.id.rsplit("-r", 1)[0]
+            cut = key in self.cut_keys and i % 2 == 1
+            spans = [(0, version - 1), (1, version)] if key in self.span_keys and version >= 1 else None
             out.append(Experience(
                 id=sample_id(task.id, i), prompt_id=task.id, group_id=task.id, group_size=task.n, index=i,
                 prompt_token_ids=prompt, response_token_ids=[token] * length,
-                response_logprobs=[-5.5] * length, finish_reason="stop", reward=1.0 if good else 0.0,
-                weight_version=version, label=task.label,
+                response_logprobs=[-5.5] * length, finish_reason="length" if cut else "stop",
+                reward=1.0 if good else 0.0, weight_version=version - 1 if spans else version,
+                version_spans=spans, label=task.label,
             ))
         return out
 
