@@ -1,7 +1,8 @@
 """``echo``: the trivial environment — the user says the same line back for ``turns`` turns, then it is done.
 
-No reward of its own (the reward service scores the last answer). Used by the benchmark and by tests of the
-multi-turn machinery, where only the turns matter.
+No reward of its own unless ``reward`` is given (then every episode ends with it; else the reward service
+scores the last answer). Used by the benchmark and by tests of the multi-turn machinery, where only the turns
+matter.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ from shared.schemas import PromptTask
 
 
 class EchoEnv:
-    def __init__(self, turns: int = 2, reply: str = "go on") -> None:
-        self.turns, self.reply, self.seen = turns, reply, 0
+    def __init__(self, turns: int = 2, reply: str = "go on", reward: float | None = None) -> None:
+        self.turns, self.reply, self.reward, self.seen = turns, reply, reward, 0
 
     async def reset(self, task: PromptTask) -> EnvStart:
         if isinstance(task.prompt, list):
@@ -24,7 +25,7 @@ class EchoEnv:
     async def step(self, message: dict[str, Any]) -> EnvReply:
         self.seen += 1
         if self.seen >= self.turns:
-            return EnvReply(done=True)
+            return EnvReply(done=True, reward=self.reward)
         return EnvReply(messages=[{"role": "user", "content": self.reply}])
 
     async def close(self) -> None:
