@@ -32,6 +32,7 @@ class FakeFleet:
     flat_keys: set[str] = field(default_factory=set)  # positions answered with equal rewards (no GRPO signal)
     cut_keys: set[str] = field(default_factory=set)  # positions whose odd samples hit the length limit
     span_keys: set[str] = field(default_factory=set)  # positions whose samples span two versions (partial rollout)
+    lag: int = 0  # runs ahead of the learner: stamps each group 0..lag versions behind the published one
     _waiting: list = field(default_factory=list)
     produced_groups: list[str] = field(default_factory=list)
     stopped: bool = False
@@ -93,6 +94,8 @@ class FakeFleet:
                     continue
                 raw = await self.redis.get(keys.weights_version(self.run))
                 version = 0 if d.record.id in self.stale_prompt_ids else int(raw or 0)
+                if self.lag:  # deterministic per attempt, so a re-issued prompt may come back fresher
+                    version = max(0, version - sum(d.record.id.encode()) % (self.lag + 1))
                 exps = self.experiences_for(d.record, version)
                 await self.experiences.produce(exps)
                 if self.duplicate:

@@ -247,3 +247,20 @@ async def test_dynamic_sampling_trains_groups_without_signal_once_a_steps_refill
     assert status["phase"] == "finished", status
     assert c["groups_filtered"] == 0 and c["dynamic_sampling_cap_reached"] >= 1
     assert trained_items(tmp_path / "run") == {f"e0-{i}": 4 for i in range(N_PROMPTS)}
+
+
+@pytest.mark.parametrize("bound", [0, 1])
+async def test_no_trained_sample_is_older_than_the_staleness_bound_while_the_fleet_runs_ahead(
+        bound, tiny_model_dir, tmp_path, redis_server, redis_client, prompts_file):
+    s = learner_settings(tiny_model_dir, tmp_path, redis_server, rollout={"max_staleness": bound, "window": 4},
+                         train={"groups_per_step": 1})
+    # the fleet answers with weights up to 3 versions behind the published ones (a fleet running ahead on old
+    # weights): every group past the bound must be dropped and regenerated, none trained
+    status, _, _ = await run_with_fleet(s, redis_client, lag=3)
+    assert status["phase"] == "finished", status
+    trained = [int(k) for k, n in status["staleness_histogram"].items() for _ in range(n)]
+    assert len(trained) == N_PROMPTS * 4 and max(trained) <= bound
+    assert status["counters"]["experiences_dropped_stale"] > 0  # the lag did reach past the bound
+    rows = read_history(tmp_path / "run" / "metrics.jsonl")
+    assert max(r["staleness_max"] for r in rows.values()) <= bound
+    assert trained_items(tmp_path / "run") == {f"e0-{i}": 4 for i in range(N_PROMPTS)}
