@@ -41,3 +41,24 @@ def prepare_run(run_dir: Path, *, seed: int, heldout: int, hidden_size: int, lay
     base = build_tiny_causal_lm(run_dir / "base-model", hidden_size=hidden_size, layers=layers, heads=4,
                                 max_positions=64, seed=seed)
     return train, held, base
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m deploy.local.sort_task DIR``: the data and base model examples/sort-digits/ expects."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m deploy.local.sort_task", description=main.__doc__)
+    ap.add_argument("dir", type=Path, help="where data/ and base-model/ go (e.g. examples/sort-digits)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--heldout", type=int, default=200)
+    ap.add_argument("--hidden-size", type=int, default=128)
+    ap.add_argument("--layers", type=int, default=2)
+    args = ap.parse_args(argv)
+    train, held, base = prepare_run(args.dir, seed=args.seed, heldout=args.heldout, hidden_size=args.hidden_size,
+                                    layers=args.layers)
+    print(f"wrote {len(train)} train and {len(held)} held-out prompts to {args.dir / 'data'}, the model to {base}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

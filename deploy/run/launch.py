@@ -29,7 +29,7 @@ from shared.settings import SettingsError
 from .display import Display, headline
 from .heldout import evaluate, heldout_rows
 from .plan import ProcessPlan, plan, run_dir_of
-from .progress import Poller, RunView
+from .progress import Poller, RunView, first_error
 from .spec import RunSpec
 
 LEARNER_STOP_S = 180.0  # the learner finishes its step and checkpoints before it exits
@@ -118,6 +118,7 @@ class RunLauncher:
                 self.display.update(view)
                 learner = fleet.services["learner"]
                 if not learner.alive:
+                    self._read_final_metrics()
                     if learner.proc.returncode == 0:
                         say_done = f"learner finished: {headline(view)}"
                         self.display.event(say_done)
@@ -134,6 +135,22 @@ class RunLauncher:
             poller.close()
             if self._eval_thread is not None:
                 self._eval_thread.join(timeout=300)
+
+    def _read_final_metrics(self) -> None:
+        """The learner's last metrics line (its /status is gone with it): the step and version it ended at."""
+        path = self.run_dir / "learner" / "metrics.jsonl"
+        lines = path.read_text().splitlines() if path.exists() else []
+        if not lines:
+            return
+        try:
+            last = json.loads(lines[-1])
+        except ValueError:
+            return
+        v = self.view
+        v.step = int(last.get("step", v.step))
+        v.weight_version = last.get("weight_version", v.weight_version)
+        v.reward = last.get("reward_mean", v.reward)
+        v.phase = "finished" if self.fleet.services["learner"].proc.returncode == 0 else "exited"
 
     # ---- evaluation -------------------------------------------------------------------------------------
     def _urls(self) -> tuple[str, str]:
@@ -221,7 +238,12 @@ def run_spec(spec: RunSpec, spec_file: Path, display: Display, *, reset: bool = 
     except KeyboardInterrupt:
         display.event("interrupted: stopped; run the same command again to resume")
         return 130
-    except (RunError, FleetError, SettingsError) as exc:
+    except FleetError as exc:  # a service failed to start or died: what its log says, not the whole tail
+        head, _, tail = str(exc).partition("\n")
+        display.event(f"error: {head.rstrip(':')}: {first_error(tail)}")
+        display.event(f"its log: {launcher.run_dir / 'logs'}")
+        return 1
+    except (RunError, SettingsError) as exc:
         for line in str(exc).splitlines() or [""]:
             display.event(f"error: {line}")
         return 1

@@ -132,6 +132,11 @@ class RunSpec(_Strict):
         return self.window if self.window is not None else 2 * self.train.groups_per_step
 
 
+def _looks_like_hub_id(name: str) -> bool:
+    """``org/name`` (one slash, not a relative path): a model hub id, not a local directory."""
+    return name.count("/") == 1 and not name.startswith((".", "~", "/"))
+
+
 def resolve_paths(raw: dict[str, Any], base: Path) -> dict[str, Any]:
     """``raw`` with the spec's relative paths made absolute against ``base`` (the spec file's directory)."""
 
@@ -141,8 +146,9 @@ def resolve_paths(raw: dict[str, Any], base: Path) -> dict[str, Any]:
         return value
 
     out = dict(raw)
-    if isinstance(out.get("model"), str) and (base / out["model"]).exists():  # else a hub id, kept as it is
-        out["model"] = absolute(out["model"])
+    model = out.get("model")
+    if isinstance(model, str) and ((base / model).exists() or not _looks_like_hub_id(model)):
+        out["model"] = absolute(model)  # a local directory (perhaps one an earlier run will export)
     for key in ("export", "run_dir"):
         if key in out:
             out[key] = absolute(out[key])

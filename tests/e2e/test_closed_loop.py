@@ -1,6 +1,7 @@
 """The whole loop with real parts: Redis, the reward, rollout and learner services as processes.
 
-Runs the demo's pipeline (SFT warm-up, then GRPO through the queue and the weight sidecar) for a
+Runs the demo's pipeline (``fleetrl run`` of the sort-digits recipe: SFT warm-up, then GRPO through the queue
+and the weight sidecar) for a
 few dozen steps and checks that the training reward rises and every published version reached
 the rollout fleet.
 """
@@ -16,14 +17,14 @@ from deploy.local import demo
 def test_grpo_loop_raises_reward_and_syncs_every_version(tmp_path, monkeypatch):
     monkeypatch.delenv("REDIS_URL", raising=False)  # the demo starts its own embedded server
     rc = demo.main(["--run-dir", str(tmp_path), "--sft-steps", "50", "--rl-steps", "60", "--heldout", "100"])
-    assert rc == 0, (tmp_path / "logs" / "learner.log").read_text()[-3000:]
+    assert rc == 0, (tmp_path / "rl" / "logs" / "learner.log").read_text()[-3000:]
 
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["learner_steps"] == 60
     assert summary["weight_version_before"] == "0"
     assert summary["weight_version_after"] == "60", "the rollout fleet serves the learner's last version"
 
-    rows = [json.loads(line) for line in (tmp_path / "learner" / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (tmp_path / "rl" / "learner" / "metrics.jsonl").read_text().splitlines()]
     rewards = [r["reward_mean"] for r in rows if "reward_mean" in r]
     assert len(rewards) == 60
     first, last = sum(rewards[:15]) / 15, sum(rewards[-15:]) / 15
@@ -33,4 +34,4 @@ def test_grpo_loop_raises_reward_and_syncs_every_version(tmp_path, monkeypatch):
     # prompt re-issued, which is the bound doing its job, so only a rare drop is allowed, not none
     assert max(r["staleness_max"] for r in rows if "staleness_max" in r) <= 1
     assert rows[-1]["experiences_dropped_stale"] <= 0.05 * rows[-1]["samples_trained"]
-    assert (tmp_path / "learner" / "reward_curve.png").stat().st_size > 0
+    assert (tmp_path / "rl" / "learner" / "reward_curve.png").stat().st_size > 0

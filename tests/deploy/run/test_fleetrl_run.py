@@ -1,0 +1,83 @@
+"""``fleetrl run`` end to end: a tiny spec trains a few steps with held-out accuracy before and after, the same
+command resumes from the checkpoint, Ctrl-C stops every process, and a used run name is refused up front."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import redis
+
+from shared import keys
+from tests.procs import REPO
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def fleetrl_run(spec_file, *sets: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    args = [sys.executable, "-m", "services.cli", "run", str(spec_file), "--lines"]
+    for s in sets:
+        args += ["--set", s]
+    return subprocess.run(args, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def metrics(run_dir) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "learner" / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_a_tiny_run_trains_and_the_same_command_resumes(spec_file):
+    run_dir = spec_file.parent / "run"
+    first = fleetrl_run(spec_file)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert "a fresh run" in first.stdout and "held-out accuracy at step 0:" in first.stdout
+    assert "learner finished: step 2/2" in first.stdout and "held-out accuracy at step 2:" in first.stdout
+    assert [m["step"] for m in metrics(run_dir)] == [1, 2]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == 2 and [e["step"] for e in summary["heldout"]] == [0, 2]
+    assert summary["heldout"][-1]["weight_version"] == "2"  # measured on the learner's last version
+
+    again = fleetrl_run(spec_file, "train.max_steps=3")
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert f"resuming from {run_dir / 'learner' / 'checkpoints'}" in again.stdout
+    assert "held-out accuracy at step 0" not in again.stdout  # the starting policy was measured by the first run
+    assert [m["step"] for m in metrics(run_dir)] == [1, 2, 3]  # step 3 only: continued, not restarted
+    assert "resuming from" in (run_dir / "logs" / "learner.log").read_text()
+
+
+def test_ctrl_c_stops_every_process_and_a_used_run_name_is_refused(spec_file, redis_server):
+    run_dir = spec_file.parent / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "services.cli", "run", str(spec_file), "--lines", "--set",
+                             "train.max_steps=1000", "--set", "eval.data=null"], cwd=REPO, env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (run_dir / "learner" / "metrics.jsonl").exists():
+            time.sleep(0.5)
+        assert (run_dir / "learner" / "metrics.jsonl").exists(), "no step within 120 s"
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, out[-3000:]
+    assert "interrupted: stopped; run the same command again to resume" in out
+    configs = {p.stem: p.read_text() for p in (run_dir / "configs").glob("*.yaml")}
+    assert set(configs) == {"reward-0", "rollout-0", "learner"}
+    assert (run_dir / "learner" / "checkpoints" / "latest").exists()  # the learner checkpointed on its way out
+    listening = subprocess.run(["ss", "-ltn"], capture_output=True, text=True, check=False).stdout
+    for cfg in configs.values():
+        port = next(line.split(":")[1].strip() for line in cfg.splitlines() if line.startswith("port:"))
+        assert f":{port} " not in listening, f"port {port} still listening after Ctrl-C"
+
+    client = redis.Redis.from_url(redis_server.url)
+    client.sadd(keys.processed_ids("tiny", "learner"), "e0-0-0")  # an earlier run of that name on this Redis
+    refused = fleetrl_run(spec_file, f"redis.url={redis_server.url}", "run_dir=fresh", timeout=60)
+    assert refused.returncode == 1
+    assert "run_name 'tiny' was used before" in refused.stdout and "--reset" in refused.stdout
+    assert not (spec_file.parent / "fresh" / "logs" / "learner.log").exists()  # nothing was started
+    client.delete(keys.processed_ids("tiny", "learner"))
+    client.close()

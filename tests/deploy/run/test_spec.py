@@ -1,0 +1,100 @@
+"""The run spec: strict like the service settings, --set overrides validated the same way, every service's
+settings derived from it (shared values written once), a service's own setting that contradicts it refused
+with both places named."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from deploy.run.derive import leaves
+from deploy.run.load import SpecError, load_spec
+from deploy.run.plan import plan
+from shared.settings import SettingsError
+from tests.procs import REPO
+
+
+def by_name(procs):
+    return {p.name: p.config for p in procs}
+
+
+def test_shared_values_are_written_once_and_reach_every_service(spec_file):
+    spec = load_spec(spec_file, ["staleness=2", "sampling.temperature=0.7", "replicas.rollout=2"])
+    cfg = by_name(plan(spec, spec_file, "redis://127.0.0.1:1/0", "tok"))
+    assert set(cfg) == {"reward-0", "rollout-0", "rollout-1", "learner"}
+    learner, rollouts = cfg["learner"], [cfg["rollout-0"], cfg["rollout-1"]]
+    assert learner["rollout"]["max_staleness"] == 2 and all(r["worker"]["max_staleness"] == 2 for r in rollouts)
+    assert learner["rollout"]["sampling"]["temperature"] == 0.7
+    assert all(r["worker"]["sampling"]["temperature"] == 0.7 for r in rollouts)
+    assert learner["rollout"]["group_size"] == 2 and learner["rollout"]["window"] == 4  # 2 x groups_per_step
+    assert {learner["run_name"], *(r["run_name"] for r in rollouts)} == {"tiny"}
+    assert {learner["redis_url"], *(r["redis_url"] for r in rollouts)} == {"redis://127.0.0.1:1/0"}
+    assert {r["worker"]["reward_url"] for r in rollouts} == {f"http://127.0.0.1:{cfg['reward-0']['port']}"}
+    assert learner["model"]["actor"] == rollouts[0]["model"]
+    assert learner["data"]["path"] == str(spec_file.parent / "train.jsonl")  # relative to the spec file
+    assert learner["model"]["device"] == "cpu"  # the learner's own part, from services.learner
+    assert len({r["worker"]["consumer_name"] for r in rollouts}) == 2
+
+
+@pytest.mark.parametrize(("sets", "message"), [
+    (["train.max_stepz=3"], "--set train.max_stepz: unknown setting train.max_stepz (did you mean train.max_steps?)"),
+    (["algorithm.kl.coeff=0"], "unknown setting algorithm.kl.coeff (did you mean algorithm.kl.coef?)"),
+    (["sampling.temperature=-1"], "--set sampling.temperature: sampling.temperature: Input should be greater"),
+    (["reward.url=http://x"], "--set reward.url: reward: set exactly one of reward.scorers"),
+    (["train"], "--set 'train': write it as key.path=value"),
+    (["eval.data=null", "eval.every=5"], "eval.every needs eval.data"),
+])
+def test_bad_overrides_are_one_line_naming_the_setting(spec_file, sets, message):
+    with pytest.raises(SpecError) as err:
+        load_spec(spec_file, sets)
+    assert message in str(err.value) and len(str(err.value).splitlines()) == 1, str(err.value)
+
+
+def test_an_unknown_key_in_the_file_names_the_file(spec_file):
+    raw = yaml.safe_load(spec_file.read_text())
+    raw["sampling"]["temprature"] = 0.5
+    spec_file.write_text(yaml.safe_dump(raw))
+    with pytest.raises(SpecError, match=f"{spec_file}: unknown setting sampling.temprature "
+                                        r"\(did you mean sampling.temperature\?\)"):
+        load_spec(spec_file)
+
+
+def test_a_service_setting_that_contradicts_the_spec_names_both_places(spec_file, tmp_path):
+    own = tmp_path / "learner-own.yaml"
+    own.write_text(yaml.safe_dump({"rollout": {"max_staleness": 3}, "optim": {"weight_decay": 0.01}}))
+    spec = load_spec(spec_file, [f"services.learner={own}"])
+    with pytest.raises(SettingsError) as err:
+        plan(spec, spec_file, "redis://127.0.0.1:1/0", "tok")
+    assert str(err.value) == (f"{own}: learner setting rollout.max_staleness = 3 contradicts the run spec's "
+                              f"staleness = 1 ({spec_file}); set it in one place")
+    agreeing = load_spec(spec_file, ["services.learner={rollout: {max_staleness: 1}, optim: {weight_decay: 0.01}}"])
+    cfg = by_name(plan(agreeing, spec_file, "redis://127.0.0.1:1/0", "tok"))  # the same value: fine
+    assert cfg["learner"]["optim"]["weight_decay"] == 0.01
+    owned = load_spec(spec_file, ["services.rollout.redis_url=redis://elsewhere:1"])
+    with pytest.raises(SettingsError, match="rollout setting redis_url is set by fleetrl run itself"):
+        plan(owned, spec_file, "redis://127.0.0.1:1/0", "tok")
+
+
+def test_a_service_setting_its_own_class_refuses_is_named(spec_file):
+    spec = load_spec(spec_file, ["services.rollout.engine.max_batch=3"])
+    with pytest.raises(SettingsError, match=r"rollout settings: engine.hf.max_batch: unknown setting"):
+        plan(spec, spec_file, "redis://127.0.0.1:1/0", "tok")
+    missing = load_spec(spec_file, ["model=./no-such-model"])
+    with pytest.raises(SettingsError, match="model .*no Hugging Face checkpoint there"):
+        plan(missing, spec_file, "redis://127.0.0.1:1/0", "tok")
+
+
+def test_fleetrl_settings_prints_each_process_and_run_refuses_bad_input_in_one_line(spec_file):
+    out = subprocess.run([sys.executable, "-m", "services.cli", "settings", str(spec_file), "--service", "learner"],
+                         cwd=REPO, capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 0, out.stderr
+    learner = yaml.safe_load(out.stdout)
+    assert leaves(learner)["rollout.max_staleness"] == 1 and learner["run_name"] == "tiny"
+    bad = subprocess.run([sys.executable, "-m", "services.cli", "run", str(spec_file), "--set", "train.max_stepz=3"],
+                         cwd=REPO, capture_output=True, text=True, timeout=60, check=False)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert bad.stderr.strip() == ("error: --set train.max_stepz: unknown setting train.max_stepz "
+                                  "(did you mean train.max_steps?)")
