@@ -43,7 +43,10 @@ class SequenceBatch:
     def trimmed(self):
         """Drop columns that are padding in every row (shorter micro-batches run faster)."""
         seq_len = int(self.attention_mask.sum(-1).max().item()) if self.size else 0
-        resp_len = int(self.action_mask.sum(-1).max().item()) if self.size else 0
+        # up to the last action column of any row: a multi-turn trajectory's mask has holes (environment turns),
+        # so its sum is not its length
+        actions = self.action_mask.any(0).nonzero() if self.size else None
+        resp_len = int(actions[-1].item()) + 1 if actions is not None and actions.numel() else 0
         changes = {}
         for f in fields(self):
             t = getattr(self, f.name)
