@@ -14,6 +14,16 @@ start-up is excluded): steps/s, samples/s, the share of learner time spent waiti
 mean staleness, experiences dropped as stale; then the async / sync throughput ratio.
 
     .venv/bin/python benchmarks/e2e.py [--steps 12] [--groups-per-step 8] [--group-size 8]
+
+**Time to accuracy** (``--time-to-accuracy``): the sort-digits recipe of ``make demo`` (examples/sort-digits/,
+through ``fleetrl run``) from one shared SFT warm-up, in three modes, with held-out greedy accuracy every
+``--eval-every`` steps: ``sync`` (staleness 0, window = groups_per_step), ``async`` (staleness 1, window 2x) and
+``async-partial`` (async, and the rollout fleet continues in-flight sequences across weight switches:
+``weights.pause_mode: partial``). Printed per mode: wall seconds from the first held-out evaluation (the
+starting policy) until accuracy first reaches ``--threshold``, the learner step and the samples trained by
+then, and the final accuracy; then each async mode's speed-up over sync.
+
+    .venv/bin/python benchmarks/e2e.py --time-to-accuracy [--threshold 0.6] [--rl-steps 300] [--eval-every 20]
 """
 
 from __future__ import annotations
@@ -90,8 +100,81 @@ def run_mode(run: Path, mode: str, actor: Path, args) -> dict:
     }
 
 
+TTA_MODES = {
+    "sync": lambda g: ["staleness=0", f"window={g}"],
+    "async": lambda g: ["staleness=1", f"window={2 * g}"],
+    "async-partial": lambda g: ["staleness=1", f"window={2 * g}", "services.rollout.weights.pause_mode=partial"],
+}
+
+
+def time_to_accuracy(args) -> int:
+    """Each mode from the same warm-up; seconds / steps / samples until held-out accuracy >= threshold."""
+    import shutil
+
+    from deploy.local.demo import RECIPE
+    from deploy.local.demo import overrides as demo_overrides
+    from deploy.local.demo import parse_args as demo_args
+    from deploy.local.sort_task import prepare_run
+    from deploy.run.display import make_display
+    from deploy.run.launch import run_spec
+    from deploy.run.load import load_spec
+
+    run = (args.run_dir or REPO / "runs" / time.strftime("bench-tta-%Y%m%d-%H%M%S")).resolve()
+    run.mkdir(parents=True, exist_ok=True)
+    prepare_run(run, seed=0, heldout=args.heldout, hidden_size=128, layers=2)
+    for name in ("sft.yaml", "fleetrl.yaml"):
+        shutil.copy(RECIPE / name, run / name)
+    knobs = demo_args(["--sft-steps", str(args.sft_steps), "--rl-steps", str(args.rl_steps),
+                       "--groups-per-step", str(args.groups_per_step), "--group-size", str(args.group_size)]
+                      + (["--redis-url", args.redis_url] if args.redis_url else []))
+    sft_sets, rl_sets = demo_overrides(run, knobs)
+    print(f"[tta] SFT warm-up: {args.sft_steps} steps", flush=True)
+    if run_spec(load_spec(run / "sft.yaml", sft_sets), run / "sft.yaml", make_display(False)) != 0:
+        return 1
+    g = args.groups_per_step
+    results = []
+    for mode in args.modes.split(","):
+        sets = [*rl_sets, f"run_name={run.name}-{mode}", f"run_dir={run / mode}", f"eval.every={args.eval_every}",
+                *TTA_MODES[mode](g)]
+        print(f"[tta] {mode}: up to {args.rl_steps} steps, held-out every {args.eval_every}", flush=True)
+        if run_spec(load_spec(run / "fleetrl.yaml", sets), run / "fleetrl.yaml", make_display(False)) != 0:
+            return 1
+        evals = [json.loads(x) for x in (run / mode / "eval.jsonl").read_text().splitlines()]
+        metrics = {r["step"]: r for r in map(json.loads, (run / mode / "learner" / "metrics.jsonl").read_text().splitlines())
+                   if "step" in r}
+        hit = next((e for e in evals if e["accuracy"] >= args.threshold), None)
+        samples = sum(m.get("samples", 0) for step, m in metrics.items() if hit and step <= hit["step"])
+        results.append({"mode": mode, "start_acc": evals[0]["accuracy"], "final_acc": evals[-1]["accuracy"],
+                        "reached_s": round(hit["time"] - evals[0]["time"], 1) if hit else None,
+                        "reached_step": hit["step"] if hit else None, "samples": samples if hit else None,
+                        "steps_run": max(metrics) if metrics else 0})
+    print()
+    print(f"threshold: held-out greedy accuracy >= {args.threshold:.0%}")
+    print(f"{'mode':>14} {'start':>7} {'reached s':>10} {'at step':>8} {'samples':>8} {'final':>7} {'steps':>6}")
+    for r in results:
+        reached = "-" if r["reached_s"] is None else f"{r['reached_s']:.1f}"
+        step = "-" if r["reached_step"] is None else r["reached_step"]
+        samples = "-" if r["samples"] is None else r["samples"]
+        print(f"{r['mode']:>14} {r['start_acc']:>7.1%} {reached:>10} {step!s:>8} {samples!s:>8} "
+              f"{r['final_acc']:>7.1%} {r['steps_run']:>6}")
+    by = {r["mode"]: r for r in results}
+    for mode in ("async", "async-partial"):
+        if mode in by and "sync" in by and by[mode]["reached_s"] and by["sync"]["reached_s"]:
+            print(f"{mode} reaches the threshold {by['sync']['reached_s'] / by[mode]['reached_s']:.2f}x sooner "
+                  "than sync (target >= 1.3)")
+    (run / "tta.json").write_text(json.dumps(results, indent=2))
+    print(f"results: {run / 'tta.json'}")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--time-to-accuracy", action="store_true", help="the time-to-accuracy comparison (above)")
+    ap.add_argument("--threshold", type=float, default=0.6)
+    ap.add_argument("--rl-steps", type=int, default=300)
+    ap.add_argument("--sft-steps", type=int, default=40)
+    ap.add_argument("--eval-every", type=int, default=20)
+    ap.add_argument("--heldout", type=int, default=100)
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--groups-per-step", type=int, default=8)
     ap.add_argument("--group-size", type=int, default=8)
@@ -102,6 +185,11 @@ def main() -> int:
                     help="an external Redis (default: $REDIS_URL; unset: an embedded server per mode)")
     args = ap.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if args.time_to_accuracy:
+        if args.modes == "sync,async":
+            args.modes = ",".join(TTA_MODES)
+        args.groups_per_step = 16 if args.groups_per_step == 8 else args.groups_per_step
+        return time_to_accuracy(args)
     run = (args.run_dir or REPO / "runs" / time.strftime("bench-e2e-%Y%m%d-%H%M%S")).resolve()
     run.mkdir(parents=True, exist_ok=True)
     train, _ = make_splits(0, 50)
