@@ -38,10 +38,11 @@ _add_service("learner", "services.learner.cli", "Run the learner (PPO / GRPO / R
 
 def _add_run_commands() -> None:
     """``fleetrl run`` / ``fleetrl settings``: a whole run from one spec (deploy/run/)."""
-    from deploy.run.cli import run_cmd, settings_cmd
+    from deploy.run.cli import eval_cmd, run_cmd, settings_cmd
 
     app.command("run")(run_cmd)
     app.command("settings")(settings_cmd)
+    app.command("eval")(eval_cmd)
 
 
 _add_run_commands()

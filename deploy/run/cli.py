@@ -69,3 +69,31 @@ def settings_cmd(
     for p in chosen:
         typer.echo(f"# {p.name}: python -m {p.module} --config <run_dir>/configs/{p.name}.yaml")
         typer.echo(yaml.safe_dump(p.config, sort_keys=False))
+
+
+def eval_cmd(
+    file: SpecFile,
+    set_: Sets = None,
+    model: Annotated[str | None, typer.Option(help="A model directory to evaluate (a checkpoint's export); "
+                                              "default: the spec's model.")] = None,
+    rollout_url: Annotated[str | None, typer.Option(help="Evaluate what a running rollout service serves "
+                                                    "instead.")] = None,
+) -> None:
+    """Held-out greedy accuracy (eval.data, judged by the spec's reward) of a model or a running rollout
+    service; prints a JSON summary."""
+    import json
+
+    import httpx
+
+    from deploy.local.fleet import FleetError
+    from shared.settings import SettingsError
+
+    from .evaluate_model import evaluate_model
+
+    spec = _load(file, set_)
+    try:
+        result = evaluate_model(spec, file.resolve(), model=model, rollout_url=rollout_url)
+    except (ValueError, SettingsError, FleetError, httpx.HTTPError, OSError) as exc:
+        typer.echo(f"error: {str(exc).splitlines()[0]}", err=True)
+        raise typer.Exit(1) from exc
+    typer.echo(json.dumps(result, indent=2))

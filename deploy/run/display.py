@@ -43,11 +43,12 @@ class Display(ABC):
 
 
 class LineDisplay(Display):
-    """A line per event, and the headline every ``every_s`` seconds or when the step moves by ``every_steps``."""
+    """A line per event, and the headline at most every ``every_s`` seconds while steps move (every minute
+    while they do not)."""
 
-    def __init__(self, every_s: float = 15.0, every_steps: int = 10, stream=None) -> None:
+    def __init__(self, every_s: float = 10.0, stream=None) -> None:
         self.stream = stream or sys.stdout
-        self.every_s, self.every_steps = every_s, every_steps
+        self.every_s = every_s
         self._last = (0.0, -1)
         self._waiting: str | None = None
         self._error: str | None = None
@@ -68,8 +69,7 @@ class LineDisplay(Display):
             if view.waiting:
                 self._print(f"learner waits: {view.waiting}")
         t, step = self._last
-        if view.step >= step + self.every_steps or (now - t >= self.every_s and view.step != step) or \
-                now - t >= 4 * self.every_s:
+        if (now - t >= self.every_s and view.step != step) or now - t >= 6 * self.every_s:
             self._last = (now, view.step)
             doing = "; ".join(f"{s.name}: {s.state}{', ' + s.doing if s.doing else ''}" for s in view.services)
             self._print(f"{headline(view)}  |  {doing}")

@@ -1,0 +1,45 @@
+"""``fleetrl eval``: held-out greedy accuracy of a model directory (a checkpoint, an export) or of a rollout
+service already running, on the spec's ``eval.data``, judged by the spec's reward — the code ``fleetrl run``
+evaluates with during a run (``deploy/run/heldout.py``)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from deploy.local.fleet import Fleet
+from deploy.local.ports import free_port
+
+from .derive import deep_merge, service_config, validate
+from .heldout import evaluate, heldout_rows
+from .plan import KINDS, run_dir_of
+from .spec import RunSpec
+
+
+def evaluate_model(spec: RunSpec, spec_file: Path, model: str | None = None,
+                   rollout_url: str | None = None) -> dict[str, Any]:
+    """``{"accuracy", "n", "weight_version", "model"}``. Starts what it needs (a reward service for the spec's
+    scorers, a rollout replica without a worker for ``model``) under ``run_dir/eval-<time>`` and stops it."""
+    if spec.eval.data is None:
+        raise ValueError("eval.data is not set: name the held-out prompts (--set eval.data=FILE)")
+    if spec.reward is None:
+        raise ValueError("reward is not set: held-out answers are judged by the spec's reward")
+    rows = heldout_rows(spec)
+    what = rollout_url or str(model or spec.model)
+    with Fleet(run_dir=run_dir_of(spec) / time.strftime("eval-%Y%m%d-%H%M%S")) as fleet:
+        reward_url = spec.reward.url
+        if reward_url is None:
+            cfg = {**service_config(spec, "reward", spec_file), "port": free_port()}
+            validate(KINDS["reward"].settings_cls, "reward", cfg)
+            reward_url = fleet.start("reward-0", "services.reward", cfg, wait=False).url
+        if rollout_url is None:
+            cfg = deep_merge(service_config(spec, "rollout", spec_file),
+                             {"port": free_port(), "model": str(model or spec.model), "worker": {"enabled": False}})
+            validate(KINDS["rollout"].settings_cls, "rollout", cfg)
+            rollout_url = fleet.start("rollout-0", "services.rollout", cfg, wait=False).url
+        for name in list(fleet.services):
+            fleet.wait_healthy(name)
+        point = evaluate(rollout_url.rstrip("/"), reward_url.rstrip("/"), rows, 0, spec.sampling.max_new_tokens)
+    return {"accuracy": point.accuracy, "n": len(rows), "weight_version": point.weight_version,
+            "model": what, "eval_data": spec.eval.data}
