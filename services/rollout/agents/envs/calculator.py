@@ -2,7 +2,9 @@
 
 The first messages are the task's prompt; the model may call ``calculator(expression)`` (``+ - * / // % **``
 and parentheses over numbers, evaluated without ``eval``) as often as it likes; the first turn without a tool
-call is its answer: reward 1 when the last number in it equals the label, else 0.
+call is its answer: reward 1 when the last number in it equals the label, else 0 — or, with
+``environment_args: {judge: reward_service}``, no reward of its own: the reward service scores the answer
+against the label with the run's scorers.
 """
 
 from __future__ import annotations
@@ -58,7 +60,10 @@ CALCULATOR = Tool(
 
 
 class CalculatorEnv:
-    def __init__(self) -> None:
+    def __init__(self, judge: str = "environment") -> None:
+        if judge not in ("environment", "reward_service"):
+            raise ValueError(f"judge must be 'environment' or 'reward_service', got {judge!r}")
+        self.judge = judge
         self.label: Any = None
 
     async def reset(self, task: PromptTask) -> EnvStart:
@@ -68,6 +73,8 @@ class CalculatorEnv:
         return EnvStart(messages=messages, tools=[CALCULATOR])
 
     async def step(self, message: dict[str, Any]) -> EnvReply:
+        if self.judge == "reward_service":
+            return EnvReply(done=True)
         numbers = _NUMBER.findall(message.get("content") or "")
         correct = bool(numbers) and self.label is not None and _same(numbers[-1], self.label)
         return EnvReply(done=True, reward=1.0 if correct else 0.0)
