@@ -15,6 +15,7 @@ Prints the best of ``--repeats`` interleaved rounds of each and the ratio (targe
 stop token (a random tiny model rarely writes it), so nearly every turn is ``--new-tokens`` long.
 
     .venv/bin/python benchmarks/agent_rollout.py [--prompts 32] [--group 4] [--turns 4] [--new-tokens 32]
+    .venv/bin/python benchmarks/agent_rollout.py --profile   # where the time goes, one round of each
 """
 
 from __future__ import annotations
@@ -95,6 +96,9 @@ async def bench(args, model_dir: Path, redis_url: str) -> None:
                          for e in exps)
             return tokens, elapsed, sum(e.metadata["turns"] for e in exps), len(exps)
 
+        if args.profile:
+            await profile(svc, single_turn, multi_turn)
+            return
         singles, multis = [], []
         for round_ in range(args.repeats):  # interleaved: the machine may be shared and its load drift
             singles.append(await single_turn())
@@ -115,6 +119,29 @@ async def bench(args, model_dir: Path, redis_url: str) -> None:
     print(f"ratio multi/single        : {multi_tps / single_tps:.2f}  (target >= 0.8)")
 
 
+async def profile(svc, single_turn, multi_turn) -> None:
+    """One round of each under :class:`EngineProfile` (the decode thread) and cProfile (the event loop)."""
+    import cProfile
+    import pstats
+
+    from benchmarks.engine_profile import EngineProfile
+
+    for name, run in (("single-turn", single_turn), ("multi-turn", lambda: multi_turn(10_000))):
+        prof = cProfile.Profile()
+        with EngineProfile(svc.engine) as eng:
+            prof.enable()
+            result = await run()
+            prof.disable()
+        print(eng.report(f"{name} ({result[0]} tokens, {result[0] / result[1]:.0f} tok/s)"))
+        stats = pstats.Stats(prof)
+        busy = sum(v[2] for v in stats.stats.values())  # event-loop thread: total own time of its functions
+        print(f"  event-loop thread (worker, agent, queue, template): {busy:.2f} s own time; top cumulative:")
+        rows = sorted(((v[3], f"{k[0].rsplit('/', 2)[-1]}:{k[2]}") for k, v in stats.stats.items()
+                       if "FleetRL" in k[0] or "/services/" in k[0] or "/shared/" in k[0]), reverse=True)
+        for cum, where in rows[:12]:
+            print(f"    {cum:7.2f} s  {where}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--prompts", type=int, default=32)
@@ -123,6 +150,8 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--concurrency", type=int, default=8, help="groups in flight (worker.concurrency)")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--profile", action="store_true",
+                    help="one round of each, profiled: where the decode thread and the event loop spend their time")
     ap.add_argument("--repeats", type=int, default=3, help="interleaved rounds; the best of each is reported")
     args = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
