@@ -98,8 +98,9 @@ class RolloutWorker:
         try:
             while not self._stopping.is_set():
                 try:
-                    if not await self._may_take():
-                        await asyncio.sleep(self.cfg.poll_interval_s)
+                    held = await self._held_back()
+                    if held is not None:
+                        await self._wait_while_held(held)
                         continue
                     room = self.cfg.concurrency - len(active)
                     if room <= 0:
@@ -124,17 +125,31 @@ class RolloutWorker:
                 t.cancel()
             await asyncio.gather(*active, return_exceptions=True)
 
-    async def _may_take(self) -> bool:
+    async def _held_back(self) -> str | None:
+        """Why no prompt may be taken now ("backlog", "staleness"), or None."""
         backlog = await self.experiences.backlog()
         if backlog >= self.cfg.max_experience_backlog:
             self.m_held.labels("backlog").inc()
-            return False
+            return "backlog"
         raw = await self.redis.get(keys.weights_version(self.settings.run_name))
         latest = int(raw) if raw is not None else 0
         if latest - self.service.engine.weight_version > self.cfg.max_staleness:
             self.m_held.labels("staleness").inc()
-            return False
-        return True
+            return "staleness"
+        return None
+
+    async def _wait_while_held(self, reason: str) -> None:
+        """Up to ``poll_interval_s`` before checking again; held for staleness, the wait ends as soon as this
+        replica's engine loads a new version (a local check, every 5 ms), not a poll period later: with
+        max_staleness 0 every step waits here for the publish, so a fixed sleep would be on every step's path."""
+        if reason != "staleness":
+            await asyncio.sleep(self.cfg.poll_interval_s)
+            return
+        engine = self.service.engine
+        version = engine.weight_version
+        deadline = asyncio.get_running_loop().time() + self.cfg.poll_interval_s
+        while engine.weight_version == version and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.005)
 
     def _lost(self, entry_ids: list[str]) -> None:
         """Another worker holds these prompts now (this one was stopped past claim_idle_ms): stop our copy."""
