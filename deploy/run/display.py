@@ -26,7 +26,20 @@ def _num(value: float | None, fmt: str = ".3f") -> str:
 def headline(v: RunView) -> str:
     acc = f"{v.evals[-1].accuracy:.1%} (step {v.evals[-1].step})" if v.evals else "--"
     return (f"step {v.step}/{v.total or '?'}  ETA {_eta(v.eta_s)}  reward {_num(v.reward)}  held-out {acc}  "
-            f"weights v{v.weight_version if v.weight_version is not None else '-'}  [{v.phase}]")
+            f"weights v{v.weight_version if v.weight_version is not None else '-'}{_off_policy(v.off_policy)}  "
+            f"[{v.phase}]")
+
+
+def _off_policy(o: dict[str, float]) -> str:
+    """Staleness of the oldest token (mean/max), engine-vs-learner mismatch, tokens the correction rejected."""
+    if not o:
+        return ""
+    out = f"  stale {o.get('staleness_mean', 0):.1f}/{o.get('staleness_max', 0):.0f}"
+    if "mismatch_k3" in o:
+        out += f"  mismatch {o['mismatch_k3']:.1e}"
+    if o.get("is_rejected_frac"):
+        out += f"  rejected {o['is_rejected_frac']:.0%}"
+    return out
 
 
 class Display(ABC):

@@ -49,9 +49,15 @@ class RunView:
     reward: float | None = None
     eta_s: float | None = None
     waiting: str | None = None
+    #: the last step's off-policy figures: staleness of the oldest token (mean, max), engine-vs-learner mismatch
+    #: (k3), share of tokens the correction rejected
+    off_policy: dict[str, float] = field(default_factory=dict)
     evals: list[EvalPoint] = field(default_factory=list)
     services: list[ServiceView] = field(default_factory=list)
     error: str | None = None
+
+
+OFF_POLICY = ("staleness_mean", "staleness_max", "mismatch_k3", "is_rejected_frac")
 
 
 class Poller:
@@ -98,8 +104,10 @@ class Poller:
         v.step, v.total = int(st.get("step") or 0), int(st.get("total_steps") or 0)
         v.weight_version = st.get("weight_version")
         v.waiting = st.get("waiting")
-        reward = (st.get("last_metrics") or {}).get("reward_mean")
+        last = st.get("last_metrics") or {}
+        reward = last.get("reward_mean")
         v.reward = reward if reward is not None else v.reward
+        v.off_policy = {k: last[k] for k in OFF_POLICY if isinstance(last.get(k), (int, float))} or v.off_policy
         now = time.monotonic()
         if self._first is None or v.step < self._first[1]:
             self._first = (now, v.step)
