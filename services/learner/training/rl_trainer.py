@@ -229,6 +229,9 @@ class RLTrainer(TrainerBase):
             **{k: float(v) for k, v in stats.items()},
             "truncated_frac": float(batch.truncated.float().mean()),
             "response_len_mean": float(action_mask.sum(-1).mean()),
+            # multi-turn trajectories: response tokens the environment wrote (tool results, template), not trained
+            "environment_tokens_mean": sum(len(e.response_token_ids) - sum(e.action_mask) for e in experiences
+                                           if e.action_mask is not None) / len(experiences),
             "samples": float(size),
             "tokens": float(tokens),
             "tokens_per_s": tokens * a.ppo_epochs / max(elapsed, 1e-9),

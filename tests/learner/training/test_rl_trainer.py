@@ -30,6 +30,7 @@ def test_rewarded_response_becomes_more_likely(name, tiny_model_dir, tmp_path):
     assert trainer.global_step == 6
     assert metrics["reward_mean"] == pytest.approx(0.5)
     assert metrics["samples"] == 8 and metrics["tokens"] > 0 and metrics["actor_grad_norm"] > 0
+    assert metrics["environment_tokens_mean"] == 0.0  # single-turn: every response token is the model's
     if name == "ppo":
         assert metrics["value_loss"] >= 0 and "critic_grad_norm" in metrics
     if ALGOS[name].get("kl"):
