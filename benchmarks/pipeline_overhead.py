@@ -108,7 +108,8 @@ def fleet(run: Path, mode: str, steps: int, skip: int) -> dict:
     out = run / name
     sets = [f"run_name={name}", f"run_dir={out}", "model=base-model", "export=null", "eval.data=null",
             f"train.max_steps={steps}", f"train.groups_per_step={GROUPS}", f"sampling.group_size={GROUP_SIZE}",
-            f"sampling.max_new_tokens={NEW_TOKENS}", f"staleness={staleness}", f"window={window}"]
+            f"sampling.max_new_tokens={NEW_TOKENS}", f"staleness={staleness}", f"window={window}",
+            "services.learner.observability.log_samples=true"]
     spec = load_spec(run / "fleetrl.yaml", sets)
     if run_spec(spec, run / "fleetrl.yaml", make_display(False)) != 0:
         raise SystemExit(f"{mode}: the fleet run failed; logs under {out / 'logs'}")
@@ -118,8 +119,24 @@ def fleet(run: Path, mode: str, steps: int, skip: int) -> dict:
     gaps = [b["time"] - a["time"] for a, b in itertools.pairwise(timed)]
     pick = timed[1:]
     med = statistics.median
+    # the trace of each step from its samples: prompt issued -> last sample generated and scored (the rollout
+    # side: worker pickup, generation, /score) -> training starts (push, consume, admission)
+    samples: dict[int, list[dict]] = {}
+    for line in (out / "learner" / "samples.jsonl").read_text().splitlines():
+        x = json.loads(line)
+        samples.setdefault(x["step"], []).append(x)
+    rollout_s, queue_s = [], []
+    for r in pick:
+        xs = samples.get(r["step"], [])
+        if not xs:
+            continue
+        issued, generated = min(x["created_at"] for x in xs), max(x["generated_at"] for x in xs)
+        train_start = r["time"] - r["step_time_s"] - r.get("publish_s", 0.0)
+        rollout_s.append(generated - issued)
+        queue_s.append(train_start - generated)
     return {"s_per_step": med(gaps), "train_s": med(r["step_time_s"] for r in pick),
-            "wait_s": med(r["wait_time_s"] for r in pick), "publish_s": med(r.get("publish_s", 0.0) for r in pick)}
+            "wait_s": med(r["wait_time_s"] for r in pick), "publish_s": med(r.get("publish_s", 0.0) for r in pick),
+            "issue_to_scored_s": med(rollout_s), "scored_to_train_s": med(queue_s)}
 
 
 def main() -> int:
@@ -155,6 +172,9 @@ def main() -> int:
             rest = max(step - train - wait - pub, 0.0)
             print(f"{mode:<5} (services)     : {step:.3f} s/step   train {train / step:.0%}, wait for experiences "
                   f"{wait / step:.0%}, publish {pub / step:.0%}, rest {rest / step:.0%}   ({step / f_step:.2f}x the floor)")
+            scored, queued = (med(x[k] for x in xs) for k in ("issue_to_scored_s", "scored_to_train_s"))
+            print(f"      trace of a step: prompts issued -> last sample scored {scored * 1000:.0f} ms (in process: "
+                  f"{f_gen * 1000:.0f} ms), last sample scored -> training starts {queued * 1000:.0f} ms")
         sync_wait = med(x["wait_s"] for x in results["sync"])
         overhead = sync_wait - f_gen
         print(f"services' own overhead in sync mode: {overhead * 1000:.0f} ms/step = {overhead / f_step:.0%} of the "

@@ -160,6 +160,7 @@ class MetricsSink:
                     "prompt_text": e.prompt_text, "response_text": e.response_text, "reward": e.reward,
                     "reward_components": e.reward_components, "weight_version": e.weight_version,
                     "finish_reason": e.finish_reason, "response_tokens": len(e.response_token_ids),
+                    "created_at": e.created_at, "generated_at": e.generated_at,  # task issued, sample scored
                 }) + "\n")
 
 
