@@ -90,14 +90,16 @@ def build_tiny_causal_lm(
     heads: int = 4,
     max_positions: int = 512,
     seed: int = 0,
+    tokenizer=None,
 ) -> Path:
-    """Write a randomly initialised tiny causal LM and its tokenizer to ``out_dir``."""
+    """Write a randomly initialised tiny causal LM and its tokenizer (default: the byte-level one of
+    :func:`build_tokenizer`) to ``out_dir``."""
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tok = build_tokenizer()
+    tok = tokenizer if tokenizer is not None else build_tokenizer()
     config = _llama_config(tok, hidden_size=hidden_size, layers=layers, heads=heads, max_positions=max_positions)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)

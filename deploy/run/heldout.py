@@ -1,5 +1,7 @@
 """Held-out accuracy during a run: the held-out prompts of the spec, answered greedily by a rollout replica
-(whatever version it serves) and judged by the reward service (a reward >= 0.999 is correct)."""
+(whatever version it serves) and judged by the reward service (a reward >= 0.999 is correct). A run whose
+rollout workers run another rollout function than ``single_turn`` (``multi_turn``: an agent with tools) is
+evaluated by that function: one greedy episode per held-out prompt (``deploy/local/evaluate_agent.py``)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import json
 import time
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from deploy.local.evaluate import greedy_accuracy
 from services.learner.data import check_fields, read_rows
@@ -29,12 +32,32 @@ def heldout_rows(spec: RunSpec) -> list[dict]:
     return out
 
 
+def episode_worker(rollout_config: dict) -> Any | None:
+    """The rollout workers' settings when held-out prompts are episodes of their rollout function (one other
+    than ``single_turn``), else None."""
+    from services.rollout.settings import RolloutSettings
+
+    worker = RolloutSettings.model_validate(rollout_config).worker
+    return worker if worker.rollout_function != "single_turn" else None
+
+
 def evaluate(rollout_url: str, reward_url: str, rows: list[dict], step: int, max_new_tokens: int,
-             log_path: Path | None = None, attempts: int = 3) -> EvalPoint:
-    """Greedy accuracy at ``step``; a pass whose answers span a weight update is taken again."""
+             log_path: Path | None = None, attempts: int = 3, worker: Any | None = None) -> EvalPoint:
+    """Greedy accuracy at ``step``; a pass whose answers span a weight update is taken again. With ``worker``
+    (:func:`episode_worker`), each prompt is a greedy episode of its rollout function, and the first few are
+    written beside ``log_path`` as ``heldout_samples_step<step>.md`` (turns, tool calls, reward)."""
     for attempt in range(attempts):
         try:
-            acc, version = greedy_accuracy(rollout_url, reward_url, rows, max_new_tokens=max_new_tokens)
+            if worker is None:
+                acc, version = greedy_accuracy(rollout_url, reward_url, rows, max_new_tokens=max_new_tokens)
+            else:
+                from deploy.local.evaluate_agent import greedy_success
+
+                samples = None if log_path is None else (
+                    log_path.parent / f"heldout_samples_step{step}.md", f"held-out episodes at step {step} (greedy)")
+                res = greedy_success(rollout_url, reward_url, rows, worker, max_new_tokens=max_new_tokens,
+                                     samples=samples)
+                acc, version = res.accuracy, res.weight_version
             break
         except RuntimeError:  # answers from several weight versions: the fleet updated mid-pass
             if attempt == attempts - 1:

@@ -27,7 +27,7 @@ from services.learner.run_guard import clear_run, has_checkpoint, stale_run_prob
 from shared.settings import SettingsError
 
 from .display import Display, headline
-from .heldout import evaluate, heldout_rows
+from .heldout import episode_worker, evaluate, heldout_rows
 from .plan import ProcessPlan, plan, run_dir_of
 from .progress import Poller, RunView, first_error
 from .spec import RunSpec
@@ -56,6 +56,7 @@ class RunLauncher:
         self.view = RunView(spec.run_name)
         self._eval_thread: threading.Thread | None = None
         self._next_eval = 0
+        self._eval_worker = None  # the rollout workers' settings when held-out prompts are agent episodes
 
     # ---- the run ----------------------------------------------------------------------------------------
     def run(self) -> int:
@@ -78,6 +79,8 @@ class RunLauncher:
             say(f"run {spec.run_name} in {self.run_dir}; Redis at {redis_url}")
         procs = plan(spec, self.spec_file, redis_url, secrets.token_urlsafe(16))
         learner = procs[-1]
+        if spec.is_rl:
+            self._eval_worker = episode_worker(next(p for p in procs if p.kind == "rollout").config)
         ckpt_dir, resume = _checkpoint_dir(learner)
         if self.reset:
             self._reset(redis_url, Path(learner.config["run_dir"]), ckpt_dir)
@@ -166,7 +169,7 @@ class RunLauncher:
         rollout, reward = self._urls()
         try:
             point = evaluate(rollout, reward, rows, step, self.spec.sampling.max_new_tokens,
-                             self.run_dir / "eval.jsonl")
+                             self.run_dir / "eval.jsonl", worker=self._eval_worker)
         except (httpx.HTTPError, RuntimeError) as exc:
             self.display.event(f"held-out evaluation at step {step} failed: {exc}")
             return
