@@ -17,6 +17,7 @@ Usage::
 from __future__ import annotations
 
 import contextvars
+import difflib
 import os
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
@@ -124,13 +125,19 @@ class ServiceSettings(FleetSettings):
     log_level: str = Field(default="INFO", description="Python logging level.")
 
 
-def format_validation_error(exc: ValidationError, source: str) -> str:
+def format_validation_error(exc: ValidationError, source: str, cls: type[BaseSettings] | None = None) -> str:
+    """One line per problem; an unknown key names the closest valid one of ``cls`` (``fleetrl settings
+    <service>`` lists them all)."""
+    from shared.settings_paths import closest_path, user_path
+
     lines = [f"invalid settings ({source}):"]
     for err in exc.errors():
         loc = ".".join(str(p) for p in err["loc"]) or "<root>"
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
-            msg = "unknown setting (check the spelling; see the settings class for valid keys)"
+            near = closest_path(cls, user_path(cls, err["loc"])) if cls is not None else None
+            msg = (f"unknown setting (did you mean {near}?)" if near else
+                   "unknown setting (check the spelling; `fleetrl settings <service>` lists the valid keys)")
         lines.append(f"  {loc}: {msg}")
     return "\n".join(lines)
 
@@ -146,9 +153,11 @@ def _check_env_keys(cls: type[BaseSettings]) -> None:
         if var.upper().startswith(prefix):
             field = var[len(prefix):].upper().split(delim, 1)[0]
             if field not in known:
+                near = difflib.get_close_matches(field.lower(), sorted(k.lower() for k in known), n=1, cutoff=0.6)
+                hint = f"did you mean {prefix}{near[0].upper()}?; " if near else ""
                 raise SettingsError(
                     f"invalid settings (environment):\n  {var}: unknown setting {field.lower()!r} "
-                    f"(valid: {', '.join(sorted(k.lower() for k in known))})"
+                    f"({hint}valid: {', '.join(sorted(k.lower() for k in known))})"
                 )
 
 
@@ -163,6 +172,6 @@ def load_settings(cls: type[S], config_file: str | Path | None = None, **overrid
     try:
         return cls(**overrides)
     except ValidationError as exc:
-        raise SettingsError(format_validation_error(exc, str(path) if path else "environment")) from exc
+        raise SettingsError(format_validation_error(exc, str(path) if path else "environment", cls)) from exc
     finally:
         _config_file.reset(token)

@@ -1,5 +1,6 @@
-"""``fleetrl run FILE`` and ``fleetrl settings FILE``: a run spec on this machine, and the settings each of its
-services gets. Imports nothing heavy at import time (``fleetrl --help`` stays fast)."""
+"""``fleetrl run FILE``, ``fleetrl settings learner|rollout|reward|run`` (every setting, documented) and
+``fleetrl settings FILE`` (the settings each service of a run spec gets), ``fleetrl eval FILE``. Imports nothing
+heavy at import time (``fleetrl --help`` stays fast)."""
 
 from __future__ import annotations
 
@@ -42,12 +43,36 @@ def run_cmd(
 
 
 def settings_cmd(
-    file: SpecFile,
+    target: Annotated[str, typer.Argument(help="learner, rollout, reward or run: every setting of that class, "
+                                          "documented; or a run spec FILE: the settings each of its processes gets.")],
+    section: Annotated[str | None, typer.Argument(help="Only this section (learner optim, rollout engine, ...).")]
+    = None,
     set_: Sets = None,
-    service: Annotated[str | None, typer.Option(help="Only this process (learner, rollout-0, reward-0, ...).")] = None,
+    service: Annotated[str | None, typer.Option(help="With a spec FILE: only this process (learner, rollout-0, "
+                                                "reward-0, ...).")] = None,
 ) -> None:
-    """Print the settings each process of the run gets, derived from the spec (ports and Redis as placeholders
-    where fleetrl run picks them at start)."""
+    """Every setting of a service (fleetrl settings learner|rollout|reward|run [SECTION]: type, default, bounds,
+    description), or the settings each process of a run spec gets (fleetrl settings FILE [--service NAME]; ports
+    and Redis as placeholders where fleetrl run picks them at start)."""
+    from .settings_doc import TARGETS, render
+
+    if target in TARGETS and not Path(target).is_file():
+        if set_ or service:
+            typer.echo(f"error: --set and --service go with a run spec file, not with {target}", err=True)
+            raise typer.Exit(2)
+        try:
+            typer.echo(render(target, section), nl=False)
+        except ValueError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from exc
+        return
+    if not Path(target).is_file():
+        typer.echo(f"error: {target}: neither a settings class ({', '.join(TARGETS)}) nor a run spec file", err=True)
+        raise typer.Exit(2)
+    _derived_settings(Path(target), set_, service)
+
+
+def _derived_settings(file: Path, set_: list[str] | None, service: str | None) -> None:
     import yaml
 
     from shared.settings import SettingsError

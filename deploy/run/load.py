@@ -3,15 +3,15 @@ one line naming the setting (and, for an unknown key, the closest valid one)."""
 
 from __future__ import annotations
 
-import difflib
-import typing
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
+from shared import settings_paths
 from shared.settings import SettingsError, read_config_file
+from shared.settings_paths import closest_path
 
 from .spec import RunSpec, resolve_paths
 
@@ -70,8 +70,8 @@ def describe(err: dict, file: Path, from_set: set[str]) -> str:
                setting.startswith(f"{k}.") or not setting]
     source = f"--set {related[0]}" if related else str(file)
     if err["type"] == "extra_forbidden":
-        near = difflib.get_close_matches(setting, sorted(known_paths(RunSpec)), n=1, cutoff=0.6)
-        hint = f" (did you mean {near[0]}?)" if near else ""
+        near = closest_path(RunSpec, setting)
+        hint = f" (did you mean {near}?)" if near else ""
         return f"{source}: unknown setting {setting}{hint}"
     msg = err["msg"].removeprefix("Value error, ")
     return f"{source}: {setting or '<top level>'}: {msg}"
@@ -79,35 +79,4 @@ def describe(err: dict, file: Path, from_set: set[str]) -> str:
 
 def user_path(loc: tuple) -> str:
     """pydantic's error location as the user wrote it: no union tags, list indices in brackets."""
-    names = all_field_names(RunSpec)
-    parts: list[str] = []
-    for i, p in enumerate(loc):
-        if isinstance(p, int):
-            parts[-1:] = [f"{parts[-1]}[{p}]"] if parts else [f"[{p}]"]
-        elif p in names or i == len(loc) - 1:  # the last part may be a key the user made up
-            parts.append(str(p))
-    return ".".join(parts)
-
-
-def _models_in(annotation: Any) -> list[type[BaseModel]]:
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return [annotation]
-    out: list[type[BaseModel]] = []
-    for arg in typing.get_args(annotation):
-        out += _models_in(arg)
-    return out
-
-
-def known_paths(model: type[BaseModel], prefix: str = "") -> set[str]:
-    """Every dotted setting path of ``model`` (members of discriminated unions included)."""
-    out: set[str] = set()
-    for name, field in model.model_fields.items():
-        path = f"{prefix}{name}"
-        out.add(path)
-        for sub in _models_in(field.annotation):
-            out |= known_paths(sub, path + ".")
-    return out
-
-
-def all_field_names(model: type[BaseModel]) -> set[str]:
-    return {p.rsplit(".", 1)[-1] for p in known_paths(model)}
+    return settings_paths.user_path(RunSpec, loc)

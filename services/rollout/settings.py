@@ -39,14 +39,14 @@ class WorkerSampling(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    max_new_tokens: int = Field(default=256, ge=1)
-    temperature: float = Field(default=1.0, ge=0.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: int = Field(default=-1, ge=-1)
+    max_new_tokens: int = Field(default=256, ge=1, description="Tokens generated per sample at most.")
+    temperature: float = Field(default=1.0, ge=0.0, description="Sampling temperature (0: greedy).")
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="Nucleus mass (1: off).")
+    top_k: int = Field(default=-1, ge=-1, description="Top-k (-1: off).")
     min_p: float = Field(default=0.0, ge=0.0, le=1.0, description="Min-p filter (0: off); not overridable per task.")
-    stop: list[str] = Field(default_factory=list)
-    stop_token_ids: list[int] = Field(default_factory=list)
-    ignore_eos: bool = False
+    stop: list[str] = Field(default_factory=list, description="Stop strings.")
+    stop_token_ids: list[int] = Field(default_factory=list, description="Stop token ids.")
+    ignore_eos: bool = Field(default=False, description="Keep generating past the end-of-sequence token.")
 
 
 class WorkerSettings(BaseModel):

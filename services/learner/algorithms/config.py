@@ -103,7 +103,7 @@ class PPOSettings(_RLAlgorithm):
     kl: KLSettings = Field(default_factory=lambda: KLSettings(coef=0.01, estimator="k1", placement="reward"))
     lambd: float = Field(default=0.95, ge=0.0, le=1.0, description="GAE lambda.")
     value_clip: float | None = Field(default=0.2, gt=0.0, description="Value clipping range; null disables.")
-    normalize_advantages: bool = True
+    normalize_advantages: bool = Field(default=True, description="Whiten advantages over the batch's action tokens.")
 
 
 class GRPOSettings(_RLAlgorithm):
@@ -126,7 +126,7 @@ class ReinforcePPSettings(_RLAlgorithm):
 
     name: Literal["reinforce_pp"] = "reinforce_pp"
     kl: KLSettings = Field(default_factory=lambda: KLSettings(coef=0.01, estimator="k1", placement="reward"))
-    normalize_advantages: bool = True
+    normalize_advantages: bool = Field(default=True, description="Whiten advantages over the batch's action tokens.")
 
 
 class RLOOSettings(_RLAlgorithm):
