@@ -35,11 +35,24 @@ class HFEngineSettings(_EngineSettingsBase):
         default=4.0, ge=0, le=1000, description="How long an idle engine waits to gather a batch before starting."
     )
     torch_threads: int | None = Field(default=None, ge=1, description="torch.set_num_threads; unset keeps torch's default.")
+    prefix_cache_tokens: int = Field(
+        default=16384, ge=0, le=10_000_000,
+        description="Prefix cache: KV of this many token positions of recently finished sequences is kept (LRU) "
+        "and a prompt that starts with one prefills only the rest (multi-turn rollouts: each turn extends the "
+        "last). Memory: tokens x layers x 2 x kv_heads x head_dim x dtype bytes. 0 = off.",
+    )
     health_stall_s: float = Field(
         default=60.0, gt=0, le=3600,
         description="/health: a decode loop with work that made no step for this long is unhealthy (503). "
         "Above the longest prefill or decode step the engine can take.",
     )
+
+    @field_validator("prefix_cache_tokens")
+    @classmethod
+    def _prefix_cache(cls, v: int) -> int:
+        if 0 < v < 16:
+            raise ValueError(f"prefix_cache_tokens={v} holds less than one 16-token block: use 0 (off) or >= 16")
+        return v
 
     @field_validator("device")
     @classmethod

@@ -3,6 +3,10 @@
 ``model`` is the torch module itself: the weight-sync sidecar pauses the engine, copies tensors into
 ``model``'s parameters in place under ``torch.no_grad()``, sets the new ``weight_version`` and resumes.
 
+Prefix cache (``prefix_cache_tokens``, :mod:`~services.rollout.engines.hf.prefix_cache`): the KV of recently
+finished sequences, reused by prompts that extend them; emptied whenever the weight version is set and when
+generation resumes after a pause, so a prefix computed by other weights is never reused.
+
 Health: liveness (``/health``) never queues behind the backlog. While the decode loop has work, a step
 finished within ``health_stall_s`` proves it alive (no probe is queued); only an idle loop runs the
 one-token probe. Readiness (``/health_generate``) always runs the probe through the queue.
@@ -20,6 +24,7 @@ import torch
 
 from services.rollout.engines.base import Engine, EnginePaused
 from services.rollout.engines.hf.loop import DecodeLoop, Row
+from services.rollout.engines.hf.prefix_cache import PrefixCache
 from services.rollout.engines.settings import HFEngineSettings
 from services.rollout.engines.types import SamplingParams, SequenceDelta, SequenceRequest
 
@@ -46,6 +51,7 @@ class HFEngine(Engine):
         self._decode: DecodeLoop | None = None
         self._queues: dict[str, asyncio.Queue[SequenceDelta]] = {}
         self._aloop: asyncio.AbstractEventLoop | None = None
+        self.prefix_cache = PrefixCache(settings.prefix_cache_tokens)
 
     async def _start(self) -> None:
         if self.settings.torch_threads:
@@ -60,6 +66,7 @@ class HFEngine(Engine):
             eos_ids=self._eos_ids(),
             deliver=self._deliver_threadsafe,
             on_step=self._observe_step,
+            prefix_cache=self.prefix_cache,
         )
         self._decode.start()
         log.info("hf engine: %s on %s (%s), context %d", self.model_path, self.device,
@@ -82,6 +89,16 @@ class HFEngine(Engine):
         elif isinstance(gen_eos, (list, tuple)):
             ids.update(int(i) for i in gen_eos)
         return frozenset(ids)
+
+    # ---- weights: the prefix cache holds KV of the weights that computed it ------------------------------
+    def set_weight_version(self, v: int) -> None:
+        super().set_weight_version(v)
+        self.prefix_cache.invalidate()
+
+    async def _on_resume(self) -> None:
+        # weights change only while generation is paused (the sidecar pauses around every switch, and a
+        # caller writing into ``model`` must too): whatever was cached before may be stale now
+        self.prefix_cache.invalidate()
 
     async def _stop(self) -> None:
         if self._decode is not None:

@@ -3,7 +3,9 @@
 Sequences wait in a queue; the loop admits up to ``max_batch_size`` of them into the running batch at
 every step boundary (prefill of the newcomers, merged into the cache), steps all rows together,
 samples per row (own temperature / top-k / top-p / seed), and retires rows as they finish (stop token,
-stop string, length, abort) — so a long sequence never holds a short one back. When the loop is
+stop string, length, abort) — so a long sequence never holds a short one back. With a prefix cache, a
+finished row's KV is kept (:mod:`~services.rollout.engines.hf.prefix_cache`) and a newcomer whose prompt
+starts with a kept sequence prefills only the rest of its prompt. When the loop is
 idle, the first arrival waits for company as long as more keep arriving within ``max_wait`` of each
 other (at most ``8 x max_wait``), so a burst of clients starts as one batch.
 
@@ -32,6 +34,7 @@ import torch
 
 from services.rollout.engines.base import SequenceRejected
 from services.rollout.engines.hf.batch import KVBatch
+from services.rollout.engines.hf.prefix_cache import PrefixCache, PrefixHit
 from services.rollout.engines.hf.sampling import RowParams, RowSampling, row_generator, row_params, sample
 from services.rollout.engines.hf.text import IncrementalText
 from services.rollout.engines.types import Finish, SequenceDelta, SequenceRequest
@@ -53,6 +56,8 @@ class Row:
     top: list[list[tuple[int, float]]] | None = None
     aborted: str | None = None  # abort message once aborted
     done: bool = False
+    failed: bool = False  # ended by an engine error: its KV is not kept
+    epoch: int = -1  # the prefix cache's epoch when it was admitted (its KV is kept only in the same one)
 
 
 Deliver = Callable[[list[tuple[Row, SequenceDelta]]], None]
@@ -61,7 +66,7 @@ Deliver = Callable[[list[tuple[Row, SequenceDelta]]], None]
 class DecodeLoop:
     def __init__(self, model, tokenizer, device: torch.device, *, max_batch_size: int, max_wait_s: float,
                  context_length: int, eos_ids: frozenset[int], deliver: Deliver,
-                 on_step: Callable[[int], None] | None = None) -> None:
+                 on_step: Callable[[int], None] | None = None, prefix_cache: PrefixCache | None = None) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.device = device
@@ -72,6 +77,7 @@ class DecodeLoop:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (min(eos_ids) if eos_ids else 0)
         self._deliver = deliver
         self._on_step = on_step
+        self.prefix_cache = prefix_cache
         self._cond = threading.Condition()
         self._pending: deque[Row] = deque()
         self._active: list[Row] = []
@@ -248,29 +254,56 @@ class DecodeLoop:
         self._forget(out)
 
     def _prefill(self, batch: KVBatch, rows: list[Row], out: list[tuple[Row, SequenceDelta]]):
-        """Prefill newcomers together; if that fails, one by one, so only the prompts that fail are ended.
-        Returns the rows that joined the batch and their logits."""
+        """Prefill newcomers together (each on top of its cached prefix, if the prefix cache has one); if that
+        fails, one by one, so only the prompts that fail are ended. Returns the rows that joined the batch and
+        their logits."""
+        hits = self._prefix_hits(rows)
         try:
-            return rows, batch.prefill([list(r.req.prompt_ids) for r in rows], self.pad_id, self.device)
+            return rows, batch.prefill([list(r.req.prompt_ids) for r in rows], self.pad_id, self.device, hits)
         except Exception as exc:  # noqa: BLE001 - found out below, row by row
             if len(rows) == 1:
                 self._fail(rows[0], exc, out)
                 return [], None
             log.warning("prefill of %d new sequences failed (%r); prefilling them one by one", len(rows), exc)
         joined, parts = [], []
-        for row in rows:
+        for row, hit in zip(rows, hits or [None] * len(rows)):
             try:
-                parts.append(batch.prefill([list(row.req.prompt_ids)], self.pad_id, self.device))
+                parts.append(batch.prefill([list(row.req.prompt_ids)], self.pad_id, self.device,
+                                           [hit] if hit is not None else None))
             except Exception as exc:  # noqa: BLE001 - this row's prompt: end it alone
                 self._fail(row, exc, out)
             else:
                 joined.append(row)
         return joined, (torch.cat(parts) if parts else None)
 
+    def _prefix_hits(self, rows: list[Row]) -> list[PrefixHit | None] | None:
+        """The newcomers' cached prefixes (None: no cache, or no hit at all); stamps each row's epoch."""
+        cache = self.prefix_cache
+        if cache is None or not cache.enabled:
+            return None
+        hits = []
+        for row in rows:
+            row.epoch = cache.epoch  # read before the lookup: an invalidation in between keeps the row out
+            hits.append(cache.match(row.req.prompt_ids))
+        return hits if any(h is not None for h in hits) else None
+
+    def _keep_prefix(self, batch: KVBatch, index: int, row: Row) -> None:
+        """Offer a finished row's KV (its prompt and the outputs fed so far) to the prefix cache."""
+        try:
+            n, kv = batch.row_kv(index)
+            ids = (*row.req.prompt_ids, *row.out_ids)
+            if n != len(ids) - 1:  # every sampled token but the last has been fed; anything else: do not guess
+                log.warning("sequence %s: %d cached positions for %d ids; not kept", row.req.rid, n, len(ids))
+                return
+            self.prefix_cache.put(ids[:n], kv, row.epoch)
+        except Exception:  # the cache is an optimisation: never fail a row for it
+            log.exception("keeping the prefix of sequence %s failed", row.req.rid)
+
     def _fail(self, row: Row, exc: BaseException, out: list[tuple[Row, SequenceDelta]]) -> None:
         """End one row with ``finish_reason = abort`` because of ``exc``."""
         if row.done:
             return
+        row.failed = True
         log.warning("sequence %s ended by an engine error: %r", row.req.rid, exc)
         finish = Finish("abort", message=f"engine error: {exc}")
         try:
@@ -286,6 +319,10 @@ class DecodeLoop:
             if not row.done and row.aborted is not None:
                 out.append((row, self._finish_delta(row, Finish("abort", message=row.aborted))))
         keep = [i for i, r in enumerate(self._active) if not r.done]
+        if self.prefix_cache is not None and self.prefix_cache.enabled:
+            for i, r in enumerate(self._active):
+                if r.done and not r.failed:
+                    self._keep_prefix(batch, i, r)
         if len(keep) != len(self._active):
             batch.keep(keep)
             self._active = [self._active[i] for i in keep]
