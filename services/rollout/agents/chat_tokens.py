@@ -19,6 +19,8 @@ with an error at start: token fidelity cannot hold for it.
 
 from __future__ import annotations
 
+import json
+from collections import OrderedDict
 from typing import Any
 
 _CTX = [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "A"}]
@@ -37,6 +39,7 @@ class ChatTokens:
         self.tokenizer = tokenizer
         self.tools = tools or None
         self.kwargs = dict(template_kwargs or {})
+        self._context_ids = self.render_ids(_CTX, add_generation_prompt=False)  # what every delta is taken against
         self.end_of_turn, self.glue = self._turn_ending()
 
     def render_ids(self, messages: list[dict], add_generation_prompt: bool) -> list[int]:
@@ -51,7 +54,7 @@ class ChatTokens:
     def delta(self, messages: list[dict]) -> list[int]:
         """Ids of ``messages`` (tool results, a user turn) appended after an assistant turn, plus the next
         assistant header: exactly what the template writes for them."""
-        before = self.render_ids(_CTX, add_generation_prompt=False)
+        before = self._context_ids
         after = self.render_ids([*_CTX, *messages], add_generation_prompt=True)
         if after[: len(before)] != before:
             raise TemplateNotAppendOnly("the chat template changes earlier turns when messages are added")
@@ -72,7 +75,7 @@ class ChatTokens:
     def _turn_ending(self) -> tuple[list[int], list[int]]:
         """(end-of-turn ids, glue ids) the template writes after an assistant message's content."""
         head = self.render_ids(_CTX[:1], add_generation_prompt=True)
-        full = self.render_ids(_CTX, add_generation_prompt=False)
+        full = self._context_ids
         content = list(self.tokenizer.encode(_CTX[1]["content"], add_special_tokens=False))
         if full[: len(head)] != head or full[len(head): len(head) + len(content)] != content:
             raise TemplateNotAppendOnly("the chat template does not render an assistant turn as header + content")
@@ -83,3 +86,28 @@ class ChatTokens:
         while cut < len(suffix) and suffix[cut] in special:
             cut += 1
         return suffix[:cut], suffix[cut:]
+
+
+def template_key(tools: list[dict] | None, kwargs: dict | None) -> str:
+    """The key of a (tools, template kwargs) pair in :class:`ChatTokensCache`."""
+    return json.dumps([tools or None, kwargs or None], sort_keys=True, default=str)
+
+
+class ChatTokensCache:
+    """ChatTokens per (tools, template kwargs), shared by sessions and by the worker's trajectories (building one
+    renders the template a few times); bounded, the least recently used dropped first."""
+
+    def __init__(self, tokenizer: Any, size: int = 64) -> None:
+        self.tokenizer = tokenizer
+        self.size = size
+        self._items: OrderedDict[str, ChatTokens] = OrderedDict()
+
+    def get(self, tools: list[dict] | None, kwargs: dict | None = None, key: str | None = None) -> ChatTokens:
+        key = template_key(tools, kwargs) if key is None else key
+        ct = self._items.get(key)
+        if ct is None:
+            ct = self._items[key] = ChatTokens(self.tokenizer, tools=tools, template_kwargs=kwargs)
+            while len(self._items) > self.size:
+                self._items.popitem(last=False)
+        self._items.move_to_end(key)
+        return ct

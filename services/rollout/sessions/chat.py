@@ -14,15 +14,12 @@ session then starts a new trajectory unless the rendering happens to extend the 
 from __future__ import annotations
 
 import json
-from collections import OrderedDict
 from typing import Any
 
-from services.rollout.agents.chat_tokens import ChatTokens
+from services.rollout.agents.chat_tokens import ChatTokensCache, template_key
+
+__all__ = ["ChatTokensCache", "continuation", "same_reply", "template_key"]
 from services.rollout.sessions.store import ChatTurn, Session
-
-
-def template_key(tools: list[dict] | None, kwargs: dict | None) -> str:
-    return json.dumps([tools or None, kwargs or None], sort_keys=True, default=str)
 
 
 def _calls(tool_calls: Any) -> list[tuple[str, Any]] | None:
@@ -48,25 +45,6 @@ def same_reply(echoed: dict[str, Any], reply: dict[str, Any]) -> bool:
     if (echoed.get("content") or "") != (reply.get("content") or ""):
         return False
     return _calls(echoed.get("tool_calls")) == _calls(reply.get("tool_calls"))
-
-
-class ChatTokensCache:
-    """ChatTokens per (tools, template kwargs), shared by the sessions (building one renders the template a few
-    times); bounded, the least recently used dropped first."""
-
-    def __init__(self, tokenizer: Any, size: int = 64) -> None:
-        self.tokenizer = tokenizer
-        self.size = size
-        self._items: OrderedDict[str, ChatTokens] = OrderedDict()
-
-    def get(self, tools: list[dict] | None, kwargs: dict | None, key: str) -> ChatTokens:
-        ct = self._items.get(key)
-        if ct is None:
-            ct = self._items[key] = ChatTokens(self.tokenizer, tools=tools, template_kwargs=kwargs)
-            while len(self._items) > self.size:
-                self._items.popitem(last=False)
-        self._items.move_to_end(key)
-        return ct
 
 
 def continuation(session: Session, messages: list[dict[str, Any]], cache: ChatTokensCache, tools: list[dict] | None,

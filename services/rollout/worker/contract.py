@@ -29,7 +29,7 @@ from shared.reward_api import ScoreItem, ScoreResponse
 from shared.schemas import ChatMessage, PromptTask
 
 if TYPE_CHECKING:
-    from services.rollout.agents.chat_tokens import ChatTokens
+    from services.rollout.agents.chat_tokens import ChatTokens, ChatTokensCache
     from services.rollout.worker.reward_client import RewardClient
 
 log = logging.getLogger(__name__)
@@ -43,7 +43,7 @@ class RolloutContext:
     """Everything a rollout function may use; built by the worker for one prompt task."""
 
     def __init__(self, task: PromptTask, params: SamplingParams, settings: Any, service: Any,
-                 rewards: RewardClient) -> None:
+                 rewards: RewardClient, chat_tokens: ChatTokensCache | None = None) -> None:
         self.task = task
         self.params = params  #: the task's sampling: the worker's defaults with the task's overrides
         #: the worker's settings, a ``services.rollout.settings.WorkerSettings`` (not imported here: the settings
@@ -51,6 +51,7 @@ class RolloutContext:
         self.settings = settings
         self._service = service
         self._rewards = rewards
+        self._chat_tokens = chat_tokens  # shared by the worker's tasks (each ChatTokens renders the template a few times)
 
     @property
     def tokenizer(self) -> Any:
@@ -78,6 +79,8 @@ class RolloutContext:
         from services.rollout.agents.chat_tokens import ChatTokens, TemplateNotAppendOnly
 
         try:
+            if self._chat_tokens is not None:
+                return self._chat_tokens.get(tools)
             return ChatTokens(self.tokenizer, tools=tools)
         except TemplateNotAppendOnly as exc:
             raise GroupFailed(f"multi-turn rollouts need an append-only chat template: {exc}") from exc

@@ -30,6 +30,7 @@ import socket
 import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from services.rollout.agents.chat_tokens import ChatTokensCache
 from services.rollout.worker.contract import GroupFailed, RolloutContext
 from services.rollout.worker.functions import load_rollout_function
 from services.rollout.worker.group import experiences, task_sampling
@@ -54,6 +55,7 @@ class RolloutWorker:
         self.lease: Lease | None = None
         self._stopping = asyncio.Event()
         self.redis: aioredis.Redis | None = None
+        self._chat_tokens: ChatTokensCache | None = None
         r = registry
         self.m_prompts = Counter("fleetrl_rollout_worker_prompts", "Prompt tasks by outcome.", ["outcome"], registry=r)
         self.m_experiences = Counter("fleetrl_rollout_worker_experiences", "Experiences pushed.", registry=r)
@@ -198,7 +200,10 @@ class RolloutWorker:
 
     # ---- one group ---------------------------------------------------------------------------------
     async def _rollout(self, task: PromptTask) -> list[Experience]:
-        ctx = RolloutContext(task, task_sampling(self.cfg.sampling, task), self.cfg, self.service, self.rewards)
+        if self._chat_tokens is None:  # the tokenizer is there once the engine started
+            self._chat_tokens = ChatTokensCache(self.service.tokenizer)
+        ctx = RolloutContext(task, task_sampling(self.cfg.sampling, task), self.cfg, self.service, self.rewards,
+                             self._chat_tokens)
         trajectories = await self.rollout_function(ctx)
         name = self.cfg.rollout_function
         if not isinstance(trajectories, list) or len(trajectories) != task.n:
