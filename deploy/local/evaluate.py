@@ -24,7 +24,8 @@ def greedy_accuracy(rollout_url: str, reward_url: str, rows: list[dict], *, max_
             outs = r.json()
             versions.update(str(o["meta_info"]["weight_version"]) for o in outs)
             s = client.post(f"{reward_url}/score", json={"items": [
-                {"prompt": row["input"], "response": o["text"], "label": row["label"]} for row, o in zip(chunk, outs)
+                {"prompt": row["input"], "response": o["text"], "label": row["label"],
+                 "metadata": row.get("metadata", {})} for row, o in zip(chunk, outs)
             ]})
             s.raise_for_status()
             correct += sum(1.0 for v in s.json()["scores"] if v is not None and v >= 0.999)

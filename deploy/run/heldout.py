@@ -12,23 +12,25 @@ from pathlib import Path
 from typing import Any
 
 from deploy.local.evaluate import greedy_accuracy
-from services.learner.data import check_fields, read_rows
+from services.learner.data import check_fields, field_value, read_rows, row_metadata
 
 from .progress import EvalPoint
 from .spec import RunSpec
 
 
 def heldout_rows(spec: RunSpec) -> list[dict]:
-    """``[{"input": prompt text, "label": label}]`` of ``eval.data``, rendered as the learner renders prompts."""
+    """``[{"input": prompt text, "label": label, "metadata": the row's data.metadata_keys}]`` of ``eval.data``,
+    rendered as the learner renders prompts and labelled as it labels them."""
     rows = read_rows(spec.eval.data, spec.data.split)[: spec.eval.max_samples]
     check_fields(rows, spec.data)
     out = []
     for n, row in enumerate(rows):
-        value = row[spec.data.input_key]
+        value = field_value(row, spec.data.input_key)
         if not isinstance(value, str) or spec.data.apply_chat_template:
             raise ValueError(f"eval.data row {n}: held-out evaluation takes text prompts without a chat template")
         text = spec.data.input_template.format(value) if spec.data.input_template else value
-        out.append({"input": text, "label": row.get(spec.data.label_key) if spec.data.label_key else None})
+        out.append({"input": text, "label": field_value(row, spec.data.label_key, None) if spec.data.label_key else None,
+                    "metadata": row_metadata(row, spec.data)})
     return out
 
 

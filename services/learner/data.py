@@ -2,7 +2,10 @@
 
 Rows are dicts; ``data.input_key`` holds the prompt (text, or chat messages as a list of
 ``{"role", "content"}``), ``data.label_key`` the label for the reward service, ``data.output_key`` the
-answer (SFT). Each epoch visits the rows in a permutation seeded by ``seed + epoch``, so a dataset
+answer (SFT); a dotted key names a nested field. Both OpenRLHF's layout (``input_key: input``,
+``label_key: label``) and verl's (``input_key: prompt``, ``label_key: reward_model.ground_truth``, with
+``data_source`` and ``extra_info`` passed to the reward function through ``data.metadata_keys``) read as they
+are. Each epoch visits the rows in a permutation seeded by ``seed + epoch``, so a dataset
 position ``(epoch, index)`` names the same row after a restart.
 """
 
@@ -70,15 +73,48 @@ def read_rows(path: str | Path, split: str = "train") -> list[dict]:
     return readers[p.suffix](p)
 
 
+_MISSING = object()
+
+
+def field_value(row: dict, key: str, default: Any = _MISSING) -> Any:
+    """``row[key]``; a dotted key walks nested mappings (verl's ``reward_model.ground_truth``) unless the row has
+    a field of that literal name. Without ``default``, a missing field raises KeyError."""
+    if key in row:
+        return row[key]
+    node: Any = row
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            if default is _MISSING:
+                raise KeyError(key)
+            return default
+        node = node[part]
+    return node
+
+
+def _has(row: dict, key: str) -> bool:
+    try:
+        field_value(row, key)
+    except KeyError:
+        return False
+    return True
+
+
+def row_metadata(row: dict, settings: DataSettings) -> dict[str, Any]:
+    """The row's ``data.metadata_keys`` fields it has (verl's ``data_source``, ``extra_info``), passed with each
+    prompt to the reward function as they are."""
+    return {key: row[key] for key in settings.metadata_keys if key in row}
+
+
 def check_fields(rows: list[dict], settings: DataSettings, need_output: bool = False) -> None:
     """Every row has the fields the settings name: ``input_key``, and ``output_key`` (SFT) or ``label_key`` (RL,
-    unless it is null): a key naming no field is an error at start, not a run of ``null`` labels."""
+    unless it is null): a key naming no field is an error at start, not a run of ``null`` labels. A dotted key
+    names a nested field (``reward_model.ground_truth``)."""
     keys = {"input_key": settings.input_key}
     keys.update({"output_key": settings.output_key} if need_output else
                 {"label_key": settings.label_key} if settings.label_key else {})
     for n, row in enumerate(rows):
         for setting, key in keys.items():
-            if key not in row:
+            if not _has(row, key):
                 hint = " (or label_key: null for a reward that needs no label)" if setting == "label_key" else ""
                 raise DataError(f"data.{setting} {key!r} names no field of row {n} of {settings.path} (fields: "
                                 f"{sorted(row)}): set data.{setting} to one of them{hint}")
@@ -140,7 +176,7 @@ class PromptSet:
         return self.rows[int(self.order(epoch)[index])]
 
     def render_prompt(self, row: dict) -> str | list[ChatMessage]:
-        value = row[self.settings.input_key]
+        value = field_value(row, self.settings.input_key)
         if self.settings.apply_chat_template:
             messages = value if isinstance(value, list) else [{"role": "user", "content": str(value)}]
             return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
@@ -151,13 +187,14 @@ class PromptSet:
 
     def label(self, row: dict) -> Any:
         key = self.settings.label_key
-        return row.get(key) if key else None
+        return field_value(row, key, None) if key else None
 
     def task(self, epoch: int, index: int, attempt: int, rollout: RolloutRequestSettings) -> PromptTask:
         row = self.row(epoch, index)
         return PromptTask(id=item_id(epoch, index, attempt), prompt=self.render_prompt(row), label=self.label(row),
                           n=rollout.group_size, sampling=rollout.sampling,
-                          metadata={"epoch": epoch, "index": index, "attempt": attempt})
+                          metadata={**row_metadata(row, self.settings), "epoch": epoch, "index": index,
+                                    "attempt": attempt})
 
     def sft_pair(self, epoch: int, index: int) -> tuple[list[int], list[int]]:
         """Token ids of (prompt, answer + EOS) for SFT."""
@@ -169,5 +206,5 @@ class PromptSet:
         prompt_ids = list(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
         if not prompt_ids:
             prompt_ids = [self.tokenizer.bos_token_id or self.tokenizer.eos_token_id]
-        answer_ids = list(self.tokenizer(str(row[self.settings.output_key]), add_special_tokens=False)["input_ids"])
+        answer_ids = list(self.tokenizer(str(field_value(row, self.settings.output_key)), add_special_tokens=False)["input_ids"])
         return prompt_ids, answer_ids + [self.tokenizer.eos_token_id]

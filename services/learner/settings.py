@@ -109,14 +109,27 @@ class DataSettings(_Section):
 
     path: str | None = Field(default=None, description="JSONL, Parquet, or a saved HF dataset directory.")
     split: str = Field(default="train", description="Split of a saved HF DatasetDict.")
-    input_key: str = Field(default="input", description="Field holding the prompt (text or chat messages).")
-    label_key: str | None = Field(default="label", description="Field holding the label passed to the reward service.")
+    input_key: str = Field(default="input", description="Field holding the prompt (text or chat messages); a dotted "
+                           "key names a nested field.")
+    label_key: str | None = Field(default="label", description="Field holding the label passed to the reward service "
+                                  "(verl's data: reward_model.ground_truth; a dotted key names a nested field).")
+    metadata_keys: list[str] = Field(
+        default_factory=lambda: ["data_source", "extra_info"], description="Row fields passed as they are, with each "
+        "prompt, to the reward function (ScoreItem.metadata; verl's compute_score gets data_source and extra_info "
+        "from there) when a row has them.")
     output_key: str = Field(default="output", description="SFT: field holding the answer.")
     apply_chat_template: bool = Field(default=False, description="Render prompts with the tokenizer's chat template.")
     input_template: str | None = Field(default=None, description="Python format string wrapping the prompt, e.g. 'Q: {}\\nA:'.")
     max_samples: int | None = Field(default=None, ge=1, description="Use only the first N rows.")
     shuffle: bool = Field(default=True, description="Shuffle each epoch (seeded by train.seed + epoch).")
     epochs: int = Field(default=1, ge=1, description="Passes over the prompt set.")
+
+    @model_validator(mode="after")
+    def _own_metadata_keys(self) -> DataSettings:
+        taken = sorted(set(self.metadata_keys) & {"epoch", "index", "attempt"})
+        if taken:
+            raise ValueError(f"data.metadata_keys: {taken} are the learner's own prompt metadata; pass another field")
+        return self
 
 
 class RolloutRequestSettings(_Section):

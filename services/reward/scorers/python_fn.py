@@ -102,7 +102,7 @@ class VerlSignature(_Signature):
     protocol = VerlComputeScore
 
     async def _one(self, item: ScoreItem, index: int, gate: asyncio.Semaphore) -> float:
-        extra_info = item.metadata.get("extra_info", item.metadata)
+        extra_info = item.metadata.get("extra_info", {})  # verl: the row's extra_info, {} without one
         data_source = item.metadata.get("data_source", self.config.data_source)
         async with gate:
             result = await self._call(
