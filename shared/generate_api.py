@@ -4,7 +4,7 @@ Importable without torch (clients, the learner and tests build requests and read
 
 ``POST /generate`` follows SGLang's ``GenerateReqInput`` field for field (see engine-apis.md): a
 client written for SGLang works unchanged. ``weight_version`` is a string holding an integer, as
-SGLang sends it. Batch input (a list of texts or of id lists) and ``n > 1`` give a list of results,
+SGLang sends it, on every route of the rollout service (:data:`WeightVersion`). Batch input (a list of texts or of id lists) and ``n > 1`` give a list of results,
 prompt-major: result ``i * n + j`` is sample ``j`` of prompt ``i``.
 
 ``/v1/completions`` and ``/v1/chat/completions`` follow OpenAI, plus vLLM's extras (``top_k``,
@@ -12,8 +12,9 @@ prompt-major: result ``i * n + j`` is sample ``j`` of prompt ``i``.
 agents keep token-level fidelity: ``return_token_ids`` adds ``prompt_token_ids`` and per-choice
 ``token_ids``; a completion prompt given as token ids is used as is.
 
-Unknown fields are rejected (HTTP 400 naming the field), never silently ignored. OpenAI fields FleetRL
-cannot honour (penalties, ``logit_bias``, ``echo``, ``suffix``) are accepted only at their neutral value.
+Unknown fields are rejected (HTTP 400 naming the field), never silently ignored. Fields FleetRL cannot
+honour (the penalties of :data:`PENALTIES` on every route, OpenAI's ``logit_bias``, ``echo``, ``suffix``) are
+accepted only at their neutral value: clients that send every default work, any other value is a 400 naming it.
 
 Numbers and text follow :mod:`shared.wire_checks`: strict JSON types (no ``"10"`` for an int, an int is fine
 for a float), finite floats, ints the engines hold (token ids and counts in int32, seeds in int64), and text
@@ -36,6 +37,13 @@ from shared.wire_checks import (
     Utf8Fields,
     check_token_ids,
 )
+
+WeightVersion = str
+"""A weight version on the rollout service's wire: the learner's integer version as a decimal string ("3"), on every
+route (``/generate`` meta_info, ``/model_info``, ``/health``, the OpenAI routes' ``weight_version`` and SGLang's
+``metadata.weight_version``, ``/inference/v1/generate``). SGLang's own type (its ``meta_info.weight_version`` and
+``/get_model_info`` are strings, and clients written for it compare strings), so one type serves both; ``int(v)``
+gives the number. Inside FleetRL (experiences, Redis, the learner's ``/status``) the version is an int."""
 
 _MAX_TOP_LOGPROBS = 20
 _MAX_N = 1024
@@ -65,6 +73,12 @@ def _only_neutral(model: BaseModel, fields: dict[str, Any]) -> None:
             raise ValueError(f"{name}={value!r} is not supported by this server (leave it at {neutral!r})")
 
 
+PENALTIES = {"frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0}
+"""Sampling penalties (SGLang's and vLLM's names) and their neutral values: every generation route accepts them
+at these values (clients such as sglang-router and OpenAI SDK wrappers send every default) and refuses any
+other value with a 400 naming the field, since no engine path here applies them."""
+
+
 # ---- SGLang /generate ----------------------------------------------------------------------------------
 class SamplingParamsIn(_Strict):
     """``sampling_params`` of ``/generate`` (SGLang names and defaults)."""
@@ -81,12 +95,21 @@ class SamplingParamsIn(_Strict):
     no_stop_trim: StrictBool = Field(default=False, description="Keep the matched stop string in the text.")
     n: StrictInt = Field(default=1, ge=1, le=_MAX_N, description="Samples per prompt.")
     sampling_seed: StrictInt | None = Field(default=None, ge=0, le=SEED_MAX, description="Sample j of a prompt uses seed + j.")
+    # SGLang's penalties, which clients that send every default send: accepted at their neutral value only.
+    frequency_penalty: FiniteFloat = Field(default=0.0, description="Only 0 (no penalty) is supported.")
+    presence_penalty: FiniteFloat = Field(default=0.0, description="Only 0 (no penalty) is supported.")
+    repetition_penalty: FiniteFloat = Field(default=1.0, description="Only 1 (no penalty) is supported.")
 
     @field_validator("stop")
     @classmethod
     def _stop(cls, v):
         _stop_list(v)
         return v
+
+    @model_validator(mode="after")
+    def _neutral_only(self) -> SamplingParamsIn:
+        _only_neutral(self, PENALTIES)
+        return self
 
     @field_validator("stop_token_ids", mode="before")
     @classmethod
@@ -159,7 +182,7 @@ class MetaInfo(BaseModel):
     completion_tokens: int
     cached_tokens: int = 0
     finish_reason: dict[str, Any] | None
-    weight_version: str
+    weight_version: WeightVersion
     weight_version_spans: list[tuple[int, int]] | None = Field(
         default=None, description="FleetRL: [(first output token, weight version), ...] when the weights changed "
         "while this sequence was generated (partial rollouts); weight_version is then the oldest.")
@@ -196,6 +219,7 @@ class _OpenAICommon(_Strict):
     frequency_penalty: FiniteFloat = 0.0
     logit_bias: dict[str, FiniteFloat] | None = None
     # vLLM extras
+    repetition_penalty: FiniteFloat = Field(default=1.0, description="Only 1 (no penalty) is supported.")
     top_k: StrictInt = Field(default=-1, ge=-1, le=INT32_MAX)
     min_p: FiniteFloat = Field(default=0.0, ge=0.0, le=1.0)
     stop_token_ids: TokenIds | None = None
@@ -215,9 +239,7 @@ class _OpenAICommon(_Strict):
 
     @model_validator(mode="after")
     def _neutral_only(self):
-        _only_neutral(self, {"no_stop_trim": False, "return_hidden_states": False})
-        if self.presence_penalty or self.frequency_penalty:
-            raise ValueError("presence_penalty / frequency_penalty are not supported (leave them at 0)")
+        _only_neutral(self, {"no_stop_trim": False, "return_hidden_states": False, **PENALTIES})
         if self.logit_bias:
             raise ValueError("logit_bias is not supported")
         _stop_list(self.stop)
@@ -345,7 +367,9 @@ class CompletionResponse(BaseModel):
     model: str
     choices: list[CompletionChoice]
     usage: Usage | None = None
-    weight_version: int | None = Field(default=None, description="FleetRL extra: policy version that generated it.")
+    weight_version: WeightVersion | None = Field(default=None, description="FleetRL extra: the weight version that "
+                                                 "generated it (the newest of the choices').")
+    metadata: dict[str, WeightVersion] | None = Field(default=None, description="SGLang's: {'weight_version': ...}.")
 
 
 class TopLogprob(BaseModel):
@@ -386,7 +410,8 @@ class ChatCompletionResponse(BaseModel):
     choices: list[ChatChoice]
     usage: Usage | None = None
     prompt_token_ids: list[int] | None = None
-    weight_version: int | None = None
+    weight_version: WeightVersion | None = Field(default=None, description="As CompletionResponse's.")
+    metadata: dict[str, WeightVersion] | None = Field(default=None, description="SGLang's: {'weight_version': ...}.")
 
 
 class DeltaMessage(BaseModel):
@@ -433,7 +458,7 @@ class ModelInfo(BaseModel):
     model_path: str
     tokenizer_path: str
     is_generation: bool = True
-    weight_version: str
+    weight_version: WeightVersion
     engine: str
     served_model_name: str
     context_length: int
@@ -445,7 +470,7 @@ class RolloutHealth(BaseModel):
 
     status: Literal["ok", "unhealthy"]
     paused: bool = Field(description="Generation is paused (control plane or a weight update).")
-    weight_version: str = Field(description="The weight version the engine generates with.")
+    weight_version: WeightVersion = Field(description="The weight version the engine generates with.")
 
 
 class ControlReply(BaseModel):

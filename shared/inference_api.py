@@ -23,6 +23,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from shared.generate_api import WeightVersion
 from shared.wire_checks import (
     INT32_MAX,
     SEED_MAX,
@@ -191,4 +192,6 @@ class TokenGenerateResponse(BaseModel):
     prompt_token_ids: list[int] | None = None
     prompt_logprobs: None = None
     kv_transfer_params: None = None
-    weight_version: int | None = Field(default=None, description="FleetRL extra: the policy version that generated it.")
+    weight_version: WeightVersion | None = Field(
+        default=None, description="FleetRL extra: the weight version that generated it (a decimal string, as on "
+        "every rollout route: shared.generate_api.WeightVersion).")

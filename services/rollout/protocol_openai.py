@@ -168,7 +168,8 @@ def response(service: RolloutService, p: OpenAIPlan, outs: list[SequenceOutput])
     usage = _usage(p, sum(len(o.output_ids) for o in outs))
     n = p.request.n
     tids = p.request.return_token_ids
-    version = max((o.weight_version for o in outs), default=0)
+    version = str(max((o.weight_version for o in outs), default=0))
+    meta = {"weight_version": version}  # where SGLang's OpenAI routes put it
     if p.chat:
         choices = []
         for k, o in enumerate(outs):
@@ -178,7 +179,8 @@ def response(service: RolloutService, p: OpenAIPlan, outs: list[SequenceOutput])
             choices.append(ChatChoice(index=k, message=message, logprobs=lp, finish_reason=fr,
                                       stop_reason=sr, token_ids=o.output_ids if tids else None))
         body = ChatCompletionResponse(id=p.id, created=p.created, model=p.model, choices=choices, usage=usage,
-                                      prompt_token_ids=p.prompts[0] if tids else None, weight_version=version)
+                                      prompt_token_ids=p.prompts[0] if tids else None, weight_version=version,
+                                      metadata=meta)
     else:
         choices = []
         for k, o in enumerate(outs):
@@ -189,7 +191,7 @@ def response(service: RolloutService, p: OpenAIPlan, outs: list[SequenceOutput])
                                             token_ids=o.output_ids if tids else None,
                                             prompt_token_ids=p.prompts[k // n] if tids else None))
         body = CompletionResponse(id=p.id, created=p.created, model=p.model, choices=choices, usage=usage,
-                                  weight_version=version)
+                                  weight_version=version, metadata=meta)
     return body.model_dump(exclude_none=True)
 
 

@@ -103,7 +103,7 @@ def response(p: TokensPlan, outs: list[SequenceOutput]) -> dict:
         request_id=p.id, choices=choices,
         usage=TokenUsage(prompt_tokens=len(p.prompt), completion_tokens=completion, total_tokens=len(p.prompt) + completion),
         prompt_token_ids=p.prompt if p.request.return_token_ids else None,
-        weight_version=max((o.weight_version for o in outs), default=0),
+        weight_version=str(max((o.weight_version for o in outs), default=0)),
     )
     return body.model_dump()
 
