@@ -22,7 +22,7 @@ import httpx
 import yaml
 
 from deploy.local.fleet import Fleet, FleetError
-from services.learner.data import DataError, check_fields, read_rows
+from services.learner.data import DataError, check_fields, epoch_plan, read_rows
 from services.learner.run_guard import clear_run, has_checkpoint, stale_run_problem
 from shared.settings import SettingsError
 
@@ -197,6 +197,11 @@ class RunLauncher:
             if not rows:
                 raise DataError(f"data.path {self.spec.data.path} holds no rows")
             check_fields(rows, self.spec.data, need_output=not self.spec.is_rl)
+            if self.spec.is_rl:
+                n = min(len(rows), self.spec.data.max_samples or len(rows))
+                note = epoch_plan(self.spec.data, self.spec.train.groups_per_step, self.spec.train.max_steps, n).note
+                if note:
+                    self.display.event(note)
             if self.spec.eval.data:
                 heldout_rows(self.spec)
         except (DataError, ValueError, OSError) as exc:

@@ -208,3 +208,54 @@ class PromptSet:
             prompt_ids = [self.tokenizer.bos_token_id or self.tokenizer.eos_token_id]
         answer_ids = list(self.tokenizer(str(field_value(row, self.settings.output_key)), add_special_tokens=False)["input_ids"])
         return prompt_ids, answer_ids + [self.tokenizer.eos_token_id]
+
+
+CYCLE = 1_000_000
+"""Passes over the prompt set of a run that cycles it until ``train.max_steps``."""
+
+
+@dataclass(frozen=True)
+class EpochPlan:
+    """How many passes over the prompt set an RL run takes, and what to say about it at start."""
+
+    epochs: int
+    note: str | None = None
+
+
+def epoch_plan(data: DataSettings, groups_per_step: int, max_steps: int | None, rows: int) -> EpochPlan:
+    """``train.max_steps`` with ``data.epochs`` left unset cycles the prompts (each pass reshuffled) until
+    max_steps, as Hugging Face's ``max_steps`` overrides ``num_train_epochs``; with ``data.epochs`` set, the
+    passes cap the run, and when that stops it before max_steps the note says so (logged at start, shown by
+    ``fleetrl run``)."""
+    steps = -(-rows * data.epochs // groups_per_step)
+    if max_steps is None:
+        return EpochPlan(data.epochs)
+    if "epochs" not in data.model_fields_set:
+        passes = max_steps * groups_per_step / rows
+        note = (f"data: train.max_steps {max_steps} x train.groups_per_step {groups_per_step} = "
+                f"{max_steps * groups_per_step} prompts from {rows}: the prompts are cycled ({passes:.1f} passes, each "
+                "reshuffled); set data.epochs to cap the run at whole passes") if passes > 1 else None
+        return EpochPlan(CYCLE, note)
+    if steps < max_steps:
+        return EpochPlan(data.epochs, f"data: train.max_steps {max_steps} is more than the data holds: data.epochs "
+                         f"{data.epochs} x {rows} prompts / train.groups_per_step {groups_per_step} = {steps} steps, so "
+                         f"the run stops at step {steps}; raise data.epochs, or leave it unset to cycle the prompts "
+                         "until max_steps")
+    return EpochPlan(data.epochs)
+
+
+def passes_note(settings: Any) -> str:
+    """How a step's samples become forward/backward passes (learner settings): said at start, since a small
+    ``train.micro_batch_size`` makes many passes of a big step (a speed trap, not a memory need)."""
+    t = settings.train
+    samples = t.groups_per_step * settings.rollout.group_size
+    if t.micro_batch_tokens is not None:
+        return (f"train: a step of {samples} samples is cut into passes of at most {t.micro_batch_tokens} tokens "
+                f"(train.micro_batch_tokens; at most {t.micro_batch_size} rows each)")
+    passes = -(-samples // t.micro_batch_size)
+    hint = (" (raise train.micro_batch_size, or set train.micro_batch_tokens, if memory allows: fewer, bigger "
+            "passes are faster)") if passes > 4 else ""
+    return (f"train: a step of {samples} samples (train.groups_per_step {t.groups_per_step} x group size "
+            f"{settings.rollout.group_size}) is {passes} forward/backward pass{'es' if passes > 1 else ''} of "
+            f"train.micro_batch_size "
+            f"{t.micro_batch_size}{hint}")

@@ -63,7 +63,7 @@ from shared.experience_queue import BackpressureTimeout, Delivery, Lease, Proces
 from shared.schemas import Experience, PromptTask
 
 from .checkpoint import CheckpointManager
-from .data import PromptSet, parse_item_id
+from .data import PromptSet, epoch_plan, parse_item_id, passes_note
 from .distributed.env import RankInfo
 from .group_buffer import Filed, GroupBuffer, position_of
 from .observability import MetricsSink
@@ -103,6 +103,7 @@ class RLRunner:
         self.phase = "starting"
         self.error: str | None = None
         self.total_steps = 0
+        self.epochs = settings.data.epochs  # passes over the prompt set (data.epoch_plan: cycled until max_steps)
         self.last_metrics: dict[str, Any] = {}
         self.last_checkpoint: str | None = None
         self.buffer = GroupBuffer()
@@ -132,7 +133,12 @@ class RLRunner:
         if latest is not None:
             self.state = RunState.load(latest / "run_state.json")
             log.info("resuming from %s", latest)
-        items = len(self.data) * self.s.data.epochs
+        plan = epoch_plan(self.s.data, self.s.train.groups_per_step, self.s.train.max_steps, len(self.data))
+        self.epochs = plan.epochs
+        if plan.note:
+            log.warning("%s", plan.note)
+        log.info("%s", passes_note(self.s))
+        items = len(self.data) * self.epochs
         self.total_steps = math.ceil(items / self.s.train.groups_per_step)
         if self.s.train.max_steps:
             self.total_steps = min(self.total_steps, self.s.train.max_steps)
@@ -319,7 +325,7 @@ class RLRunner:
                   "(is a second learner running on run %r?)", len(entry_ids), self.s.run_name)
 
     def _exhausted(self) -> bool:
-        return self.state.epoch >= self.s.data.epochs
+        return self.state.epoch >= self.epochs
 
     def _done(self) -> bool:
         if self.s.train.max_steps and self.trainer.global_step >= self.s.train.max_steps:
@@ -334,7 +340,7 @@ class RLRunner:
             return
         positions: list[tuple[int, int]] = []
         epoch, index = st.epoch, st.next_index
-        while len(positions) < room and epoch < self.s.data.epochs:
+        while len(positions) < room and epoch < self.epochs:
             positions.append((epoch, index))
             index += 1
             if index >= len(data):

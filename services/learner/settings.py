@@ -57,9 +57,12 @@ class OptimSettings(_Section):
     weight_decay: float = Field(default=0.0, ge=0.0, description="AdamW weight decay.")
     betas: tuple[float, float] = Field(default=(0.9, 0.95), description="AdamW betas.")
     eps: float = Field(default=1e-8, gt=0.0, description="AdamW epsilon.")
-    schedule: Literal["cosine", "constant"] = Field(default="cosine", description="LR shape after warmup.")
+    schedule: Literal["cosine", "linear", "constant"] = Field(
+        default="cosine", description="LR shape after warmup: cosine or a straight line down to min_lr_ratio, or "
+        "constant (Hugging Face's default: linear with min_lr_ratio 0, warmup_ratio 0).")
     warmup_ratio: float = Field(default=0.03, ge=0.0, lt=1.0, description="Warmup as a fraction of total optimizer steps.")
-    min_lr_ratio: float = Field(default=0.1, ge=0.0, le=1.0, description="Cosine floor as a fraction of the peak LR.")
+    min_lr_ratio: float = Field(default=0.1, ge=0.0, le=1.0, description="Where cosine / linear end, as a fraction "
+                                                                        "of the peak LR.")
     max_grad_norm: float | None = Field(default=1.0, gt=0.0, description="Clip the global grad norm; null disables.")
     total_steps: int | None = Field(
         default=None, ge=1, description="Optimizer steps the schedule spans; default: derived from dataset size and epochs."
