@@ -17,7 +17,8 @@ RUN python3 -c "import torch; print('torch', torch.__version__)" \
  && rm /tmp/requirements.txt \
  && (getent group fleetrl || groupadd --system --gid 10001 fleetrl) \
  && (id fleetrl || useradd --system --uid 10001 --gid fleetrl --home-dir /app --shell /usr/sbin/nologin fleetrl) \
- && mkdir -p /app /models /checkpoints /config && chown fleetrl:fleetrl /app /models /checkpoints
+ && mkdir -p /app /models /user-model /checkpoints /config /hf-cache \
+ && chown fleetrl:fleetrl /app /models /checkpoints /hf-cache
 
 WORKDIR /app
 COPY --chown=fleetrl:fleetrl shared /app/shared

@@ -69,7 +69,7 @@ def test_services_wait_for_dependencies_by_health_not_sleep(name):
     waits = svc["environment"]["FLEETRL_WAIT_FOR"].split()
     assert any(w.endswith("/health") for w in waits)
     assert "sleep" not in " ".join(map(str, svc.get("command", [])))
-    deps = svc["depends_on"]
+    deps = svc.get("depends_on", {})
     assert all(d["condition"] in ("service_healthy", "service_completed_successfully") for d in deps.values())
 
 
@@ -87,9 +87,77 @@ def test_gpu_services_reserve_nvidia_devices_and_build_from_engine_images(name):
     assert any(img in base for img in ("vllm/vllm-openai", "lmsysorg/sglang", "pytorch/pytorch"))
 
 
-def test_weight_sync_master_addr_is_the_learner_service_name():
-    cfg = yaml.safe_load((REPO / "deploy/compose/config/learner.yaml").read_text())
-    assert cfg["publish"]["sync"]["master_addr"] == "learner" == SERVICES["learner"]["hostname"]
+def names_on_the_network(name: str) -> set[str]:
+    """What other containers on the fleet network reach service ``name`` by: its name and its aliases."""
+    nets = SERVICES[name].get("networks", [])
+    aliases = [a for net in nets.values() for a in (net or {}).get("aliases", [])] if isinstance(nets, dict) else []
+    return {name, *aliases}
+
+
+@pytest.mark.parametrize("name,config", [("learner", "learner.yaml"), ("learner-deepspeed", "learner-deepspeed.yaml")])
+def test_weight_sync_master_addr_is_a_name_the_learner_answers_to(name, config):
+    """``hostname:`` names a container only to itself; other services resolve service names and aliases."""
+    cfg = yaml.safe_load((REPO / "deploy/compose/config" / config).read_text())
+    assert cfg["publish"]["sync"]["master_addr"] in names_on_the_network(name)
+
+
+def test_no_service_relies_on_hostname():
+    assert not [name for name, svc in SERVICES.items() if "hostname" in svc]
+
+
+def _hosts(wait_for: str) -> set[str]:
+    return {re.match(r"(?:https?|tcp)://([^:/]+)", w).group(1) for w in wait_for.split() if "://" in w
+            and not w.startswith("file:")}
+
+
+@pytest.mark.parametrize("profile_services", [("rollout-vllm", "learner-deepspeed"), ("rollout-sglang", "learner")])
+def test_demo_waits_only_on_what_runs_with_the_gpu_profiles(profile_services):
+    """The GPU command scales rollout (and learner) to 0: the demo must not depend on them, and every host it
+    waits for must be answered by a service that does run."""
+    demo = SERVICES["demo"]
+    assert not demo.get("depends_on"), "depends_on a service scaled to 0 waits forever"
+    running = {"redis", "reward", *profile_services}
+    answered = set().union(*(names_on_the_network(s) for s in running))
+    assert _hosts(demo["environment"]["FLEETRL_WAIT_FOR"]) <= answered
+
+
+def _default(value: str) -> str:
+    m = re.fullmatch(r"\$\{[A-Z_]+:-([^}]*)\}", value)
+    assert m, f"{value!r}: a variable with a default"
+    return m.group(1)
+
+
+def test_gpu_services_name_their_devices_and_never_share_one_by_default():
+    ids = {}
+    for name in GPU:
+        (device,) = SERVICES[name]["deploy"]["resources"]["reservations"]["devices"]
+        assert "count" not in device, f"{name}: count takes the first free GPUs (GPU 0 for every service)"
+        (value,) = device["device_ids"]
+        ids[name] = set(_default(value).split(","))
+    assert ids["rollout-vllm"].isdisjoint(ids["learner-deepspeed"])
+    assert ids["rollout-sglang"].isdisjoint(ids["learner-deepspeed"])
+
+
+@pytest.mark.parametrize("name", sorted(GPU))
+def test_gpu_services_can_take_a_real_model(name):
+    """A host directory (bind mount, read-only) or a hub id downloaded into the shared HF cache volume."""
+    svc = SERVICES[name]
+    vols = svc["volumes"]
+    assert "${FLEETRL_MODEL_HOST_DIR:-user-model}:/user-model:ro" in vols and "user-model" in COMPOSE["volumes"]
+    assert "hf-cache:/hf-cache" in vols and "hf-cache" in COMPOSE["volumes"]
+    assert svc["environment"]["HF_HOME"] == "/hf-cache"
+    dockerfile = (REPO / svc["build"]["dockerfile"]).read_text()
+    assert re.search(r"chown fleetrl:fleetrl [^\n]*/hf-cache", dockerfile), "the non-root user must write the cache"
+
+
+def test_engine_extras_pin_the_versions_of_the_engine_images():
+    import tomllib
+
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    for extra, service, image in (("vllm", "rollout-vllm", "vllm/vllm-openai"), ("sglang", "rollout-sglang",
+                                                                                "lmsysorg/sglang")):
+        tag = _default(SERVICES[service]["build"]["args"]["BASE_IMAGE"]).split(":")[-1].lstrip("v")
+        assert f"{extra}=={tag}" in extras[extra], f"pip install fleetrl[{extra}] must match {image}:v{tag}"
 
 
 def dockerfiles():
