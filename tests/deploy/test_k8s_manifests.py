@@ -37,10 +37,15 @@ def test_kustomization_lists_every_manifest():
 
 
 def workloads():
-    return [d for _, d in DOCS if d["kind"] in ("Deployment", "StatefulSet")]
+    return [d for _, d in DOCS if d["kind"] in ("Deployment", "StatefulSet", "Job")]
 
 
-@pytest.mark.parametrize("doc", [d for d in workloads() if d["metadata"]["name"] != "fleetrl-redis"],
+def the_learner() -> dict:
+    return next(d for d in workloads() if d["metadata"]["name"] == "fleetrl-learner")
+
+
+@pytest.mark.parametrize("doc", [d for d in workloads() if d["metadata"]["name"] not in ("fleetrl-redis",
+                                                                                        "fleetrl-prepare")],
                          ids=lambda d: d["metadata"]["name"])
 def test_services_probe_health_on_their_port_and_run_as_non_root(doc):
     pod = doc["spec"]["template"]["spec"]
@@ -65,16 +70,29 @@ def test_every_service_selects_a_workload():
 
 
 def test_learner_advertises_its_pod_ip_for_weight_sync():
-    learner = next(d for d in workloads() if d["metadata"]["name"] == "fleetrl-learner")
+    learner = the_learner()
     env = {e["name"]: e for e in learner["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["FLEETRL_LEARNER_PUBLISH__SYNC__MASTER_ADDR"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
-    assert learner["spec"]["strategy"]["type"] == "Recreate"
+
+
+def test_learner_is_a_job_that_finishes_and_is_replaced_only_on_failure():
+    """The learner exits 0 when training is done (exit_when_done): as a Deployment it was restarted forever."""
+    from services.learner.settings import LearnerSettings
+
+    learner = the_learner()
+    assert learner["kind"] == "Job" and learner["apiVersion"] == "batch/v1"
+    spec = learner["spec"]
+    assert spec["parallelism"] == spec["completions"] == 1
+    assert spec["podReplacementPolicy"] == "Failed", "never two learners on the checkpoints volume"
+    assert spec["template"]["spec"]["restartPolicy"] == "OnFailure" and spec["backoffLimit"] >= 1
+    config = yaml.safe_load(yaml.safe_load((K8S / "config.yaml").read_text())["data"]["learner.yaml"])
+    assert config.get("exit_when_done", LearnerSettings.model_fields["exit_when_done"].default) is True
 
 
 def test_learner_declares_the_configured_rendezvous_port_and_listens_on_its_pod_ip():
     from shared.weight_sync import WeightSyncSettings
 
-    learner = next(d for d in workloads() if d["metadata"]["name"] == "fleetrl-learner")
+    learner = the_learner()
     (c,) = learner["spec"]["template"]["spec"]["containers"]
     config = yaml.safe_load(yaml.safe_load((K8S / "config.yaml").read_text())["data"]["learner.yaml"])
     sync = WeightSyncSettings(**config["publish"]["sync"], master_addr="10.0.0.7")  # the pod IP, from the env
