@@ -28,7 +28,7 @@ from shared.settings import SettingsError
 
 from .display import Display, headline
 from .heldout import episode_worker, evaluate, heldout_rows
-from .plan import ProcessPlan, plan, run_dir_of
+from .plan import RESOLVED_SPEC, ProcessPlan, plan, run_dir_of
 from .progress import Poller, RunView, first_error
 from .spec import RunSpec
 
@@ -63,7 +63,7 @@ class RunLauncher:
         plan(self.spec, self.spec_file, "redis://127.0.0.1:1", "check")  # every setting valid before anything starts
         self._check_data()
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "fleetrl.resolved.yaml").write_text(
+        (self.run_dir / RESOLVED_SPEC).write_text(
             yaml.safe_dump(self.spec.model_dump(mode="json"), sort_keys=False))
         self.fleet = Fleet(run_dir=self.run_dir, redis_url=self.spec.redis.url)
         try:
@@ -108,8 +108,27 @@ class RunLauncher:
         if rows and (not self.view.evals or self.view.evals[-1].step != self.view.step):
             self._wait_for_final_weights(fleet)
             self._evaluate(rows, step=self.view.step)
+        if rows:
+            self._plot(learner)
         self._write_summary()
         return 0
+
+    def _plot(self, learner: ProcessPlan) -> None:
+        """The learner's reward curve again, now with the held-out accuracy of every evaluation on it (the
+        learner drew its own before the final evaluation)."""
+        if not (learner.config.get("observability") or {}).get("plot", True):
+            return
+        learner_dir = Path(learner.config["run_dir"])
+        try:
+            from services.learner.observability import plot_reward_curve
+
+            out = plot_reward_curve(learner_dir / "metrics.jsonl", learner_dir / "reward_curve.png",
+                                    self.run_dir / "eval.jsonl")
+        except Exception as exc:  # noqa: BLE001  (a picture must never fail a finished run)
+            self.display.event(f"could not draw the reward curve: {exc}")
+            return
+        if out is not None:
+            self.display.event(f"reward curve with held-out accuracy: {out}")
 
     def _follow(self, fleet: Fleet, rows: list[dict]) -> None:
         poller = Poller(fleet, self.spec.run_name)

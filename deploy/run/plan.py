@@ -33,6 +33,10 @@ KINDS = {
     "learner": ServiceKind("services.learner", LearnerSettings),
 }
 
+RESOLVED_SPEC = "fleetrl.resolved.yaml"
+"""The spec as ``fleetrl run`` resolved it (overrides applied, defaults filled), under run_dir; the learner
+records it as the run's configuration in TensorBoard / wandb (``observability.run_config``)."""
+
 LEARNER_DEFAULTS = {"observability": {"progress_bar": False}}
 """What the learner does differently under ``fleetrl run`` unless its own settings say otherwise (the run has
 one progress display)."""
@@ -77,7 +81,8 @@ def plan(spec: RunSpec, spec_file: str | Path, redis_url: str | None, token: str
                                 "consumer_name": f"rollout-{i}"}}
             out.append(ProcessPlan(f"rollout-{i}", "rollout", deep_merge(base, fleet)))
     learner = deep_merge(LEARNER_DEFAULTS, service_config(spec, "learner", spec_file))
-    fleet = {"port": free_port(), "control_token": token, "run_dir": str(run_dir_of(spec) / "learner")}
+    fleet = {"port": free_port(), "control_token": token, "run_dir": str(run_dir_of(spec) / "learner"),
+             "observability": {"run_config": str(run_dir_of(spec) / RESOLVED_SPEC)}}
     if redis_url is not None and spec.is_rl:
         fleet["redis_url"] = redis_url
     out.append(ProcessPlan("learner", "learner", deep_merge(learner, fleet)))

@@ -25,8 +25,11 @@ PUBLISH_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 
 class MetricsSink:
-    def __init__(self, settings: ObservabilitySettings, run_dir: Path, registry: CollectorRegistry) -> None:
+    def __init__(self, settings: ObservabilitySettings, run_dir: Path, registry: CollectorRegistry, *,
+                 run_name: str | None = None, config: dict[str, Any] | None = None) -> None:
         self.settings = settings
+        self.run_name = run_name
+        self.config = config  # the run's configuration for TensorBoard / wandb (observability.run_config wins)
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.jsonl_path = self.run_dir / "metrics.jsonl"
@@ -76,13 +79,41 @@ class MetricsSink:
                 self._tb = SummaryWriter(str(self.run_dir / "tensorboard"))
             except ImportError:
                 log.warning("observability.tensorboard is on but tensorboard is not installed; skipping it")
+            else:
+                config = self.run_config()
+                if self.run_name:
+                    self._tb.add_text("run_name", self.run_name, 0)
+                if config is not None:
+                    import yaml
+
+                    text = yaml.safe_dump(config, sort_keys=False)
+                    self._tb.add_text("config", "```yaml\n" + text + "```", 0)  # TensorBoard renders markdown
         if self.settings.wandb_project:
             try:
                 import wandb
 
-                self._wandb = wandb.init(project=self.settings.wandb_project, dir=str(self.run_dir), resume="allow")
+                self._wandb = wandb.init(project=self.settings.wandb_project, name=self.run_name,
+                                         config=self.run_config(), dir=str(self.run_dir), resume="allow")
             except ImportError:
                 log.warning("observability.wandb_project is set but wandb is not installed; skipping it")
+
+    def run_config(self) -> dict[str, Any] | None:
+        """The run's configuration: ``observability.run_config``'s file (fleetrl run's resolved spec) if it reads
+        as a mapping, else the settings this sink was given."""
+        path = self.settings.run_config
+        if path:
+            import yaml
+
+            try:
+                loaded = yaml.safe_load(Path(path).read_text())
+            except (OSError, yaml.YAMLError) as exc:
+                log.warning("observability.run_config %s cannot be read (%s); logging the learner's settings", path,
+                            exc)
+            else:
+                if isinstance(loaded, dict):
+                    return loaded
+                log.warning("observability.run_config %s holds no mapping; logging the learner's settings", path)
+        return self.config
 
     def close(self) -> None:
         if self._bar is not None:
@@ -179,11 +210,27 @@ def read_history(jsonl_path: Path) -> dict[int, dict]:
     return history
 
 
-def plot_reward_curve(jsonl_path: Path, out_path: Path) -> Path | None:
-    """Reward mean (RL) or SFT loss per step, with a moving average, as a PNG (matplotlib Agg)."""
+def read_heldout(eval_jsonl: Path | None) -> list[tuple[int, float]]:
+    """``(step, accuracy)`` of each held-out evaluation in ``eval.jsonl`` (``fleetrl run``; the last per step)."""
+    points: dict[int, float] = {}
+    if eval_jsonl is None or not Path(eval_jsonl).is_file():
+        return []
+    for line in Path(eval_jsonl).read_text().splitlines():
+        try:
+            row = json.loads(line)
+            points[int(row["step"])] = float(row["accuracy"])
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+            continue
+    return sorted(points.items())
+
+
+def plot_reward_curve(jsonl_path: Path, out_path: Path, eval_jsonl: Path | None = None) -> Path | None:
+    """Reward mean (RL) or SFT loss per step, with a moving average, as a PNG (matplotlib Agg); with
+    ``eval_jsonl``, the held-out accuracy of each evaluation on its own axis (0-100 %) on the same picture."""
     history = read_history(jsonl_path)
     key = "reward_mean" if any("reward_mean" in r for r in history.values()) else "sft_loss"
     points = sorted((s, r[key]) for s, r in history.items() if key in r)
+    heldout = read_heldout(eval_jsonl)
     if not points:
         return None
     import matplotlib
@@ -196,12 +243,19 @@ def plot_reward_curve(jsonl_path: Path, out_path: Path) -> Path | None:
     smooth = [sum(values[max(0, i - window + 1): i + 1]) / len(values[max(0, i - window + 1): i + 1])
               for i in range(len(values))]
     fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot(steps, values, alpha=0.35, label=key)
-    ax.plot(steps, smooth, label=f"{key} (moving avg, {window})")
+    lines = ax.plot(steps, values, alpha=0.35, label=key)
+    lines += ax.plot(steps, smooth, label=f"{key} (moving avg, {window})")
     ax.set_xlabel("learner step")
     ax.set_ylabel(key)
     ax.grid(alpha=0.3)
-    ax.legend()
+    if heldout:
+        acc_ax = ax.twinx()
+        e_steps, accs = zip(*heldout)
+        lines += acc_ax.plot(e_steps, [100 * a for a in accs], "o-", color="tab:green",
+                             label="held-out accuracy (greedy, %)")
+        acc_ax.set_ylim(0, 100)
+        acc_ax.set_ylabel("held-out accuracy (%)")
+    ax.legend(lines, [line.get_label() for line in lines], loc="lower right")
     fig.tight_layout()
     fig.savefig(out_path, dpi=110)
     plt.close(fig)

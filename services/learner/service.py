@@ -39,7 +39,8 @@ class LearnerService:
         self.settings = settings
         self.on_exit = on_exit
         self.registry = CollectorRegistry()
-        self.sink = MetricsSink(settings.observability, Path(settings.run_dir), self.registry)
+        self.sink = MetricsSink(settings.observability, Path(settings.run_dir), self.registry,
+                                run_name=settings.run_name, config=settings.model_dump(mode="json"))
         self.runner: RLRunner | SFTRunner | None = None
         self.redis = None
         self._stop = asyncio.Event()

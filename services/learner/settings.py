@@ -211,6 +211,9 @@ class ObservabilitySettings(_Section):
     plot: bool = Field(default=True, description="Write reward_curve.png at the end (matplotlib, Agg).")
     tensorboard: bool = Field(default=False, description="Write TensorBoard scalars (if tensorboard is installed).")
     wandb_project: str | None = Field(default=None, description="Log to this wandb project (if wandb is installed).")
+    run_config: str | None = Field(
+        default=None, description="A YAML file recorded as the run's configuration in TensorBoard and wandb (fleetrl "
+        "run gives its resolved run spec); unset: these learner settings.")
     log_sample_ids: bool = Field(default=False, description="Include the trained sample ids in each metrics line.")
     log_samples: bool = Field(
         default=False, description="Append every trained sample (ids, label, response text, reward and its "
