@@ -16,23 +16,12 @@ import torch
 
 from services.rollout.engines.hf import loop as loop_module
 from services.rollout.engines.hf.engine import HFEngine
-from services.rollout.engines.settings import HFEngineSettings
 from services.rollout.engines.types import SamplingParams, SequenceRequest
+from tests.rollout.engines.conftest import make_engine
 
 LONG = SamplingParams(max_new_tokens=300, ignore_eos=True)
 
 
-def make_engine(model_dir, **settings) -> HFEngine:
-    base = {"device": "cpu", "torch_threads": 1, "max_batch_size": 16, "max_wait_ms": 1, "health_timeout_s": 5.0}
-    return HFEngine(HFEngineSettings(**{**base, **settings}), str(model_dir))
-
-
-@pytest.fixture()
-async def engine(tiny_model_dir):
-    eng = make_engine(tiny_model_dir)
-    await eng.start()
-    yield eng
-    await eng.stop()
 
 
 def seq(rid: str, params: SamplingParams = LONG, prompt=(5, 6, 7), stream: bool = False) -> SequenceRequest:

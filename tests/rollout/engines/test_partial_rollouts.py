@@ -5,21 +5,12 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
 import torch
 
 from services.rollout.engines.types import SamplingParams
-from tests.rollout.engines.test_hf_isolation import make_engine, seq
+from tests.rollout.engines.test_hf_isolation import seq
 
 NEW = 400
-
-
-@pytest.fixture()
-async def engine(tiny_model_dir):
-    eng = make_engine(tiny_model_dir)
-    await eng.start()
-    yield eng
-    await eng.stop()
 
 
 async def steps_later(engine, n: int) -> None:
