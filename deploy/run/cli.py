@@ -103,9 +103,13 @@ def eval_cmd(
                                               "default: the spec's model.")] = None,
     rollout_url: Annotated[str | None, typer.Option(help="Evaluate what a running rollout service serves "
                                                     "instead.")] = None,
+    samples: Annotated[int, typer.Option(min=0, help="Also sample this many answers per prompt: their accuracy "
+                                         "and pass@k for k = 1, 2, 4, ..., samples (unbiased estimator).")] = 0,
+    temperature: Annotated[float | None, typer.Option(min=0.0, help="Temperature of --samples (default: the "
+                                                      "spec's sampling.temperature).")] = None,
 ) -> None:
     """Held-out greedy accuracy (eval.data, judged by the spec's reward) of a model or a running rollout
-    service; prints a JSON summary."""
+    service, with --samples K also sampled accuracy and pass@k; prints a JSON summary."""
     import json
 
     import httpx
@@ -117,7 +121,8 @@ def eval_cmd(
 
     spec = _load(file, set_)
     try:
-        result = evaluate_model(spec, file.resolve(), model=model, rollout_url=rollout_url)
+        result = evaluate_model(spec, file.resolve(), model=model, rollout_url=rollout_url, samples=samples,
+                                temperature=temperature)
     except (ValueError, SettingsError, FleetError, httpx.HTTPError, OSError) as exc:
         typer.echo(f"error: {str(exc).splitlines()[0]}", err=True)
         raise typer.Exit(1) from exc

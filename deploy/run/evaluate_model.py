@@ -1,4 +1,4 @@
-"""``fleetrl eval``: held-out greedy accuracy of a model directory (a checkpoint, an export) or of a rollout
+"""``fleetrl eval``: held-out greedy accuracy (and, with ``--samples K``, sampled accuracy and pass@k) of a model directory (a checkpoint, an export) or of a rollout
 service already running, on the spec's ``eval.data``, judged by the spec's reward — the code ``fleetrl run``
 evaluates with during a run (``deploy/run/heldout.py``)."""
 
@@ -14,13 +14,16 @@ from deploy.local.ports import free_port
 from .derive import deep_merge, service_config, validate
 from .heldout import evaluate, heldout_rows
 from .plan import KINDS, run_dir_of
+from .sampled_eval import sampled_accuracy
 from .spec import RunSpec
 
 
-def evaluate_model(spec: RunSpec, spec_file: Path, model: str | None = None,
-                   rollout_url: str | None = None) -> dict[str, Any]:
-    """``{"accuracy", "n", "weight_version", "model"}``. Starts what it needs (a reward service for the spec's
-    scorers, a rollout replica without a worker for ``model``) under ``run_dir/eval-<time>`` and stops it."""
+def evaluate_model(spec: RunSpec, spec_file: Path, model: str | None = None, rollout_url: str | None = None,
+                   samples: int = 0, temperature: float | None = None) -> dict[str, Any]:
+    """``{"accuracy" (greedy), "n", "weight_version", "model", "eval_data"}``, and with ``samples`` > 0
+    ``"sampled"``: that many answers per prompt at ``temperature`` (default: the spec's sampling), their accuracy
+    and pass@k (:mod:`.sampled_eval`). Starts what it needs (a reward service for the spec's scorers, a rollout
+    replica without a worker for ``model``) under ``run_dir/eval-<time>`` and stops it."""
     if spec.eval.data is None:
         raise ValueError("eval.data is not set: name the held-out prompts (--set eval.data=FILE)")
     if spec.reward is None:
@@ -41,5 +44,10 @@ def evaluate_model(spec: RunSpec, spec_file: Path, model: str | None = None,
         for name in list(fleet.services):
             fleet.wait_healthy(name)
         point = evaluate(rollout_url.rstrip("/"), reward_url.rstrip("/"), rows, 0, spec.sampling.max_new_tokens)
-    return {"accuracy": point.accuracy, "n": len(rows), "weight_version": point.weight_version,
-            "model": what, "eval_data": spec.eval.data}
+        sampled = None if samples <= 0 else sampled_accuracy(
+            rollout_url.rstrip("/"), reward_url.rstrip("/"), rows, samples=samples,
+            max_new_tokens=spec.sampling.max_new_tokens,
+            temperature=spec.sampling.temperature if temperature is None else temperature, top_p=spec.sampling.top_p)
+    out = {"accuracy": point.accuracy, "n": len(rows), "weight_version": point.weight_version,
+           "model": what, "eval_data": spec.eval.data}
+    return out if sampled is None else {**out, "sampled": sampled}

@@ -1,0 +1,65 @@
+"""Sampled held-out accuracy and pass@k: ``k`` samples per prompt from a rollout service, each judged by the
+reward service (a reward >= 0.999 is correct), summarised with the unbiased pass@k estimator of Chen et al.
+(2021): per prompt with ``n`` samples of which ``c`` are correct, ``1 - C(n-c, k) / C(n, k)``, averaged."""
+
+from __future__ import annotations
+
+from math import comb
+from typing import Any
+
+import httpx
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased estimate of the chance that at least one of ``k`` samples is correct, from ``n`` samples of which
+    ``c`` were correct (``k <= n``)."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n (n={n}, c={c}, k={k})")
+    if n - c < k:
+        return 1.0
+    return 1.0 - comb(n - c, k) / comb(n, k)
+
+
+def ks_for(n: int) -> list[int]:
+    """The k reported for n samples per prompt: 1, 2, 4, ... up to n, and n itself."""
+    ks, k = [], 1
+    while k < n:
+        ks.append(k)
+        k *= 2
+    return [*ks, n]
+
+
+def sampled_accuracy(rollout_url: str, reward_url: str, rows: list[dict], *, samples: int, max_new_tokens: int,
+                     temperature: float = 1.0, top_p: float = 1.0, batch: int = 100,
+                     timeout: float = 300.0) -> dict[str, Any]:
+    """``samples`` answers per row (``{"input", "label", "metadata"?}``) sampled at ``temperature`` / ``top_p``;
+    returns ``{"samples_per_prompt", "temperature", "top_p", "accuracy" (mean over all samples), "pass_at_k"
+    ({k: estimate}), "weight_versions"}``."""
+    if samples < 1:
+        raise ValueError(f"--samples {samples}: sample at least one answer per prompt")
+    correct = [0] * len(rows)
+    versions: set[str] = set()
+    jobs = [(i, row) for i, row in enumerate(rows) for _ in range(samples)]
+    with httpx.Client(timeout=timeout) as client:
+        for at in range(0, len(jobs), batch):
+            chunk = jobs[at:at + batch]
+            r = client.post(f"{rollout_url}/generate", json={
+                "text": [row["input"] for _, row in chunk],
+                "sampling_params": {"temperature": temperature, "top_p": top_p, "max_new_tokens": max_new_tokens},
+            })
+            r.raise_for_status()
+            outs = r.json()
+            versions.update(str(o["meta_info"]["weight_version"]) for o in outs)
+            s = client.post(f"{reward_url}/score", json={"items": [
+                {"prompt": row["input"], "response": o["text"], "label": row["label"],
+                 "metadata": row.get("metadata", {})} for (_, row), o in zip(chunk, outs)]})
+            s.raise_for_status()
+            for (i, _), v in zip(chunk, s.json()["scores"]):
+                correct[i] += int(v is not None and v >= 0.999)
+    n = len(rows)
+    return {
+        "samples_per_prompt": samples, "temperature": temperature, "top_p": top_p,
+        "accuracy": sum(correct) / (n * samples),
+        "pass_at_k": {str(k): sum(pass_at_k(samples, c, k) for c in correct) / n for k in ks_for(samples)},
+        "weight_versions": sorted(versions),
+    }
