@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints/cpu.txt | cks
 export TOKENIZERS_PARALLELISM := false
 export HF_HUB_OFFLINE := 1
 
-.PHONY: install test test-gpu test-slow demo bench lint clean
+.PHONY: install test test-gpu test-slow demo demo-agent bench lint clean
 
 $(STAMP): pyproject.toml constraints/cpu.txt
 	@$(PY) -c 'import sys; assert sys.version_info >= (3, 10), "FleetRL needs Python >= 3.10"'
@@ -28,6 +28,10 @@ test-gpu: $(STAMP)
 ## the whole fleet on one machine, training a tiny model until reward rises
 demo: $(STAMP)
 	$(BIN)/python -m deploy.local.demo
+
+## an agent learns to use a calculator tool: SFT warm-up on tool-use transcripts, then GRPO on multi-turn rollouts
+demo-agent: $(STAMP)
+	$(BIN)/python -m deploy.local.demo_agent
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/queue_throughput.py

@@ -1,9 +1,9 @@
 """The agent demo's task: arithmetic too large for a tiny model, solved by calling a ``calculator`` tool.
 
-A question ``What is 4821*7390?`` (sums and products of 3- and 4-digit numbers). The model has to call the
+A question ``What is 482*739?`` (sums and products of 2- and 3-digit numbers). The model has to call the
 calculator environment's tool (``services/rollout/agents/envs/calculator.py``) in the hermes format, read the
 ``tool`` message that carries the result, and answer with that number; the reward service checks the last
-number of the answer against the label. A tiny model cannot multiply 4-digit numbers, so success without
+number of the answer against the label. A tiny model cannot multiply 3-digit numbers, so success without
 the tool is ~0: what it can learn is the call format, to copy the operands into it, and to copy the result.
 
 The SFT transcripts are written in exactly the token format the ``multi_turn`` rollout produces: the prompt
@@ -38,7 +38,7 @@ def question(a: int, op: str, b: int) -> dict[str, str]:
     return {"input": f"What is {expression}?", "expression": expression, "label": calculator(expression)}
 
 
-def make_questions(n: int, seed: int, digits: tuple[int, int] = (3, 4)) -> list[dict[str, str]]:
+def make_questions(n: int, seed: int, digits: tuple[int, int] = (2, 3)) -> list[dict[str, str]]:
     """``n`` distinct questions (operands of ``digits[0]`` to ``digits[1]`` digits, ``+`` or ``*``)."""
     rng = random.Random(seed)
     lo, hi = 10 ** (digits[0] - 1), 10 ** digits[1] - 1
@@ -97,8 +97,8 @@ def write_jsonl(rows: list[dict], path: Path) -> Path:
     return path
 
 
-def prepare_run(run_dir: Path, *, seed: int = 0, train: int = 4000, sft: int = 400, heldout: int = 200,
-                hidden_size: int = 128, layers: int = 2, digits: tuple[int, int] = (3, 4)) -> dict[str, Path]:
+def prepare_run(run_dir: Path, *, seed: int = 0, train: int = 4000, sft: int = 1000, heldout: int = 200,
+                hidden_size: int = 128, layers: int = 2, digits: tuple[int, int] = (2, 3)) -> dict[str, Path]:
     """Under ``run_dir``: ``data/train.jsonl`` (RL prompts and labels), ``data/sft.jsonl`` (tool-use transcripts),
     ``data/heldout.jsonl`` and a fresh tiny model ``base-model``."""
     from deploy.local.tiny_model import build_tiny_causal_lm, build_tokenizer
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m deploy.local.agent_task", description=main.__doc__)
     ap.add_argument("dir", type=Path, help="where data/ and base-model/ go (e.g. examples/agent-calculator)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--sft", type=int, default=400, help="SFT transcripts")
+    ap.add_argument("--sft", type=int, default=1000, help="SFT transcripts")
     ap.add_argument("--heldout", type=int, default=200)
     args = ap.parse_args(argv)
     out = prepare_run(args.dir, seed=args.seed, sft=args.sft, heldout=args.heldout)
