@@ -2,10 +2,8 @@
 ``/inference/v1/generate`` the way it drives vLLM: it renders the chat to ids itself, reads ``max_model_len``
 from ``GET /v1/models``, sends ``X-Session-ID``; the session records exactly what it got back.
 
-verifiers pins ``openai<3`` while this project's dev environment has ``openai`` 3, so it is not a project
-dependency: the test is skipped without it. To run it, install verifiers in a separate environment that
-sees the project's packages (see services/rollout/README.md, "verifiers"), then
-``/tmp/vf-venv/bin/python -m pytest -q tests/rollout/routes/test_inference_verifiers.py``.
+verifiers (0.4, which pins ``openai<3``) is in the dev extra, so ``make test`` runs this; a whole verifiers
+environment with a tool through a session is test_verifiers_tool_env.py.
 """
 
 from __future__ import annotations
@@ -17,8 +15,8 @@ import pytest
 
 from tests.rollout.routes.test_sessions_openai import create, finish, pushed
 
-vf_clients = pytest.importorskip("verifiers.v1.clients")
-renderers_configs = pytest.importorskip("renderers.configs")
+vf_clients = pytest.importorskip("verifiers.v1.clients", reason="verifiers is in the dev extra (make install)")
+renderers_configs = pytest.importorskip("renderers.configs", reason="renderers comes with verifiers (dev extra)")
 
 
 async def _turn(url: str, model_dir: str, sid: str, messages: list[dict], logprobs: int | None):
