@@ -1,0 +1,1 @@
+"""The GSM8K recipe's data preparation (``prepare``)."""

@@ -1,0 +1,1 @@
+"""The reasoning-gym recipe's data preparation (``prepare``) and reward function (``reward``)."""

@@ -1,0 +1,1 @@
+"""The remote reward-model recipe's stand-in RM server (``standin_rm``)."""
