@@ -12,7 +12,7 @@ from deploy.local.fleet import Fleet
 from deploy.local.ports import free_port
 
 from .derive import deep_merge, service_config, validate
-from .heldout import evaluate, heldout_rows
+from .heldout import episode_worker, evaluate, heldout_rows
 from .plan import KINDS, run_dir_of
 from .sampled_eval import sampled_accuracy
 from .spec import RunSpec
@@ -43,7 +43,8 @@ def evaluate_model(spec: RunSpec, spec_file: Path, model: str | None = None, rol
             rollout_url = fleet.start("rollout-0", "services.rollout", cfg, wait=False).url
         for name in list(fleet.services):
             fleet.wait_healthy(name)
-        point = evaluate(rollout_url.rstrip("/"), reward_url.rstrip("/"), rows, 0, spec.sampling.max_new_tokens)
+        point = evaluate(rollout_url.rstrip("/"), reward_url.rstrip("/"), rows, 0, spec.sampling.max_new_tokens,
+                         worker=episode_worker(service_config(spec, "rollout", spec_file)))
         sampled = None if samples <= 0 else sampled_accuracy(
             rollout_url.rstrip("/"), reward_url.rstrip("/"), rows, samples=samples,
             max_new_tokens=spec.sampling.max_new_tokens,

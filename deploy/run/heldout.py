@@ -37,9 +37,9 @@ def heldout_rows(spec: RunSpec) -> list[dict]:
 def episode_worker(rollout_config: dict) -> Any | None:
     """The rollout workers' settings when held-out prompts are episodes of their rollout function (one other
     than ``single_turn``), else None."""
-    from services.rollout.settings import RolloutSettings
+    from services.rollout.settings import WorkerSettings
 
-    worker = RolloutSettings.model_validate(rollout_config).worker
+    worker = WorkerSettings.model_validate(rollout_config.get("worker") or {})
     return worker if worker.rollout_function != "single_turn" else None
 
 

@@ -84,3 +84,21 @@ def test_calculator_environment_leaves_the_answer_to_the_reward_service():
     assert reply.done and reply.reward is None
     with pytest.raises(ValueError, match="judge"):
         CalculatorEnv(judge="nobody")
+
+
+def test_heldout_prompts_are_episodes_of_the_recipes_rollout_function():
+    """fleetrl run / fleetrl eval evaluate the agent recipe with greedy multi_turn episodes (the workers' agent
+    settings), the sort-digits recipe with single-turn /generate as before."""
+    from pathlib import Path
+
+    from deploy.run.derive import service_config
+    from deploy.run.heldout import episode_worker
+    from deploy.run.load import load_spec
+
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    agent = examples / "agent-calculator" / "fleetrl.yaml"
+    worker = episode_worker(service_config(load_spec(agent), "rollout", agent))
+    assert worker.rollout_function == "multi_turn" and worker.agent.environment == "calculator"
+    assert worker.agent.environment_args == {"judge": "reward_service"}
+    sort = examples / "sort-digits" / "fleetrl.yaml"
+    assert episode_worker(service_config(load_spec(sort), "rollout", sort)) is None
