@@ -7,7 +7,9 @@ stop string, length, abort) — so a long sequence never holds a short one back.
 finished row's KV is kept (:mod:`~services.rollout.engines.hf.prefix_cache`) and a newcomer whose prompt
 starts with a kept sequence prefills only the rest of its prompt. When the loop is
 idle, the first arrival waits for company as long as more keep arriving within ``max_wait`` of each
-other (at most ``8 x max_wait``), so a burst of clients starts as one batch.
+other (at most ``8 x max_wait``), so a burst of clients starts as one batch. While rows run, newcomers join
+once the oldest of them has waited ``max_wait`` (or they would fill the batch), so newcomers that trickle in
+(the next turns of multi-turn rollouts) share prefill passes instead of paying one each.
 
 Results go back to the asyncio side through ``deliver`` (called from this thread with a list of
 ``(row, delta)`` pairs; the engine hops them onto the event loop).
@@ -58,6 +60,7 @@ class Row:
     done: bool = False
     failed: bool = False  # ended by an engine error: its KV is not kept
     epoch: int = -1  # the prefix cache's epoch when it was admitted (its KV is kept only in the same one)
+    queued_at: float = 0.0  # when it was submitted (monotonic)
 
 
 Deliver = Callable[[list[tuple[Row, SequenceDelta]]], None]
@@ -132,6 +135,7 @@ class DecodeLoop:
                 raise RuntimeError("the decode loop is stopped")
             if not self.busy:
                 self.progress_at = time.monotonic()  # idle until now: the wait for this one starts here
+            row.queued_at = time.monotonic()
             self._rows[req.rid] = row
             self._pending.append(row)
             self._cond.notify_all()
@@ -219,6 +223,9 @@ class DecodeLoop:
                         break
                     self._cond.wait(deadline - now)
             room = self.max_batch_size - len(self._active)
+            if (self._active and self._pending and len(self._pending) < room
+                    and time.monotonic() - self._pending[0].queued_at < self.max_wait_s):
+                return []  # rows are running: newcomers wait (at most max_wait) to share one prefill pass
             return [self._pending.popleft() for _ in range(min(room, len(self._pending)))]
 
     def _iteration(self, batch: KVBatch, joining: list[Row]) -> None:
