@@ -11,10 +11,13 @@ fixed reward, so no reward service is involved):
    (token-in/token-out, template deltas, trajectories built and pushed as experiences) — model output tokens/s
    (tokens under the action mask), from the first push to the last experience.
 
-Prints the best of ``--repeats`` interleaved rounds of each and the ratio (target >= 0.8). Every turn uses ``ignore_eos`` and the chat's end-of-turn token as a
+Prints the median of ``--repeats`` interleaved rounds of each and the ratio (target >= 0.8), by wall clock and by
+this process's CPU time (steadier on a shared machine); ``--compare-prefix-cache`` runs every round with the hf
+engine's prefix cache and without it. Every turn uses ``ignore_eos`` and the chat's end-of-turn token as a
 stop token (a random tiny model rarely writes it), so nearly every turn is ``--new-tokens`` long.
 
     .venv/bin/python benchmarks/agent_rollout.py [--prompts 32] [--group 4] [--turns 4] [--new-tokens 32]
+    .venv/bin/python benchmarks/agent_rollout.py --compare-prefix-cache   # A/B of the engine's prefix cache
     .venv/bin/python benchmarks/agent_rollout.py --profile   # where the time goes, one round of each
 """
 
@@ -22,7 +25,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -76,69 +81,89 @@ async def bench(args, model_dir: Path, redis_url: str) -> None:
                         for j in range(args.group)]
                 return sum(len(o.output_ids) for o in await svc.generate(seqs))
 
-        async def single_turn() -> tuple[int, float]:  # 1. on the engine, in the worker's shape
-            t0 = time.perf_counter()
+        async def single_turn() -> tuple[int, float, float]:  # 1. on the engine, in the worker's shape
+            t0, c0 = time.perf_counter(), time.process_time()
             tokens = sum(await asyncio.gather(*(group(i) for i in range(groups))))
-            return tokens, time.perf_counter() - t0
+            return tokens, time.perf_counter() - t0, time.process_time() - c0
 
-        async def multi_turn(round_: int) -> tuple[int, float, int, int]:  # 2. through the worker
+        async def multi_turn(round_: int) -> tuple[int, float, float]:  # 2. through the worker
             tasks = [PromptTask(id=f"r{round_}-p{i}", prompt=[{"role": "user", "content": "hello, let us talk"}],
                                 n=args.group) for i in range(args.prompts)]
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             await prompts.produce(tasks)
             exps: list[Experience] = []
             while len(exps) < args.prompts * args.group:
                 ds = await learner.consume("bench", count=256, block_ms=50)
                 exps += [d.record for d in ds]
                 await learner.ack([d.id for d in ds])
-            elapsed = time.perf_counter() - t0
+            elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
             tokens = sum(int(sum(e.action_mask)) if e.action_mask is not None else len(e.response_token_ids)
                          for e in exps)
-            return tokens, elapsed, sum(e.metadata["turns"] for e in exps), len(exps)
+            assert sum(e.metadata["turns"] for e in exps) == args.prompts * args.group * args.turns
+            return tokens, elapsed, cpu
 
         if args.profile:
             await profile(svc, single_turn, multi_turn)
             return
-        singles, multis = [], []
+        cache = svc.engine.prefix_cache
+        configs = {"prefix cache on": cache.max_tokens, "prefix cache off": 0} if args.compare_prefix_cache else \
+            {f"prefix cache {'on' if cache.enabled else 'off'}": cache.max_tokens}
+        runs: dict[str, tuple[list, list]] = {name: ([], []) for name in configs}
+        task_ids = itertools.count()
         for round_ in range(args.repeats):  # interleaved: the machine may be shared and its load drift
-            singles.append(await single_turn())
-            multis.append(await multi_turn(round_))
-        single_tokens, single_s = max(singles, key=lambda x: x[0] / x[1])
-        multi_tokens, multi_s, turns, n_exps = max(multis, key=lambda x: x[0] / x[1])
+            order = list(configs.items())
+            for name, tokens_held in order if round_ % 2 == 0 else reversed(order):
+                cache.resize(tokens_held)
+                cache.invalidate()
+                runs[name][0].append(await single_turn())
+                runs[name][1].append(await multi_turn(next(task_ids)))
     finally:
         await r.aclose()
         await svc.stop()
 
-    single_tps, multi_tps = single_tokens / single_s, multi_tokens / multi_s
     print(f"tiny model, hf engine, {args.threads} torch thread(s); {args.prompts} prompts x {args.group} samples, "
-          f"{args.turns} turns of {args.new_tokens} tokens, {args.concurrency} groups in flight; best of "
-          f"{args.repeats} interleaved rounds")
-    print(f"single-turn on the engine : {single_tokens:6d} tokens in {single_s:6.2f} s = {single_tps:8.0f} tok/s")
-    print(f"multi-turn via the worker : {multi_tokens:6d} tokens in {multi_s:6.2f} s = {multi_tps:8.0f} tok/s "
-          f"({turns} model turns, {n_exps} trajectories)")
-    print(f"ratio multi/single        : {multi_tps / single_tps:.2f}  (target >= 0.8)")
+          f"{args.turns} turns of {args.new_tokens} tokens, {args.concurrency} groups in flight; medians of "
+          f"{args.repeats} interleaved rounds (tok/s by wall clock, and by this process's CPU time)")
+    for name, (singles, multis) in runs.items():
+        s_wall = statistics.median(t / w for t, w, _ in singles)
+        m_wall = statistics.median(t / w for t, w, _ in multis)
+        s_cpu = statistics.median(t / c for t, _, c in singles)
+        m_cpu = statistics.median(t / c for t, _, c in multis)
+        ratios = [m[0] / m[1] / (s[0] / s[1]) for s, m in zip(singles, multis)]
+        print(f"{name}:")
+        print(f"  single-turn on the engine : {s_wall:7.0f} tok/s  ({s_cpu:7.0f} tok/CPU-s)  {singles[0][0]} tokens")
+        print(f"  multi-turn via the worker : {m_wall:7.0f} tok/s  ({m_cpu:7.0f} tok/CPU-s)  {multis[0][0]} tokens")
+        print(f"  ratio multi/single        : {m_wall / s_wall:.2f} (per round: {', '.join(f'{x:.2f}' for x in ratios)}; "
+              f"by CPU time {m_cpu / s_cpu:.2f})  (target >= 0.8)")
 
 
 async def profile(svc, single_turn, multi_turn) -> None:
-    """One round of each under :class:`EngineProfile` (the decode thread) and cProfile (the event loop)."""
+    """Each mode twice: once under :class:`EngineProfile` (the decode thread's phases) with the event loop's CPU
+    time, unprofiled; once under cProfile (the event loop's functions, CPU time; its overhead inflates them)."""
     import cProfile
     import pstats
 
     from benchmarks.engine_profile import EngineProfile
 
-    for name, run in (("single-turn", single_turn), ("multi-turn", lambda: multi_turn(10_000))):
-        prof = cProfile.Profile()
+    rounds = itertools.count(10_000)
+    for name, run in (("single-turn", single_turn), ("multi-turn", lambda: multi_turn(next(rounds)))):
         with EngineProfile(svc.engine) as eng:
-            prof.enable()
-            result = await run()
-            prof.disable()
-        print(eng.report(f"{name} ({result[0]} tokens, {result[0] / result[1]:.0f} tok/s)"))
+            loop_cpu = time.thread_time()
+            tokens, wall, cpu = await run()
+            loop_cpu = time.thread_time() - loop_cpu
+        print(eng.report(f"{name} ({tokens} tokens, {tokens / wall:.0f} tok/s, {cpu:.2f} s of process CPU)"))
+        print(f"  event-loop thread (worker, agent, queue, template, engine front): {loop_cpu:.2f} s of CPU")
+        prof = cProfile.Profile(time.thread_time)  # CPU time: waits (I/O, the GIL) do not count
+        prof.enable()
+        await run()
+        prof.disable()
         stats = pstats.Stats(prof)
-        busy = sum(v[2] for v in stats.stats.values())  # event-loop thread: total own time of its functions
-        print(f"  event-loop thread (worker, agent, queue, template): {busy:.2f} s own time; top cumulative:")
+        if os.environ.get("AGENT_BENCH_PSTATS"):  # the whole event-loop profile, for pstats / snakeviz
+            stats.dump_stats(f"{os.environ['AGENT_BENCH_PSTATS']}.{name}")
         rows = sorted(((v[3], f"{k[0].rsplit('/', 2)[-1]}:{k[2]}") for k, v in stats.stats.items()
                        if "FleetRL" in k[0] or "/services/" in k[0] or "/shared/" in k[0]), reverse=True)
-        for cum, where in rows[:12]:
+        print("  event loop under cProfile, top cumulative CPU (FleetRL code):")
+        for cum, where in rows[:8]:
             print(f"    {cum:7.2f} s  {where}")
 
 
@@ -152,7 +177,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--profile", action="store_true",
                     help="one round of each, profiled: where the decode thread and the event loop spend their time")
-    ap.add_argument("--repeats", type=int, default=3, help="interleaved rounds; the best of each is reported")
+    ap.add_argument("--repeats", type=int, default=3, help="interleaved rounds; the median of each is reported")
+    ap.add_argument("--compare-prefix-cache", action="store_true",
+                    help="every round twice: with the engine's prefix cache and without (alternating order)")
     args = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -17,6 +17,7 @@ class EngineProfile:
     def __init__(self, engine: Any) -> None:
         self.loop = engine._decode
         self.seconds: dict[str, float] = defaultdict(float)
+        self.cpu: dict[str, float] = defaultdict(float)  # the decode thread's own CPU time (no waits for the GIL)
         self.counts: dict[str, int] = defaultdict(int)
         self._undo: list[tuple[Any, str, Any]] = []
         self._t0 = 0.0
@@ -26,11 +27,12 @@ class EngineProfile:
         original = getattr(obj, name)
 
         def timed(*args, **kwargs):
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.thread_time()
             try:
                 return original(*args, **kwargs)
             finally:
                 self.seconds[phase] += time.perf_counter() - t
+                self.cpu[phase] += time.thread_time() - c
                 self.counts[phase] += 1
                 if count is not None:
                     for key, n in count(*args, **kwargs).items():
@@ -50,33 +52,41 @@ class EngineProfile:
         self._wrap(loop, "_forget", "deliver")
         self._wrap(loop, "_iteration", "iteration")
         self._t0 = time.perf_counter()
-        self._hits0 = dict(getattr(loop, "prefix_stats", {}) or {})
+        self._hits0 = self._prefix_stats()
         return self
 
     def __exit__(self, *exc) -> None:
         self.wall = time.perf_counter() - self._t0
         for obj, name, _ in reversed(self._undo):
             delattr(obj, name)  # the wrappers are instance attributes over the class's methods
-        stats = dict(getattr(self.loop, "prefix_stats", {}) or {})
-        for k, v in stats.items():
+        for k, v in self._prefix_stats().items():
             self.counts[f"prefix cache {k}"] = v - self._hits0.get(k, 0)
 
+    def _prefix_stats(self) -> dict[str, int]:
+        cache = getattr(self.loop, "prefix_cache", None)
+        return dict(vars(cache.stats)) if cache is not None else {}
+
     def report(self, title: str) -> str:
-        s, c = self.seconds, self.counts
-        it = s["iteration"]
-        decode = it - s["prefill"] - s["sample"] - s["retire (keep)"] - s["deliver"]
-        lines = [f"{title}: {self.wall:.2f} s wall, decode thread busy {it:.2f} s over {c['iteration']} iterations"]
+        s, cpu, c = self.seconds, self.cpu, self.counts
+        other = ("prefill", "sample", "retire (keep)", "deliver")
+        s["decode"] = s["iteration"] - sum(s[k] for k in other)
+        cpu["decode"] = cpu["iteration"] - sum(cpu[k] for k in other)
+        head = (f"{title}: {self.wall:.2f} s wall; decode thread busy {s['iteration']:.2f} s "
+                f"({cpu['iteration']:.2f} s of its own CPU) over {c['iteration']} iterations "
+                f"({c['prefill']} with newcomers)")
+        lines = [head]
         rows = [
-            ("prefill (forward + merge)", s["prefill"],
-             f"{c['prefill']} passes, {c['prefill_rows']} sequences, {c['prompt_tokens']} prompt tokens"),
-            ("decode steps (forward)", decode, ""),
-            ("sampling", s["sample"], ""),
-            ("retire (cache keep)", s["retire (keep)"], ""),
-            ("deliver to the event loop", s["deliver"], ""),
-            ("decode thread idle (waiting for work)", s["idle / admission wait"], ""),
+            ("prefill (forward + merge)", "prefill",
+             f"{c['prefill_rows']} sequences, {c['prompt_tokens']} prompt tokens"),
+            ("decode steps (forward)", "decode", ""),
+            ("sampling", "sample", ""),
+            ("retire (cache keep)", "retire (keep)", ""),
+            ("deliver to the event loop", "deliver", ""),
+            ("idle (waiting for work)", "idle / admission wait", ""),
         ]
-        for name, sec, note in rows:
-            lines.append(f"  {name:40s} {sec:7.2f} s  {100 * sec / self.wall:5.1f} %  {note}")
+        lines.append(f"  {'':34s} {'wall s':>7s} {'% wall':>7s} {'CPU s':>7s}")
+        for name, key, note in rows:
+            lines.append(f"  {name:34s} {s[key]:7.2f} {100 * s[key] / self.wall:6.1f}% {cpu[key]:7.2f}  {note}")
         extra = {k: v for k, v in c.items() if k.startswith("prefix cache")}
         if extra:
             lines.append("  " + ", ".join(f"{k} {v}" for k, v in sorted(extra.items())))

@@ -55,7 +55,8 @@ async def start_engine(model_dir: Path, args):
     from services.rollout.engines.settings import HFEngineSettings
 
     torch.set_num_threads(args.threads)
-    engine = create_engine(HFEngineSettings(device="cpu", max_batch_size=args.batch, max_wait_ms=4), str(model_dir))
+    engine = create_engine(HFEngineSettings(device="cpu", max_batch_size=args.batch, max_wait_ms=4,
+                                            **_prefix_cache(args)), str(model_dir))
     await engine.start()
     return engine
 
@@ -143,6 +144,10 @@ async def http_sequential(port: int, args) -> float:
     return tokens / (time.perf_counter() - t0)
 
 
+def _prefix_cache(args) -> dict[str, int]:
+    return {} if args.prefix_cache_tokens is None else {"prefix_cache_tokens": args.prefix_cache_tokens}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batch", type=int, default=64)
@@ -150,6 +155,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch threads, in-process and in the server")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--sequential", type=int, default=8, help="requests in the sequential measurement")
+    ap.add_argument("--prefix-cache-tokens", type=int, default=None,
+                    help="the hf engine's prefix_cache_tokens (0 = off); unset = the engine's default")
     args = ap.parse_args()
     env = {"OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads), "TOKENIZERS_PARALLELISM": "false"}
     os.environ.update(env)
@@ -160,7 +167,8 @@ def main() -> None:
         cfg = Path(tmp) / "rollout.yaml"
         cfg.write_text(
             f"model: {model_dir}\nport: {port}\n"
-            f"engine: {{kind: hf, device: cpu, max_batch_size: {args.batch}, max_wait_ms: 4, torch_threads: {args.threads}}}\n"
+            f"engine: {{kind: hf, device: cpu, max_batch_size: {args.batch}, max_wait_ms: 4, torch_threads: {args.threads}"
+            + "".join(f", {k}: {v}" for k, v in _prefix_cache(args).items()) + "}\n"
         )
         log = Path(tmp) / "rollout.log"
         proc = spawn(["-m", "services.rollout", "--config", str(cfg)], log, env=env)
