@@ -39,6 +39,37 @@ class RolloutMetrics:
         self.weight_version.set_function(weight_version)
         self.paused.set_function(paused)
 
+    def bind_prefix_cache(self, stats: Callable[[], object], held: Callable[[], tuple[int, int]]) -> None:
+        """Expose an engine's prefix cache (hf): ``stats()`` its counters, ``held()`` (entries, tokens)."""
+        self.registry.register(_PrefixCacheCollector(stats, held))
+
     @staticmethod
     def route_label(path: str) -> str:
         return path if path in ROUTES else "other"
+
+
+class _PrefixCacheCollector:
+    """Counters and gauges read from the engine's prefix cache at scrape time."""
+
+    COUNTERS = (
+        ("lookups", "Prompts looked up in the prefix cache."),
+        ("hits", "Prompts that found a cached prefix."),
+        ("hit_tokens", "Prompt tokens not prefilled thanks to the prefix cache."),
+        ("prompt_tokens", "Prompt tokens of the sequences looked up."),
+        ("evicted", "Prefix cache entries evicted to stay within prefix_cache_tokens."),
+        ("invalidations", "Times the prefix cache was emptied (weight version set, generation resumed)."),
+    )
+
+    def __init__(self, stats: Callable[[], object], held: Callable[[], tuple[int, int]]) -> None:
+        self._stats, self._held = stats, held
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        stats = self._stats()
+        for name, doc in self.COUNTERS:
+            yield CounterMetricFamily(f"fleetrl_rollout_prefix_cache_{name}", doc, value=getattr(stats, name))
+        entries, tokens = self._held()
+        yield GaugeMetricFamily("fleetrl_rollout_prefix_cache_entries", "Sequences held in the prefix cache.", value=entries)
+        yield GaugeMetricFamily("fleetrl_rollout_prefix_cache_tokens", "Token positions held in the prefix cache.",
+                                value=tokens)

@@ -83,6 +83,9 @@ class RolloutService:
                 weight_version=lambda: self.engine.weight_version,
                 paused=lambda: float(self.engine.paused),
             )
+            cache = getattr(self.engine, "prefix_cache", None)
+            if cache is not None:
+                self.metrics.bind_prefix_cache(lambda: cache.stats, lambda: (len(cache), cache.tokens))
             if self.settings.sidecar_on:
                 from services.rollout.weights.sidecar import create_sidecar
 

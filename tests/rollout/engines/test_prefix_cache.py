@@ -160,3 +160,21 @@ async def test_memory_stays_within_the_bound(tiny_model_dir):
         assert cache.tokens <= 64  # 79 positions: never kept
     finally:
         await eng.stop()
+
+
+async def test_the_cache_is_visible_in_prometheus(engines):
+    from prometheus_client import generate_latest
+
+    from services.rollout.metrics import RolloutMetrics
+
+    hot, _ = engines
+    cache = hot.prefix_cache
+    metrics = RolloutMetrics()
+    metrics.bind_prefix_cache(lambda: cache.stats, lambda: (len(cache), cache.tokens))
+    first = prompt(0, 40)
+    turn1 = await hot.generate(seq("t1", GREEDY, prompt=first))
+    await hot.generate(seq("t2", GREEDY, prompt=first + tuple(turn1.output_ids) + (9,)))
+    text = generate_latest(metrics.registry).decode()
+    assert "fleetrl_rollout_prefix_cache_hits_total 1.0" in text
+    assert f"fleetrl_rollout_prefix_cache_hit_tokens_total {len(first) + 23}.0" in text
+    assert "fleetrl_rollout_prefix_cache_entries 1.0" in text  # turn 2 extends turn 1: one entry serves both
