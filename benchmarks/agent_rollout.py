@@ -18,6 +18,7 @@ stop token (a random tiny model rarely writes it), so nearly every turn is ``--n
 
     .venv/bin/python benchmarks/agent_rollout.py [--prompts 32] [--group 4] [--turns 4] [--new-tokens 32]
     .venv/bin/python benchmarks/agent_rollout.py --compare-prefix-cache   # A/B of the engine's prefix cache
+    .venv/bin/python benchmarks/agent_rollout.py --compare-prefix-cache --hidden-size 512 --layers 8   # prefill costs
     .venv/bin/python benchmarks/agent_rollout.py --profile   # where the time goes, one round of each
 """
 
@@ -102,12 +103,16 @@ async def bench(args, model_dir: Path, redis_url: str) -> None:
             assert sum(e.metadata["turns"] for e in exps) == args.prompts * args.group * args.turns
             return tokens, elapsed, cpu
 
-        if args.profile:
-            await profile(svc, single_turn, multi_turn)
-            return
         cache = svc.engine.prefix_cache
         configs = {"prefix cache on": cache.max_tokens, "prefix cache off": 0} if args.compare_prefix_cache else \
             {f"prefix cache {'on' if cache.enabled else 'off'}": cache.max_tokens}
+        if args.profile:
+            for name, tokens_held in configs.items():
+                cache.resize(tokens_held)
+                cache.invalidate()
+                print(f"== {name}")
+                await profile(svc, single_turn, multi_turn, args.profile_functions)
+            return
         runs: dict[str, tuple[list, list]] = {name: ([], []) for name in configs}
         task_ids = itertools.count()
         for round_ in range(args.repeats):  # interleaved: the machine may be shared and its load drift
@@ -121,7 +126,7 @@ async def bench(args, model_dir: Path, redis_url: str) -> None:
         await r.aclose()
         await svc.stop()
 
-    print(f"tiny model, hf engine, {args.threads} torch thread(s); {args.prompts} prompts x {args.group} samples, "
+    print(f"model hidden {args.hidden_size} x {args.layers} layers, hf engine, {args.threads} torch thread(s); {args.prompts} prompts x {args.group} samples, "
           f"{args.turns} turns of {args.new_tokens} tokens, {args.concurrency} groups in flight; medians of "
           f"{args.repeats} interleaved rounds (tok/s by wall clock, and by this process's CPU time)")
     for name, (singles, multis) in runs.items():
@@ -137,9 +142,9 @@ async def bench(args, model_dir: Path, redis_url: str) -> None:
               f"by CPU time {m_cpu / s_cpu:.2f})  (target >= 0.8)")
 
 
-async def profile(svc, single_turn, multi_turn) -> None:
-    """Each mode twice: once under :class:`EngineProfile` (the decode thread's phases) with the event loop's CPU
-    time, unprofiled; once under cProfile (the event loop's functions, CPU time; its overhead inflates them)."""
+async def profile(svc, single_turn, multi_turn, functions: bool) -> None:
+    """Each mode under :class:`EngineProfile` (the decode thread's phases) with the event loop's CPU time; with
+    ``functions`` once more under cProfile (the event loop's functions, CPU time; its overhead inflates them)."""
     import cProfile
     import pstats
 
@@ -153,6 +158,8 @@ async def profile(svc, single_turn, multi_turn) -> None:
             loop_cpu = time.thread_time() - loop_cpu
         print(eng.report(f"{name} ({tokens} tokens, {tokens / wall:.0f} tok/s, {cpu:.2f} s of process CPU)"))
         print(f"  event-loop thread (worker, agent, queue, template, engine front): {loop_cpu:.2f} s of CPU")
+        if not functions:
+            continue
         prof = cProfile.Profile(time.thread_time)  # CPU time: waits (I/O, the GIL) do not count
         prof.enable()
         await run()
@@ -175,8 +182,12 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--concurrency", type=int, default=8, help="groups in flight (worker.concurrency)")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--hidden-size", type=int, default=64, help="of the randomly initialised model (64: the tiny one)")
+    ap.add_argument("--layers", type=int, default=2, help="of the randomly initialised model")
     ap.add_argument("--profile", action="store_true",
                     help="one round of each, profiled: where the decode thread and the event loop spend their time")
+    ap.add_argument("--profile-functions", action="store_true",
+                    help="with --profile: one more round of each under cProfile (the event loop's functions)")
     ap.add_argument("--repeats", type=int, default=3, help="interleaved rounds; the median of each is reported")
     ap.add_argument("--compare-prefix-cache", action="store_true",
                     help="every round twice: with the engine's prefix cache and without (alternating order)")
@@ -184,7 +195,8 @@ def main() -> None:
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = build_tiny_causal_lm(Path(tmp) / "tiny")
+        model_dir = build_tiny_causal_lm(Path(tmp) / "tiny", hidden_size=args.hidden_size, layers=args.layers,
+                                         heads=max(4, args.hidden_size // 64), max_positions=1024)
         redis = EmbeddedRedis(data_dir=Path(tmp) / "redis")
         redis.start()
         try:
