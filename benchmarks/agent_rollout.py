@@ -196,7 +196,7 @@ def main() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = build_tiny_causal_lm(Path(tmp) / "tiny", hidden_size=args.hidden_size, layers=args.layers,
-                                         heads=max(4, args.hidden_size // 64), max_positions=1024)
+                                         heads=max(4, args.hidden_size // 64))
         redis = EmbeddedRedis(data_dir=Path(tmp) / "redis")
         redis.start()
         try:
