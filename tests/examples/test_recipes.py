@@ -85,6 +85,19 @@ def test_reasoning_gym_prepare_writes_disjoint_splits_scored_by_the_dataset(tmp_
         reward.compute_score("", answer, answer)
 
 
+def test_reasoning_gym_binary_reward_takes_away_substring_credit():
+    """chain_sum gives 0.5 to "15" when the answer is 5; the recipe's `binary: true` gives it 0."""
+    pytest.importorskip("reasoning_gym")
+    from examples.recipes.reasoning_gym_tasks import reward
+
+    label = {"dataset": "chain_sum", "entry": {"question": "2 + 3 =", "answer": "5", "metadata": {}}}
+    assert reward.compute_score("", "15", label) == 0.5
+    assert reward.compute_score("", "15", label, binary=True) == 0.0
+    assert reward.compute_score("", "+05", label, binary=True) == 1.0  # the dataset's own equivalence stays
+    (scorer,) = load_spec(RECIPES / "reasoning-gym.yaml").reward.scorers
+    assert scorer.kwargs == {"binary": True}
+
+
 def test_reasoning_gym_reward_through_the_reward_service(tmp_path):
     """The recipe's own reward config, started as the run starts it: the dataset's score_answer decides."""
     pytest.importorskip("reasoning_gym")
@@ -99,10 +112,11 @@ def test_reasoning_gym_reward_through_the_reward_service(tmp_path):
         {**s, "sys_path": [str(REPO)]} for s in config["scorers"]]})
     try:
         items = [{"prompt": r["input"], "response": r["output"], "label": r["label"]} for r in rows]
-        items += [{"prompt": rows[0]["input"], "response": "no idea", "label": rows[0]["label"]}]
+        items += [{"prompt": rows[0]["input"], "response": "no idea", "label": rows[0]["label"]},
+                  {"prompt": rows[0]["input"], "response": f"1{rows[0]['output']}", "label": rows[0]["label"]}]
         r = httpx.post(f"{server.url}/score", json={"items": items}, timeout=60)
         assert r.status_code == 200, r.text
-        assert r.json()["scores"] == [1.0, 1.0, 1.0, 0.0]
+        assert r.json()["scores"] == [1.0, 1.0, 1.0, 0.0, 0.0]  # no substring credit (binary: true)
     finally:
         stop(server.proc)
 

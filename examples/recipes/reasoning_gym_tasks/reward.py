@@ -31,9 +31,16 @@ def final_answer(text: str) -> str:
 
 
 def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None,
-                  **kwargs: Any) -> float:
-    """The dataset's score of the response's final answer, in [0, 1]."""
+                  binary: bool = False, **kwargs: Any) -> float:
+    """The dataset's score of the response's final answer, in [0, 1]; with ``binary`` (the scorer's ``kwargs``),
+    1.0 only when the dataset scores it fully correct, else 0.0.
+
+    Why ``binary`` exists: many datasets give partial credit to an answer that contains the right one
+    (``len(answer) / len(found)`` when the oracle is a substring, e.g. 0.5 for ``15`` or ``-5`` when the answer is
+    ``5``). On short numeric answers that credit rewards wrong numbers, and a policy trained on it learns them.
+    """
     if not isinstance(ground_truth, dict) or not {"dataset", "entry"} <= ground_truth.keys():
         raise ValueError("the label must be {'dataset': name, 'entry': {...}} (examples/recipes/reasoning_gym_tasks/"
                          f"prepare.py writes it), got {str(ground_truth)[:120]!r}")
-    return float(_scorer(str(ground_truth["dataset"]))(final_answer(solution_str), ground_truth["entry"]))
+    score = float(_scorer(str(ground_truth["dataset"]))(final_answer(solution_str), ground_truth["entry"]))
+    return (1.0 if score >= 1.0 else 0.0) if binary else score
