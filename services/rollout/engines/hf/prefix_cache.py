@@ -84,7 +84,8 @@ class PrefixCache:
         self.max_tokens = max_tokens
         self._lock = threading.Lock()
         self._entries: OrderedDict[int, _Entry] = OrderedDict()  # LRU order, oldest first
-        self._index: dict[int, dict[int, _Entry]] = {}
+        self._index: dict[int, dict[int, _Entry]] = {}  # block hash -> the entries holding that block
+        self._ends: dict[int, dict[int, _Entry]] = {}  # hash of an entry's last whole block -> the entries
         self._keys = itertools.count()
         self._tokens = 0
         self.epoch = 0
@@ -162,13 +163,14 @@ class PrefixCache:
                     self._entries.move_to_end(entry.key)
                     return False
             for h in blocks:  # entries that are prefixes of this one are served by it from now on
-                for entry in list(self._index.get(h, {}).values()):
+                for entry in list(self._ends.get(h, {}).values()):
                     if len(entry.ids) < n and ids[: len(entry.ids)] == entry.ids:
                         self._drop(entry)
             entry = _Entry(next(self._keys), ids, kv, blocks)
             self._entries[entry.key] = entry
             for h in blocks:
                 self._index.setdefault(h, {})[entry.key] = entry
+            self._ends.setdefault(blocks[-1], {})[entry.key] = entry
             self._tokens += n
             self.stats.inserted += 1
             while self._tokens > self.max_tokens:
@@ -179,12 +181,13 @@ class PrefixCache:
     def _drop(self, entry: _Entry) -> None:
         del self._entries[entry.key]
         self._tokens -= len(entry.ids)
-        for h in entry.blocks:
-            filed = self._index.get(h)
-            if filed is not None:
-                filed.pop(entry.key, None)
-                if not filed:
-                    del self._index[h]
+        for index, hashes in ((self._index, entry.blocks), (self._ends, entry.blocks[-1:])):
+            for h in hashes:
+                filed = index.get(h)
+                if filed is not None:
+                    filed.pop(entry.key, None)
+                    if not filed:
+                        del index[h]
 
     def resize(self, max_tokens: int) -> None:
         """A new bound (0 = off); the least recently used entries go until it holds."""
@@ -201,6 +204,7 @@ class PrefixCache:
         with self._lock:
             self._entries.clear()
             self._index.clear()
+            self._ends.clear()
             self._tokens = 0
             self.epoch += 1
             self.stats.invalidations += 1
