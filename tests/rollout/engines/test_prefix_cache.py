@@ -178,3 +178,30 @@ async def test_the_cache_is_visible_in_prometheus(engines):
     assert "fleetrl_rollout_prefix_cache_hits_total 1.0" in text
     assert f"fleetrl_rollout_prefix_cache_hit_tokens_total {len(first) + 23}.0" in text
     assert "fleetrl_rollout_prefix_cache_entries 1.0" in text  # turn 2 extends turn 1: one entry serves both
+
+
+async def test_a_failing_prefill_on_a_cached_prefix_falls_back_to_the_whole_prompt(engines):
+    """If the pass on cached prefixes fails, the newcomers prefill one by one from their whole prompts: none is
+    ended for the cache's sake, and what they generate is what they would have."""
+    hot, cold = engines
+    first = prompt(0, 40)
+    turn1 = await hot.generate(seq("t1", GREEDY, prompt=first))
+    seconds = [first + tuple(turn1.output_ids) + prompt(60, 9), prompt(100, 30)]
+    model, real_forward, failed = hot.model, hot.model.forward, []
+
+    def forward(*args, **kwargs):
+        past = kwargs.get("past_key_values")
+        if kwargs["input_ids"].shape[1] > 1 and past is not None and past.get_seq_length() > 0:
+            failed.append(1)
+            raise RuntimeError("injected failure on a cached prefix")
+        return real_forward(*args, **kwargs)
+
+    model.forward = forward
+    try:
+        outs = await hot.generate_many([seq(f"b{i}", GREEDY, prompt=p) for i, p in enumerate(seconds)])
+    finally:
+        del model.forward
+    assert failed
+    for i, p in enumerate(seconds):
+        assert outs[i].finish.type == "length"
+        same(outs[i], await cold.generate(seq(f"c{i}", GREEDY, prompt=p)))

@@ -262,8 +262,8 @@ class DecodeLoop:
 
     def _prefill(self, batch: KVBatch, rows: list[Row], out: list[tuple[Row, SequenceDelta]]):
         """Prefill newcomers together (each on top of its cached prefix, if the prefix cache has one); if that
-        fails, one by one, so only the prompts that fail are ended. Returns the rows that joined the batch and
-        their logits."""
+        fails, one by one and whole, so only the prompts that fail are ended. Returns the rows that joined the
+        batch and their logits."""
         hits = self._prefix_hits(rows)
         try:
             return rows, batch.prefill([list(r.req.prompt_ids) for r in rows], self.pad_id, self.device, hits)
@@ -273,10 +273,9 @@ class DecodeLoop:
                 return [], None
             log.warning("prefill of %d new sequences failed (%r); prefilling them one by one", len(rows), exc)
         joined, parts = [], []
-        for row, hit in zip(rows, hits or [None] * len(rows)):
+        for row in rows:  # whole prompts: a cached prefix may be what failed
             try:
-                parts.append(batch.prefill([list(row.req.prompt_ids)], self.pad_id, self.device,
-                                           [hit] if hit is not None else None))
+                parts.append(batch.prefill([list(row.req.prompt_ids)], self.pad_id, self.device))
             except Exception as exc:  # noqa: BLE001 - this row's prompt: end it alone
                 self._fail(row, exc, out)
             else:
