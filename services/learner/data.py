@@ -2,7 +2,8 @@
 
 Rows are dicts; ``data.input_key`` holds the prompt (text, or chat messages as a list of
 ``{"role", "content"}``), ``data.label_key`` the label for the reward service, ``data.output_key`` the
-answer (SFT); a dotted key names a nested field. Both OpenRLHF's layout (``input_key: input``,
+answer (SFT: text, or a multi-turn transcript as segments ``{"text", "train"}`` whose ``train: false`` segments —
+environment and tool turns — are context, not loss); a dotted key names a nested field. Both OpenRLHF's layout (``input_key: input``,
 ``label_key: label``) and verl's (``input_key: prompt``, ``label_key: reward_model.ground_truth``, with
 ``data_source`` and ``extra_info`` passed to the reward function through ``data.metadata_keys``) read as they
 are. Each epoch visits the rows in a permutation seeded by ``seed + epoch``, so a dataset
@@ -196,8 +197,11 @@ class PromptSet:
                           metadata={**row_metadata(row, self.settings), "epoch": epoch, "index": index,
                                     "attempt": attempt})
 
-    def sft_pair(self, epoch: int, index: int) -> tuple[list[int], list[int]]:
-        """Token ids of (prompt, answer + EOS) for SFT."""
+    def sft_pair(self, epoch: int, index: int) -> tuple[list[int], list[int]] | tuple[list[int], list[int], list[int]]:
+        """Token ids of (prompt, answer + EOS) for SFT. An answer given as a list of segments
+        ``{"text": ..., "train": bool}`` (a multi-turn transcript: the model's turns, and the environment's
+        turns with ``train: false``) is tokenised segment by segment, as a multi-turn rollout builds its ids, and
+        comes with a third element, the loss mask (1 on the tokens of trained segments and on EOS)."""
         row = self.row(epoch, index)
         prompt = self.render_prompt(row)
         if isinstance(prompt, list):
@@ -206,8 +210,20 @@ class PromptSet:
         prompt_ids = list(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
         if not prompt_ids:
             prompt_ids = [self.tokenizer.bos_token_id or self.tokenizer.eos_token_id]
-        answer_ids = list(self.tokenizer(str(field_value(row, self.settings.output_key)), add_special_tokens=False)["input_ids"])
-        return prompt_ids, answer_ids + [self.tokenizer.eos_token_id]
+        output = field_value(row, self.settings.output_key)
+        eos = self.tokenizer.eos_token_id
+        if not isinstance(output, list):
+            answer_ids = list(self.tokenizer(str(output), add_special_tokens=False)["input_ids"])
+            return prompt_ids, answer_ids + [eos]
+        answer_ids, mask = [], []
+        for n, seg in enumerate(output):
+            if not isinstance(seg, dict) or not isinstance(seg.get("text"), str):
+                raise DataError(f"data.output_key {self.settings.output_key!r}: segment {n} of row {index} is not "
+                                '{"text": str, "train": bool}')
+            ids = list(self.tokenizer(seg["text"], add_special_tokens=False)["input_ids"])
+            answer_ids += ids
+            mask += [1 if seg.get("train", True) else 0] * len(ids)
+        return prompt_ids, answer_ids + [eos], mask + [1]
 
 
 CYCLE = 1_000_000

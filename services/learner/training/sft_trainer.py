@@ -1,4 +1,6 @@
-"""Supervised fine-tuning on (prompt, answer) token pairs: negative log-likelihood of the answer only."""
+"""Supervised fine-tuning on (prompt, answer) token pairs: negative log-likelihood of the answer only (and of
+only the answer tokens its loss mask keeps, when a pair carries one: a multi-turn transcript's environment
+turns are context, as in RL)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,8 @@ from services.learner.settings import LearnerSettings
 from .base import TrainerBase
 from .batch import SequenceBatch, action_logprobs, build_sequences
 
-Pair = tuple[Sequence[int], Sequence[int]]
+Pair = tuple[Sequence[int], Sequence[int]] | tuple[Sequence[int], Sequence[int], Sequence[int]]
+"""(prompt ids, answer ids) or (prompt ids, answer ids, loss mask over the answer ids)."""
 
 
 class SFTTrainer(TrainerBase):
@@ -27,7 +30,13 @@ class SFTTrainer(TrainerBase):
 
     def train_step(self, pairs: Sequence[Pair]) -> dict[str, float]:
         t0 = time.perf_counter()
-        batch = SequenceBatch(**build_sequences([p for p, _ in pairs], [a for _, a in pairs], self.pad_id))
+        seqs = build_sequences([p[0] for p in pairs], [p[1] for p in pairs], self.pad_id)
+        for i, pair in enumerate(pairs):
+            if len(pair) > 2:
+                if len(pair[2]) != len(pair[1]):
+                    raise ValueError(f"pair {i}: loss mask of {len(pair[2])} for {len(pair[1])} answer tokens")
+                seqs["action_mask"][i, : len(pair[2])] = torch.as_tensor(pair[2], dtype=torch.float32)
+        batch = SequenceBatch(**seqs)
         batch = batch.to(self.device)
         mask = batch.action_mask
         n_tok, n_seq = mask.sum().clamp(min=1.0), float(batch.size)
