@@ -69,7 +69,7 @@ def test_reasoning_gym_prepare_writes_disjoint_splits_scored_by_the_dataset(tmp_
     pytest.importorskip("reasoning_gym")
     from examples.recipes.reasoning_gym_tasks import prepare, reward
 
-    assert prepare.main(["--out", str(tmp_path), "--train", "60", "--heldout", "10", "--prompt", "expression"]) == 0
+    assert prepare.main(["--out", str(tmp_path), "--train", "60", "--heldout", "10", "--prompt", "short"]) == 0
     train = [json.loads(line) for line in (tmp_path / "data/train.jsonl").read_text().splitlines()]
     held = [json.loads(line) for line in (tmp_path / "data/heldout.jsonl").read_text().splitlines()]
     assert len(train) == 60 and len(held) == 10

@@ -1,14 +1,15 @@
 """Data (and a tiny base model) for the reasoning-gym recipe: procedural tasks with their own scoring, no hub.
 
-    python -m examples.recipes.reasoning_gym_tasks.prepare [--dataset chain_sum] [--config JSON] [--tiny-model]
+    python -m examples.recipes.reasoning_gym_tasks.prepare [--dataset chain_sum] [--config JSON] [--prompt short]
+        [--tiny-model]
 
 writes ``data/train.jsonl`` and ``data/heldout.jsonl`` beside this file (``--out`` elsewhere), rows
 ``{"input": prompt, "output": the answer (for the SFT warm-up), "label": {"dataset": name, "entry": the
 generator's entry}}``; the reward
 (``reward.py``) scores a response with the dataset's own ``score_answer`` on that entry. Held-out rows are
 generated from seeds far from train's, and any whose question also occurs in train is dropped, so the two are
-disjoint. ``--prompt question`` (the default) uses reasoning-gym's question text; ``--prompt expression``
-the bare ``<expression> =`` of arithmetic datasets (short prompts, for the tiny CPU model). ``--tiny-model``
+disjoint. ``--prompt question`` (the default) uses reasoning-gym's question text; ``--prompt short`` a bare
+form for the tiny CPU model (``<expression> =`` of arithmetic datasets, ``backward <word> =`` of spell_backward). ``--tiny-model``
 also builds a byte-level tiny Llama in ``base-model/`` (``deploy/local/tiny_model.py``).
 """
 
@@ -29,14 +30,20 @@ def _jsonable(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str))
 
 
+SHORT = {"expression": "{} =", "word": "backward {} ="}
+"""``--prompt short``: the entry's metadata field and the prompt made of it (arithmetic datasets' expression,
+spell_backward's word); the question text says the same at greater length."""
+
+
 def prompt_of(entry: dict, style: str) -> str:
     if style == "question":
         return entry["question"]
-    expression = entry.get("metadata", {}).get("expression")
-    if expression is None:
-        raise ValueError(f"--prompt expression: dataset {entry['metadata'].get('source_dataset')!r} has no "
-                         "metadata.expression; use --prompt question")
-    return f"{expression} ="
+    meta = entry.get("metadata", {})
+    for key, template in SHORT.items():
+        if key in meta:
+            return template.format(meta[key])
+    raise ValueError(f"--prompt short: dataset {meta.get('source_dataset')!r} has none of the metadata fields "
+                     f"{sorted(SHORT)}; use --prompt question")
 
 
 def rows(name: str, config: dict, size: int, seed: int, style: str) -> list[dict]:
@@ -75,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--train", type=int, default=4000)
     ap.add_argument("--heldout", type=int, default=200)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--prompt", choices=("question", "expression"), default="question")
+    ap.add_argument("--prompt", choices=("question", "short"), default="question")
     ap.add_argument("--tiny-model", action="store_true", help="also build a tiny base-model/ (CPU recipe)")
     args = ap.parse_args(argv)
     try:
