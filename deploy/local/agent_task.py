@@ -52,10 +52,13 @@ def make_questions(n: int, seed: int, digits: tuple[int, int] = (2, 3)) -> list[
     return out
 
 
-def transcript(tokenizer, row: dict[str, str]) -> dict[str, str]:
-    """One SFT pair as text: ``input`` the rendered first prompt (tool declared), ``output`` everything after it
-    up to the answer's end of turn, in the exact tokens a ``multi_turn`` rollout of the calculator environment
-    produces (the byte-level tiny tokenizer has no merges, so text concatenation is id concatenation)."""
+def transcript(tokenizer, row: dict[str, str]) -> dict:
+    """One SFT pair: ``input`` the rendered first prompt (tool declared), ``output`` everything after it up to the
+    answer's end of turn as segments ``{"text", "train"}``, in the exact tokens a ``multi_turn`` rollout of the
+    calculator environment produces: the model's call turn, the template's turn glue and its delta for the
+    ``tool`` message (``train: false``: context, as RL masks it — the result is not the model's to predict, and
+    training on it drowns the copying the model has to learn), the answer turn. The learner tokenises each
+    segment on its own, as the rollout's ids grow."""
     from services.rollout.agents.chat_tokens import ChatTokens
 
     chat = ChatTokens(tokenizer, tools=[CALCULATOR.schema()])
@@ -64,7 +67,14 @@ def transcript(tokenizer, row: dict[str, str]) -> dict[str, str]:
     glue = tokenizer.decode(chat.glue, skip_special_tokens=False)
     tool = tokenizer.decode(chat.delta([{"role": "tool", "name": "calculator", "content": row["label"]}]),
                             skip_special_tokens=False)
-    return {"input": prompt, "output": f"{call}{END}{glue}{tool}{row['label']}{END}"}
+    return {"input": prompt, "output": [{"text": f"{call}{END}", "train": True},
+                                        {"text": f"{glue}{tool}", "train": False},
+                                        {"text": f"{row['label']}{END}", "train": True}]}
+
+
+def transcript_text(row: dict) -> str:
+    """The whole text of a transcript's output segments."""
+    return "".join(seg["text"] for seg in row["output"])
 
 
 def build_task_tokenizer(texts: list[str], merges: int = 128):
@@ -106,7 +116,7 @@ def prepare_run(run_dir: Path, *, seed: int = 0, train: int = 4000, sft: int = 1
     rows = make_questions(train + sft + heldout, seed, digits)
     held, sft_rows, rl_rows = rows[:heldout], rows[heldout:heldout + sft], rows[heldout + sft:]
     transcripts = [transcript(build_tokenizer(), r) for r in sft_rows]  # the text does not depend on the tokenizer
-    tok = build_task_tokenizer([t[k] for t in transcripts for k in ("input", "output")])
+    tok = build_task_tokenizer([text for t in transcripts for text in (t["input"], transcript_text(t))])
     out = {
         "train": write_jsonl([{"input": r["input"], "label": r["label"]} for r in rl_rows],
                              run_dir / "data" / "train.jsonl"),

@@ -38,19 +38,24 @@ def test_splits_are_disjoint_and_labels_are_the_calculators(task_dir):
 
 
 def test_sft_transcripts_are_the_token_ids_a_multi_turn_rollout_produces(task_dir):
-    """What the learner's SFT trains on (prompt ids, answer ids as PromptSet.sft_pair tokenises them) equals a
-    multi-turn trajectory of the calculator environment: the chat template's prompt, the model's tool call turn,
-    the template's turn ending + delta of the tool message, the answer turn."""
+    """What the learner's SFT trains on (prompt ids, answer ids and loss mask as PromptSet.sft_pair tokenises
+    them) equals a multi-turn trajectory of the calculator environment: the chat template's prompt, the model's
+    tool call turn, the template's turn ending + delta of the tool message (masked, as the rollout masks it), the
+    answer turn."""
     from transformers import AutoTokenizer
+
+    from services.learner.data import PromptSet
+    from services.learner.settings import DataSettings
 
     tok = AutoTokenizer.from_pretrained(task_dir / "base-model")
     chat = ChatTokens(tok, tools=[CALCULATOR.schema()])
-    for row in rows(task_dir / "data" / "sft.jsonl"):
-        prompt = list(tok(row["input"], add_special_tokens=True)["input_ids"])
-        answer = list(tok(row["output"], add_special_tokens=False)["input_ids"])
+    data = PromptSet.load(DataSettings(path=str(task_dir / "data" / "sft.jsonl"), label_key=None, shuffle=False), 0,
+                          tok, need_output=True)
+    for n, row in enumerate(rows(task_dir / "data" / "sft.jsonl")):
+        prompt, answer, mask = data.sft_pair(0, n)
         question = row["input"].split("user\n")[1].split("<|im_end|>")[0]
         assert prompt == chat.prompt([{"role": "user", "content": question}])
-        call_text, _, _ = row["output"].partition("<|im_end|>")
+        call_text, _, _ = row["output"][0]["text"].partition("<|im_end|>")
         (call,) = parse_tool_calls(call_text).calls
         assert call.name == "calculator" and f"What is {call.arguments['expression']}?" == question
         result = CALCULATOR.fn(**call.arguments)
@@ -58,7 +63,8 @@ def test_sft_transcripts_are_the_token_ids_a_multi_turn_rollout_produces(task_di
         env_turn = chat.close_turn(model_turn) + chat.delta([{"role": "tool", "name": "calculator",
                                                                "content": result}])
         final = list(tok(result + "<|im_end|>", add_special_tokens=False)["input_ids"])
-        assert answer == model_turn + env_turn + final
+        assert answer == model_turn + env_turn + final + [tok.eos_token_id]
+        assert mask == [1] * len(model_turn) + [0] * len(env_turn) + [1] * (len(final) + 1)
         assert model_turn[-1] in chat.stop_token_ids and final[-1] in chat.stop_token_ids
 
 
