@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from services.rollout.engines.types import SamplingParams
-from tests.rollout.engines.test_hf_isolation import make_engine, running, seq
+from tests.rollout.engines.conftest import make_engine
+from tests.rollout.engines.test_hf_isolation import running, seq
 from tests.rollout.engines.test_partial_rollouts import steps_later, switch_weights
 
 GREEDY = SamplingParams(max_new_tokens=24, temperature=0.0, ignore_eos=True)
