@@ -10,7 +10,6 @@ ASGI in-process, with the real session manager on the tests' Redis.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 
 import httpx
 import openai
@@ -19,11 +18,9 @@ from transformers import AutoTokenizer
 
 from services.rollout.agents.chat_tokens import ChatTokens
 from services.rollout.app import create_app
-from services.rollout.engines.base import Engine
-from services.rollout.engines.settings import HFEngineSettings
-from services.rollout.engines.types import Finish, SequenceDelta, SequenceRequest
 from services.rollout.service import RolloutService
 from services.rollout.settings import RolloutSettings
+from tests.rollout.agents.scripted_engine import ScriptedEngine
 from tests.rollout.conftest import CONTROL_TOKEN
 from tests.rollout.routes.conftest import AUTH, RUN
 from tests.rollout.routes.test_sessions_openai import pushed
@@ -33,43 +30,16 @@ TOOLS = [{"type": "function", "function": {"name": "add", "description": "a + b"
     "type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}, "required": ["a", "b"]}}}]
 
 
-class ToolScript(Engine):
-    """Calls ``add`` until a tool result is in the prompt, then answers; the turn ends with ``<|im_end|>``."""
-
-    kind = "scripted"
-
-    def __init__(self, model_dir: str) -> None:
-        super().__init__(HFEngineSettings(context_length=512), model_dir)
-
-    async def _start(self) -> None:
-        return None
-
-    async def _stop(self) -> None:
-        return None
-
-    async def _probe(self) -> bool:
-        return True
-
-    async def abort(self, rid: str) -> None:
-        return None
-
-    async def _abort_all(self) -> None:
-        return None
-
-    async def _stream(self, request: SequenceRequest) -> AsyncIterator[SequenceDelta]:
-        prompt = self.tokenizer.decode(list(request.prompt_ids), skip_special_tokens=False)
-        text = "The answer is 5." if "<|im_start|>tool" in prompt else CALL
-        ids = [*self.tokenizer.encode(text, add_special_tokens=False), self.tokenizer.convert_tokens_to_ids("<|im_end|>")]
-        ids = ids[: request.params.max_new_tokens]
-        yield SequenceDelta(token_ids=ids, logprobs=[-0.5] * len(ids), text=self.tokenizer.decode(ids, skip_special_tokens=True),
-                            finish=Finish("stop", matched=ids[-1]))
+def tool_script(prompt: str) -> str:
+    """Calls ``add`` until a tool result is in the prompt, then answers."""
+    return "The answer is 5." if "<|im_start|>tool" in prompt else CALL
 
 
 @pytest.fixture()
 async def client(tiny_model_dir, redis_server):
     settings = RolloutSettings(model=str(tiny_model_dir), served_model_name="tiny", control_token=CONTROL_TOKEN,
                                redis_url=redis_server.url, run_name=RUN, sessions={"enabled": True})
-    app = create_app(settings, service=RolloutService(settings, engine=ToolScript(str(tiny_model_dir))))
+    app = create_app(settings, service=RolloutService(settings, engine=ScriptedEngine(str(tiny_model_dir), tool_script)))
     async with (app.router.lifespan_context(app),
                 httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://rollout") as http):
         yield http
