@@ -23,7 +23,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from shared.generate_api import WeightVersion
+from shared.generate_api import ChoiceLogprobs, WeightVersion
 from shared.wire_checks import (
     INT32_MAX,
     SEED_MAX,
@@ -156,23 +156,9 @@ class TokenGenerateRequest(_VLLMShaped):
 
 
 # ---- response --------------------------------------------------------------------------------------------
-class TokenTopLogprob(BaseModel):
-    token: str = Field(description="'token_id:<id>'.")
-    logprob: float
-    bytes: list[int] | None = None
-
-
-class TokenLogprobEntry(TokenTopLogprob):
-    top_logprobs: list[TokenTopLogprob] = Field(default_factory=list)
-
-
-class TokenLogprobs(BaseModel):
-    content: list[TokenLogprobEntry] | None = None
-
-
 class TokenGenerateChoice(BaseModel):
     index: int
-    logprobs: TokenLogprobs | None = None
+    logprobs: ChoiceLogprobs | None = Field(default=None, description="OpenAI's shape; each token spelled 'token_id:<id>'.")
     finish_reason: str | None = "stop"
     token_ids: list[int] | None = None
 

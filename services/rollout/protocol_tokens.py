@@ -16,15 +16,8 @@ from dataclasses import dataclass
 from services.rollout.engines.types import SamplingParams, SequenceOutput, SequenceRequest
 from services.rollout.protocol_openai import check_model
 from services.rollout.service import RolloutService, new_request_id
-from shared.inference_api import (
-    TokenGenerateChoice,
-    TokenGenerateRequest,
-    TokenGenerateResponse,
-    TokenLogprobEntry,
-    TokenLogprobs,
-    TokenTopLogprob,
-    TokenUsage,
-)
+from shared.generate_api import ChoiceLogprobs, TokenLogprob, TopLogprob
+from shared.inference_api import TokenGenerateChoice, TokenGenerateRequest, TokenGenerateResponse, TokenUsage
 
 log = logging.getLogger(__name__)
 _warned: set[str] = set()
@@ -73,18 +66,18 @@ def plan(service: RolloutService, r: TokenGenerateRequest) -> TokensPlan:
     return TokensPlan(r, seqs, list(r.token_ids), request_id, r.sampling_params.logprobs)
 
 
-def logprobs(ids: list[int], lps: list[float], tops: list[list[tuple[int, float]]] | None, top_n: int) -> TokenLogprobs:
+def logprobs(ids: list[int], lps: list[float], tops: list[list[tuple[int, float]]] | None, top_n: int) -> ChoiceLogprobs:
     """vLLM's entries: ``top_logprobs`` = the sampled token, then the engine's alternatives other than it, at most
     ``max(top_n, 1)`` in all."""
     content = []
     for k, (tid, lp) in enumerate(zip(ids, lps)):
         lp = max(lp, -9999.0)  # vLLM clamps -inf to -9999
-        head = [TokenTopLogprob(token=f"token_id:{tid}", logprob=lp)]
+        head = [TopLogprob(token=f"token_id:{tid}", logprob=lp)]
         if top_n > 1 and tops is not None and k < len(tops):
-            head += [TokenTopLogprob(token=f"token_id:{a}", logprob=max(alp, -9999.0))
+            head += [TopLogprob(token=f"token_id:{a}", logprob=max(alp, -9999.0))
                      for a, alp in tops[k] if a != tid][: top_n - 1]
-        content.append(TokenLogprobEntry(token=f"token_id:{tid}", logprob=lp, top_logprobs=head))
-    return TokenLogprobs(content=content)
+        content.append(TokenLogprob(token=f"token_id:{tid}", logprob=lp, top_logprobs=head))
+    return ChoiceLogprobs(content=content)
 
 
 def _finish(out_finish) -> str | None:
