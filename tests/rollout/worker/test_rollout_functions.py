@@ -5,9 +5,6 @@ the wrong thing, dead-letters its prompt with the reason while the worker carrie
 
 from __future__ import annotations
 
-import asyncio
-import time
-
 import pytest
 
 from services.rollout.service import RolloutService
@@ -17,6 +14,7 @@ from shared import keys
 from shared.experience_queue import StreamQueue
 from shared.schemas import Experience, PromptTask, sample_id
 from shared.settings import SettingsError, load_settings
+from tests.rollout.test_worker import wait_for
 
 PLUGINS = "tests.rollout.worker.plugins"
 
@@ -51,15 +49,6 @@ def test_a_bad_environment_is_a_one_line_settings_error(tmp_path, tiny_model_dir
         load_settings(RolloutSettings, cfg)
     lines = str(err.value).splitlines()
     assert len(lines) == 2 and "worker.agent.environment" in lines[1] and "'nope': not a known name" in lines[1]
-
-
-async def wait_for(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if await predicate():
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 async def drain(redis_client, run: str) -> list[Experience]:
