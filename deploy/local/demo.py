@@ -16,15 +16,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
 import time
 from pathlib import Path
 
 from deploy.local.sort_task import prepare_run
-from deploy.run.display import make_display
-from deploy.run.launch import run_spec
-from deploy.run.load import SpecError, load_spec
+from deploy.local.two_stage import sft_then_rl
 
 MAX_NEW_TOKENS = 8
 RECIPE = Path(__file__).resolve().parents[2] / "examples" / "sort-digits"
@@ -73,26 +70,14 @@ def main(argv: list[str] | None = None) -> int:
                                     layers=args.layers)
     say(f"run dir {run}; task: sort four digits ('sort 3721=' -> '1237'); {len(train)} train / {len(heldout)} "
         f"held-out prompts; recipe {RECIPE}")
-    for name in ("sft.yaml", "fleetrl.yaml"):  # the recipe's specs, so their relative paths name this run dir
-        shutil.copy(RECIPE / name, run / name)
     sft_sets, rl_sets = overrides(run, args)
-    try:
-        sft, rl = load_spec(run / "sft.yaml", sft_sets), load_spec(run / "fleetrl.yaml", rl_sets)
-    except SpecError as exc:
-        say(f"failed: {exc}")
-        return 2
-    live = False if args.lines else None
-    say(f"SFT warm-up: {args.sft_steps} steps")
-    code = run_spec(sft, run / "sft.yaml", make_display(live))
+    code, result, rl_wall = sft_then_rl(run, RECIPE, sft_sets, rl_sets, lines=args.lines, say=say,
+                                        sft_line=lambda _: f"SFT warm-up: {args.sft_steps} steps",
+                                        rl_line=lambda _: f"GRPO: {args.rl_steps} steps x {args.groups_per_step} "
+                                                          f"prompts x {args.group_size} samples")
     if code != 0:
         return code
-    say(f"GRPO: {args.rl_steps} steps x {args.groups_per_step} prompts x {args.group_size} samples")
-    t_rl = time.monotonic()
-    code = run_spec(rl, run / "fleetrl.yaml", make_display(live))
-    if code != 0:
-        return code
-    rl_wall, wall = time.monotonic() - t_rl, time.monotonic() - t0
-    result = json.loads((run / "rl" / "summary.json").read_text())
+    wall = time.monotonic() - t0
     before, after = result["heldout"][0], result["heldout"][-1]
     summary = {
         "heldout_accuracy_before": before["accuracy"], "heldout_accuracy_after": after["accuracy"],

@@ -22,15 +22,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
 import time
 from pathlib import Path
 
 from deploy.local.agent_task import prepare_run
-from deploy.run.display import make_display
-from deploy.run.launch import run_spec
-from deploy.run.load import SpecError, load_spec
+from deploy.local.two_stage import sft_then_rl
 
 RECIPE = Path(__file__).resolve().parents[2] / "examples" / "agent-calculator"
 
@@ -90,27 +87,14 @@ def main(argv: list[str] | None = None) -> int:
                 layers=args.layers)
     say(f"run dir {run}; task: 'What is 482*739?' with a calculator tool; {args.sft_examples} SFT transcripts, "
         f"{args.heldout} held-out questions; recipe {RECIPE}")
-    for name in ("sft.yaml", "fleetrl.yaml"):  # the recipe's specs, so their relative paths name this run dir
-        shutil.copy(RECIPE / name, run / name)
     sft_sets, rl_sets = overrides(run, args)
-    try:
-        sft, rl = load_spec(run / "sft.yaml", sft_sets), load_spec(run / "fleetrl.yaml", rl_sets)
-    except SpecError as exc:
-        say(f"failed: {exc}")
-        return 2
-    live = False if args.lines else None
-    say(f"SFT warm-up: {sft.algorithm.max_steps} steps x {sft.algorithm.batch_size} transcripts")
-    code = run_spec(sft, run / "sft.yaml", make_display(live))
+    code, result, rl_wall = sft_then_rl(run, RECIPE, sft_sets, rl_sets, lines=args.lines, say=say,
+                                        sft_line=lambda s: f"SFT warm-up: {s.algorithm.max_steps} steps x {s.algorithm.batch_size} transcripts",
+                                        rl_line=lambda s: (f"GRPO: {s.train.max_steps} steps x {s.train.groups_per_step} questions x {s.sampling.group_size} "
+                                           "multi-turn episodes"))
     if code != 0:
         return code
-    say(f"GRPO: {rl.train.max_steps} steps x {rl.train.groups_per_step} questions x {rl.sampling.group_size} "
-        "multi-turn episodes")
-    t_rl = time.monotonic()
-    code = run_spec(rl, run / "fleetrl.yaml", make_display(live))
-    if code != 0:
-        return code
-    rl_wall, wall = time.monotonic() - t_rl, time.monotonic() - t0
-    result = json.loads((run / "rl" / "summary.json").read_text())
+    wall = time.monotonic() - t0
     before, after = result["heldout"][0], result["heldout"][-1]
     metrics = run / "rl" / "learner" / "metrics.jsonl"
     rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
