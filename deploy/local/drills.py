@@ -135,19 +135,19 @@ def reward_outage(ctx: Ctx) -> None:
 
 
 def redis_restart(ctx: Ctx) -> None:
-    ctx.wait_step(3)
+    step = ctx.wait_step(3)
     server = ctx.fleet.redis_server
     assert server is not None
     server.kill()
-    ctx.notes.append(f"SIGKILL Redis at step {ctx.status()['step']}; started again 5 s later")
+    ctx.notes.append(f"SIGKILL Redis at step {step}; started again 5 s later")
     ctx.sleep(5.0)
     server.start()
 
 
 def replica_stop(ctx: Ctx) -> None:
-    ctx.wait_step(3)
+    step = ctx.wait_step(3)
     ctx.fleet.signal("rollout-0", signal.SIGSTOP)
-    ctx.notes.append(f"SIGSTOP rollout-0 at step {ctx.status()['step']} for 10 s")
+    ctx.notes.append(f"SIGSTOP rollout-0 at step {step} for 10 s")
     try:
         ctx.sleep(10.0)
     finally:
