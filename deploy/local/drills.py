@@ -111,7 +111,7 @@ def rollout_kill(ctx: Ctx) -> None:
     ctx.wait_step(2)
     ctx.wait_until("replica 0 to hold prompts", lambda: ctx.pending_on("rollout-0") > 0, poll_s=0.01)
     ctx.fleet.signal("rollout-0", signal.SIGKILL)
-    ctx.notes.append(f"SIGKILL rollout-0 holding prompts at step {ctx.status()['step']}")
+    ctx.notes.append(f"SIGKILL rollout-0 holding prompts at step {(ctx.status() or {}).get('step', '?')}")
     ctx.fleet.restart("rollout-0")
 
 
