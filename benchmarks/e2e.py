@@ -38,55 +38,31 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from deploy.local.demo import MAX_NEW_TOKENS, reward_config, rollout_config
-from deploy.local.fleet import Fleet, FleetError
+from deploy.local.demo import RECIPE
 from deploy.local.sort_task import make_splits, write_jsonl
+from deploy.run.display import make_display
+from deploy.run.launch import run_spec
+from deploy.run.load import load_spec
 
 MODES = {
-    "sync": lambda g: {"window": g, "max_staleness": 0},
-    "async": lambda g: {"window": 2 * g, "max_staleness": 1},
+    "sync": lambda g: ["staleness=0", f"window={g}"],
+    "async": lambda g: ["staleness=1", f"window={2 * g}"],
 }
 
 
-def learner_config(run: Path, mode: str, actor: Path, args, redis_url: str) -> dict:
-    g = args.groups_per_step
-    return {
-        "run_name": f"e2e-{mode}", "redis_url": redis_url, "run_dir": str(run / mode / "learner"),
-        "model": {"actor": str(actor)},
-        "algorithm": {"name": "grpo", "policy_loss": {"kind": "ppo", "eps_high": 0.28}, "correction": {"kind": "tis", "cap": 2.0}},
-        "optim": {"actor_lr": 5e-4, "schedule": "constant", "warmup_ratio": 0.0},
-        "train": {"groups_per_step": g, "micro_batch_size": 64, "max_steps": args.steps, "torch_threads": 1},
-        "rollout": {"group_size": args.group_size, **MODES[mode](g),
-                    "sampling": {"max_new_tokens": MAX_NEW_TOKENS, "temperature": 1.0}},
-        "data": {"path": str(run / "train.jsonl"), "input_key": "input", "label_key": "label", "epochs": 10},
-        "publish": {"every": 1},
-        "checkpoint": {"every": 10_000},
-        "observability": {"progress_bar": False, "plot": False},
-    }
-
-
 def run_mode(run: Path, mode: str, actor: Path, args) -> dict:
-    fleet = Fleet(run_dir=run / mode, redis_url=args.redis_url)
-    try:
-        redis_url = fleet.start_redis()
-        reward = fleet.start("reward", "services.reward", reward_config())
-        rcfg = rollout_config(actor, redis_url, reward.url, token="bench-token")
-        rcfg["run_name"] = f"e2e-{mode}"
-        rcfg["worker"]["max_staleness"] = MODES[mode](args.groups_per_step)["max_staleness"]
-        fleet.start("rollout", "services.rollout", rcfg)
-        learner = fleet.start("learner", "services.learner", learner_config(run, mode, actor, args, redis_url),
-                              wait=False)
-        deadline = time.monotonic() + args.timeout
-        while learner.alive:
-            if time.monotonic() > deadline:
-                raise FleetError(f"{mode}: learner did not finish in {args.timeout}s:\n{learner.log_tail()}")
-            fleet.check_alive("reward", "rollout")
-            time.sleep(0.5)
-        if learner.proc.returncode != 0:
-            raise FleetError(f"{mode}: learner exited {learner.proc.returncode}:\n{learner.log_tail()}")
-    finally:
-        fleet.stop_all()
+    """The sort-digits recipe through ``fleetrl run`` (one mode, no held-out evaluation), timed from its metrics."""
+    g = args.groups_per_step
+    sets = [f"model={actor}", f"data.path={run / 'train.jsonl'}", f"run_name={run.name}-{mode}",
+            f"run_dir={run / mode}", f"train.max_steps={args.steps}", f"train.groups_per_step={g}",
+            f"sampling.group_size={args.group_size}", "checkpoint_every=10000", "export=null", "eval.data=null",
+            *MODES[mode](g)]
+    if args.redis_url:
+        sets.append(f"redis.url={args.redis_url}")
+    if run_spec(load_spec(RECIPE / "fleetrl.yaml", sets), RECIPE / "fleetrl.yaml", make_display(False)) != 0:
+        raise SystemExit(f"{mode}: fleetrl run failed; logs under {run / mode / 'logs'}")
     rows = [json.loads(x) for x in (run / mode / "learner" / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if "step" in r]
     span = rows[-1]["time"] - rows[0]["time"]  # from the end of step 1 to the end of the last step
     steps = len(rows) - 1
     samples = sum(r["samples"] for r in rows[1:])
@@ -101,8 +77,7 @@ def run_mode(run: Path, mode: str, actor: Path, args) -> dict:
 
 
 TTA_MODES = {
-    "sync": lambda g: ["staleness=0", f"window={g}"],
-    "async": lambda g: ["staleness=1", f"window={2 * g}"],
+    **MODES,
     "async-partial": lambda g: ["staleness=1", f"window={2 * g}", "services.rollout.weights.pause_mode=partial"],
 }
 
@@ -111,13 +86,9 @@ def time_to_accuracy(args) -> int:
     """Each mode from the same warm-up; seconds / steps / samples until held-out accuracy >= threshold."""
     import shutil
 
-    from deploy.local.demo import RECIPE
-    from deploy.local.demo import overrides as demo_overrides
     from deploy.local.demo import parse_args as demo_args
     from deploy.local.sort_task import prepare_run
-    from deploy.run.display import make_display
-    from deploy.run.launch import run_spec
-    from deploy.run.load import load_spec
+    from deploy.local.two_stage import overrides as demo_overrides
 
     run = (args.run_dir or REPO / "runs" / time.strftime("bench-tta-%Y%m%d-%H%M%S")).resolve()
     run.mkdir(parents=True, exist_ok=True)

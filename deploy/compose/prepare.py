@@ -5,7 +5,7 @@ model, write the sort-four-digits train / held-out prompts, run the learner's ``
 process, and leave the warm-up checkpoint at ``<out>/sft-model``. A ``READY`` file written last marks a
 complete volume: rollout and learner wait for it, and a second ``up`` skips the work.
 
-    python -m deploy.compose.prepare --out /models --redis-url redis://redis:6379/0
+    python -m deploy.compose.prepare --out /models
 """
 
 from __future__ import annotations
@@ -14,24 +14,27 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-import yaml
-
-from deploy.local.demo import sft_config
+from deploy.local.demo import RECIPE
 from deploy.local.sort_task import prepare_run
+from deploy.run.display import make_display
+from deploy.run.launch import run_spec
+from deploy.run.load import load_spec
 
 READY = "READY"
+
+
+class WarmUpFailed(RuntimeError):
+    """The SFT warm-up's ``fleetrl run`` exited non-zero (its logs say why)."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     env = os.environ.get
     ap = argparse.ArgumentParser(prog="python -m deploy.compose.prepare", description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path(env("FLEETRL_MODELS_DIR", "/models")))
-    ap.add_argument("--redis-url", default=env("REDIS_URL"))
     ap.add_argument("--sft-steps", type=int, default=int(env("FLEETRL_DEMO_SFT_STEPS", "30")))
     ap.add_argument("--heldout", type=int, default=int(env("FLEETRL_DEMO_HELDOUT", "200")))
     ap.add_argument("--hidden-size", type=int, default=int(env("FLEETRL_DEMO_HIDDEN_SIZE", "128")))
@@ -55,12 +58,13 @@ def prepare(args: argparse.Namespace) -> Path:
     train, heldout, base = prepare_run(work, seed=args.seed, heldout=args.heldout, hidden_size=args.hidden_size,
                                        layers=args.layers)
     say(f"tiny model at {base}; {len(train)} train / {len(heldout)} held-out prompts; SFT {args.sft_steps} steps")
-    config = sft_config(work, base, args, args.redis_url)
-    config["run_dir"] = str(work / "sft")
-    config_path = work / "sft.yaml"
-    config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+    # the recipe's warm-up (examples/sort-digits/sft.yaml), on this volume's model and data
+    sets = [f"model={base}", f"data.path={work / 'data' / 'train.jsonl'}", f"run_dir={work / 'sft'}",
+            f"export={work / 'sft-model'}", f"algorithm.max_steps={args.sft_steps}", f"train.seed={args.seed}"]
     t0 = time.monotonic()
-    subprocess.run([sys.executable, "-m", "services.learner", "--config", str(config_path)], check=True)
+    code = run_spec(load_spec(RECIPE / "sft.yaml", sets), RECIPE / "sft.yaml", make_display(False))
+    if code != 0:
+        raise WarmUpFailed(code)
     say(f"SFT warm-up done in {time.monotonic() - t0:.0f}s")
     for name in ("data", "base-model", "sft-model"):  # publish the finished pieces, then the marker
         shutil.rmtree(out / name, ignore_errors=True)
@@ -74,8 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         path = prepare(args)
-    except subprocess.CalledProcessError as exc:
-        say(f"SFT warm-up failed with code {exc.returncode}")
+    except WarmUpFailed as exc:
+        say(f"SFT warm-up failed with code {exc.args[0]}; logs under {args.out / '.prepare' / 'sft' / 'logs'}")
         return 1
     say(f"warm-up checkpoint: {path}")
     return 0

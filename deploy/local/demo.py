@@ -21,20 +21,19 @@ import time
 from pathlib import Path
 
 from deploy.local.sort_task import prepare_run
-from deploy.local.two_stage import sft_then_rl
+from deploy.local.two_stage import overrides, sft_then_rl
 
-MAX_NEW_TOKENS = 8
 RECIPE = Path(__file__).resolve().parents[2] / "examples" / "sort-digits"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="make demo", description=__doc__.splitlines()[0])
     ap.add_argument("--run-dir", type=Path, default=None, help="default: runs/demo-<time>")
-    ap.add_argument("--sft-steps", type=int, default=40, help="supervised warm-up steps (batch 64)")
-    ap.add_argument("--rl-steps", type=int, default=500, help="GRPO learner steps")
-    ap.add_argument("--groups-per-step", type=int, default=16, help="prompt groups per learner step")
-    ap.add_argument("--group-size", type=int, default=8, help="samples per prompt")
-    ap.add_argument("--lr", type=float, default=5e-4, help="GRPO actor learning rate")
+    ap.add_argument("--sft-steps", type=int, default=None, help="supervised warm-up steps (default: the recipe's)")
+    ap.add_argument("--rl-steps", type=int, default=None, help="GRPO learner steps (default: the recipe's)")
+    ap.add_argument("--groups-per-step", type=int, default=None, help="prompt groups per learner step")
+    ap.add_argument("--group-size", type=int, default=None, help="samples per prompt")
+    ap.add_argument("--lr", type=float, default=None, help="GRPO actor learning rate")
     ap.add_argument("--heldout", type=int, default=200, help="held-out prompts")
     ap.add_argument("--hidden-size", type=int, default=128)
     ap.add_argument("--layers", type=int, default=2)
@@ -49,18 +48,6 @@ def say(msg: str) -> None:
     print(f"[demo {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def overrides(run: Path, args: argparse.Namespace) -> tuple[list[str], list[str]]:
-    """The demo's knobs as ``--set`` overrides of the recipe's two run specs."""
-    sft = [f"run_name={run.name}-sft", f"run_dir={run / 'sft'}", f"algorithm.max_steps={args.sft_steps}",
-           f"train.seed={args.seed}"]
-    rl = [f"run_name={run.name}", f"run_dir={run / 'rl'}", f"train.max_steps={args.rl_steps}",
-          f"train.groups_per_step={args.groups_per_step}", f"sampling.group_size={args.group_size}",
-          f"optim.actor_lr={args.lr}", f"train.seed={args.seed}", f"sampling.max_new_tokens={MAX_NEW_TOKENS}"]
-    if args.redis_url:
-        rl.append(f"redis.url={args.redis_url}")
-    return sft, rl
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     run = (args.run_dir or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")).resolve()
@@ -72,9 +59,10 @@ def main(argv: list[str] | None = None) -> int:
         f"held-out prompts; recipe {RECIPE}")
     sft_sets, rl_sets = overrides(run, args)
     code, result, rl_wall = sft_then_rl(run, RECIPE, sft_sets, rl_sets, lines=args.lines, say=say,
-                                        sft_line=lambda _: f"SFT warm-up: {args.sft_steps} steps",
-                                        rl_line=lambda _: f"GRPO: {args.rl_steps} steps x {args.groups_per_step} "
-                                                          f"prompts x {args.group_size} samples")
+                                        sft_line=lambda s: f"SFT warm-up: {s.algorithm.max_steps} steps",
+                                        rl_line=lambda s: f"GRPO: {s.train.max_steps} steps x "
+                                                          f"{s.train.groups_per_step} prompts x "
+                                                          f"{s.sampling.group_size} samples")
     if code != 0:
         return code
     wall = time.monotonic() - t0
@@ -97,34 +85,6 @@ def main(argv: list[str] | None = None) -> int:
     print(f"summary: {run / 'summary.json'}   logs: {run / 'rl' / 'logs'}")
     print("=" * 72)
     return 0
-
-
-# ---- the recipe's settings as per-service mappings: what the compose stack (deploy/compose/prepare.py) and the
-# end-to-end benchmark (benchmarks/e2e.py) start by hand; examples/sort-digits/ is their source for fleetrl run
-def sft_config(run: Path, base_model: Path, args, redis_url: str) -> dict:
-    return {
-        "run_name": "demo-sft", "redis_url": redis_url, "run_dir": str(run / "sft"),
-        "model": {"actor": str(base_model)},
-        "algorithm": {"name": "sft", "batch_size": 64, "max_steps": args.sft_steps},
-        "optim": {"actor_lr": 3e-3, "schedule": "constant", "warmup_ratio": 0.0},
-        "data": {"path": str(run / "data" / "train.jsonl"), "input_key": "input", "output_key": "output"},
-        "train": {"seed": args.seed, "torch_threads": 2, "micro_batch_size": 64},
-        "checkpoint": {"export_dir": str(run / "sft-model"), "every": 10_000, "resume": False},
-        "observability": {"progress_bar": False, "plot": False},
-    }
-
-
-def reward_config() -> dict:
-    return {"scorers": [{"name": "exact", "kind": "rule", "weight": 1.0, "check": {"type": "exact"}}]}
-
-
-def rollout_config(model: Path, redis_url: str, reward_url: str, token: str) -> dict:
-    return {
-        "run_name": "demo", "redis_url": redis_url, "model": str(model), "control_token": token,
-        "engine": {"kind": "hf", "device": "cpu", "max_batch_size": 256, "torch_threads": 1},
-        "worker": {"enabled": True, "reward_url": reward_url, "concurrency": 32, "max_staleness": 1,
-                   "sampling": {"max_new_tokens": MAX_NEW_TOKENS, "temperature": 1.0}},
-    }
 
 
 if __name__ == "__main__":

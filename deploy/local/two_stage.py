@@ -3,6 +3,7 @@ RL (``fleetrl.yaml``), copied into the run dir so their relative paths name it."
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
 import time
@@ -13,6 +14,22 @@ from deploy.run.display import make_display
 from deploy.run.launch import run_spec
 from deploy.run.load import SpecError, load_spec
 from deploy.run.spec import RunSpec
+
+
+def overrides(run: Path, args: argparse.Namespace) -> tuple[list[str], list[str]]:
+    """A demo's command-line knobs as ``--set`` overrides of its recipe's two run specs (``None``: the recipe's
+    value): ``(sft sets, rl sets)``."""
+    sft = [f"run_name={run.name}-sft", f"run_dir={run / 'sft'}", f"train.seed={args.seed}"]
+    rl = [f"run_name={run.name}", f"run_dir={run / 'rl'}", f"train.seed={args.seed}"]
+    knobs = [(sft, "algorithm.max_steps", args.sft_steps), (rl, "train.max_steps", args.rl_steps),
+             (rl, "train.groups_per_step", args.groups_per_step), (rl, "sampling.group_size", args.group_size),
+             (rl, "optim.actor_lr", args.lr)]
+    for sets, key, value in knobs:
+        if value is not None:
+            sets.append(f"{key}={value}")
+    if args.redis_url:
+        rl.append(f"redis.url={args.redis_url}")
+    return sft, rl
 
 
 def sft_then_rl(run: Path, recipe: Path, sft_sets: list[str], rl_sets: list[str], *, lines: bool,
