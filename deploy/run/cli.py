@@ -107,6 +107,9 @@ def eval_cmd(
                                          "and pass@k for k = 1, 2, 4, ..., samples (unbiased estimator).")] = 0,
     temperature: Annotated[float | None, typer.Option(min=0.0, help="Temperature of --samples (default: the "
                                                       "spec's sampling.temperature).")] = None,
+    seed: Annotated[int | None, typer.Option(min=0, help="Seed of --samples: answer j of every prompt uses seed + j, "
+                                             "so the same model gives the same figures again (default: unseeded).")]
+    = None,
 ) -> None:
     """Held-out greedy accuracy (eval.data, judged by the spec's reward) of a model or a running rollout
     service, with --samples K also sampled accuracy and pass@k; prints a JSON summary."""
@@ -122,7 +125,7 @@ def eval_cmd(
     spec = _load(file, set_)
     try:
         result = evaluate_model(spec, file.resolve(), model=model, rollout_url=rollout_url, samples=samples,
-                                temperature=temperature)
+                                temperature=temperature, seed=seed)
     except (ValueError, SettingsError, FleetError, httpx.HTTPError, OSError) as exc:
         typer.echo(f"error: {str(exc).splitlines()[0]}", err=True)
         raise typer.Exit(1) from exc

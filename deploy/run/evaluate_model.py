@@ -19,9 +19,11 @@ from .spec import RunSpec
 
 
 def evaluate_model(spec: RunSpec, spec_file: Path, model: str | None = None, rollout_url: str | None = None,
-                   samples: int = 0, temperature: float | None = None) -> dict[str, Any]:
+                   samples: int = 0, temperature: float | None = None,
+                   seed: int | None = None) -> dict[str, Any]:
     """``{"accuracy" (greedy), "n", "weight_version", "model", "eval_data"}``, and with ``samples`` > 0
-    ``"sampled"``: that many answers per prompt at ``temperature`` (default: the spec's sampling), their accuracy
+    ``"sampled"``: that many answers per prompt at ``temperature`` (default: the spec's sampling; ``seed``: the
+    same answers on every call), their accuracy
     and pass@k (:mod:`.sampled_eval`). Starts what it needs (a reward service for the spec's scorers, a rollout
     replica without a worker for ``model``) under ``run_dir/eval-<time>`` and stops it."""
     if spec.eval.data is None:
@@ -48,7 +50,8 @@ def evaluate_model(spec: RunSpec, spec_file: Path, model: str | None = None, rol
         sampled = None if samples <= 0 else sampled_accuracy(
             rollout_url.rstrip("/"), reward_url.rstrip("/"), rows, samples=samples,
             max_new_tokens=spec.sampling.max_new_tokens,
-            temperature=spec.sampling.temperature if temperature is None else temperature, top_p=spec.sampling.top_p)
+            temperature=spec.sampling.temperature if temperature is None else temperature, top_p=spec.sampling.top_p,
+            seed=seed)
     out = {"accuracy": point.accuracy, "n": len(rows), "weight_version": point.weight_version,
            "model": what, "eval_data": spec.eval.data}
     return out if sampled is None else {**out, "sampled": sampled}

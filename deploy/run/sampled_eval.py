@@ -30,35 +30,39 @@ def ks_for(n: int) -> list[int]:
 
 
 def sampled_accuracy(rollout_url: str, reward_url: str, rows: list[dict], *, samples: int, max_new_tokens: int,
-                     temperature: float = 1.0, top_p: float = 1.0, batch: int = 100,
+                     temperature: float = 1.0, top_p: float = 1.0, seed: int | None = None, batch: int = 100,
                      timeout: float = 300.0) -> dict[str, Any]:
-    """``samples`` answers per row (``{"input", "label", "metadata"?}``) sampled at ``temperature`` / ``top_p``;
-    returns ``{"samples_per_prompt", "temperature", "top_p", "accuracy" (mean over all samples), "pass_at_k"
-    ({k: estimate}), "weight_versions"}``."""
+    """``samples`` answers per row (``{"input", "label", "metadata"?}``) sampled at ``temperature`` / ``top_p``
+    (``n`` = ``samples`` per prompt; with ``seed``, answer j of every prompt uses ``seed + j``, so the same
+    model gives the same answers again); returns ``{"samples_per_prompt", "temperature", "top_p", "seed",
+    "accuracy" (mean over all samples), "pass_at_k" ({k: estimate}), "weight_versions"}``."""
     if samples < 1:
         raise ValueError(f"--samples {samples}: sample at least one answer per prompt")
     correct = [0] * len(rows)
     versions: set[str] = set()
-    jobs = [(i, row) for i, row in enumerate(rows) for _ in range(samples)]
+    params: dict[str, Any] = {"temperature": temperature, "top_p": top_p, "max_new_tokens": max_new_tokens,
+                              "n": samples}
+    if seed is not None:
+        params["sampling_seed"] = seed
+    per_call = max(1, batch // samples)  # prompts per /generate call: about ``batch`` answers
     with httpx.Client(timeout=timeout) as client:
-        for at in range(0, len(jobs), batch):
-            chunk = jobs[at:at + batch]
-            r = client.post(f"{rollout_url}/generate", json={
-                "text": [row["input"] for _, row in chunk],
-                "sampling_params": {"temperature": temperature, "top_p": top_p, "max_new_tokens": max_new_tokens},
-            })
+        for at in range(0, len(rows), per_call):
+            chunk = list(enumerate(rows[at:at + per_call], start=at))
+            r = client.post(f"{rollout_url}/generate",
+                            json={"text": [row["input"] for _, row in chunk], "sampling_params": params})
             r.raise_for_status()
-            outs = r.json()
+            outs = r.json()  # prompt-major: the ``samples`` answers of the first prompt, then the next
             versions.update(str(o["meta_info"]["weight_version"]) for o in outs)
+            judged = [(i, row) for i, row in chunk for _ in range(samples)]
             s = client.post(f"{reward_url}/score", json={"items": [
                 {"prompt": row["input"], "response": o["text"], "label": row["label"],
-                 "metadata": row.get("metadata", {})} for (_, row), o in zip(chunk, outs)]})
+                 "metadata": row.get("metadata", {})} for (_, row), o in zip(judged, outs, strict=True)]})
             s.raise_for_status()
-            for (i, _), v in zip(chunk, s.json()["scores"]):
+            for (i, _), v in zip(judged, s.json()["scores"], strict=True):
                 correct[i] += int(v is not None and v >= 0.999)
     n = len(rows)
     return {
-        "samples_per_prompt": samples, "temperature": temperature, "top_p": top_p,
+        "samples_per_prompt": samples, "temperature": temperature, "top_p": top_p, "seed": seed,
         "accuracy": sum(correct) / (n * samples),
         "pass_at_k": {str(k): sum(pass_at_k(samples, c, k) for c in correct) / n for k in ks_for(samples)},
         "weight_versions": sorted(versions),
