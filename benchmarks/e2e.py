@@ -16,14 +16,18 @@ mean staleness, experiences dropped as stale; then the async / sync throughput r
     .venv/bin/python benchmarks/e2e.py [--steps 12] [--groups-per-step 8] [--group-size 8]
 
 **Time to accuracy** (``--time-to-accuracy``): the sort-digits recipe of ``make demo`` (examples/sort-digits/,
-through ``fleetrl run``) from one shared SFT warm-up, in three modes, with held-out greedy accuracy every
+through ``fleetrl run``), per seed (``--seeds 0,1,2``: the seed's own task split and SFT warm-up, shared by
+its modes), in three modes, with held-out greedy accuracy every
 ``--eval-every`` steps: ``sync`` (staleness 0, window = groups_per_step), ``async`` (staleness 1, window 2x) and
 ``async-partial`` (async, and the rollout fleet continues in-flight sequences across weight switches:
 ``weights.pause_mode: partial``). Printed per mode: wall seconds from the first held-out evaluation (the
 starting policy) until accuracy first reaches ``--threshold``, the learner step and the samples trained by
-then, and the final accuracy; then each async mode's speed-up over sync.
+then, and the final accuracy (the mean of the last ``--final-evals`` evaluations); then per mode the mean
+final accuracy over seeds and its difference to sync, and each async mode's speed-up over sync (the median of
+the per-seed ratios).
 
     .venv/bin/python benchmarks/e2e.py --time-to-accuracy [--threshold 0.6] [--rl-steps 300] [--eval-every 20]
+        [--seeds 0,1,2] [--heldout 200]
 """
 
 from __future__ import annotations
@@ -82,58 +86,90 @@ TTA_MODES = {
 }
 
 
-def time_to_accuracy(args) -> int:
-    """Each mode from the same warm-up; seconds / steps / samples until held-out accuracy >= threshold."""
+def tta_seed(run: Path, seed: int, args) -> list[dict] | None:
+    """One seed: its own task split and SFT warm-up, then every mode from that warm-up; per mode the wall seconds,
+    step and samples until held-out accuracy first reaches the threshold, and the final accuracy (the mean of the
+    last ``--final-evals`` evaluations: one held-out pass swings by several points)."""
     import shutil
 
     from deploy.local.demo import parse_args as demo_args
     from deploy.local.sort_task import prepare_run
     from deploy.local.two_stage import overrides as demo_overrides
 
-    run = (args.run_dir or REPO / "runs" / time.strftime("bench-tta-%Y%m%d-%H%M%S")).resolve()
     run.mkdir(parents=True, exist_ok=True)
-    prepare_run(run, seed=0, heldout=args.heldout, hidden_size=128, layers=2)
+    prepare_run(run, seed=seed, heldout=args.heldout, hidden_size=128, layers=2)
     for name in ("sft.yaml", "fleetrl.yaml"):
         shutil.copy(RECIPE / name, run / name)
-    knobs = demo_args(["--sft-steps", str(args.sft_steps), "--rl-steps", str(args.rl_steps),
+    knobs = demo_args(["--sft-steps", str(args.sft_steps), "--rl-steps", str(args.rl_steps), "--seed", str(seed),
                        "--groups-per-step", str(args.groups_per_step), "--group-size", str(args.group_size)]
                       + (["--redis-url", args.redis_url] if args.redis_url else []))
     sft_sets, rl_sets = demo_overrides(run, knobs)
-    print(f"[tta] SFT warm-up: {args.sft_steps} steps", flush=True)
+    print(f"[tta] seed {seed}: SFT warm-up: {args.sft_steps} steps", flush=True)
     if run_spec(load_spec(run / "sft.yaml", sft_sets), run / "sft.yaml", make_display(False)) != 0:
-        return 1
+        return None
     g = args.groups_per_step
     results = []
     for mode in args.modes.split(","):
-        sets = [*rl_sets, f"run_name={run.name}-{mode}", f"run_dir={run / mode}", f"eval.every={args.eval_every}",
-                *TTA_MODES[mode](g)]
-        print(f"[tta] {mode}: up to {args.rl_steps} steps, held-out every {args.eval_every}", flush=True)
+        sets = [*rl_sets, f"run_name={run.parent.name}-{run.name}-{mode}", f"run_dir={run / mode}",
+                f"eval.every={args.eval_every}", *TTA_MODES[mode](g)]
+        print(f"[tta] seed {seed} {mode}: up to {args.rl_steps} steps, held-out every {args.eval_every}", flush=True)
         if run_spec(load_spec(run / "fleetrl.yaml", sets), run / "fleetrl.yaml", make_display(False)) != 0:
-            return 1
+            return None
         evals = [json.loads(x) for x in (run / mode / "eval.jsonl").read_text().splitlines()]
         metrics = {r["step"]: r for r in map(json.loads, (run / mode / "learner" / "metrics.jsonl").read_text().splitlines())
                    if "step" in r}
         hit = next((e for e in evals if e["accuracy"] >= args.threshold), None)
         samples = sum(m.get("samples", 0) for step, m in metrics.items() if hit and step <= hit["step"])
-        results.append({"mode": mode, "start_acc": evals[0]["accuracy"], "final_acc": evals[-1]["accuracy"],
+        last = evals[1:][-args.final_evals:] or evals
+        results.append({"seed": seed, "mode": mode, "start_acc": evals[0]["accuracy"],
+                        "final_acc": sum(e["accuracy"] for e in last) / len(last),
+                        "final_steps": [e["step"] for e in last],
                         "reached_s": round(hit["time"] - evals[0]["time"], 1) if hit else None,
                         "reached_step": hit["step"] if hit else None, "samples": samples if hit else None,
-                        "steps_run": max(metrics) if metrics else 0})
+                        "steps_run": max(metrics) if metrics else 0, "wall_s": round(evals[-1]["time"] - evals[0]["time"], 1)})
+    return results
+
+
+def time_to_accuracy(args) -> int:
+    """Every seed, every mode; the per-run table, then per mode the mean final accuracy over seeds and each async
+    mode's speed-up over sync (median over seeds of the per-seed ratio)."""
+    import statistics
+
+    run = (args.run_dir or REPO / "runs" / time.strftime("bench-tta-%Y%m%d-%H%M%S")).resolve()
+    results: list[dict] = []
+    for seed in (int(x) for x in args.seeds.split(",")):
+        one = tta_seed(run / f"seed-{seed}", seed, args)
+        if one is None:
+            return 1
+        results += one
+        (run / "tta.json").write_text(json.dumps(results, indent=2))
     print()
-    print(f"threshold: held-out greedy accuracy >= {args.threshold:.0%}")
-    print(f"{'mode':>14} {'start':>7} {'reached s':>10} {'at step':>8} {'samples':>8} {'final':>7} {'steps':>6}")
+    print(f"threshold: held-out greedy accuracy >= {args.threshold:.0%} ({args.heldout} held-out prompts); final: mean "
+          f"of the last {args.final_evals} evaluations")
+    print(f"{'seed':>5} {'mode':>14} {'start':>7} {'reached s':>10} {'at step':>8} {'samples':>8} {'final':>7} "
+          f"{'steps':>6} {'wall s':>7}")
     for r in results:
         reached = "-" if r["reached_s"] is None else f"{r['reached_s']:.1f}"
         step = "-" if r["reached_step"] is None else r["reached_step"]
         samples = "-" if r["samples"] is None else r["samples"]
-        print(f"{r['mode']:>14} {r['start_acc']:>7.1%} {reached:>10} {step!s:>8} {samples!s:>8} "
-              f"{r['final_acc']:>7.1%} {r['steps_run']:>6}")
-    by = {r["mode"]: r for r in results}
-    for mode in ("async", "async-partial"):
-        if mode in by and "sync" in by and by[mode]["reached_s"] and by["sync"]["reached_s"]:
-            print(f"{mode} reaches the threshold {by['sync']['reached_s'] / by[mode]['reached_s']:.2f}x sooner "
-                  "than sync (target >= 1.3)")
-    (run / "tta.json").write_text(json.dumps(results, indent=2))
+        print(f"{r['seed']:>5} {r['mode']:>14} {r['start_acc']:>7.1%} {reached:>10} {step!s:>8} {samples!s:>8} "
+              f"{r['final_acc']:>7.1%} {r['steps_run']:>6} {r['wall_s']:>7.1f}")
+    print()
+    modes = args.modes.split(",")
+    by = {(r["seed"], r["mode"]): r for r in results}
+    seeds = sorted({r["seed"] for r in results})
+    for mode in modes:
+        finals = [by[s, mode]["final_acc"] for s in seeds]
+        line = f"{mode:>14}: final accuracy mean {statistics.mean(finals):.1%} over {len(seeds)} seed(s) " \
+               f"({', '.join(f'{f:.1%}' for f in finals)})"
+        if mode != "sync" and "sync" in modes:
+            diffs = [100 * (by[s, mode]["final_acc"] - by[s, "sync"]["final_acc"]) for s in seeds]
+            ratios = [by[s, "sync"]["reached_s"] / by[s, mode]["reached_s"] for s in seeds
+                      if by[s, mode]["reached_s"] and by[s, "sync"]["reached_s"]]
+            line += f"; vs sync {statistics.mean(diffs):+.1f} points"
+            line += (f"; reaches the threshold {statistics.median(ratios):.2f}x sooner (median of "
+                     f"{', '.join(f'{x:.2f}' for x in ratios)}; target >= 1.3)") if ratios else "; threshold not reached"
+        print(line)
     print(f"results: {run / 'tta.json'}")
     return 0
 
@@ -150,6 +186,8 @@ def main() -> int:
     ap.add_argument("--groups-per-step", type=int, default=8)
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--modes", default="sync,async")
+    ap.add_argument("--seeds", default="0", help="time to accuracy: comma-separated seeds (task split, warm-up, RL)")
+    ap.add_argument("--final-evals", type=int, default=3, help="time to accuracy: final accuracy = mean of the last N")
     ap.add_argument("--run-dir", type=Path, default=None)
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--redis-url", default=os.environ.get("REDIS_URL") or None,
