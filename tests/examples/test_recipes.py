@@ -65,24 +65,62 @@ def test_recipes_use_the_algorithms_they_are_named_for():
 
 
 # ---- reasoning-gym ------------------------------------------------------------------------------------------
-def test_reasoning_gym_prepare_writes_disjoint_splits_scored_by_the_dataset(tmp_path):
-    pytest.importorskip("reasoning_gym")
-    from examples.recipes.reasoning_gym_tasks import prepare, reward
+def _prepared(out: Path, *args: str) -> tuple[list[dict], list[dict]]:
+    from examples.recipes.reasoning_gym_tasks import prepare
 
-    assert prepare.main(["--out", str(tmp_path), "--train", "60", "--heldout", "10", "--prompt", "short"]) == 0
-    train = [json.loads(line) for line in (tmp_path / "data/train.jsonl").read_text().splitlines()]
-    held = [json.loads(line) for line in (tmp_path / "data/heldout.jsonl").read_text().splitlines()]
+    assert prepare.main(["--out", str(out), "--train", "60", "--heldout", "10", "--prompt", "short", *args]) == 0
+    return _read(out / "data/train.jsonl"), _read(out / "data/heldout.jsonl")
+
+
+def test_reasoning_gym_prepare_writes_disjoint_splits_scored_by_the_dataset(tmp_path):
+    """The recipe's default task: number_sorting, four whole numbers 0-9, the bare `sort <direction> ... =`
+    prompt, the dataset's own answer as the warm-up target and its own score_answer as the reward."""
+    pytest.importorskip("reasoning_gym")
+    from examples.recipes.reasoning_gym_tasks import reward
+
+    train, held = _prepared(tmp_path)
     assert len(train) == 60 and len(held) == 10
     assert not {r["input"] for r in train} & {r["input"] for r in held}, "held-out prompts are not train prompts"
+    for row in train + held:
+        meta = row["label"]["entry"]["metadata"]
+        assert row["label"]["dataset"] == "number_sorting" and meta["numbers"] == 4
+        assert row["input"] == f"sort {meta['direction']} {', '.join(meta['original_numbers'])} ="
+        assert all(0 <= float(n) <= 9 and n.endswith(".0") for n in meta["original_numbers"])
+        assert row["output"] == row["label"]["entry"]["answer"]
+        assert reward.compute_score("", row["output"], row["label"], binary=True) == 1.0
+    row = next(r for r in held if len(set(r["label"]["entry"]["metadata"]["original_numbers"])) > 1)
+    numbers = row["label"]["entry"]["metadata"]["sorted_numbers"]
+    assert reward.compute_score("", f"thinking...\n<answer>{row['output']}</answer>", row["label"]) == 1.0
+    assert reward.compute_score("", str(numbers[::-1]), row["label"]) == 0.0  # the other direction
+    assert reward.compute_score("", ", ".join(numbers), row["label"]) == 0.0  # not the list it asks for
+    with pytest.raises(ValueError, match="label must be"):
+        reward.compute_score("", row["output"], row["output"])
+
+
+def test_reasoning_gym_prepare_other_datasets_and_the_tiny_model(tmp_path):
+    """--dataset takes its own default sizes (chain_sum: three one-digit terms), --config overrides them, and
+    --tiny-model's positions hold the longest prompt with its answer."""
+    pytest.importorskip("reasoning_gym")
+    import transformers
+
+    from examples.recipes.reasoning_gym_tasks import reward
+
+    train, held = _prepared(tmp_path / "cs", "--dataset", "chain_sum")
     row = held[0]
     assert row["input"].endswith(" =") and row["label"]["dataset"] == "chain_sum"
-    answer = row["label"]["entry"]["answer"]
-    assert row["output"] == answer
+    assert all(r["label"]["entry"]["metadata"]["num_terms"] == 3 for r in train + held)
+    answer = row["output"]
     assert reward.compute_score("", answer, row["label"]) == 1.0
-    assert reward.compute_score("", f"thinking...\n<answer>{answer}</answer>", row["label"]) == 1.0
     assert reward.compute_score("", f"{int(answer) + 1}", row["label"]) == 0.0
-    with pytest.raises(ValueError, match="label must be"):
-        reward.compute_score("", answer, answer)
+
+    train, _ = _prepared(tmp_path / "two", "--dataset", "chain_sum", "--config",
+                         '{"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}')
+    assert all(r["label"]["entry"]["metadata"]["num_terms"] == 2 for r in train)
+
+    train, held = _prepared(tmp_path / "ns", "--tiny-model", "--hidden-size", "32", "--layers", "1")
+    config = transformers.AutoConfig.from_pretrained(tmp_path / "ns/base-model")
+    assert (config.hidden_size, config.num_hidden_layers) == (32, 1)
+    assert config.max_position_embeddings >= max(len(r["input"]) + len(r["output"]) for r in train + held) + 2
 
 
 def test_reasoning_gym_binary_reward_takes_away_substring_credit():
