@@ -147,7 +147,10 @@ class DecodeLoop:
             ids = req.prompt_ids
             if not ids:
                 raise ValueError("the prompt is empty")
-            bad = next((t for t in ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.vocab_size), None)
+            if set(map(type, ids)) == {int} and 0 <= min(ids) and max(ids) < self.vocab_size:
+                bad = None  # the common case, checked at C speed (a turn's prompt is its whole context)
+            else:
+                bad = next((t for t in ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.vocab_size), None)
             if bad is not None:
                 raise ValueError(f"the prompt holds token id {bad!r}, outside the model's vocabulary (0..{self.vocab_size - 1})")
             if len(ids) >= self.context_length:
@@ -330,6 +333,7 @@ class DecodeLoop:
                 if r.done and not r.failed:
                     self._keep_prefix(batch, i, r)
         if len(keep) != len(self._active):
+            keep = _fill_holes(keep)
             batch.keep(keep)
             self._active = [self._active[i] for i in keep]
 
@@ -419,3 +423,16 @@ class DecodeLoop:
                 if delta.finish is not None:
                     self._rows.pop(row.req.rid, None)
         self._deliver(out)
+
+
+def _fill_holes(keep: list[int]) -> list[int]:
+    """The rows ``keep`` (ascending) in an order that moves fewest of them: those already in the first
+    ``len(keep)`` slots stay, and the slots of rows that left take rows from the end."""
+    n = len(keep)
+    stay = [i for i in keep if i < n]
+    tail = [i for i in keep if i >= n]
+    kept = set(stay)
+    order = []
+    for slot in range(n):
+        order.append(slot if slot in kept else tail.pop())
+    return order
