@@ -173,8 +173,8 @@ class RolloutService:
         if not ids:
             raise RequestError(f"{what} is empty")
         vocab = self.vocab_size
-        bad = next((t for t in ids if t >= vocab), None)
-        if bad is not None:
+        if max(ids) >= vocab:  # at C speed: a multi-turn prompt is the whole context, every turn
+            bad = next(t for t in ids if t >= vocab)
             raise RequestError(f"{what} holds token id {bad}, outside the vocabulary (size {vocab})")
         ctx = self.engine.context_length
         room = ctx - len(ids)

@@ -15,6 +15,10 @@ the model stopped some other way, then e.g. a newline): :meth:`ChatTokens.close_
 
 A template that rewrites earlier turns when a message is added (so the delta is not a suffix) is refused
 with an error at start: token fidelity cannot hold for it.
+
+Renders are memoised per message list (:data:`MEMO_SIZE` lists, the least recently used dropped first): the
+``n`` trajectories of a group share their first prompt, and environments often send the same message again
+(a fixed reply, a recurring tool error), each otherwise a template render and a tokenisation per turn.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from collections import OrderedDict
 from typing import Any
 
 _CTX = [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "A"}]
+MEMO_SIZE = 256
+"""Message lists whose ids each :class:`ChatTokens` keeps (prompts and deltas)."""
 
 
 class TemplateNotAppendOnly(ValueError):
@@ -41,6 +47,22 @@ class ChatTokens:
         self.kwargs = dict(template_kwargs or {})
         self._context_ids = self.render_ids(_CTX, add_generation_prompt=False)  # what every delta is taken against
         self.end_of_turn, self.glue = self._turn_ending()
+        self._memo: OrderedDict[tuple[str, str], tuple[int, ...]] = OrderedDict()
+
+    def _memoised(self, kind: str, messages: list[dict], render) -> list[int]:
+        """``render(messages)``, remembered by the messages' JSON (not kept when they have none)."""
+        try:
+            key = (kind, json.dumps(messages, sort_keys=True))
+        except (TypeError, ValueError):  # not JSON (e.g. an object in a message): rendered every time
+            return render(messages)
+        ids = self._memo.get(key)
+        if ids is None:
+            ids = self._memo[key] = tuple(render(messages))
+            if len(self._memo) > MEMO_SIZE:
+                self._memo.popitem(last=False)
+        else:
+            self._memo.move_to_end(key)
+        return list(ids)
 
     def render_ids(self, messages: list[dict], add_generation_prompt: bool) -> list[int]:
         text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
@@ -49,11 +71,14 @@ class ChatTokens:
 
     def prompt(self, messages: list[dict]) -> list[int]:
         """The first prompt: the messages and the assistant header."""
-        return self.render_ids(messages, add_generation_prompt=True)
+        return self._memoised("prompt", messages, lambda m: self.render_ids(m, add_generation_prompt=True))
 
     def delta(self, messages: list[dict]) -> list[int]:
         """Ids of ``messages`` (tool results, a user turn) appended after an assistant turn, plus the next
         assistant header: exactly what the template writes for them."""
+        return self._memoised("delta", messages, self._delta)
+
+    def _delta(self, messages: list[dict]) -> list[int]:
         before = self._context_ids
         after = self.render_ids([*_CTX, *messages], add_generation_prompt=True)
         if after[: len(before)] != before:

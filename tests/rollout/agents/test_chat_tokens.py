@@ -39,3 +39,20 @@ def test_a_template_that_rewrites_earlier_turns_is_refused(tok):
                           "{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}")
     with pytest.raises(TemplateNotAppendOnly):
         ChatTokens(tok2).delta([{"role": "tool", "content": "x"}])
+
+
+def test_prompts_and_deltas_are_rendered_once_per_message_list(tok, monkeypatch):
+    """The n trajectories of a group share their first prompt, and an environment may send the same reply again:
+    the template renders each message list once; what comes back is the same ids, and the caller's copy to keep."""
+    ct = ChatTokens(tok)
+    renders = []
+    real = ct.render_ids
+    monkeypatch.setattr(ct, "render_ids", lambda *a, **k: renders.append(1) or real(*a, **k))
+    msgs = [{"role": "user", "content": "hello"}]
+    reply = [{"role": "user", "content": "ok"}]
+    first = ct.prompt(msgs)
+    first.append(-1)  # the caller's own list: the memo is not changed through it
+    assert ct.prompt([dict(m) for m in msgs]) == real(msgs, add_generation_prompt=True)
+    assert ct.delta(reply) == ct.delta([{"content": "ok", "role": "user"}])  # key order does not matter
+    assert len(renders) == 2  # one prompt, one delta
+    assert ct.delta([{"role": "user", "content": "other"}]) != ct.delta(reply) and len(renders) == 3
