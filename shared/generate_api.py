@@ -417,6 +417,9 @@ class ChatCompletionResponse(BaseModel):
 class DeltaMessage(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = Field(
+        default=None, description="Calls read from the streamed text when the request declared tools: OpenAI's "
+                                  "streamed shape (`index`, `id`, `type`, `function.name`, `function.arguments`).")
 
 
 class ChatChunkChoice(BaseModel):

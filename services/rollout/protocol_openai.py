@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
-from services.rollout.agents.tool_calls import parse_tool_calls
+from services.rollout.agents.tool_calls import ToolCallStream, parse_tool_calls
 from services.rollout.engines.types import SamplingParams, SequenceOutput, SequenceRequest
 from services.rollout.errors import RequestError
 from services.rollout.service import RolloutService, new_request_id
@@ -106,7 +106,7 @@ def plan_chat(service: RolloutService, r: ChatCompletionRequest, prompt_ids: lis
     params = [_params(service, r, ids, max_tokens, top_n, "chat prompt")]
     rid = new_request_id()
     seqs = service.sequences([ids], params, r.n, r.stream, rid)
-    parser = service.settings.tool_call_parser if tools and not r.stream else None
+    parser = service.settings.tool_call_parser if tools else None
     return OpenAIPlan(r, True, seqs, [ids], f"chatcmpl-{rid}", int(time.time()), model, top_n, r.logprobs,
                       tool_parser=parser, messages=messages)
 
@@ -195,13 +195,25 @@ def response(service: RolloutService, p: OpenAIPlan, outs: list[SequenceOutput])
     return body.model_dump(exclude_none=True)
 
 
-async def sse_chunks(service: RolloutService, p: OpenAIPlan, deltas: AsyncIterator) -> AsyncIterator[bytes]:
-    """OpenAI streaming: one chunk per delta per choice, a usage chunk if asked, then ``[DONE]``."""
+#: called when choice ``k`` has streamed its last delta, before its last chunk is sent: ``(k, message)``, with
+#: the assistant message as the client assembles it from the chunks (chat), else None
+OnFinish = Callable[[int, "dict | None"], None]
+
+
+async def sse_chunks(service: RolloutService, p: OpenAIPlan, deltas: AsyncIterator,
+                     on_finish: OnFinish | None = None) -> AsyncIterator[bytes]:
+    """OpenAI streaming: chunks per delta per choice, a usage chunk if asked, then ``[DONE]``.
+
+    With tools declared, each choice's text goes through a :class:`ToolCallStream`: content streams until a
+    call starts, each readable call is one ``delta.tool_calls`` chunk (whole arguments) once its text is
+    complete, and the choice finishes with ``tool_calls`` (vLLM's shape)."""
     tids = p.request.return_token_ids
     opts = p.request.stream_options
     generated = 0
     text_pos = [0] * len(p.seqs)
     started = [False] * len(p.seqs)
+    readers = [ToolCallStream(p.tool_parser) if p.tool_parser else None for _ in p.seqs]
+    texts = [""] * len(p.seqs)
     if p.chat:
         for k in range(len(p.seqs)):
             first = ChatCompletionChunk(id=p.id, created=p.created, model=p.model,
@@ -212,31 +224,72 @@ async def sse_chunks(service: RolloutService, p: OpenAIPlan, deltas: AsyncIterat
         generated += len(d.token_ids)
         fr, sr = finish_reason(d.finish)
         if p.chat:
-            lp = chat_logprobs(service, p, d.token_ids, d.logprobs, d.top_logprobs) if p.want_logprobs else None
-            choice = ChatChunkChoice(index=k, delta=DeltaMessage(content=d.text), logprobs=lp, finish_reason=fr,
-                                     stop_reason=sr, token_ids=d.token_ids if tids else None)
-            chunk = ChatCompletionChunk(id=p.id, created=p.created, model=p.model, choices=[choice]).model_dump(exclude_none=True)
+            chunks = _chat_chunks(service, p, k, d, readers[k], fr, sr)
+            texts[k] += d.text
         else:
             lp = (completion_logprobs(service, p, d.token_ids, d.logprobs, d.top_logprobs, text_pos[k])
                   if p.want_logprobs else None)
             choice = CompletionChoice(index=k, text=d.text, logprobs=lp, finish_reason=fr, stop_reason=sr,
                                       token_ids=d.token_ids if tids else None,
                                       prompt_token_ids=p.prompts[k // p.request.n] if tids and not started[k] else None)
-            chunk = {"id": p.id, "object": "text_completion", "created": p.created, "model": p.model,
-                     "choices": [choice.model_dump(exclude_none=True)]}
+            chunks = [{"id": p.id, "object": "text_completion", "created": p.created, "model": p.model,
+                       "choices": [choice.model_dump(exclude_none=True)]}]
         text_pos[k] += len(d.text)
         started[k] = True
-        if d.finish is not None:
-            for c in chunk["choices"]:
-                c["finish_reason"] = fr
-        if opts is not None and opts.include_usage and opts.continuous_usage_stats:
-            chunk["usage"] = _usage(p, generated).model_dump()
-        yield _sse(chunk)
+        if d.finish is not None and on_finish is not None:
+            on_finish(k, _streamed_message(readers[k], texts[k]) if p.chat else None)
+        for chunk in chunks:
+            if opts is not None and opts.include_usage and opts.continuous_usage_stats:
+                chunk["usage"] = _usage(p, generated).model_dump()
+            yield _sse(chunk)
     if opts is not None and opts.include_usage:
         obj = "chat.completion.chunk" if p.chat else "text_completion"
         yield _sse({"id": p.id, "object": obj, "created": p.created, "model": p.model, "choices": [],
                     "usage": _usage(p, generated).model_dump()})
     yield b"data: [DONE]\n\n"
+
+
+def _chat_chunks(service: RolloutService, p: OpenAIPlan, k: int, d, reader: ToolCallStream | None,
+                 fr: str | None, sr) -> list[dict]:
+    """The chunks of one delta of chat choice ``k``: its content (and logprobs, token ids), then one chunk per
+    tool call complete with it; the finish reason on the last."""
+    tids = p.request.return_token_ids
+    lp = chat_logprobs(service, p, d.token_ids, d.logprobs, d.top_logprobs) if p.want_logprobs else None
+    if reader is None:
+        content, calls = d.text, []
+    else:
+        piece = reader.feed(d.text)
+        if d.finish is not None:
+            end = reader.close()
+            piece.content += end.content
+            piece.calls += end.calls
+            if reader.calls and fr == "stop":
+                fr = "tool_calls"
+        content, calls = piece.content or None, piece.calls
+    choices = []
+    if content is not None or lp is not None or tids or not calls:
+        choices.append(ChatChunkChoice(index=k, delta=DeltaMessage(content=content), logprobs=lp,
+                                       token_ids=d.token_ids if tids else None))
+    first = len(reader.calls) - len(calls) if reader is not None else 0
+    for i, call in enumerate(calls):
+        entry = {"index": first + i, **call.openai()}
+        choices.append(ChatChunkChoice(index=k, delta=DeltaMessage(tool_calls=[entry])))
+    if d.finish is not None:
+        choices[-1].finish_reason, choices[-1].stop_reason = fr, sr
+    elif reader is not None and choices[0].delta.content is None and lp is None and not tids and not calls:
+        return []  # held back (a possible call start, or a call's text): nothing to send yet
+    return [ChatCompletionChunk(id=p.id, created=p.created, model=p.model, choices=[c]).model_dump(exclude_none=True)
+            for c in choices]
+
+
+def _streamed_message(reader: ToolCallStream | None, text: str) -> dict:
+    """The assistant message a client assembles from a finished choice's chunks."""
+    if reader is None:
+        return AssistantMessage(content=text).model_dump(exclude_none=True)
+    calls = [c.openai() for c in reader.calls]
+    if not calls:
+        return AssistantMessage(content=reader.content).model_dump(exclude_none=True)
+    return AssistantMessage(content=reader.content or None, tool_calls=calls).model_dump(exclude_none=True)
 
 
 def _sse(obj: dict) -> bytes:

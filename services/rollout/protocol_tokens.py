@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from services.rollout.engines.types import SamplingParams, SequenceOutput, SequenceRequest
@@ -101,12 +101,16 @@ def response(p: TokensPlan, outs: list[SequenceOutput]) -> dict:
     return body.model_dump()
 
 
-async def sse_chunks(p: TokensPlan, deltas: AsyncIterator) -> AsyncIterator[bytes]:
-    """vLLM's stream: a chunk per delta with new tokens, a usage chunk if asked, then ``[DONE]``."""
+async def sse_chunks(p: TokensPlan, deltas: AsyncIterator,
+                     on_finish: Callable[[int, None], None] | None = None) -> AsyncIterator[bytes]:
+    """vLLM's stream: a chunk per delta with new tokens, a usage chunk if asked, then ``[DONE]``.
+    ``on_finish(k, None)`` runs when sequence ``k`` ended, before its last chunk is sent."""
     opts = p.request.stream_options
     generated = [0] * len(p.seqs)
     async for k, d in deltas:
         generated[k] += len(d.token_ids)
+        if d.finish is not None and on_finish is not None:
+            on_finish(k, None)
         if not d.token_ids and d.finish is None:
             continue
         lp = logprobs(d.token_ids, d.logprobs, d.top_logprobs, p.top_n) if p.top_n is not None else None

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
 from services.rollout import protocol_tokens
 from services.rollout.deps import ServiceDep
@@ -22,9 +22,9 @@ ERRORS = {**SSE_OK, **GENERATION_ERRORS, **error_responses(404, 409)}  # 404: mo
 SessionHeader = Annotated[str | None, Header(alias=SESSION_ID_HEADER, description="Record the call in this session.")]
 
 
-async def generate_tokens(body: TokenGenerateRequest, request: Request, service, session) -> JSONResponse:
+async def generate_tokens(body: TokenGenerateRequest, request: Request, service, session) -> Response:
     if session is not None:
-        return JSONResponse(await recording.tokens(service, request, body, session))
+        return await recording.tokens(service, request, body, session)
     plan = protocol_tokens.plan(service, body)
     if body.stream:
         return await sse_response(service.stream(plan.seqs), lambda d: protocol_tokens.sse_chunks(plan, d))

@@ -33,13 +33,13 @@ async def _run(plan, request: Request, service):
 
 async def completion_in(body: CompletionRequest, request: Request, service, session):
     if session is not None:
-        return JSONResponse(await recording.completion(service, request, body, session))
+        return await recording.completion(service, request, body, session)
     return await _run(protocol_openai.plan_completion(service, body), request, service)
 
 
 async def chat_in(body: ChatCompletionRequest, request: Request, service, session):
     if session is not None:
-        return JSONResponse(await recording.chat(service, request, body, session))
+        return await recording.chat(service, request, body, session)
     return await _run(protocol_openai.plan_chat(service, body), request, service)
 
 

@@ -20,6 +20,7 @@ from fastapi import APIRouter, Path, Request
 from services.rollout.deps import ControlDep, ServiceDep
 from services.rollout.routes.inference import generate_tokens
 from services.rollout.routes.openai import chat_in, completion_in, model_list
+from services.rollout.routes.streaming import SSE_OK
 from services.rollout.sessions import recording
 from shared.generate_api import (
     ChatCompletionRequest,
@@ -35,7 +36,7 @@ from shared.session_api import SESSION_ID_PATTERN, SessionCreate, SessionFinish,
 control = APIRouter(prefix="/sessions", tags=["sessions"], dependencies=[ControlDep])
 scoped = APIRouter(prefix="/sessions/{session_id}", tags=["sessions"])
 SessionId = Annotated[str, Path(pattern=SESSION_ID_PATTERN, description="The session's id.")]
-CALL_ERRORS = error_responses(404, 409, 429, 503)
+CALL_ERRORS = {**SSE_OK, **error_responses(404, 409, 429, 503)}  # with `stream`: server-sent events
 
 
 @control.post("", response_model=SessionInfo, status_code=201, responses=error_responses(404, 409, 429))

@@ -30,14 +30,42 @@ SSE_OK = {200: {"content": {"text/event-stream": {"schema": SSE_EVENT}},
 GENERATION_ERRORS = error_responses(429, 503)  # 429: over capacity; 503: paused past its wait, engine down
 
 
-async def sse_response(deltas: AsyncIterator, render: Callable[[AsyncIterator], AsyncIterator[bytes]]) -> StreamingResponse:
+class SSEResponse(StreamingResponse):
+    """A stream whose generation is closed (its sequences aborted if still running) and whose ``cleanup`` runs
+    once the response is over, however it ended: finished, failed, or the client gone before or while the
+    body streamed (Starlette then stops iterating the body without closing it)."""
+
+    def __init__(self, body: AsyncIterator[bytes], deltas: AsyncIterator, cleanup: Callable[[], None] | None) -> None:
+        super().__init__(body, media_type="text/event-stream", headers=SSE_HEADERS)
+        self._deltas = deltas
+        self._cleanup = cleanup
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            try:
+                await self.body_iterator.aclose()
+                await self._deltas.aclose()
+            finally:
+                if self._cleanup is not None:
+                    self._cleanup()
+
+
+async def sse_response(deltas: AsyncIterator, render: Callable[[AsyncIterator], AsyncIterator[bytes]],
+                       cleanup: Callable[[], None] | None = None) -> StreamingResponse:
     """Stream ``render(deltas)``. The first delta is awaited here, so admission failures (429 / 503)
     still get a real status; later failures become an SSE error event before ``[DONE]``. A client that
-    disconnects cancels the stream, which aborts its sequences."""
+    disconnects cancels the stream, which aborts its sequences. ``cleanup`` runs once the stream is over
+    (or here, if it never starts)."""
     try:
         first = await deltas.__anext__()
     except BaseException:
-        await deltas.aclose()
+        try:
+            await deltas.aclose()
+        finally:
+            if cleanup is not None:
+                cleanup()
         raise
 
     async def chained() -> AsyncIterator:
@@ -57,7 +85,7 @@ async def sse_response(deltas: AsyncIterator, render: Callable[[AsyncIterator], 
         finally:
             await deltas.aclose()
 
-    return StreamingResponse(body(), media_type="text/event-stream", headers=SSE_HEADERS)
+    return SSEResponse(body(), deltas, cleanup)
 
 
 async def until_disconnect(request: Request, work: Awaitable[T], poll_s: float = 0.25) -> T:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -143,6 +143,15 @@ class SessionManager:
     @asynccontextmanager
     async def call(self, session: Session) -> AsyncIterator[Session]:
         """Hold ``session`` for one generation call: one at a time (a session is one conversation)."""
+        release = self.hold(session)
+        try:
+            yield session
+        finally:
+            release()
+
+    def hold(self, session: Session) -> Callable[[], None]:
+        """Take ``session`` for one call (409 if it has one in flight, or made ``max_calls``); returns the
+        release, which a streamed call runs as soon as its sequence is recorded (safe to run again later)."""
         if session.busy:
             raise SessionConflict(f"session {session.id!r} has a call in flight; a session is one conversation: "
                                   "wait for that call's reply")
@@ -150,11 +159,15 @@ class SessionManager:
             raise SessionConflict(f"session {session.id!r} made {session.calls} calls, the limit (sessions.max_calls); "
                                   "finish it")
         session.busy = True
-        try:
-            yield session
-        finally:
-            session.busy = False
-            session.last_used = time.monotonic()
+        held = [True]
+
+        def release() -> None:
+            if held[0]:
+                held[0] = False
+                session.busy = False
+                session.last_used = time.monotonic()
+
+        return release
 
     def check_sampling(self, session: Session, prompt_ids: list[int], params: SamplingParams) -> None:
         """Refuse (400), before generating, a call that would extend the session's trajectory with another

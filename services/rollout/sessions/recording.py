@@ -1,17 +1,29 @@
 """A generation call made in a session: planned like any other, run, then recorded (one call at a time).
 
 The routes call these instead of the plain protocol path when a session is named (path or ``X-Session-ID``).
-A session call generates one sequence (``n`` = 1, one prompt) and does not stream: a session is one
-conversation, recorded as the engine produced it.
+A session call generates one sequence (``n`` = 1, one prompt): a session is one conversation, recorded as
+the engine produced it.
+
+``stream: true`` streams the call as the plain route does (SSE; with tools declared, ``delta.tool_calls``) and
+records it once its sequence has ended, before the last chunk is sent, exactly as the same call unstreamed
+would be recorded (the engine's ids, logprobs, finish reason, weight version; for chat the assistant message as
+the client assembles it from the chunks, so that the next call continues from its ids). The session is held
+until then: a client that goes away mid-stream has its generation aborted and nothing recorded, and the
+session is free again for the next call or the finish, as if the call had not been made.
 """
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
+
 from fastapi import Request
+from fastapi.responses import JSONResponse, Response
 
 from services.rollout import protocol_openai, protocol_tokens
+from services.rollout.engines.types import SequenceOutput, SequenceRequest
 from services.rollout.errors import RequestError
-from services.rollout.routes.streaming import until_disconnect
+from services.rollout.routes.streaming import sse_response, until_disconnect
 from services.rollout.service import RolloutService
 from services.rollout.sessions.chat import continuation, template_key
 from services.rollout.sessions.manager import SessionManager
@@ -36,17 +48,62 @@ def session_named(service: RolloutService, path_id: str | None = None, header_id
     return None
 
 
-def _one(n: int, stream: bool | None) -> None:
+def _one(n: int) -> None:
     if n != 1:
         raise RequestError(f"n={n}: a session records one conversation; ask for n=1 (open one session per sample)")
-    if stream:
-        raise RequestError("stream=true is not supported in a session: send stream=false")
 
 
-async def chat(service: RolloutService, request: Request, body: ChatCompletionRequest, session: Session) -> dict:
+# Record = (the finished sequence, the assistant message streamed (chat) or None) -> None
+Record = Callable[[SequenceOutput, "dict | None"], None]
+Render = Callable[[AsyncIterator, Callable[[int, "dict | None"], None]], AsyncIterator[bytes]]
+
+
+async def _run(service: RolloutService, request: Request, seqs: list[SequenceRequest], stream: bool,
+               release: Callable[[], None], record: Record, render: Render,
+               respond: Callable[[list], tuple[dict, dict | None]]) -> Response:
+    """Generate the call's one sequence, record it, answer; ``release`` the session once recorded or failed.
+    ``respond``: the unstreamed reply and its assistant message (chat)."""
+    if not stream:
+        try:
+            outs = await until_disconnect(request, service.generate(seqs))
+            reply, message = respond(outs)
+            record(outs[0], message)
+        finally:
+            release()
+        return JSONResponse(reply)
+
+    seq = seqs[0]
+    out = SequenceOutput(rid=seq.rid, prompt_ids=seq.prompt_ids)
+
+    async def gathered() -> AsyncIterator:
+        async with aclosing(service.stream(seqs)) as deltas:
+            async for k, d in deltas:
+                out.add(d)
+                yield k, d
+
+    def finished(_k: int, message: dict | None) -> None:
+        _as_generated(out, service)
+        try:
+            record(out, message)
+        finally:
+            release()
+
+    return await sse_response(gathered(), lambda d: render(d, finished), cleanup=release)
+
+
+def _as_generated(out: SequenceOutput, service: RolloutService) -> None:
+    """The streamed sequence as ``Engine.generate`` would have returned it (its weight version)."""
+    spans = out.version_spans
+    out.weight_version = min(v for _, v in spans) if spans else service.engine.weight_version
+    if spans is not None and len(spans) == 1:
+        out.version_spans = None
+
+
+async def chat(service: RolloutService, request: Request, body: ChatCompletionRequest, session: Session) -> Response:
     sessions = manager(service)
-    _one(body.n, body.stream)
-    async with sessions.call(session):
+    _one(body.n)
+    release = sessions.hold(session)
+    try:
         messages = protocol_openai.chat_messages(body)
         tools = protocol_openai.chat_tools(body)
         ids = None
@@ -55,35 +112,55 @@ async def chat(service: RolloutService, request: Request, body: ChatCompletionRe
         plan = protocol_openai.plan_chat(service, body, prompt_ids=ids)
         seq = plan.seqs[0]
         sessions.check_sampling(session, list(seq.prompt_ids), seq.params)
-        outs = await until_disconnect(request, service.generate(plan.seqs))
-        reply = protocol_openai.response(service, plan, outs)
-        turn = ChatTurn(messages=messages, reply=reply["choices"][0]["message"], prompt_ids=list(seq.prompt_ids),
-                        output_ids=list(outs[0].output_ids), template_key=template_key(tools, body.chat_template_kwargs))
-        sessions.record(session, list(seq.prompt_ids), outs[0], seq.params, chat=turn)
-    return reply
+    except BaseException:
+        release()
+        raise
+
+    def record(out: SequenceOutput, message: dict | None) -> None:
+        turn = ChatTurn(messages=messages, reply=message or {}, prompt_ids=list(seq.prompt_ids),
+                        output_ids=list(out.output_ids), template_key=template_key(tools, body.chat_template_kwargs))
+        sessions.record(session, list(seq.prompt_ids), out, seq.params, chat=turn)
+
+    return await _run(service, request, plan.seqs, bool(body.stream), release, record,
+                      lambda d, fin: protocol_openai.sse_chunks(service, plan, d, on_finish=fin),
+                      lambda outs: _with_message(protocol_openai.response(service, plan, outs)))
 
 
-async def completion(service: RolloutService, request: Request, body: CompletionRequest, session: Session) -> dict:
+def _with_message(reply: dict) -> tuple[dict, dict]:
+    return reply, reply["choices"][0]["message"]
+
+
+async def completion(service: RolloutService, request: Request, body: CompletionRequest, session: Session) -> Response:
     sessions = manager(service)
-    _one(body.n, body.stream)
+    _one(body.n)
     if len(body.prompts_raw()) != 1:
         raise RequestError("a session call takes one prompt, not a batch")
-    async with sessions.call(session):
+    release = sessions.hold(session)
+    try:
         plan = protocol_openai.plan_completion(service, body)
         seq = plan.seqs[0]
         sessions.check_sampling(session, list(seq.prompt_ids), seq.params)
-        outs = await until_disconnect(request, service.generate(plan.seqs))
-        sessions.record(session, list(seq.prompt_ids), outs[0], seq.params)
-    return protocol_openai.response(service, plan, outs)
+    except BaseException:
+        release()
+        raise
+    return await _run(service, request, plan.seqs, bool(body.stream), release,
+                      lambda out, _: sessions.record(session, list(seq.prompt_ids), out, seq.params),
+                      lambda d, fin: protocol_openai.sse_chunks(service, plan, d, on_finish=fin),
+                      lambda outs: (protocol_openai.response(service, plan, outs), None))
 
 
-async def tokens(service: RolloutService, request: Request, body: TokenGenerateRequest, session: Session) -> dict:
+async def tokens(service: RolloutService, request: Request, body: TokenGenerateRequest, session: Session) -> Response:
     sessions = manager(service)
-    _one(body.sampling_params.n, body.stream)
-    async with sessions.call(session):
+    _one(body.sampling_params.n)
+    release = sessions.hold(session)
+    try:
         plan = protocol_tokens.plan(service, body)
         seq = plan.seqs[0]
         sessions.check_sampling(session, list(seq.prompt_ids), seq.params)
-        outs = await until_disconnect(request, service.generate(plan.seqs))
-        sessions.record(session, list(seq.prompt_ids), outs[0], seq.params)
-    return protocol_tokens.response(plan, outs)
+    except BaseException:
+        release()
+        raise
+    return await _run(service, request, plan.seqs, bool(body.stream), release,
+                      lambda out, _: sessions.record(session, list(seq.prompt_ids), out, seq.params),
+                      lambda d, fin: protocol_tokens.sse_chunks(plan, d, on_finish=fin),
+                      lambda outs: (protocol_tokens.response(plan, outs), None))

@@ -100,7 +100,6 @@ def test_control_routes_need_the_token(http):
 
 @pytest.mark.parametrize("body, says", [
     ({"n": 2}, "n=2"),
-    ({"stream": True}, "stream"),
     ({"prompt": [[70], [71]]}, "one prompt"),
     ({"prompt": [999999]}, "outside the vocabulary"),
 ])
