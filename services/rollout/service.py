@@ -260,7 +260,7 @@ class RolloutService:
                                 self.metrics.ttft.observe(time.monotonic() - started)
                             out.add(delta)
                             queue.put_nowait((i, delta, None))
-                    self._record(seq, out)
+                    self._record(seq, out.settle(self.engine.weight_version))
                 except asyncio.CancelledError:
                     if out.finish is None:  # the client went away: the engine aborted it
                         out.finish = Finish("abort", message="client went away")

@@ -218,11 +218,7 @@ class Engine(ABC):
         async with aclosing(self.stream(request, admit_timeout)) as deltas:
             async for delta in deltas:
                 out.add(delta)
-        spans = out.version_spans
-        out.weight_version = min(v for _, v in spans) if spans else self._weight_version
-        if spans is not None and len(spans) == 1:
-            out.version_spans = None  # one version made every token
-        return out
+        return out.settle(self._weight_version)
 
     async def generate_many(
         self, requests: Sequence[SequenceRequest], admit_timeout: float | None = None

@@ -107,3 +107,12 @@ class SequenceOutput:
             self.top_logprobs = (self.top_logprobs or []) + delta.top_logprobs
         if delta.finish is not None:
             self.finish = delta.finish
+
+    def settle(self, current_version: int) -> SequenceOutput:
+        """Once the last delta is in: ``weight_version`` is the oldest version of its tokens (``current_version``
+        when no delta carried one), and ``version_spans`` is kept only when the weights changed mid-sequence."""
+        spans = self.version_spans
+        self.weight_version = min(v for _, v in spans) if spans else current_version
+        if spans is not None and len(spans) == 1:
+            self.version_spans = None  # one version made every token
+        return self

@@ -82,21 +82,13 @@ async def _run(service: RolloutService, request: Request, seqs: list[SequenceReq
                 yield k, d
 
     def finished(_k: int, message: dict | None) -> None:
-        _as_generated(out, service)
+        out.settle(service.engine.weight_version)
         try:
             record(out, message)
         finally:
             release()
 
     return await sse_response(gathered(), lambda d: render(d, finished), cleanup=release)
-
-
-def _as_generated(out: SequenceOutput, service: RolloutService) -> None:
-    """The streamed sequence as ``Engine.generate`` would have returned it (its weight version)."""
-    spans = out.version_spans
-    out.weight_version = min(v for _, v in spans) if spans else service.engine.weight_version
-    if spans is not None and len(spans) == 1:
-        out.version_spans = None
 
 
 async def chat(service: RolloutService, request: Request, body: ChatCompletionRequest, session: Session) -> Response:
