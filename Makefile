@@ -19,7 +19,7 @@ install: $(STAMP)
 ## lint, then the whole CPU suite (what CI runs)
 test: $(STAMP)
 	$(BIN)/ruff check shared services tests benchmarks deploy
-	$(BIN)/python -m pytest -q -m 'not gpu' tests
+	$(BIN)/python -m pytest -q -m 'not gpu' --durations=20 tests
 
 ## GPU checks (vLLM / SGLang / NCCL / DeepSpeed): run on a machine with a CUDA GPU and the engines
 test-gpu: $(STAMP)
