@@ -53,7 +53,10 @@ class _PassCache(Cache):
     """The cache a forward pass gets: its keys / values go into the batch's buffers (see :class:`KVBatch`)."""
 
     def __init__(self, batch: KVBatch, write: _Pass) -> None:
-        super().__init__(layers=[])
+        try:
+            super().__init__(layers=[])  # no layers of its own: update() writes into the batch's buffers
+        except TypeError:  # a transformers whose Cache takes no layers
+            super().__init__()
         self.batch = batch
         self.write = write
 
