@@ -118,3 +118,24 @@ def test_rows_that_leave_are_replaced_by_rows_from_the_end():
     assert _fill_holes([0, 2, 3, 5, 6]) == [0, 6, 2, 3, 5]  # only row 6 moves (into the slot row 1 left)
     assert _fill_holes([1, 2, 3]) == [3, 1, 2]
     assert _fill_holes([4]) == [4]
+
+
+def test_rows_of_one_length_step_without_a_mask_and_match_alone(model, monkeypatch):
+    """Rows all as long (a group of samples of one prompt) attend over every column: the step passes no mask
+    (sdpa's fast path) and gives each row's logits alone; once lengths differ, a mask keeps rows apart."""
+    seqs = [list(prompt(0, 20)), list(prompt(0, 20)), list(prompt(30, 20))]
+    masks = []
+    real = model.forward
+    monkeypatch.setattr(model, "forward", lambda *a, **k: masks.append(k.get("attention_mask")) or real(*a, **k))
+    batch = KVBatch(model)
+    with torch.inference_mode():
+        batch.prefill([list(s) for s in seqs], 0, CPU)
+        for t in (7, 8):
+            logits = batch.step(torch.tensor([t, t + 1, t + 2]))
+            for i, s in enumerate(seqs):
+                s.append(t + i)
+                torch.testing.assert_close(logits[i], alone(model, s), atol=1e-5, rtol=0)
+        assert masks[1] is None and masks[2] is None
+        batch.prefill([list(prompt(60, 5))], 0, CPU)
+        batch.step(torch.tensor([1, 2, 3, 4]))
+        assert masks[-1] is not None

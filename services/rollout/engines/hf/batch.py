@@ -137,7 +137,10 @@ class KVBatch:
         mask = torch.arange(width, device=device).view(1, width) <= at  # [B, W]
         write = _Pass(slots=torch.arange(self.size, device=device).unsqueeze(-1), columns=at,
                       rows=slice(0, self.size), width=width, seen=width - 1, prefixes=[])
-        out = self.model(input_ids=tokens.unsqueeze(-1), attention_mask=self._mask(mask.view(self.size, 1, 1, width)),
+        # rows all as long: every column is every row's, no mask (sdpa's fastest path: one query sees all keys)
+        uniform = self.lengths.count(self.lengths[0]) == self.size
+        out = self.model(input_ids=tokens.unsqueeze(-1),
+                         attention_mask=None if uniform else self._mask(mask.view(self.size, 1, 1, width)),
                          position_ids=at, past_key_values=_PassCache(self, write), use_cache=True)
         self.lengths = [n + 1 for n in self.lengths]
         return out.logits[:, -1, :]
