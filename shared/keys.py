@@ -40,3 +40,14 @@ def weights_version(run: str) -> str:
 def weights_prefix(run: str) -> str:
     """Prefix for the weight-sync protocol's own keys (rendezvous, manifests, replica registry)."""
     return f"{_prefix(run)}:weights"
+
+
+def session_owner(run: str, session_id: str) -> str:
+    """The rollout replica holding an open session (its advertised URL), or how it ended ("finished",
+    "deleted", "expired"); expires with the session (services/rollout/sessions/registry.py)."""
+    return f"{_prefix(run)}:sessions:{session_id}"
+
+
+def rollout_replica(run: str, url: str) -> str:
+    """A live rollout replica in session mode, by its advertised URL (a heartbeat with a short TTL)."""
+    return f"{_prefix(run)}:rollout:replica:{url}"

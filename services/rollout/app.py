@@ -14,15 +14,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from fastapi import APIRouter, FastAPI
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import JSONResponse
 
 from services.rollout.errors import ENGINE_ERRORS
 from services.rollout.metrics import RolloutMetrics
 from services.rollout.routes import control, generate, inference, info, openai, sessions
 from services.rollout.service import RolloutService
+from services.rollout.sessions.registry import SessionElsewhere
 from services.rollout.settings import WEIGHT_SIDECAR_EXTENSION, RolloutSettings
 from shared.service_kit.app import create_service_app
 from shared.service_kit.body_limit import Observer
+from shared.service_kit.errors import error_response
 from shared.service_kit.loader import LoadError, load_object
 
 
@@ -62,8 +65,18 @@ def create_app(settings: RolloutSettings, *, service: RolloutService | None = No
         routers.append(weight_routes)
     routers += extra_routers
     routers += [load_extension(p, service) for p in settings.extensions if p != WEIGHT_SIDECAR_EXTENSION]
-    return create_service_app(
+    app = create_service_app(
         title="FleetRL rollout", settings=settings, service=service, routers=routers,
         max_body_bytes=settings.limits.max_body_bytes, body_limit_setting="limits.max_body_bytes",
         retry_after_s=settings.limits.retry_after_s, translate=ENGINE_ERRORS, observe=request_metrics(service.metrics),
     )
+    app.add_exception_handler(SessionElsewhere, _session_elsewhere)
+    return app
+
+
+async def _session_elsewhere(request: Request, exc: Exception) -> JSONResponse:
+    """A session call for a session another replica holds: 307 to the same path and query there (307 keeps the
+    method and the body; the OpenAI client follows it)."""
+    assert isinstance(exc, SessionElsewhere)
+    location = exc.owner + request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    return error_response(exc.status, exc.message, exc.type, {**exc.headers, "Location": location})

@@ -94,10 +94,13 @@ class RolloutService:
                     await self._start(self.weight_sidecar)
             if self.settings.sessions.enabled:
                 from services.rollout.sessions.manager import SessionManager
+                from services.rollout.sessions.registry import default_url
 
+                s = self.settings
                 self.sessions = SessionManager(
-                    self.settings.sessions, redis_url=self.settings.redis_url, run_name=self.settings.run_name,
-                    reward_url=self.settings.worker.reward_url, tokenizer=self.tokenizer, registry=self.metrics.registry)
+                    s.sessions, redis_url=s.redis_url, run_name=s.run_name, reward_url=s.worker.reward_url,
+                    tokenizer=self.tokenizer, registry=self.metrics.registry,
+                    url=s.advertise_url or default_url(s.host, s.port), host=s.host)
                 await self._start(self.sessions)
             if self.settings.worker.enabled:
                 from services.rollout.worker.loop import RolloutWorker

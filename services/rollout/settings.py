@@ -121,6 +121,11 @@ class RolloutSettings(ServiceSettings):
         default_factory=SessionSettings,
         description="Session mode: agents' calls recorded as trajectories (services/rollout/sessions/settings.py).",
     )
+    advertise_url: str | None = Field(
+        default=None, description="The base URL other replicas and clients reach this replica at (session mode: "
+        "POST /sessions answers it as replica_url, and other replicas send a session's calls here). Default: "
+        "http://<host>:<port>; with host 0.0.0.0 the address of this machine's hostname (a container's or pod's IP). "
+        "Set it when that is not how others reach it (NAT, several networks, https).")
     tool_call_parser: str | None = Field(
         default="hermes", description="How /v1/chat/completions reads tool calls from the model's text when the request "
         "declares tools (services/rollout/agents/tool_calls.py); None: never parsed.")
@@ -133,6 +138,15 @@ class RolloutSettings(ServiceSettings):
         if v is not None and v not in TOOL_CALL_FORMATS:
             raise ValueError(f"tool_call_parser {v!r} is unknown; known: {sorted(TOOL_CALL_FORMATS)} (or null)")
         return v
+
+    @field_validator("advertise_url")
+    @classmethod
+    def _absolute_url(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        if not v.startswith(("http://", "https://")) or len(v.split("://", 1)[1].strip("/")) == 0:
+            raise ValueError(f"advertise_url {v!r}: an absolute http(s) URL, e.g. http://rollout-3.internal:8001")
+        return v.rstrip("/")
 
     @field_validator("weights", mode="before")
     @classmethod

@@ -15,10 +15,20 @@ from services.rollout.deps import ServiceDep
 from services.rollout.routes.streaming import GENERATION_ERRORS, SSE_OK, sse_response, until_disconnect
 from services.rollout.sessions import recording
 from shared.inference_api import GENERATE_PATH, SESSION_ID_HEADER, TokenGenerateRequest, TokenGenerateResponse
+from shared.service_kit.envelope import ErrorResponse
 from shared.service_kit.openapi import error_responses
 
 router = APIRouter(tags=["inference"])
-ERRORS = {**SSE_OK, **GENERATION_ERRORS, **error_responses(404, 409)}  # 404: model / session; 409: session finished
+SESSION_ELSEWHERE = {307: {
+    "model": ErrorResponse,
+    "description": "The session is held by another rollout replica: the same request again at `Location` (the "
+                   "OpenAI client follows it; so does httpx with follow_redirects). `X-Session-Replica` names that "
+                   "replica's base URL.",
+    "headers": {"Location": {"schema": {"type": "string"}, "description": "This path on the session's replica."},
+                "X-Session-Replica": {"schema": {"type": "string"}, "description": "That replica's base URL."}},
+}}
+ERRORS = {**SSE_OK, **GENERATION_ERRORS, **error_responses(404, 409), **SESSION_ELSEWHERE}
+# 404: model / session; 409: session finished; 307: the session is on another replica
 SessionHeader = Annotated[str | None, Header(alias=SESSION_ID_HEADER, description="Record the call in this session.")]
 
 
@@ -36,4 +46,5 @@ async def generate_tokens(body: TokenGenerateRequest, request: Request, service,
 async def inference_generate(body: TokenGenerateRequest, request: Request, service: ServiceDep,
                              x_session_id: SessionHeader = None):
     """Token ids in, token ids (and logprobs) out; vLLM's request and reply shapes."""
-    return await generate_tokens(body, request, service, recording.session_named(service, header_id=x_session_id))
+    return await generate_tokens(body, request, service,
+                                 await recording.session_named(service, header_id=x_session_id))

@@ -7,7 +7,7 @@ from fastapi.responses import JSONResponse
 
 from services.rollout import protocol_openai
 from services.rollout.deps import ServiceDep
-from services.rollout.routes.inference import SessionHeader
+from services.rollout.routes.inference import SESSION_ELSEWHERE, SessionHeader
 from services.rollout.routes.streaming import GENERATION_ERRORS, SSE_OK, sse_response, until_disconnect
 from services.rollout.sessions import recording
 from shared.generate_api import (
@@ -21,7 +21,8 @@ from shared.generate_api import (
 from shared.service_kit.openapi import error_responses
 
 router = APIRouter(prefix="/v1", tags=["openai"])
-ERRORS = {**SSE_OK, **GENERATION_ERRORS, **error_responses(404, 409)}  # 404: the model or session; 409: session finished
+ERRORS = {**SSE_OK, **GENERATION_ERRORS, **error_responses(404, 409), **SESSION_ELSEWHERE}
+# 404: the model or session; 409: session finished; 307: the X-Session-ID session is on another replica
 
 
 async def _run(plan, request: Request, service):
@@ -45,13 +46,13 @@ async def chat_in(body: ChatCompletionRequest, request: Request, service, sessio
 
 @router.post("/completions", response_model=CompletionResponse, responses=ERRORS)
 async def completions(body: CompletionRequest, request: Request, service: ServiceDep, x_session_id: SessionHeader = None):
-    return await completion_in(body, request, service, recording.session_named(service, header_id=x_session_id))
+    return await completion_in(body, request, service, await recording.session_named(service, header_id=x_session_id))
 
 
 @router.post("/chat/completions", response_model=ChatCompletionResponse, responses=ERRORS)
 async def chat_completions(body: ChatCompletionRequest, request: Request, service: ServiceDep,
                            x_session_id: SessionHeader = None):
-    return await chat_in(body, request, service, recording.session_named(service, header_id=x_session_id))
+    return await chat_in(body, request, service, await recording.session_named(service, header_id=x_session_id))
 
 
 def model_list(service) -> ModelList:

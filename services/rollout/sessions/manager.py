@@ -5,6 +5,9 @@ output ids, logprobs, weight version: :mod:`.trajectory`), and on finish turns t
 the run's experiences stream (``shared.keys.experiences_stream(run)``), with the reward given or one from the
 reward service. A finish that cannot complete (reward service or Redis unavailable) leaves the session open,
 so the caller can retry it. Idle sessions expire after ``ttl_s``: dropped and counted, never pushed.
+
+With several replicas, each session is registered in Redis under the URL of the replica holding it
+(:mod:`.registry`): a replica asked about a session it does not hold finds its owner there (:meth:`locate`).
 """
 
 from __future__ import annotations
@@ -16,14 +19,32 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
+import httpx
 import redis.asyncio as aioredis
+from fastapi import Request
+from fastapi.responses import Response
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from services.rollout.engines.types import SamplingParams, SequenceOutput
 from services.rollout.errors import RequestError
 from services.rollout.sessions.chat import ChatTokensCache
+from services.rollout.sessions.registry import (
+    ENDED,
+    FORWARDED_HEADER,
+    SessionElsewhere,
+    SessionRegistry,
+    url_of_socket,
+)
 from services.rollout.sessions.settings import SessionSettings
-from services.rollout.sessions.store import ChatTurn, Session, SessionConflict, SessionStore, new_session_id
+from services.rollout.sessions.store import (
+    ChatTurn,
+    Session,
+    SessionConflict,
+    SessionNotFound,
+    SessionStore,
+    UnknownSession,
+    new_session_id,
+)
 from services.rollout.sessions.trajectory import (
     Call,
     SamplingMismatch,
@@ -52,8 +73,10 @@ class SessionUnavailable(RequestError):
 
 class SessionManager:
     def __init__(self, cfg: SessionSettings, *, redis_url: str | None, run_name: str, reward_url: str | None,
-                 tokenizer: Any, registry: CollectorRegistry) -> None:
+                 tokenizer: Any, registry: CollectorRegistry, url: str | None = None, host: str = "127.0.0.1") -> None:
         self.cfg = cfg
+        self.url = url  # what other replicas and clients reach this one at (None until known: port 0)
+        self.host = host
         self.redis_url = redis_url
         self.run_name = run_name
         self.reward_url = cfg.reward_url or reward_url
@@ -64,6 +87,9 @@ class SessionManager:
         self.rewards: RewardClient | None = None
         self._queues: dict[str, StreamQueue] = {}
         self._sweeper: asyncio.Task | None = None
+        self.owners: SessionRegistry | None = None
+        self.http: httpx.AsyncClient | None = None
+        self._announced = False
         r = registry
         self.m_sessions = Counter("fleetrl_rollout_sessions", "Sessions by outcome (created, finished, expired, deleted, "
                                   "rejected).", ["outcome"], registry=r)
@@ -77,6 +103,14 @@ class SessionManager:
         if not self.redis_url:
             raise RuntimeError("sessions.enabled needs redis_url (finished sessions go to the run's experiences stream)")
         self.redis = aioredis.from_url(self.redis_url, socket_timeout=30, socket_connect_timeout=5)
+        self.owners = SessionRegistry(self.redis, self.run_name, self.cfg.ttl_s, self.cfg.sweep_interval_s)
+        # a forwarded finish waits for the owner's reward and push (their timeouts) and then some
+        self.http = httpx.AsyncClient(timeout=self.cfg.reward_timeout_s + self.cfg.push_timeout_s + 30)
+        if self.url:
+            try:
+                await self._announce()
+            except (aioredis.RedisError, OSError) as exc:  # the first create tries again (and answers 503 if it fails)
+                log.warning("session registry: could not announce this replica yet: %s", exc)
         if self.reward_url:
             self.rewards = RewardClient(self.reward_url, self.cfg.reward_timeout_s, backoff_max_s=2.0)
         self._sweeper = asyncio.create_task(self._sweep(), name="session-sweeper")
@@ -87,7 +121,14 @@ class SessionManager:
             await asyncio.gather(self._sweeper, return_exceptions=True)
         if self.rewards is not None:
             await self.rewards.aclose()
+        if self.http is not None:
+            await self.http.aclose()
         if self.redis is not None:
+            if self.owners is not None and self._announced and self.url:
+                try:  # its sessions are lost: other replicas now answer their calls 404 at once
+                    await self.owners.leave(self.url)
+                except (aioredis.RedisError, OSError) as exc:
+                    log.warning("could not unregister this replica from the session registry: %s", exc)
             await self.redis.aclose()
 
     async def _sweep(self) -> None:
@@ -96,20 +137,65 @@ class SessionManager:
             for s in self.store.expired():
                 self.m_sessions.labels("expired").inc()
                 log.info("session %s expired after %.0fs idle (%d calls dropped)", s.id, self.cfg.ttl_s, s.calls)
+                await self._ended(s.id, "expired")
+            if self.url and self.owners is not None:
+                try:
+                    await self.owners.refresh(self.url, [(s.id, self.store.expires_in(s)) for s in self.store.open.values()])
+                except (aioredis.RedisError, OSError) as exc:
+                    log.warning("session registry: could not refresh this replica's sessions: %s", exc)
+
+    async def _announce(self) -> None:
+        assert self.owners is not None and self.url
+        await self.owners.beat(self.url)
+        self._announced = True
+
+    async def _ended(self, sid: str, how: str) -> None:
+        """Tell the registry how the session ended (best effort: a stale owner key still leads here)."""
+        if self.owners is None:
+            return
+        try:
+            await self.owners.ended(sid, how)
+        except (aioredis.RedisError, OSError) as exc:
+            log.warning("session registry: could not record that session %s %s: %s", sid, how, exc)
+
+    def learn_url(self, request: Request) -> None:
+        """With ``port: 0`` the replica's URL is known from the first request's socket."""
+        if self.url is None:
+            self.url = url_of_socket(self.host, request.scope)
+            if self.url:
+                log.info("session mode: this replica advertises %s (set advertise_url to change it)", self.url)
 
     # ---- sessions ----------------------------------------------------------------------------------
-    def create(self, body: SessionCreate) -> Session:
+    async def create(self, body: SessionCreate) -> Session:
         sid = body.session_id or new_session_id()
         prompt_id = body.prompt_id or sid
         who = SessionIdentity(session_id=sid, prompt_id=prompt_id, group_id=body.group_id or prompt_id,
                               group_size=body.group_size, index=body.index, label=body.label, metadata=body.metadata)
         try:
             session = self.store.create(who, body.run or self.run_name)
+            await self._claim(sid)
         except RequestError:
             self.m_sessions.labels("rejected").inc()
             raise
         self.m_sessions.labels("created").inc()
         return session
+
+    async def _claim(self, sid: str) -> None:
+        """Register the session (just created in the store) fleet-wide; undo the creation if that fails."""
+        if self.owners is None or not self.url:
+            return
+        try:
+            if not self._announced:
+                await self._announce()
+            held = await self.owners.claim(sid, self.url)
+        except (aioredis.RedisError, OSError) as exc:
+            self.store.discard(sid)
+            raise SessionUnavailable(f"redis unavailable ({type(exc).__name__}): cannot register session {sid!r} "
+                                     "with the fleet; retry") from None
+        if held is not None:
+            self.store.discard(sid)
+            where = f"ended: {held}" if held in ENDED else f"open on the replica at {held}"
+            raise SessionConflict(f"session {sid!r} already exists ({where}); pick another id")
 
     def info(self, session: Session, state: str = "open") -> SessionInfo:
         w = session.who
@@ -117,28 +203,78 @@ class SessionManager:
                            group_size=w.group_size, index=w.index, run=session.run, calls=session.calls,
                            trajectories=len(session.trajectories), tokens=session.tokens,
                            idle_expires_in_s=self.store.expires_in(session) if state == "open" else 0.0,
-                           openai_base_url=f"/sessions/{session.id}/v1")
+                           openai_base_url=f"/sessions/{session.id}/v1", replica_url=self.url)
 
     def get(self, sid: str) -> Session:
+        """The open session ``sid`` of this replica (see :meth:`locate` for the fleet)."""
         return self.store.get(sid)
 
-    def by_header(self, sid: str | None) -> Session | None:
+    async def locate(self, sid: str, forwarded: bool = False) -> Session:
+        """The open session ``sid`` held here; :class:`SessionElsewhere` when another live replica holds it; else
+        how it ended (409 finished / deleted, 404 expired) or 404 unknown, as its owner would answer.
+        ``forwarded``: the request came from another replica (never sent on again)."""
+        if self.store.known(sid) or self.owners is None:
+            return self.store.get(sid)
+        try:
+            owner, alive = await self.owners.lookup(sid)
+        except (aioredis.RedisError, OSError) as exc:
+            raise SessionUnavailable(f"redis unavailable ({type(exc).__name__}): cannot tell which replica holds "
+                                     f"session {sid!r}; retry") from None
+        if owner is None:
+            return self.store.get(sid)  # 404: unknown
+        if owner == "expired":
+            raise SessionNotFound(f"session {sid!r} expired after {self.cfg.ttl_s:g}s idle (sessions.ttl_s); its calls "
+                                  "were dropped")
+        if owner in ENDED:
+            raise SessionConflict(f"session {sid!r} is {owner}: no more calls or finishing")
+        if owner == self.url:
+            raise SessionNotFound(f"session {sid!r} was held by this replica ({owner}) before it restarted: its calls "
+                                  "are lost")
+        if not alive:
+            raise SessionNotFound(f"session {sid!r} was held by the rollout replica at {owner}, which is no longer "
+                                  "running: its calls are lost")
+        if forwarded:
+            raise SessionNotFound(f"session {sid!r} is registered to the replica at {owner}, but this request was "
+                                  "forwarded here by another replica; send it to that replica")
+        raise SessionElsewhere(sid, owner)
+
+    async def by_header(self, sid: str | None) -> Session | None:
         """The session an ``X-Session-ID`` header names (see ``sessions.unknown_header_id``)."""
         if not sid:
             return None
-        if self.store.known(sid) or self.cfg.unknown_header_id == "reject":
-            return self.store.get(sid)
+        try:
+            return await self.locate(sid)
+        except UnknownSession:
+            if self.cfg.unknown_header_id == "reject":
+                raise
         if self.cfg.unknown_header_id == "ignore":
             return None
-        return self.create(SessionCreate(session_id=sid))
+        return await self.create(SessionCreate(session_id=sid))
 
-    def delete(self, sid: str) -> SessionInfo:
+    async def delete(self, sid: str) -> SessionInfo:
         session = self.store.get(sid)
         if session.busy:
             raise SessionConflict(f"session {sid!r} has a call in flight; delete it once the call returned")
         self.store.close(sid, "deleted")
         self.m_sessions.labels("deleted").inc()
+        await self._ended(sid, "deleted")
         return self.info(session, "deleted")
+
+    async def forward(self, request: Request, owner: str) -> Response:
+        """Send a lifecycle request on to the replica holding its session and answer what it answers (a redirect
+        would do, but HTTP clients drop the bearer token when one leads to another host)."""
+        assert self.http is not None
+        headers = {k: v for k, v in request.headers.items() if k.lower() in ("authorization", "content-type")}
+        headers[FORWARDED_HEADER] = self.url or "unknown"
+        try:
+            r = await self.http.request(request.method, owner + request.url.path, params=request.query_params,
+                                        content=await request.body(), headers=headers)
+        except httpx.HTTPError as exc:
+            raise SessionUnavailable(f"the rollout replica at {owner}, which holds this session, did not answer "
+                                     f"({type(exc).__name__}); retry") from None
+        keep = {k: v for k, v in r.headers.items() if k.lower() in ("retry-after", "www-authenticate")}
+        keep["X-Session-Replica"] = owner
+        return Response(r.content, status_code=r.status_code, media_type=r.headers.get("content-type"), headers=keep)
 
     @asynccontextmanager
     async def call(self, session: Session) -> AsyncIterator[Session]:
@@ -207,6 +343,7 @@ class SessionManager:
             session.busy = False
         self.store.close(sid, "finished")
         self.m_sessions.labels("finished").inc()
+        await self._ended(sid, "finished")
         return SessionFinished(session_id=sid, experience_ids=[e.id for e in group], rewards=rewards, stream=stream)
 
     def _text(self, ids: list[int]) -> str:

@@ -38,13 +38,15 @@ def manager(service: RolloutService) -> SessionManager:
     return service.sessions
 
 
-def session_named(service: RolloutService, path_id: str | None = None, header_id: str | None = None) -> Session | None:
+async def session_named(service: RolloutService, path_id: str | None = None,
+                        header_id: str | None = None) -> Session | None:
     """The session a call names: by path (must exist), else by ``X-Session-ID`` header (see
-    ``sessions.unknown_header_id``; ignored, as vLLM does, when session mode is off)."""
+    ``sessions.unknown_header_id``; ignored, as vLLM does, when session mode is off). A session another replica
+    holds raises :class:`~.registry.SessionElsewhere`: a 307 to the same path there."""
     if path_id is not None:
-        return manager(service).get(path_id)
+        return await manager(service).locate(path_id)
     if header_id and service.sessions is not None:
-        return service.sessions.by_header(header_id)
+        return await service.sessions.by_header(header_id)
     return None
 
 

@@ -22,6 +22,10 @@ class SessionNotFound(RequestError):
     type = "not_found"
 
 
+class UnknownSession(SessionNotFound):
+    """No session by that id, here or (with several replicas) anywhere in the fleet."""
+
+
 class SessionConflict(RequestError):
     status = 409
     type = "conflict"
@@ -91,7 +95,7 @@ class SessionStore:
                                   "were dropped")
         if gone is not None:
             raise SessionConflict(f"session {sid!r} is {gone}: no more calls or finishing")
-        raise SessionNotFound(f"no session {sid!r} (create it with POST /sessions)")
+        raise UnknownSession(f"no session {sid!r} (create it with POST /sessions)")
 
     def known(self, sid: str) -> bool:
         return sid in self.open or sid in self.gone
@@ -103,6 +107,10 @@ class SessionStore:
             self.gone.move_to_end(sid)
             while len(self.gone) > self.cfg.remember_finished:
                 self.gone.popitem(last=False)
+
+    def discard(self, sid: str) -> None:
+        """Forget a session just created, as if it never was (its registration failed)."""
+        self.open.pop(sid, None)
 
     def expired(self, now: float | None = None) -> list[Session]:
         """Idle sessions past the TTL (not those with a call in flight), closed as expired."""

@@ -1,0 +1,129 @@
+"""Which rollout replica holds which session, in Redis, so that a call landing on another replica (a load
+balancer in front of several) reaches the session's owner instead of a bare 404.
+
+A session lives in the memory of the replica that opened it. Each replica in session mode
+
+- advertises the URL others reach it at (``advertise_url``; default ``http://<host>:<port>``, with a
+  wildcard host the address of the machine's hostname: a container's or pod's IP; see :func:`default_url`),
+- registers each session it opens: ``fleetrl:<run>:sessions:<id>`` -> that URL (``SET NX``: an id is unique
+  in the fleet), expiring with the session's idle expiry (refreshed by the sweeper, which also refreshes
+  the replica's heartbeat ``fleetrl:<run>:rollout:replica:<url>``),
+- replaces it, when the session ends, by how it ended (``finished`` / ``deleted`` / ``expired``), kept for
+  ``ttl_s``, so that every replica answers a late call as the owner would (409 / 404 "expired").
+
+A replica asked about a session it does not hold looks it up here (:meth:`SessionManager.locate`): held by
+another live replica -> :class:`SessionElsewhere` (a 307 to the same path there; lifecycle routes forward
+the request instead, since clients drop the bearer token on a redirect to another host); ended -> the
+owner's answer; unknown, or held by a replica that is gone -> 404.
+"""
+
+from __future__ import annotations
+
+import math
+import socket
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from shared import keys
+from shared.service_kit.errors import ServiceError
+
+ENDED = ("finished", "deleted", "expired")
+FORWARDED_HEADER = "X-FleetRL-Forwarded-By"
+"""Set on a lifecycle request one replica forwards to a session's owner (the forwarder's URL): never forwarded
+again."""
+
+
+class SessionElsewhere(ServiceError):
+    """The session is held by another live replica: 307 to the same path and query there (the app's handler
+    adds ``Location``)."""
+
+    status = 307
+    type = "session_elsewhere"
+
+    def __init__(self, session_id: str, owner: str) -> None:
+        super().__init__(f"session {session_id!r} is held by the rollout replica at {owner}: send its calls there "
+                         "(the redirect's Location; POST /sessions answers it as replica_url)",
+                         headers={"X-Session-Replica": owner})
+        self.session_id = session_id
+        self.owner = owner
+
+
+def default_url(host: str, port: int) -> str | None:
+    """``http://<host>:<port>``; a wildcard host (0.0.0.0, ::) becomes the address of the machine's hostname
+    (in a container or pod: its IP on the network), else the hostname itself. None for port 0 (the port is
+    known once bound: :func:`url_of_socket`)."""
+    if port == 0:
+        return None
+    if host in ("", "0.0.0.0", "::", "[::]"):
+        name = socket.gethostname()
+        try:
+            addr = socket.gethostbyname(name)
+        except OSError:
+            addr = ""
+        host = addr if addr and not addr.startswith("127.") else name
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"http://{host}:{port}"
+
+
+def url_of_socket(host: str, scope: dict[str, Any]) -> str | None:
+    """The replica's URL from the socket a request came in on (``port: 0``: the port the server bound)."""
+    server = scope.get("server")
+    if not server or not server[1]:
+        return None
+    return default_url(host, int(server[1]))
+
+
+class SessionRegistry:
+    """The Redis side: owner keys and the replica's heartbeat (every call may raise Redis' errors)."""
+
+    def __init__(self, redis: aioredis.Redis, run: str, ttl_s: float, sweep_interval_s: float) -> None:
+        self.redis = redis
+        self.run = run
+        self.ttl_s = ttl_s
+        self.margin_s = 2 * sweep_interval_s + 5  # an owner key outlives the session's local expiry by this
+        self.heartbeat_s = max(15, math.ceil(3 * sweep_interval_s))
+
+    def _key(self, sid: str) -> str:
+        return keys.session_owner(self.run, sid)
+
+    async def claim(self, sid: str, url: str) -> str | None:
+        """Register ``sid`` as held at ``url``; None if done, else what the key holds (an owner or how it ended)."""
+        for _ in range(3):
+            if await self.redis.set(self._key(sid), url, nx=True, ex=math.ceil(self.ttl_s + self.margin_s)):
+                return None
+            held = await self.redis.get(self._key(sid))
+            if held is not None:
+                return held.decode()
+        return "unknown"  # set and gone three times in a row: cannot happen unless the key churns
+
+    async def refresh(self, url: str, open_sessions: list[tuple[str, float]]) -> None:
+        """The heartbeat, and each open session's key expiring ``margin_s`` after its local idle expiry."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.set(keys.rollout_replica(self.run, url), "1", ex=self.heartbeat_s)
+        for sid, expires_in in open_sessions:
+            pipe.expire(self._key(sid), math.ceil(expires_in + self.margin_s))
+        await pipe.execute()
+
+    async def beat(self, url: str) -> None:
+        await self.redis.set(keys.rollout_replica(self.run, url), "1", ex=self.heartbeat_s)
+
+    async def leave(self, url: str) -> None:
+        await self.redis.delete(keys.rollout_replica(self.run, url))
+
+    async def ended(self, sid: str, how: str) -> None:
+        await self.redis.set(self._key(sid), how, ex=math.ceil(self.ttl_s))
+
+    async def discard(self, sid: str) -> None:
+        await self.redis.delete(self._key(sid))
+
+    async def lookup(self, sid: str) -> tuple[str | None, bool]:
+        """(the owner URL or how the session ended, or None; whether that owner's heartbeat is alive)."""
+        held = await self.redis.get(self._key(sid))
+        if held is None:
+            return None, False
+        value = held.decode()
+        if value in ENDED:
+            return value, False
+        return value, bool(await self.redis.exists(keys.rollout_replica(self.run, value)))
