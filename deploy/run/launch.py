@@ -91,6 +91,9 @@ class RunLauncher:
                 raise RunError(problem)
         resuming = resume and has_checkpoint(ckpt_dir)
         say(f"resuming from {ckpt_dir}" if resuming else "a fresh run")
+        if not resuming:  # a fresh run's held-out history starts at its step 0, not after an earlier run's rows
+            for stale in [self.run_dir / "eval.jsonl", *self.run_dir.glob("heldout_samples_step*.md")]:
+                stale.unlink(missing_ok=True)
         rows = heldout_rows(spec) if spec.eval.data else []
         # a fresh run measures the starting policy before the learner moves it; a resumed one starts the learner
         # with the others (replicas wait at start for the latest version, which the learner publishes)

@@ -18,8 +18,8 @@ from tests.procs import REPO
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
-def fleetrl_run(spec_file, *sets: str, timeout: float = 180) -> subprocess.CompletedProcess:
-    args = [sys.executable, "-m", "services.cli", "run", str(spec_file), "--lines"]
+def fleetrl_run(spec_file, *sets: str, timeout: float = 180, flags: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    args = [sys.executable, "-m", "services.cli", "run", str(spec_file), "--lines", *flags]
     for s in sets:
         args += ["--set", s]
     return subprocess.run(args, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=timeout, check=False)
@@ -46,6 +46,16 @@ def test_a_tiny_run_trains_and_the_same_command_resumes(spec_file):
     assert "held-out accuracy at step 0" not in again.stdout  # the starting policy was measured by the first run
     assert [m["step"] for m in metrics(run_dir)] == [1, 2, 3]  # step 3 only: continued, not restarted
     assert "resuming from" in (run_dir / "logs" / "learner.log").read_text()
+
+    def evals() -> list[int]:
+        return [json.loads(line)["step"] for line in (run_dir / "eval.jsonl").read_text().splitlines()]
+
+    assert evals() == [0, 2, 3]
+    fresh = fleetrl_run(spec_file, "train.max_steps=1", flags=("--reset",))  # start over in the same run dir
+    assert fresh.returncode == 0, fresh.stdout[-3000:] + fresh.stderr[-3000:]
+    assert "a fresh run" in fresh.stdout and [m["step"] for m in metrics(run_dir)] == [1]
+    assert evals() == [0, 1]  # the held-out history is this run's, not the earlier run's rows and then these
+    assert [e["step"] for e in json.loads((run_dir / "summary.json").read_text())["heldout"]] == [0, 1]
 
 
 def test_ctrl_c_stops_every_process_and_a_used_run_name_is_refused(spec_file, redis_server):
