@@ -13,7 +13,9 @@ import openai
 import pytest
 from transformers import AutoTokenizer
 
-from tests.rollout.routes.conftest import AUTH
+from tests.procs import stop
+from tests.rollout.conftest import Server, start_rollout
+from tests.rollout.routes.conftest import AUTH, session_config
 from tests.rollout.routes.test_sessions_openai import create, finish, pushed
 from tests.rollout.test_load_and_pause import metric, wait_inflight_zero
 
@@ -23,6 +25,19 @@ TURN_2 = [{"role": "user", "content": "and then?"}]
 @pytest.fixture(scope="module")
 def tok(session_rollout):
     return AutoTokenizer.from_pretrained(session_rollout.model_dir)
+
+
+@pytest.fixture(scope="module")
+def slow_rollout(redis_server, tmp_path_factory):
+    """Session mode on a model slow enough (wider, deeper, long context) that a 6,000-token stream is still
+    running seconds later, whatever the machine: the tiny model's 400 tokens could end before the client left."""
+    from deploy.local.tiny_model import build_tiny_causal_lm
+
+    tmp = tmp_path_factory.mktemp("slow-session-rollout")
+    model = build_tiny_causal_lm(tmp / "model", hidden_size=256, layers=4, max_positions=8192)
+    proc, url, log = start_rollout(tmp, "rollout", session_config(model, redis_server.url))
+    yield Server(url=url, log=log, model_dir=model)
+    stop(proc)
 
 
 def model_turns(exp) -> list[list[int]]:
@@ -121,22 +136,21 @@ def test_streamed_completion_and_token_calls_are_recorded(session_rollout, redis
     assert exp.metadata["turns"] == 2
 
 
-async def test_client_leaving_mid_stream_aborts_and_records_nothing(session_rollout, redis_server):
-    url = session_rollout.url
+async def test_client_leaving_mid_stream_aborts_and_records_nothing(slow_rollout, redis_server):
+    url = slow_rollout.url
     sid = create(url, prompt_id="left-mid-stream")
     base = f"/sessions/{sid}/v1/chat/completions"
-    long = {"model": "tiny", "messages": [{"role": "user", "content": "talk"}], "max_tokens": 400,
+    long = {"model": "tiny", "messages": [{"role": "user", "content": "talk"}], "max_tokens": 6000,
             "ignore_eos": True, "stream": True}
     async with httpx.AsyncClient(base_url=url, timeout=60) as c:
         aborted = metric((await c.get("/metrics")).text, 'fleetrl_rollout_sequences_total{finish="abort"}')
         async with c.stream("POST", base, json=long) as r:
             assert r.status_code == 200
-            seen = 0
-            async for line in r.aiter_lines():
-                if line.startswith("data:"):
-                    seen += 1
-                    if seen == 3:
-                        break
+            # read three events and keep the iterator: breaking out of ``async for`` finalizes the generator,
+            # which closes the response, i.e. the client would have left already
+            lines, seen = r.aiter_lines(), 0
+            while seen < 3:
+                seen += (await anext(lines)).startswith("data:")
             # the session is held while its call streams: one conversation, one call at a time
             busy = await c.post(base, json={**long, "max_tokens": 2})
             assert busy.status_code == 409 and "in flight" in busy.json()["detail"]
