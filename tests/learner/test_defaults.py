@@ -19,6 +19,15 @@ def test_linear_schedule_warms_up_then_falls_in_a_straight_line_to_its_floor():
     assert g(6) == pytest.approx(1.0 - 0.9 * 0.5)
 
 
+def test_optim_total_steps_sets_the_span_of_the_schedule():
+    derived = make_schedule(OptimSettings(schedule="linear", warmup_ratio=0.1, min_lr_ratio=0.0), total_steps=100)
+    own = make_schedule(OptimSettings(schedule="linear", warmup_ratio=0.1, min_lr_ratio=0.0, total_steps=200),
+                        total_steps=100)
+    assert derived(10) == 1.0 and derived(100) == 0.0  # warm-up 10, down to the floor at the run's 100 steps
+    assert own(10) < 1.0 and own(20) == 1.0  # warm-up 20 (10 % of its 200)
+    assert own(100) == pytest.approx(1 - 80 / 180) and own(200) == 0.0  # the floor at 200, not at the run's 100
+
+
 def test_the_passes_of_a_step_are_said_with_a_hint_when_there_are_many(tiny_model_dir, tmp_path):
     s = settings(tiny_model_dir, tmp_path, train={"groups_per_step": 16, "micro_batch_size": 4},
                  rollout={"group_size": 4})

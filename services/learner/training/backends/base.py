@@ -71,5 +71,8 @@ class TrainEngine(ABC):
 
 
 def make_schedule(optim: OptimSettings, total_steps: int) -> Schedule:
-    warmup = int(optim.warmup_ratio * total_steps)
-    return SCHEDULES[optim.schedule](total_steps, warmup, optim.min_lr_ratio)
+    """The LR multiplier per optimizer step: the schedule spans ``optim.total_steps`` when set, else the
+    ``total_steps`` the runner worked out (from max_steps, or the data and epochs)."""
+    span = optim.total_steps or total_steps
+    warmup = int(optim.warmup_ratio * span)
+    return SCHEDULES[optim.schedule](span, warmup, optim.min_lr_ratio)
