@@ -5,11 +5,22 @@ from __future__ import annotations
 import httpx
 
 
+def one_version(versions: set[str], mixed_ok: bool = False) -> str:
+    """The weight version a pass's answers came from; with ``mixed_ok``, several (the fleet updated mid-pass)
+    are said as their range, ``"83-84"``, else they raise RuntimeError."""
+    if len(versions) == 1:
+        return next(iter(versions))
+    if not mixed_ok or not versions:
+        raise RuntimeError(f"held-out answers came from several weight versions: {sorted(versions)}")
+    ordered = sorted(versions, key=lambda v: (len(v), v))  # numeric strings in numeric order
+    return f"{ordered[0]}-{ordered[-1]}"
+
+
 def greedy_accuracy(rollout_url: str, reward_url: str, rows: list[dict], *, max_new_tokens: int = 8,
-                    batch: int = 100, timeout: float = 300.0) -> tuple[float, str]:
+                    batch: int = 100, timeout: float = 300.0, mixed_ok: bool = False) -> tuple[float, str]:
     """Generate greedily for each row's ``input`` through /generate, score against ``label`` with /score.
 
-    Returns (accuracy, weight_version the answers came from).
+    Returns (accuracy, weight_version the answers came from; see :func:`one_version` for ``mixed_ok``).
     """
     correct = 0.0
     versions: set[str] = set()
@@ -29,6 +40,4 @@ def greedy_accuracy(rollout_url: str, reward_url: str, rows: list[dict], *, max_
             ]})
             s.raise_for_status()
             correct += sum(1.0 for v in s.json()["scores"] if v is not None and v >= 0.999)
-    if len(versions) != 1:
-        raise RuntimeError(f"held-out answers came from several weight versions: {sorted(versions)}")
-    return correct / len(rows), versions.pop()
+    return correct / len(rows), one_version(versions, mixed_ok)

@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 
+from deploy.local.evaluate import one_version
 from services.rollout.engines.types import Finish, SamplingParams, SequenceOutput, SequenceRequest
 from services.rollout.errors import RequestError
 from services.rollout.worker.contract import GroupFailed, RolloutContext
@@ -82,17 +83,18 @@ class AgentEval:
 
 def greedy_success(rollout_url: str, reward_url: str, rows: list[dict], worker: Any, *, max_new_tokens: int,
                    samples: tuple[Path, str] | None = None, concurrency: int = 64,
-                   timeout: float = 300.0) -> AgentEval:
+                   timeout: float = 300.0, mixed_ok: bool = False) -> AgentEval:
     """Run ``worker.rollout_function`` greedily once per row (``input`` as the prompt, ``label``); ``worker`` is
     the rollout service's ``WorkerSettings`` (its agent settings, stop tokens). ``samples``: (path, title) of a
     markdown file for the first few episodes. Raises RuntimeError when the answers came from several weight
-    versions or an episode could not be run (with the reason)."""
+    versions (unless ``mixed_ok``: see :func:`~deploy.local.evaluate.one_version`) or an episode could not be
+    run (with the reason)."""
     return asyncio.run(_greedy_success(rollout_url, reward_url, rows, worker, max_new_tokens, samples,
-                                       concurrency, timeout))
+                                       concurrency, timeout, mixed_ok))
 
 
 async def _greedy_success(rollout_url, reward_url, rows, worker, max_new_tokens, samples, concurrency,
-                          timeout) -> AgentEval:
+                          timeout, mixed_ok) -> AgentEval:
     from transformers import AutoTokenizer  # only when evaluating
 
     fn = load_rollout_function(worker.rollout_function)
@@ -119,14 +121,12 @@ async def _greedy_success(rollout_url, reward_url, rows, worker, max_new_tokens,
             trajectories = list(await asyncio.gather(*(one(i, r) for i, r in enumerate(rows))))
         finally:
             await rewards.aclose()
-    versions = {str(v) for t in trajectories for _, v in t.version_spans}
-    if len(versions) != 1:
-        raise RuntimeError(f"held-out answers came from several weight versions: {sorted(versions)}")
+    version = one_version({str(v) for t in trajectories for _, v in t.version_spans}, mixed_ok)
     ok = sum(1 for t in trajectories if t.reward >= 0.999)
     called = sum(1 for t in trajectories if len(t.turns) > 1)
     if samples is not None:
         write_samples(samples[0], trajectories, tokenizer, samples[1])
-    return AgentEval(ok / len(rows), versions.pop(), trajectories, called)
+    return AgentEval(ok / len(rows), version, trajectories, called)
 
 
 def render_markdown(trajectories: list[Trajectory], tokenizer: Any, title: str, limit: int = 6) -> str:

@@ -45,23 +45,26 @@ def episode_worker(rollout_config: dict) -> Any | None:
 
 def evaluate(rollout_url: str, reward_url: str, rows: list[dict], step: int, max_new_tokens: int,
              log_path: Path | None = None, attempts: int = 3, worker: Any | None = None) -> EvalPoint:
-    """Greedy accuracy at ``step``; a pass whose answers span a weight update is taken again. With ``worker``
+    """Greedy accuracy at ``step``; a pass whose answers span a weight update is taken again, and the last of
+    ``attempts`` is kept anyway, its weight version said as the range (``"83-84"``: under async RL the learner
+    can publish faster than a pass takes, and a missing point would hide the curve). With ``worker``
     (:func:`episode_worker`), each prompt is a greedy episode of its rollout function, and the first few are
     written beside ``log_path`` as ``heldout_samples_step<step>.md`` (turns, tool calls, reward)."""
     for attempt in range(attempts):
         try:
             if worker is None:
-                acc, version = greedy_accuracy(rollout_url, reward_url, rows, max_new_tokens=max_new_tokens)
+                acc, version = greedy_accuracy(rollout_url, reward_url, rows, max_new_tokens=max_new_tokens,
+                                               mixed_ok=attempt == attempts - 1)
             else:
                 from deploy.local.evaluate_agent import greedy_success
 
                 samples = None if log_path is None else (
                     log_path.parent / f"heldout_samples_step{step}.md", f"held-out episodes at step {step} (greedy)")
                 res = greedy_success(rollout_url, reward_url, rows, worker, max_new_tokens=max_new_tokens,
-                                     samples=samples)
+                                     samples=samples, mixed_ok=attempt == attempts - 1)
                 acc, version = res.accuracy, res.weight_version
             break
-        except RuntimeError:  # answers from several weight versions: the fleet updated mid-pass
+        except RuntimeError:  # answers from several weight versions (the fleet updated mid-pass), or a failed episode
             if attempt == attempts - 1:
                 raise
     point = EvalPoint(step=step, accuracy=acc, weight_version=version)
