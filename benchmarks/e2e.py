@@ -119,7 +119,7 @@ def tta_seed(run: Path, seed: int, args) -> list[dict] | None:
         metrics = {r["step"]: r for r in map(json.loads, (run / mode / "learner" / "metrics.jsonl").read_text().splitlines())
                    if "step" in r}
         hit = next((e for e in evals if e["accuracy"] >= args.threshold), None)
-        samples = sum(m.get("samples", 0) for step, m in metrics.items() if hit and step <= hit["step"])
+        samples = int(sum(m.get("samples", 0) for step, m in metrics.items() if hit and step <= hit["step"]))
         last = evals[1:][-args.final_evals:] or evals
         results.append({"seed": seed, "mode": mode, "start_acc": evals[0]["accuracy"],
                         "final_acc": sum(e["accuracy"] for e in last) / len(last),
