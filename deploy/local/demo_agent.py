@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from deploy.local.agent_task import prepare_run
-from deploy.local.two_stage import sft_then_rl
+from deploy.local.two_stage import overrides, sft_then_rl
 
 RECIPE = Path(__file__).resolve().parents[2] / "examples" / "agent-calculator"
 
@@ -53,21 +53,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def say(msg: str) -> None:
     print(f"[demo-agent {time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def overrides(run: Path, args: argparse.Namespace) -> tuple[list[str], list[str]]:
-    """The demo's knobs as ``--set`` overrides of the recipe's two run specs."""
-    sft = [f"run_name={run.name}-sft", f"run_dir={run / 'sft'}", f"train.seed={args.seed}"]
-    rl = [f"run_name={run.name}", f"run_dir={run / 'rl'}", f"train.seed={args.seed}"]
-    knobs = [(sft, "algorithm.max_steps", args.sft_steps), (rl, "train.max_steps", args.rl_steps),
-             (rl, "train.groups_per_step", args.groups_per_step), (rl, "sampling.group_size", args.group_size),
-             (rl, "optim.actor_lr", args.lr)]
-    for sets, key, value in knobs:
-        if value is not None:
-            sets.append(f"{key}={value}")
-    if args.redis_url:
-        rl.append(f"redis.url={args.redis_url}")
-    return sft, rl
 
 
 def _curve(metrics: Path, every: int = 10) -> list[tuple[int, float]]:

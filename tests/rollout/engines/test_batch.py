@@ -2,17 +2,9 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
-from transformers import AutoModelForCausalLM
 
 from services.rollout.engines.hf.batch import KVBatch
-
-
-@pytest.fixture(scope="module")
-def model(tiny_model_dir):
-    torch.set_num_threads(1)
-    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
 
 
 def alone(model, ids):

@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
 import torch
-from transformers import AutoModelForCausalLM
 
 from services.rollout.engines.hf.batch import COLUMNS_STEP, KVBatch
 from services.rollout.engines.hf.loop import _fill_holes
 from services.rollout.engines.types import SamplingParams
 from tests.rollout.engines.conftest import make_engine
+from tests.rollout.engines.test_batch import alone
 from tests.rollout.engines.test_hf_isolation import seq
 
 CPU = torch.device("cpu")
@@ -50,17 +49,6 @@ async def test_a_sequence_arriving_mid_decode_finishes_first_with_the_tokens_it_
             assert out.output_ids == solo.output_ids
     finally:
         await engine.stop()
-
-
-@pytest.fixture(scope="module")
-def model(tiny_model_dir):
-    torch.set_num_threads(1)
-    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
-
-
-def alone(model, ids):
-    with torch.no_grad():
-        return model(torch.tensor([ids])).logits[0, -1]
 
 
 def test_rows_of_any_length_join_and_leave_in_any_order_and_the_buffers_grow_and_shrink(model):

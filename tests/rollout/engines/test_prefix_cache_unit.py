@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 import torch
 from pydantic import ValidationError
-from transformers import AutoModelForCausalLM
 
 from services.rollout.engines.hf.batch import KVBatch
 from services.rollout.engines.hf.prefix_cache import BLOCK, PrefixCache
@@ -86,12 +85,6 @@ def test_off_and_bad_settings():
     assert HFEngineSettings(prefix_cache_tokens=0).prefix_cache_tokens == 0
     with pytest.raises(ValidationError, match="use 0 \\(off\\) or >= 16"):
         HFEngineSettings(prefix_cache_tokens=8)
-
-
-@pytest.fixture(scope="module")
-def model(tiny_model_dir):
-    torch.set_num_threads(1)
-    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
 
 
 def alone(model, prompt):
