@@ -32,6 +32,12 @@ def processed_ids(run: str, consumer_group: str) -> str:
     return f"{_prefix(run)}:processed:{consumer_group}"
 
 
+def learner_start_gate(run: str) -> str:
+    """Set by ``fleetrl run`` to the learner's ``train.start_gate`` value once the step-0 held-out evaluation is
+    done: the learner loads meanwhile and holds its first step (and first publish) until then."""
+    return f"{_prefix(run)}:learner:start_gate"
+
+
 def weights_version(run: str) -> str:
     """The latest weight version the learner has published (an integer string)."""
     return f"{_prefix(run)}:weights:version"

@@ -26,8 +26,8 @@ class LearnerStatus(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    phase: str = Field(description="starting, running, waiting_for_redis, waiting_for_rollout, stopping, stopped, "
-                                   "finished, failed.")
+    phase: str = Field(description="starting, waiting_for_start_gate, running, waiting_for_redis, "
+                                   "waiting_for_rollout, stopping, stopped, finished, failed.")
     waiting: str | None = Field(default=None, description="What the run waits for (phase waiting_for_rollout: "
                                                           "prompts that no rollout worker takes), in plain words.")
     run_name: str | None = Field(default=None, description="The run's name (its Redis namespace).")

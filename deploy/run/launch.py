@@ -1,7 +1,8 @@
 """``fleetrl run``: the whole fleet of one run spec on this machine, with one progress display.
 
-Order: (embedded) Redis -> checks that need it (a used run name, ``--reset``) -> reward replicas -> rollout
-replicas -> held-out accuracy of the starting policy (a fresh run with ``eval.data``) -> the learner. Then the
+Order: (embedded) Redis -> checks that need it (a used run name, ``--reset``) -> reward replicas, rollout
+replicas and the learner side by side -> held-out accuracy of the starting policy (a fresh run with
+``eval.data``; the learner loads meanwhile and holds its first step at its start gate until then). Then the
 display follows the run until the learner exits; held-out accuracy every ``eval.every`` steps and at the end.
 Ctrl-C (or SIGTERM) stops the learner first (it checkpoints at its step boundary), then the rest; the same
 command resumes from the learner's last checkpoint (the embedded Redis keeps its data in ``run_dir/redis``).
@@ -24,6 +25,8 @@ import yaml
 from deploy.local.fleet import Fleet, FleetError
 from services.learner.data import DataError, check_fields, epoch_plan, read_rows
 from services.learner.run_guard import clear_run, has_checkpoint, stale_run_problem
+from services.learner.start_gate import open_start_gate
+from shared import keys
 from shared.settings import SettingsError
 
 from .display import Display, headline
@@ -95,18 +98,20 @@ class RunLauncher:
             for stale in [self.run_dir / "eval.jsonl", *self.run_dir.glob("heldout_samples_step*.md")]:
                 stale.unlink(missing_ok=True)
         rows = heldout_rows(spec) if spec.eval.data else []
-        # a fresh run measures the starting policy before the learner moves it; a resumed one starts the learner
-        # with the others (replicas wait at start for the latest version, which the learner publishes)
-        first = procs if resuming or not rows else procs[:-1]
-        for p in first:
+        # a fresh run measures the starting policy before the learner moves it: the learner starts with the others
+        # and loads meanwhile, held at its start gate until the evaluation is done (a resumed run has no gate:
+        # replicas wait at start for the latest version, which the learner publishes)
+        gate = secrets.token_hex(8) if rows and not resuming else None
+        if gate is not None:
+            learner.config.setdefault("train", {})["start_gate"] = gate
+        for p in procs:
             say(f"starting {p.name} ({p.url})")
             fleet.start(p.name, p.module, p.config, wait=False)
         for p in procs[:-1]:
             fleet.wait_healthy(p.name)
-        if learner not in first:
+        if gate is not None:
             self._evaluate(rows, step=0)
-            say(f"starting {learner.name} ({learner.url})")
-            fleet.start("learner", learner.module, learner.config, wait=False)
+            open_start_gate(redis_url, keys.learner_start_gate(spec.run_name), gate)
         self._follow(fleet, rows)
         if rows and (not self.view.evals or self.view.evals[-1].step != self.view.step):
             self._wait_for_final_weights(fleet)

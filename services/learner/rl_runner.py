@@ -70,6 +70,7 @@ from .observability import MetricsSink
 from .queue_watch import REDIS_DOWN, DeadLetter, DeadLetterWatch, prompts_lost_by_redis
 from .run_state import InFlight, RunState
 from .settings import LearnerSettings
+from .start_gate import wait_start_gate
 
 log = logging.getLogger(__name__)
 
@@ -164,6 +165,25 @@ class RLRunner:
         self._published_step = -1
         self.sink.open(self.total_steps, self.trainer.global_step)
 
+    async def _start_gate(self, stop: asyncio.Event) -> bool:
+        """Hold here, loaded, until the launcher opens ``train.start_gate`` (False: stopped meanwhile)."""
+        t = self.s.train
+        if not t.start_gate:
+            return True
+        self.phase = "waiting_for_start_gate"
+        log.info("loaded; waiting for the launcher's go (its step-0 held-out evaluation) before the first step "
+                 "(train.start_gate, at most %.0fs)", t.start_gate_timeout_s)
+        key, opened = keys.learner_start_gate(self.s.run_name), False
+
+        async def wait() -> None:
+            nonlocal opened
+            opened = await wait_start_gate(self.redis, key, t.start_gate, t.start_gate_timeout_s, stop)
+
+        await self._until_redis_answers(wait, stop)
+        if opened:
+            log.info("start gate open")
+        return opened
+
     async def _connect(self) -> None:
         """The start-up steps that need Redis (idempotent: run again after an outage during start-up)."""
         await self.experiences.ensure_group()
@@ -188,6 +208,9 @@ class RLRunner:
     async def run(self, stop: asyncio.Event) -> None:
         try:
             await self._start()
+            if not await self._start_gate(stop):
+                self.phase = "stopped"  # stopped before anything was published or trained: nothing to save
+                return
             await self._until_redis_answers(self._connect, stop)
             self.phase = "running"
             while not stop.is_set() and not self._done():
@@ -608,6 +631,8 @@ class RLRunner:
         st = self.state
         return {
             "phase": self.phase,
+            **({"waiting": "the launcher's go to start (train.start_gate): fleetrl run is measuring the starting "
+                           "policy on the held-out set"} if self.phase == "waiting_for_start_gate" else {}),
             "error": self.error,
             "algorithm": self.s.algorithm.name,
             "step": self.trainer.global_step if self.trainer else 0,

@@ -86,6 +86,12 @@ class TrainSettings(_Section):
     max_steps: int | None = Field(default=None, ge=1, description="Stop after this many learner steps.")
     seed: int = Field(default=42, description="Seed of torch / python RNGs (saved and restored in checkpoints).")
     torch_threads: int | None = Field(default=None, ge=1, description="torch.set_num_threads; default: torch's choice.")
+    start_gate: str | None = Field(
+        default=None, description="Hold the run after loading, before its first publish and step, until Redis key "
+        "fleetrl:<run>:learner:start_gate holds this value (phase 'waiting_for_start_gate' in /status). fleetrl run "
+        "sets it for a fresh run once its step-0 held-out evaluation is done, so the learner loads meanwhile.")
+    start_gate_timeout_s: float = Field(default=3600.0, gt=0, description="How long the start gate may hold the "
+                                        "run before it fails with a message saying so.")
 
 
 class TorchBackendSettings(_Section):

@@ -35,6 +35,11 @@ def test_a_tiny_run_trains_and_the_same_command_resumes(spec_file):
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     assert "a fresh run" in first.stdout and "held-out accuracy at step 0:" in first.stdout
     assert "learner finished: step 2/2" in first.stdout and "held-out accuracy at step 2:" in first.stdout
+    # the learner loads while the starting policy is measured, held at its start gate until that is done
+    assert first.stdout.index("starting learner") < first.stdout.index("held-out accuracy at step 0:")
+    step0 = next(line for line in first.stdout.splitlines() if "held-out accuracy at step 0:" in line)
+    assert step0.endswith("weights v0)"), step0  # measured before the learner published anything
+    assert "start gate open" in (run_dir / "logs" / "learner.log").read_text()
     assert [m["step"] for m in metrics(run_dir)] == [1, 2]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == 2 and [e["step"] for e in summary["heldout"]] == [0, 2]
