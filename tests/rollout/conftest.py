@@ -31,18 +31,28 @@ def write_config(path: Path, **settings) -> Path:
     return path
 
 
-def start_rollout(tmp: Path, name: str, config: dict, extra_env: dict | None = None):
-    port = free_port()
-    cfg = write_config(tmp / f"{name}.yaml", port=port, **config)
-    log = tmp / f"{name}.log"
-    proc = spawn(["-m", "services.rollout", "--config", str(cfg)], log, env={**THREAD_ENV, **(extra_env or {})})
-    url = f"http://127.0.0.1:{port}"
+def start_rollouts(tmp: Path, configs: dict[str, dict], extra_env: dict | None = None) -> list[tuple]:
+    """One rollout service process per ``{name: config}``, started side by side (start-up is mostly imports and
+    model loading, so N at once take little longer than one); ``[(proc, url, log)]`` in order, all healthy."""
+    started = []
+    for name, config in configs.items():
+        port = free_port()
+        cfg = write_config(tmp / f"{name}.yaml", port=port, **config)
+        log = tmp / f"{name}.log"
+        proc = spawn(["-m", "services.rollout", "--config", str(cfg)], log, env={**THREAD_ENV, **(extra_env or {})})
+        started.append((proc, f"http://127.0.0.1:{port}", log))
     try:
-        wait_http_ok(f"{url}/health", proc, timeout=120, log=log)
+        for proc, url, log in started:
+            wait_http_ok(f"{url}/health", proc, timeout=120, log=log)
     except Exception:
-        stop(proc)
+        for proc, _, _ in started:
+            stop(proc)
         raise
-    return proc, url, log
+    return started
+
+
+def start_rollout(tmp: Path, name: str, config: dict, extra_env: dict | None = None):
+    return start_rollouts(tmp, {name: config}, extra_env)[0]
 
 
 @pytest.fixture(scope="session")

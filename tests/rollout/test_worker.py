@@ -16,7 +16,7 @@ from shared import keys
 from shared.experience_queue import StreamQueue
 from shared.schemas import Experience, PromptTask, SamplingOverrides, SamplingRecord, sample_id
 from tests.procs import kill9, spawn, stop, wait_http_ok
-from tests.rollout.conftest import THREAD_ENV, start_rollout
+from tests.rollout.conftest import THREAD_ENV, start_rollout, start_rollouts
 
 REWARD_CONFIG = {"scorers": [{"name": "has_a", "kind": "rule", "check": {"type": "format", "pattern": "a"}}]}
 
@@ -186,11 +186,11 @@ async def test_groups_longer_than_claim_idle_are_not_taken_from_live_workers(red
     reward_proc = spawn(["-m", "services.reward", "--config", str(cfg)], tmp_path / "slow-reward.log", env=THREAD_ENV)
     procs = []
     try:
+        workers = {name: worker_config(tiny_model_dir, redis_server.url, run, reward_port, consumer_name=name,
+                                       claim_idle_ms=400, concurrency=2, prompts_max_deliveries=2)
+                   for name in ("lease-a", "lease-b")}
+        procs = [proc for proc, _, _ in start_rollouts(tmp_path, workers)]  # side by side with the reward's start
         wait_http_ok(f"http://127.0.0.1:{reward_port}/health", reward_proc, timeout=60, log=tmp_path / "slow-reward.log")
-        for name in ("lease-a", "lease-b"):
-            wcfg = worker_config(tiny_model_dir, redis_server.url, run, reward_port, consumer_name=name,
-                                 claim_idle_ms=400, concurrency=2, prompts_max_deliveries=2)
-            procs.append(start_rollout(tmp_path, name, wcfg)[0])
         prompts = StreamQueue(redis_client, keys.prompts_stream(run), "rollout", PromptTask)
         tasks = [PromptTask(id=f"long{i}", prompt=f"think {i}", n=3, metadata={"extra_info": {"sleep_s": 2.0}})
                  for i in range(6)]

@@ -17,7 +17,7 @@ from shared import keys
 from shared.codec import decode
 from shared.schemas import Experience
 from tests.procs import stop
-from tests.rollout.conftest import Server, start_rollout
+from tests.rollout.conftest import Server, start_rollouts
 from tests.rollout.routes.conftest import AUTH, session_config
 
 RUN = "sessions-fleet"
@@ -27,14 +27,12 @@ RUN = "sessions-fleet"
 def replicas(tiny_model_dir, redis_server, tmp_path_factory) -> tuple[Server, Server]:
     tmp = tmp_path_factory.mktemp("session-replicas")
     cfg = {**session_config(tiny_model_dir, redis_server.url), "run_name": RUN}
-    started = []
+    started = start_rollouts(tmp, {"rollout-a": cfg, "rollout-b": cfg})
     try:
-        for name in ("a", "b"):
-            proc, url, log = start_rollout(tmp, f"rollout-{name}", cfg)
-            started.append((proc, Server(url=url, log=log, model_dir=Path(tiny_model_dir))))
-        yield started[0][1], started[1][1]
+        a, b = (Server(url=url, log=log, model_dir=Path(tiny_model_dir)) for _, url, log in started)
+        yield a, b
     finally:
-        for proc, _ in started:
+        for proc, _, _ in started:
             stop(proc)
 
 
