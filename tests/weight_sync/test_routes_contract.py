@@ -10,7 +10,7 @@ import jsonschema
 from services.learner.weights import WeightPublisher
 from shared import keys
 from shared.weight_sync import WeightSyncSettings
-from tests.weight_sync.conftest import TOKEN, new_weights, wait_registered
+from tests.weight_sync.conftest import TOKEN, new_weights, wait_ready, wait_registered
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 FAST = {"init_timeout_s": 20, "collective_timeout_s": 10, "regroup_timeout_s": 5, "load_timeout_s": 20}
@@ -28,7 +28,9 @@ def conforms(spec: dict, path: str, method: str, r: httpx.Response) -> int:
 
 async def test_weight_routes_answer_within_their_spec(replicas, redis_client, tiny_model_dir):
     run = "contract"
-    on, off = replicas(run), replicas(f"{run}-off", enabled="false")  # the routes, with and without a sidecar
+    # the routes, with and without a sidecar (started side by side)
+    on, off = replicas(run, wait=False), replicas(f"{run}-off", enabled="false")
+    await wait_ready(on)
     await wait_registered(redis_client, run, 1)
     async with httpx.AsyncClient(base_url=on.url, timeout=30) as client:
         spec = (await client.get("/openapi.json")).json()
