@@ -240,10 +240,13 @@ def run_drill(drill: Drill, root: Path, model: Path, rows: list[dict], redis_url
     fleet = Fleet(run_dir=run, redis_url=redis_url)
     try:
         fleet.start_redis()
-        reward = fleet.start("reward", "services.reward", REWARD_CONFIG)
+        # every service starts side by side (start-up is mostly imports and model loading); then all healthy
+        reward = fleet.start("reward", "services.reward", REWARD_CONFIG, wait=False)
         for i, name in enumerate(REPLICAS):
-            fleet.start(name, "services.rollout", _rollout_config(model, reward.url, f"rollout-{i}"))
-        fleet.start("learner", "services.learner", _learner_config(run, model))
+            fleet.start(name, "services.rollout", _rollout_config(model, reward.url, f"rollout-{i}"), wait=False)
+        fleet.start("learner", "services.learner", _learner_config(run, model), wait=False)
+        for name in ("reward", *REPLICAS, "learner"):
+            fleet.wait_healthy(name)
         ctx = Ctx(fleet=fleet, deadline=t0 + drill.bound_s)
         say(f"{drill.name}: fleet up in {time.monotonic() - t0:.0f}s")
         drill.action(ctx)
