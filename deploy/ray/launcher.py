@@ -83,7 +83,8 @@ class FleetLauncher:
 
     # ---- lifecycle -------------------------------------------------------------------------------
     def start(self) -> dict[str, list[str]]:
-        """Start every replica and wait for their /health; returns the URLs per service."""
+        """Start every replica and wait for their /health (reward first: the rollout workers need its URLs; then
+        rollout and learner side by side); returns the URLs per service."""
         s = self.s
         for i in range(s.reward.replicas):
             self._start("reward", s.reward, i, self._spec("reward", s.reward, i, {}))
@@ -91,8 +92,8 @@ class FleetLauncher:
         for i in range(s.rollout.replicas):
             worker = {"worker": {"reward_url": reward_urls[i % len(reward_urls)]}}  # replicas share the scorers
             self._start("rollout", s.rollout, i, self._spec("rollout", s.rollout, i, worker))
-        rollout_urls = self._wait_healthy("rollout", s.rollout)
 
+        # the learner starts while the rollout replicas load (it needs only Redis; its prompts wait for them)
         lg = s.learner
         bundle = {"CPU": lg.num_cpus, **({"GPU": lg.num_gpus} if lg.num_gpus else {})}
         self.pg = placement_group([bundle] * lg.replicas, strategy=lg.placement_strategy,
@@ -111,6 +112,7 @@ class FleetLauncher:
             self._start("learner", lg, rank, self._spec("learner", lg, rank, extra, env),
                         scheduling_strategy=PlacementGroupSchedulingStrategy(
                             self.pg, placement_group_bundle_index=rank, placement_group_capture_child_tasks=True))
+        rollout_urls = self._wait_healthy("rollout", s.rollout)
         learner_urls = self._wait_healthy("learner", lg)
         return {"reward": reward_urls, "rollout": rollout_urls, "learner": learner_urls}
 
