@@ -1,5 +1,9 @@
 """The RL run owner: issues prompts, takes experiences, trains on complete groups, publishes, checkpoints.
 
+The runner is the loop; its parts each hold one job: :class:`~.prompt_feeder.PromptFeeder` (prompts out: the
+window, re-issues), :class:`~.group_buffer.GroupBuffer` (experiences in: filing, dedupe, staleness, taking a
+batch), :class:`~.commits.Commits` (the ack rule below), the trainer and the weight publisher.
+
 Loop (one asyncio task; the torch step runs in a worker thread so the HTTP routes stay responsive)::
 
     feed prompts while fewer than rollout.window groups are in flight
@@ -59,16 +63,18 @@ from typing import Any
 import numpy as np
 
 from shared import keys
-from shared.experience_queue import BackpressureTimeout, Delivery, Lease, ProcessedIds, StreamQueue
+from shared.experience_queue import Delivery, Lease, ProcessedIds, StreamQueue
 from shared.schemas import Experience, PromptTask
 
 from .checkpoint import CheckpointManager
+from .commits import Commits
 from .data import PromptSet, epoch_plan, parse_item_id, passes_note
 from .distributed.env import RankInfo
 from .group_buffer import Filed, GroupBuffer, position_of
 from .observability import MetricsSink
-from .queue_watch import REDIS_DOWN, DeadLetter, DeadLetterWatch, prompts_lost_by_redis
-from .run_state import InFlight, RunState
+from .prompt_feeder import PromptFeeder
+from .queue_watch import REDIS_DOWN, DeadLetter, DeadLetterWatch
+from .run_state import RunState
 from .settings import LearnerSettings
 from .start_gate import wait_start_gate
 
@@ -96,28 +102,24 @@ class RLRunner:
         self.experiences = StreamQueue(redis, keys.experiences_stream(run), "learner", Experience,
                                        max_deliveries=q.max_deliveries, claim_idle_ms=q.claim_idle_ms)
         self.processed = ProcessedIds(redis, keys.processed_ids(run, "learner"))
-        self.ckpt = CheckpointManager(settings.checkpoint_dir, settings.checkpoint.keep)
         self.state = RunState()
         self.trainer = None
-        self.data: PromptSet | None = None
+        self.feeder: PromptFeeder | None = None  # once the prompt set is loaded (start)
         self.publisher = None
         self.phase = "starting"
         self.error: str | None = None
         self.total_steps = 0
-        self.epochs = settings.data.epochs  # passes over the prompt set (data.epoch_plan: cycled until max_steps)
         self.last_metrics: dict[str, Any] = {}
-        self.last_checkpoint: str | None = None
         self.buffer = GroupBuffer()
         self._refills = 0  # groups dropped by dynamic sampling since the last training step
         # stream entry ids we hold (buffered or awaiting the commit), renewed so they never go idle
         self.lease = Lease(self.experiences, settings.queue.consumer, on_lost=self._lease_lost)
+        self.ckpt = CheckpointManager(settings.checkpoint_dir, settings.checkpoint.keep)
+        self.commits = Commits(self.ckpt, self.processed, self.experiences, self.lease, self.buffer)
         self.dead_letters: DeadLetterWatch | None = None
         self._next_dead_letter_poll = 0.0
         self._publish_failed = False
-        self._unsettled: tuple[list[str], list[str]] | None = None  # a checkpoint's commit not yet settled
-        self._steps_since_commit = 0
         self._published_step = -1
-        self._checkpoint_waiters: list[asyncio.Future] = []
         self._wait_started: float | None = None
         self._wait_s = 0.0
         self.ranks = RankInfo.from_env()
@@ -129,17 +131,17 @@ class RLRunner:
         from .training.rl_trainer import RLTrainer
 
         tokenizer = await asyncio.to_thread(load_tokenizer, self.s.model)
-        self.data = await asyncio.to_thread(PromptSet.load, self.s.data, self.s.train.seed, tokenizer)
+        data = await asyncio.to_thread(PromptSet.load, self.s.data, self.s.train.seed, tokenizer)
         latest = self.ckpt.latest() if self.s.checkpoint.resume else None
         if latest is not None:
             self.state = RunState.load(latest / "run_state.json")
             log.info("resuming from %s", latest)
-        plan = epoch_plan(self.s.data, self.s.train.groups_per_step, self.s.train.max_steps, len(self.data))
-        self.epochs = plan.epochs
+        plan = epoch_plan(self.s.data, self.s.train.groups_per_step, self.s.train.max_steps, len(data))
+        self.feeder = PromptFeeder(self.prompts, data, plan.epochs, self.state, self.s, self.sink)
         if plan.note:
             log.warning("%s", plan.note)
         log.info("%s", passes_note(self.s))
-        items = len(self.data) * self.epochs
+        items = len(data) * plan.epochs
         self.total_steps = math.ceil(items / self.s.train.groups_per_step)
         if self.s.train.max_steps:
             self.total_steps = min(self.total_steps, self.s.train.max_steps)
@@ -153,7 +155,7 @@ class RLRunner:
                                                self.ranks.local_rank)
         self._limits = self.trainer.limits()
         if latest is not None:
-            self.last_checkpoint = str(latest)
+            self.commits.last_checkpoint = str(latest)
         from services.learner.weights import WeightPublisher
 
         self.publisher = WeightPublisher(self.redis, self.s.run_name, self.s.publish.sync)
@@ -189,10 +191,8 @@ class RLRunner:
         await self.experiences.ensure_group()
         await self.prompts.ensure_group()
         st = self.state
-        if st.commit_entry_ids or st.commit_sample_ids:  # finish the commit the resumed checkpoint recorded
-            self._unsettled = (st.commit_sample_ids, st.commit_entry_ids)
-            st.commit_sample_ids, st.commit_entry_ids = [], []
-        await self._settle_unsettled()
+        self.commits.carry_recorded(st)  # finish the commit the resumed checkpoint recorded
+        await self.commits.settle()
         if self._published_step < 0:
             published = int(await self.redis.get(keys.weights_version(self.s.run_name)) or 0)
             if published != self.state.weight_version or published > 0:
@@ -227,9 +227,7 @@ class RLRunner:
             log.exception("learner run failed")
             raise
         finally:
-            for fut in self._checkpoint_waiters:
-                if not fut.done():
-                    fut.set_exception(RuntimeError(f"run ended ({self.phase}) before the checkpoint"))
+            self.commits.fail_waiters(f"run ended ({self.phase}) before the checkpoint")
             await self.lease.stop()
             if self.publisher is not None:
                 await self.publisher.close()
@@ -240,16 +238,16 @@ class RLRunner:
                     log.exception("could not stop the follower ranks")
 
     async def _iteration(self) -> None:
-        await self._settle_unsettled()
+        await self.commits.settle()
         if self.link is not None:
             await asyncio.to_thread(self.link.heartbeat)
         await self._watch_dead_letters()
-        await self._feed()
-        await self._reissue_timeouts()
+        await self.feeder.feed()
+        await self.feeder.reissue_timeouts({position_of(g) for g in self.buffer.complete})
         groups = await self._take_batch()
         if groups:
             await self._train(groups)
-        elif self._checkpoint_waiters:
+        elif self.commits.waiters:
             await self._commit()
         else:
             await self._receive()
@@ -294,22 +292,12 @@ class RLRunner:
                 await asyncio.wait_for(self.redis.ping(), 5.0)
                 # what an outage can lose: entries delivered while the connection broke, prompts not persisted
                 self.experiences.replay_history(self.s.queue.consumer)
-                await self._reissue_lost_prompts()
+                await self.feeder.reissue_lost(self.redis)
                 break
             except REDIS_DOWN + (asyncio.TimeoutError,) as again:
                 exc = again
         log.info("Redis answers again after %.1fs", time.monotonic() - start)
         self.phase, self.error = phase, None
-
-    async def _reissue_lost_prompts(self) -> None:
-        """Re-issue the in-flight prompts a restarted Redis no longer has (lost before they were persisted)."""
-        entries = {key: item.entry for key, item in self.state.in_flight.items()}
-        lost = await prompts_lost_by_redis(self.redis, self.prompts.stream, entries)
-        if lost:
-            log.warning("Redis lost %d prompt tasks issued just before it went down (not yet persisted); "
-                        "re-issuing them", len(lost))
-        for key in lost:
-            await self._reissue(key)
 
     # ---- dead letters ----------------------------------------------------------------------------------
     async def _watch_dead_letters(self) -> None:
@@ -341,64 +329,20 @@ class RLRunner:
             self.sink.count("prompts_abandoned")
             return
         log.warning("prompt %s: its %s entry was dead-lettered (%s); re-issuing it", dl.group_id, dl.stream, dl.reason)
-        await self._reissue(key)
+        await self.feeder.reissue(key)
 
     def _lease_lost(self, entry_ids: list[str]) -> None:
         log.error("%d experience entries this learner holds were taken by another consumer of group 'learner' "
                   "(is a second learner running on run %r?)", len(entry_ids), self.s.run_name)
 
     def _exhausted(self) -> bool:
-        return self.state.epoch >= self.epochs
+        """Every prompt of the run was issued (a runner not started yet has issued none)."""
+        return self.feeder is not None and self.feeder.exhausted()
 
     def _done(self) -> bool:
         if self.s.train.max_steps and self.trainer.global_step >= self.s.train.max_steps:
             return True
         return self._exhausted() and not self.state.in_flight
-
-    # ---- prompts out ---------------------------------------------------------------------------------
-    async def _feed(self) -> None:
-        st, data = self.state, self.data
-        room = self.s.rollout.window - len(st.in_flight)
-        if room <= 0 or self._exhausted():
-            return
-        positions: list[tuple[int, int]] = []
-        epoch, index = st.epoch, st.next_index
-        while len(positions) < room and epoch < self.epochs:
-            positions.append((epoch, index))
-            index += 1
-            if index >= len(data):
-                epoch, index = epoch + 1, 0
-        tasks = [data.task(e, i, 0, self.s.rollout) for e, i in positions]
-        try:
-            entries = await self.prompts.produce(tasks, timeout=self.s.queue.produce_timeout_s)
-        except BackpressureTimeout as exc:
-            log.warning("prompt stream is full, retrying later: %s", exc)
-            return
-        now = time.time()
-        for (e, i), entry in zip(positions, entries):
-            st.in_flight[f"e{e}-{i}"] = InFlight(epoch=e, index=i, attempt=0, issued_at=now, entry=entry)
-        st.epoch, st.next_index = epoch, index
-        st.bump("prompts_issued", len(tasks))
-        self.sink.count("prompts_issued", len(tasks))
-
-    async def _reissue(self, key: str) -> None:
-        item = self.state.in_flight[key]
-        task = self.data.task(item.epoch, item.index, item.attempt + 1, self.s.rollout)
-        [item.entry] = await self.prompts.produce([task], timeout=self.s.queue.produce_timeout_s)
-        item.attempt += 1
-        item.issued_at = time.time()
-        self.state.bump("prompts_issued")
-        self.state.bump("prompts_reissued")
-        self.sink.count("prompts_issued")
-        self.sink.count("prompts_reissued")
-
-    async def _reissue_timeouts(self) -> None:
-        limit = time.time() - self.s.rollout.prompt_timeout_s
-        completed = {position_of(g) for g in self.buffer.complete}
-        for key, item in list(self.state.in_flight.items()):
-            if item.issued_at < limit and key not in completed:
-                log.warning("prompt %s (attempt %d) timed out; re-issuing", key, item.attempt)
-                await self._reissue(key)
 
     # ---- experiences in ------------------------------------------------------------------------------
     async def _receive(self) -> None:
@@ -461,7 +405,7 @@ class RLRunner:
             key, attempt = parse_item_id(gid)
             log.info("dropped stale group %s (version %d < %d); re-issuing", gid, oldest, limit)
             if self.state.in_flight[key].attempt == attempt:  # not re-issued already
-                await self._reissue(key)
+                await self.feeder.reissue(key)
         if self.s.algorithm.dynamic_sampling.enabled:
             self._filter_without_signal()
         return self.buffer.take(self.s.train.groups_per_step, self.state.in_flight, self._exhausted())
@@ -514,7 +458,7 @@ class RLRunner:
         self.sink.count("samples_trained", len(exps))
         self.sink.observe_staleness(staleness)
         self.sink.observe_version_spans(spans)
-        self._steps_since_commit += 1
+        self.commits.steps_since += 1
         due = publish_due(step, self.s.publish.every, self.publisher.replicas_waiting) or self._publish_failed
         if due and await self._publish():
             metrics.update(self.sink.observe_publish(self.publisher.last_report))
@@ -532,7 +476,7 @@ class RLRunner:
         self.sink.in_flight.set(len(st.in_flight))
         self.last_metrics = metrics
         self.sink.log_step(step, metrics)
-        if step % self.s.checkpoint.every == 0 or self._checkpoint_waiters:
+        if self.commits.due(step, self.s.checkpoint.every):
             await self._commit()
 
     async def _publish(self, strict: bool = False) -> bool:
@@ -560,67 +504,33 @@ class RLRunner:
 
     # ---- commit ------------------------------------------------------------------------------------------
     async def _commit(self, settle: bool = True) -> None:
-        """Checkpoint, then settle (mark processed + ack) exactly what the checkpoint covers."""
-        st = self.state
-        step = self.trainer.global_step
-        if self._unsettled is not None:  # an earlier commit did not reach Redis: this checkpoint carries it too
-            st.commit_sample_ids = self._unsettled[0] + st.commit_sample_ids
-            st.commit_entry_ids = self._unsettled[1] + st.commit_entry_ids
-            self._unsettled = None
-        snapshot = st.to_json()
-
-        def write(tmp: Path) -> None:
+        """Checkpoint (trainer and run state), then settle exactly what it covers (see ``Commits``)."""
+        def write_trainer(out: Path) -> None:
             if self.link is not None:
-                self.link.save(self.trainer, tmp / "trainer")
+                self.link.save(self.trainer, out)
             else:
-                self.trainer.save(tmp / "trainer")
-            (tmp / "run_state.json").write_text(snapshot)
+                self.trainer.save(out)
 
-        path = await asyncio.to_thread(self.ckpt.save, step, write)
-        self._unsettled = (st.commit_sample_ids, st.commit_entry_ids)
-        st.commit_sample_ids, st.commit_entry_ids = [], []
-        self._steps_since_commit = 0
-        self.last_checkpoint = str(path)
-        log.info("checkpoint %s (acking %d entries)", path, len(self._unsettled[1]))
-        waiters, self._checkpoint_waiters = self._checkpoint_waiters, []
-        for fut in waiters:
-            if not fut.done():
-                fut.set_result({"step": step, "path": str(path)})
-        if settle:
-            await self._settle_unsettled()
-
-    async def _settle_unsettled(self) -> None:
-        """Mark processed and ack what the latest checkpoint covers (idempotent: retried after an outage; a
-        checkpoint whose settle never happened is settled when it is resumed)."""
-        if self._unsettled is None:
-            return
-        sample_ids, entry_ids = self._unsettled
-        await self.processed.mark(sample_ids)
-        await self.experiences.ack(entry_ids)
-        self._unsettled = None
-        self.buffer.release(sample_ids)
-        self.lease.release(entry_ids)
+        await self.commits.commit(self.state, self.trainer.global_step, write_trainer, settle=settle)
 
     def request_checkpoint(self) -> asyncio.Future:
         """A future resolved with ``{"step", "path"}`` once a checkpoint is written (at a step boundary)."""
-        fut = asyncio.get_running_loop().create_future()
-        self._checkpoint_waiters.append(fut)
-        return fut
+        return self.commits.request()
 
     async def _finish(self, stopped: bool) -> None:
         self.phase = "stopping" if stopped else "finishing"
         step = self.trainer.global_step
         if self._published_step != step and not stopped:
             await self._publish(strict=True)
-        if self._steps_since_commit or self._checkpoint_waiters or self.last_checkpoint is None:
+        if self.commits.needed_at_finish():
             await self._commit(settle=False)
         try:
-            await self._settle_unsettled()
+            await self.commits.settle()
         except REDIS_DOWN as exc:
             if not stopped:
                 raise  # finishing: wait for Redis and settle (see run)
             log.warning("stopping while Redis is unavailable (%s); %s records what to acknowledge, settled when "
-                        "the run resumes", exc, self.last_checkpoint)
+                        "the run resumes", exc, self.commits.last_checkpoint)
         if self.s.checkpoint.export_dir and not stopped:
             await asyncio.to_thread(self.trainer.export, Path(self.s.checkpoint.export_dir))
         self.phase = "stopped" if stopped else "finished"
@@ -647,7 +557,7 @@ class RLRunner:
             "staleness_histogram": {str(k): v for k, v in sorted(self.sink.staleness_counts.items())},
             "version_span_histogram": {str(k): v for k, v in sorted(self.sink.version_span_counts.items())},
             "abandoned": dict(list(st.abandoned.items())[-5:]),
-            "last_checkpoint": self.last_checkpoint,
+            "last_checkpoint": self.commits.last_checkpoint,
             "ranks": self.ranks.world_size,
             "replica_digests": self.link.replica_digests if self.link is not None else [],
             "last_metrics": {k: v for k, v in self.last_metrics.items() if k != "sample_ids"},
