@@ -31,6 +31,7 @@ from services.rollout.sessions.chat import ChatTokensCache
 from services.rollout.sessions.registry import (
     ENDED,
     FORWARDED_HEADER,
+    OwnerProbe,
     SessionElsewhere,
     SessionRegistry,
     url_of_socket,
@@ -89,6 +90,7 @@ class SessionManager:
         self._sweeper: asyncio.Task | None = None
         self.owners: SessionRegistry | None = None
         self.http: httpx.AsyncClient | None = None
+        self.probe: OwnerProbe | None = None
         self._announced = False
         r = registry
         self.m_sessions = Counter("fleetrl_rollout_sessions", "Sessions by outcome (created, finished, expired, deleted, "
@@ -106,6 +108,7 @@ class SessionManager:
         self.owners = SessionRegistry(self.redis, self.run_name, self.cfg.ttl_s, self.cfg.sweep_interval_s)
         # a forwarded finish waits for the owner's reward and push (their timeouts) and then some
         self.http = httpx.AsyncClient(timeout=self.cfg.reward_timeout_s + self.cfg.push_timeout_s + 30)
+        self.probe = OwnerProbe(self.http)
         if self.url:
             try:
                 await self._announce()
@@ -236,6 +239,9 @@ class SessionManager:
         if forwarded:
             raise SessionNotFound(f"session {sid!r} is registered to the replica at {owner}, but this request was "
                                   "forwarded here by another replica; send it to that replica")
+        if self.probe is not None and not await self.probe.answers(owner):
+            raise SessionNotFound(f"session {sid!r} was held by the rollout replica at {owner}, which does not answer "
+                                  "(it stopped or crashed): its calls are lost")
         raise SessionElsewhere(sid, owner)
 
     async def by_header(self, sid: str | None) -> Session | None:

@@ -14,15 +14,18 @@ A session lives in the memory of the replica that opened it. Each replica in ses
 A replica asked about a session it does not hold looks it up here (:meth:`SessionManager.locate`): held by
 another live replica -> :class:`SessionElsewhere` (a 307 to the same path there; lifecycle routes forward
 the request instead, since clients drop the bearer token on a redirect to another host); ended -> the
-owner's answer; unknown, or held by a replica that is gone -> 404.
+owner's answer; unknown, or held by a replica that is gone -> 404. "Gone" is a heartbeat that expired, or one
+that has not expired yet but whose replica refuses connections (SIGKILLed moments ago: :class:`OwnerProbe`).
 """
 
 from __future__ import annotations
 
 import math
 import socket
+import time
 from typing import Any
 
+import httpx
 import redis.asyncio as aioredis
 
 from shared import keys
@@ -127,3 +130,33 @@ class SessionRegistry:
         if value in ENDED:
             return value, False
         return value, bool(await self.redis.exists(keys.rollout_replica(self.run, value)))
+
+
+class OwnerProbe:
+    """Whether a session's owner still listens, asked before sending a call there: a replica SIGKILLed moments
+    ago keeps its heartbeat for up to its TTL, and a redirect to its closed port helps nobody. A refused
+    connection is gone; an owner that is slow or busy (a timeout, an error status) counts as there. Answers are
+    kept ``keep_s`` per owner, so a burst of misrouted calls costs one probe."""
+
+    def __init__(self, http: httpx.AsyncClient, timeout_s: float = 2.0, keep_s: float = 2.0) -> None:
+        self.http = http
+        self.timeout_s = timeout_s
+        self.keep_s = keep_s
+        self._seen: dict[str, tuple[float, bool]] = {}
+
+    async def answers(self, owner: str) -> bool:
+        now = time.monotonic()
+        seen = self._seen.get(owner)
+        if seen is not None and now - seen[0] < self.keep_s:
+            return seen[1]
+        try:
+            await self.http.get(f"{owner}/health", timeout=self.timeout_s)
+            ok = True
+        except httpx.ConnectError:
+            ok = False
+        except httpx.HTTPError:
+            ok = True
+        if len(self._seen) > 1024:
+            self._seen.clear()
+        self._seen[owner] = (now, ok)
+        return ok

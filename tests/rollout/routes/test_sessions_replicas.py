@@ -13,6 +13,7 @@ import openai
 import pytest
 import redis
 
+from deploy.local.ports import free_port
 from shared import keys
 from shared.codec import decode
 from shared.schemas import Experience
@@ -160,6 +161,16 @@ def test_unknown_lost_and_bad_input_stay_4xx(replicas, r):
                             timeout=30), 404)
     assert "no longer running" in msg
     status(httpx.delete(f"{b.url}/sessions/orphan", headers=AUTH, timeout=30), 404)
+
+    # its owner was SIGKILLed a moment ago: the heartbeat has not expired yet, but nothing listens there. A 404
+    # saying so, not a 307 to a closed port for the rest of the heartbeat's TTL
+    dead = f"http://127.0.0.1:{free_port()}"
+    r.set(keys.session_owner(RUN, "crashed"), dead, ex=60)
+    r.set(keys.rollout_replica(RUN, dead), "1", ex=60)
+    msg = status(httpx.post(f"{b.url}/sessions/crashed/v1/completions", json={"prompt": [1], "max_tokens": 1},
+                            timeout=30), 404)
+    assert dead in msg and "does not answer" in msg
+    status(httpx.get(f"{b.url}/sessions/crashed", headers=AUTH, timeout=30), 404)
 
     sid = create(a.url)["session_id"]
     on_b = openai.OpenAI(base_url=f"{b.url}/sessions/{sid}/v1", api_key="unused", timeout=60, max_retries=0)
