@@ -48,6 +48,7 @@ from shared.reward_api import ScoreItem
 from shared.schemas import FinishReason
 
 log = logging.getLogger(__name__)
+_timeout = getattr(asyncio, "timeout", None)
 
 
 class TrajectoryFailed(RuntimeError):
@@ -114,6 +115,9 @@ async def _call(what: str, timeout: float, fn: Callable[..., Any], *args: Any) -
     :class:`TrajectoryFailed` naming ``what``."""
     try:
         if inspect.iscoroutinefunction(fn):
+            if _timeout is not None:  # Python >= 3.11: no task of its own per call (wait_for makes one there)
+                async with _timeout(timeout):
+                    return await fn(*args)
             return await asyncio.wait_for(fn(*args), timeout)
         value = await asyncio.wait_for(asyncio.to_thread(fn, *args), timeout)
         return await asyncio.wait_for(value, timeout) if inspect.isawaitable(value) else value
@@ -246,6 +250,13 @@ async def _score(ctx: RolloutContext, cfg: AgentSettings, episodes: list[Episode
         reply = await ctx.score(items)
         for i, s, comps in zip(need, reply.scores, reply.components):
             scored[i] = (float(s), {k: float(v) for k, v in comps.items() if v is not None})
+    texts: dict[tuple[int, ...], str] = {}  # the group's trajectories mostly share their prompt: decoded once
+
+    def prompt_text(ids: tuple[int, ...]) -> str:
+        if ids not in texts:
+            texts[ids] = ctx.tokenizer.decode(list(ids), skip_special_tokens=False)
+        return texts[ids]
+
     out = []
     for i, e in enumerate(episodes):
         if e.finish == "length" and cfg.on_length == "penalize":
@@ -256,7 +267,7 @@ async def _score(ctx: RolloutContext, cfg: AgentSettings, episodes: list[Episode
             reward, comps = scored[i]
         t = e.builder.build(
             finish_reason=e.finish, reward=reward, sampling=record, reward_components=comps,
-            prompt_text=ctx.tokenizer.decode(list(e.builder.prompt_ids), skip_special_tokens=False),
+            prompt_text=prompt_text(e.builder.prompt_ids),
             response_text=ctx.tokenizer.decode(list(e.builder.ids), skip_special_tokens=False),
             metadata={"turns": e.turns},
         )

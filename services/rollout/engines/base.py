@@ -227,6 +227,8 @@ class Engine(ABC):
 
         If one fails the others are cancelled (and so aborted) before the error propagates.
         """
+        if len(requests) == 1:  # a multi-turn rollout's every turn: no task and gather of its own
+            return [await self.generate(requests[0], admit_timeout)]
         tasks = [asyncio.ensure_future(self.generate(r, admit_timeout)) for r in requests]
         try:
             return list(await asyncio.gather(*tasks))

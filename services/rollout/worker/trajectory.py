@@ -79,7 +79,7 @@ class TrajectoryBuilder:
     def __init__(self, prompt_ids: Sequence[int]) -> None:
         if not prompt_ids:
             raise ValueError("a trajectory needs at least one prompt token")
-        self.prompt_ids = tuple(int(t) for t in prompt_ids)
+        self.prompt_ids = tuple(map(int, prompt_ids))
         self.ids: list[int] = []
         self.logprobs: list[float] = []
         self.mask: list[int] = []
@@ -108,7 +108,7 @@ class TrajectoryBuilder:
         start = len(self.ids)
         for offset, version in (version_spans or [(0, weight_version)]):
             self._open_span(start + int(offset), int(version))
-        self._add("model", ids, [float(x) for x in logprobs], 1, weight_version)
+        self._add("model", ids, list(map(float, logprobs)), 1, weight_version)
 
     def _open_span(self, position: int, version: int) -> None:
         if self.spans and self.spans[-1][1] == version:
@@ -126,7 +126,7 @@ class TrajectoryBuilder:
         self._add("environment", ids, [0.0] * len(ids), 0, None)
 
     def _add(self, kind: TurnKind, ids: Sequence[int], logprobs: list[float], mask: int, version: int | None) -> None:
-        ids = tuple(int(t) for t in ids)
+        ids = tuple(map(int, ids))
         self.turns.append(Turn(kind, len(self.ids), ids, version))
         self.ids.extend(ids)
         self.logprobs.extend(logprobs)

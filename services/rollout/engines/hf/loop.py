@@ -238,10 +238,11 @@ class DecodeLoop:
                 out.append((row, self._finish_delta(row, Finish("abort", message=row.aborted))))
         joining = [r for r in joining if not r.done]
         self._retire(batch, out)
+        stepped, step_logits = [], None
         if self._active:
             try:
                 last = torch.tensor([r.out_ids[-1] for r in self._active], dtype=torch.long, device=self.device)
-                logits = batch.step(last)
+                step_logits = batch.step(last)
             except Exception as exc:  # the batch's forward pass: no single row to blame
                 log.exception("decode step of %d sequences failed; ending them", len(self._active))
                 for row in self._active:
@@ -249,14 +250,17 @@ class DecodeLoop:
                 self._active = []
                 batch.keep([])
             else:
-                self._sample_into(self._active, logits, out)
-                self._retire(batch, out)
-        if joining:
+                stepped = list(self._active)
+        if joining:  # prefilled into the slots after the running rows, which stay as they are until sampled
             joined, logits = self._prefill(batch, joining, out)
             if joined:
                 self._active.extend(joined)
-                self._sample_into(joined, logits, out)
-                self._retire(batch, out)
+                # the step's rows and the newcomers sampled (and retired) together: one sampling call
+                stepped += joined
+                step_logits = logits if step_logits is None else torch.cat([step_logits, logits])
+        if stepped:
+            self._sample_into(stepped, step_logits, out)
+            self._retire(batch, out)
         if self._on_step is not None and (self._active or out):
             self._on_step(len(self._active) + sum(1 for r, d in out if d.finish is not None and d.finish.type != "abort"))
         self.steps += 1
