@@ -26,14 +26,21 @@ then, and the final accuracy (the mean of the last ``--final-evals`` evaluations
 final accuracy over seeds and its difference to sync, and each async mode's speed-up over sync (the median of
 the per-seed ratios).
 
+Two views of the final accuracy, both printed: at **equal steps** (the last ``--final-evals`` evaluations up to
+``--rl-steps``) and at **equal wall time** (the last ``--final-evals`` evaluations of a mode within the
+wall seconds sync took for its ``--rl-steps``: where async steps are faster, it runs more steps in that time). For the
+second view the async modes run ``--async-steps-factor`` x ``--rl-steps`` steps (constant learning rate: the extra
+steps do not change the first ``--rl-steps``); ``--async-lr`` trains the async modes at another learning rate.
+
     .venv/bin/python benchmarks/e2e.py --time-to-accuracy [--threshold 0.6] [--rl-steps 300] [--eval-every 20]
-        [--seeds 0,1,2] [--heldout 200]
+        [--seeds 0,1,2] [--heldout 200] [--async-steps-factor 1.5] [--async-lr 2.5e-4]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -110,9 +117,12 @@ def tta_seed(run: Path, seed: int, args) -> list[dict] | None:
     g = args.groups_per_step
     results = []
     for mode in args.modes.split(","):
+        steps = args.rl_steps if mode == "sync" else math.ceil(args.rl_steps * args.async_steps_factor)
         sets = [*rl_sets, f"run_name={run.parent.name}-{run.name}-{mode}", f"run_dir={run / mode}",
-                f"eval.every={args.eval_every}", *TTA_MODES[mode](g)]
-        print(f"[tta] seed {seed} {mode}: up to {args.rl_steps} steps, held-out every {args.eval_every}", flush=True)
+                f"eval.every={args.eval_every}", f"train.max_steps={steps}", *TTA_MODES[mode](g)]
+        if mode != "sync" and args.async_lr is not None:
+            sets.append(f"optim.actor_lr={args.async_lr}")
+        print(f"[tta] seed {seed} {mode}: up to {steps} steps, held-out every {args.eval_every}", flush=True)
         if run_spec(load_spec(run / "fleetrl.yaml", sets), run / "fleetrl.yaml", make_display(False)) != 0:
             return None
         evals = [json.loads(x) for x in (run / mode / "eval.jsonl").read_text().splitlines()]
@@ -120,14 +130,28 @@ def tta_seed(run: Path, seed: int, args) -> list[dict] | None:
                    if "step" in r}
         hit = next((e for e in evals if e["accuracy"] >= args.threshold), None)
         samples = int(sum(m.get("samples", 0) for step, m in metrics.items() if hit and step <= hit["step"]))
-        last = evals[1:][-args.final_evals:] or evals
+        # equal steps: evaluations up to --rl-steps (an evaluation is labelled with the step the launcher saw when
+        # it started one, which can be a step or two past the due step: half an interval of slack)
+        upto = [e for e in evals if e["step"] < args.rl_steps + args.eval_every / 2]
+        last = upto[1:][-args.final_evals:] or upto
         results.append({"seed": seed, "mode": mode, "start_acc": evals[0]["accuracy"],
                         "final_acc": sum(e["accuracy"] for e in last) / len(last),
                         "final_steps": [e["step"] for e in last],
+                        "evals": [{"step": e["step"], "s": round(e["time"] - evals[0]["time"], 1),
+                                   "accuracy": e["accuracy"]} for e in evals],
                         "reached_s": round(hit["time"] - evals[0]["time"], 1) if hit else None,
                         "reached_step": hit["step"] if hit else None, "samples": samples if hit else None,
-                        "steps_run": max(metrics) if metrics else 0, "wall_s": round(evals[-1]["time"] - evals[0]["time"], 1)})
+                        "steps_run": max(metrics) if metrics else 0, "wall_s": round(evals[-1]["time"] - evals[0]["time"], 1),
+                        "rl_steps_s": round(upto[-1]["time"] - evals[0]["time"], 1)})
     return results
+
+
+def at_wall(r: dict, budget_s: float, n: int) -> tuple[float, list[int], bool]:
+    """A run's accuracy at a wall budget: the mean of its last ``n`` evaluations (step 0 excluded) finished within
+    ``budget_s`` seconds of its step-0 evaluation; their steps; whether the run ended before the budget."""
+    within = [e for e in r["evals"] if e["s"] <= budget_s]
+    last = within[1:][-n:] or within
+    return sum(e["accuracy"] for e in last) / len(last), [e["step"] for e in last], r["evals"][-1]["s"] < budget_s
 
 
 def time_to_accuracy(args) -> int:
@@ -147,20 +171,20 @@ def time_to_accuracy(args) -> int:
     print(f"threshold: held-out greedy accuracy >= {args.threshold:.0%} ({args.heldout} held-out prompts); final: mean "
           f"of the last {args.final_evals} evaluations")
     print(f"{'seed':>5} {'mode':>14} {'start':>7} {'reached s':>10} {'at step':>8} {'samples':>8} {'final':>7} "
-          f"{'steps':>6} {'wall s':>7}")
+          f"{'steps':>6} {'wall s':>7} {'s to rl-steps':>13}")
     for r in results:
         reached = "-" if r["reached_s"] is None else f"{r['reached_s']:.1f}"
         step = "-" if r["reached_step"] is None else r["reached_step"]
         samples = "-" if r["samples"] is None else r["samples"]
         print(f"{r['seed']:>5} {r['mode']:>14} {r['start_acc']:>7.1%} {reached:>10} {step!s:>8} {samples!s:>8} "
-              f"{r['final_acc']:>7.1%} {r['steps_run']:>6} {r['wall_s']:>7.1f}")
+              f"{r['final_acc']:>7.1%} {r['steps_run']:>6} {r['wall_s']:>7.1f} {r['rl_steps_s']:>13.1f}")
     print()
     modes = args.modes.split(",")
     by = {(r["seed"], r["mode"]): r for r in results}
     seeds = sorted({r["seed"] for r in results})
     for mode in modes:
         finals = [by[s, mode]["final_acc"] for s in seeds]
-        line = f"{mode:>14}: final accuracy mean {statistics.mean(finals):.1%} over {len(seeds)} seed(s) " \
+        line = f"{mode:>14}: equal steps: final accuracy mean {statistics.mean(finals):.1%} over {len(seeds)} seed(s) " \
                f"({', '.join(f'{f:.1%}' for f in finals)})"
         if mode != "sync" and "sync" in modes:
             diffs = [100 * (by[s, mode]["final_acc"] - by[s, "sync"]["final_acc"]) for s in seeds]
@@ -170,6 +194,18 @@ def time_to_accuracy(args) -> int:
             line += (f"; reaches the threshold {statistics.median(ratios):.2f}x sooner (median of "
                      f"{', '.join(f'{x:.2f}' for x in ratios)}; target >= 1.3)") if ratios else "; threshold not reached"
         print(line)
+    if "sync" in modes:
+        print()
+        print("equal wall time: each mode's last evaluations within the wall seconds sync took for its steps")
+        for mode in modes:
+            views = [at_wall(by[s, mode], by[s, "sync"]["rl_steps_s"], args.final_evals) for s in seeds]
+            line = (f"{mode:>14}: accuracy mean {statistics.mean(v[0] for v in views):.1%} ("
+                    + ", ".join(f"seed {s}: {v[0]:.1%} at steps {v[1]} within {by[s, 'sync']['rl_steps_s']:.0f} s"
+                                + (" (run ended sooner)" if v[2] else "") for s, v in zip(seeds, views)) + ")")
+            if mode != "sync":
+                diffs = [100 * (v[0] - by[s, "sync"]["final_acc"]) for s, v in zip(seeds, views)]
+                line += f"; vs sync {statistics.mean(diffs):+.1f} points"
+            print(line)
     print(f"results: {run / 'tta.json'}")
     return 0
 
@@ -188,6 +224,10 @@ def main() -> int:
     ap.add_argument("--modes", default="sync,async")
     ap.add_argument("--seeds", default="0", help="time to accuracy: comma-separated seeds (task split, warm-up, RL)")
     ap.add_argument("--final-evals", type=int, default=3, help="time to accuracy: final accuracy = mean of the last N")
+    ap.add_argument("--async-steps-factor", type=float, default=1.5,
+                    help="time to accuracy: async modes run this x --rl-steps (for the equal-wall-time view)")
+    ap.add_argument("--async-lr", type=float, default=None,
+                    help="time to accuracy: the async modes' learning rate (default: the recipe's)")
     ap.add_argument("--run-dir", type=Path, default=None)
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--redis-url", default=os.environ.get("REDIS_URL") or None,
