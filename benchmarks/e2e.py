@@ -30,7 +30,7 @@ Two views of the final accuracy, both printed: at **equal steps** (the last ``--
 ``--rl-steps``) and at **equal wall time** (the last ``--final-evals`` evaluations of a mode within the
 wall seconds sync took for its ``--rl-steps``: where async steps are faster, it runs more steps in that time). For the
 second view the async modes run ``--async-steps-factor`` x ``--rl-steps`` steps (constant learning rate: the extra
-steps do not change the first ``--rl-steps``); ``--async-lr`` trains the async modes at another learning rate.
+steps do not change the first ``--rl-steps``); ``--lr`` sets every mode's learning rate, ``--async-lr`` the async modes'.
 
     .venv/bin/python benchmarks/e2e.py --time-to-accuracy [--threshold 0.6] [--rl-steps 300] [--eval-every 20]
         [--seeds 0,1,2] [--heldout 200] [--async-steps-factor 1.5] [--async-lr 2.5e-4]
@@ -109,7 +109,8 @@ def tta_seed(run: Path, seed: int, args) -> list[dict] | None:
         shutil.copy(RECIPE / name, run / name)
     knobs = demo_args(["--sft-steps", str(args.sft_steps), "--rl-steps", str(args.rl_steps), "--seed", str(seed),
                        "--groups-per-step", str(args.groups_per_step), "--group-size", str(args.group_size)]
-                      + (["--redis-url", args.redis_url] if args.redis_url else []))
+                      + (["--redis-url", args.redis_url] if args.redis_url else [])
+                      + (["--lr", str(args.lr)] if args.lr is not None else []))
     sft_sets, rl_sets = demo_overrides(run, knobs)
     print(f"[tta] seed {seed}: SFT warm-up: {args.sft_steps} steps", flush=True)
     if run_spec(load_spec(run / "sft.yaml", sft_sets), run / "sft.yaml", make_display(False)) != 0:
@@ -226,6 +227,8 @@ def main() -> int:
     ap.add_argument("--final-evals", type=int, default=3, help="time to accuracy: final accuracy = mean of the last N")
     ap.add_argument("--async-steps-factor", type=float, default=1.5,
                     help="time to accuracy: async modes run this x --rl-steps (for the equal-wall-time view)")
+    ap.add_argument("--lr", type=float, default=None,
+                    help="time to accuracy: every mode's learning rate (default: the recipe's)")
     ap.add_argument("--async-lr", type=float, default=None,
                     help="time to accuracy: the async modes' learning rate (default: the recipe's)")
     ap.add_argument("--run-dir", type=Path, default=None)
