@@ -29,11 +29,16 @@ the per-seed ratios).
 Two views of the final accuracy, both printed: at **equal steps** (the last ``--final-evals`` evaluations up to
 ``--rl-steps``) and at **equal wall time** (the last ``--final-evals`` evaluations of a mode within the
 wall seconds sync took for its ``--rl-steps``: where async steps are faster, it runs more steps in that time). For the
-second view the async modes run ``--async-steps-factor`` x ``--rl-steps`` steps (constant learning rate: the extra
-steps do not change the first ``--rl-steps``); ``--lr`` sets every mode's learning rate, ``--async-lr`` the async modes'.
+second view the async modes run ``--async-steps-factor`` x ``--rl-steps`` steps; ``--lr`` sets every mode's learning
+rate, ``--async-lr`` the async modes'. At the recipe's constant learning rate the extra steps do not change the first
+``--rl-steps``; ``--schedule cosine`` (or ``linear``, down to ``--min-lr-ratio`` x the peak) makes each mode's LR decay
+over its own steps, so an async mode's first ``--rl-steps`` then run at a higher LR than sync's (its equal-steps view
+is mid-schedule; the equal-wall-time view compares each mode at the end of its own schedule). ``--set KEY=VALUE``
+(repeatable) passes any other run-spec override to every mode's RL run.
 
     .venv/bin/python benchmarks/e2e.py --time-to-accuracy [--threshold 0.6] [--rl-steps 300] [--eval-every 20]
-        [--seeds 0,1,2] [--heldout 200] [--async-steps-factor 1.5] [--async-lr 2.5e-4]
+        [--seeds 0,1,2] [--heldout 200] [--async-steps-factor 1.5] [--async-lr 2.5e-4] [--schedule cosine]
+        [--set services.learner.observability.log_samples=true]
 """
 
 from __future__ import annotations
@@ -123,6 +128,9 @@ def tta_seed(run: Path, seed: int, args) -> list[dict] | None:
                 f"eval.every={args.eval_every}", f"train.max_steps={steps}", *TTA_MODES[mode](g)]
         if mode != "sync" and args.async_lr is not None:
             sets.append(f"optim.actor_lr={args.async_lr}")
+        if args.schedule is not None:  # spans this mode's own train.max_steps (the learner derives it)
+            sets += [f"optim.schedule={args.schedule}", f"optim.min_lr_ratio={args.min_lr_ratio}"]
+        sets += args.set
         print(f"[tta] seed {seed} {mode}: up to {steps} steps, held-out every {args.eval_every}", flush=True)
         if run_spec(load_spec(run / "fleetrl.yaml", sets), run / "fleetrl.yaml", make_display(False)) != 0:
             return None
@@ -231,6 +239,13 @@ def main() -> int:
                     help="time to accuracy: every mode's learning rate (default: the recipe's)")
     ap.add_argument("--async-lr", type=float, default=None,
                     help="time to accuracy: the async modes' learning rate (default: the recipe's)")
+    ap.add_argument("--schedule", choices=["constant", "cosine", "linear"], default=None,
+                    help="time to accuracy: every mode's LR schedule, spanning that mode's own steps (default: the "
+                         "recipe's, constant)")
+    ap.add_argument("--min-lr-ratio", type=float, default=0.1,
+                    help="time to accuracy: where --schedule cosine / linear ends, as a fraction of the peak LR")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="time to accuracy: a run-spec override for every mode's RL run (repeatable)")
     ap.add_argument("--run-dir", type=Path, default=None)
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--redis-url", default=os.environ.get("REDIS_URL") or None,
