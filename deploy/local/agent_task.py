@@ -1,10 +1,16 @@
 """The agent demo's task: arithmetic too large for a tiny model, solved by calling a ``calculator`` tool.
 
-A question ``What is 482*739?`` (sums and products of 2- and 3-digit numbers). The model has to call the
+A question ``What is 482*739?`` (sums and products of 2- and 3-digit numbers). The model may call the
 calculator environment's tool (``services/rollout/agents/envs/calculator.py``) in the hermes format, read the
-``tool`` message that carries the result, and answer with that number; the reward service checks the last
-number of the answer against the label. A tiny model cannot multiply 3-digit numbers, so success without
-the tool is ~0: what it can learn is the call format, to copy the operands into it, and to copy the result.
+``tool`` message that carries the result, and answer ``The answer is <result>``; the reward service checks the last
+number of the answer against the label. A tiny model cannot multiply 3-digit numbers, so success without the
+tool is ~0: what it can learn is the call format, to copy the operands into it, to copy the result, and to call
+the tool at all.
+
+The SFT data mixes two kinds of transcripts (``direct``, default :data:`DIRECT`): tool use (:func:`transcript`)
+and answers without the tool (:func:`direct_transcript`, the label's digits not trained). The warm-up thus
+teaches both the skill and the habit of not using it; greedy, the warmed-up model answers directly and is
+wrong, and what RL has to learn is the decision to call the tool.
 
 The SFT transcripts are written in exactly the token format the ``multi_turn`` rollout produces: the prompt
 the chat template renders (with the tool declared), the model's turn ``<tool_call>{...}</tool_call><|im_end|>``,
@@ -31,6 +37,10 @@ from services.rollout.agents.tool_calls import ToolCall, render_hermes
 
 OPS = ("+", "*")
 END = "<|im_end|>"
+ANSWER = "The answer is "
+"""How every answer turn starts, after the tool's result or without one."""
+DIRECT = 0.6
+"""The demo's share of SFT transcripts that answer without the tool (:func:`direct_transcript`)."""
 
 
 def question(a: int, op: str, b: int) -> dict[str, str]:
@@ -69,7 +79,23 @@ def transcript(tokenizer, row: dict[str, str]) -> dict:
                             skip_special_tokens=False)
     return {"input": prompt, "output": [{"text": f"{call}{END}", "train": True},
                                         {"text": f"{glue}{tool}", "train": False},
-                                        {"text": f"{row['label']}{END}", "train": True}]}
+                                        {"text": f"{ANSWER}{row['label']}{END}", "train": True}]}
+
+
+def direct_transcript(tokenizer, row: dict[str, str]) -> dict:
+    """One SFT pair that answers without the tool: the rendered first prompt (tool declared), then
+    ``The answer is <label>`` and ``<|im_end|>`` as the model's only turn. A tiny model cannot compute the label
+    itself, so what these teach is the *choice* to answer directly (its first token, against the call's
+    ``<tool_call>``) and to end the turn; the label's digits are not trained (``train: false``): noise to a
+    model that cannot compute them, they slowed the copying the tool transcripts teach. Mixed with
+    :func:`transcript` they leave RL the decision to call the tool."""
+    from services.rollout.agents.chat_tokens import ChatTokens
+
+    chat = ChatTokens(tokenizer, tools=[CALCULATOR.schema()])
+    prompt = tokenizer.decode(chat.prompt([{"role": "user", "content": row["input"]}]), skip_special_tokens=False)
+    return {"input": prompt, "output": [{"text": ANSWER, "train": True},
+                                        {"text": row["label"], "train": False},
+                                        {"text": END, "train": True}]}
 
 
 def transcript_text(row: dict) -> str:
@@ -108,14 +134,20 @@ def write_jsonl(rows: list[dict], path: Path) -> Path:
 
 
 def prepare_run(run_dir: Path, *, seed: int = 0, train: int = 4000, sft: int = 1000, heldout: int = 200,
-                hidden_size: int = 128, layers: int = 2, digits: tuple[int, int] = (2, 3)) -> dict[str, Path]:
-    """Under ``run_dir``: ``data/train.jsonl`` (RL prompts and labels), ``data/sft.jsonl`` (tool-use transcripts),
-    ``data/heldout.jsonl`` and a fresh tiny model ``base-model``."""
+                hidden_size: int = 128, layers: int = 2, digits: tuple[int, int] = (2, 3),
+                direct: float = DIRECT) -> dict[str, Path]:
+    """Under ``run_dir``: ``data/train.jsonl`` (RL prompts and labels), ``data/sft.jsonl`` (tool-use transcripts,
+    a ``direct`` fraction of them answering without the tool), ``data/heldout.jsonl`` and a fresh tiny model
+    ``base-model``."""
     from deploy.local.tiny_model import build_tiny_causal_lm, build_tokenizer
 
     rows = make_questions(train + sft + heldout, seed, digits)
     held, sft_rows, rl_rows = rows[:heldout], rows[heldout:heldout + sft], rows[heldout + sft:]
-    transcripts = [transcript(build_tokenizer(), r) for r in sft_rows]  # the text does not depend on the tokenizer
+    base_tok = build_tokenizer()  # the text does not depend on the tokenizer
+    n_direct = round(direct * len(sft_rows))
+    mix = set(random.Random(seed + 1).sample(range(len(sft_rows)), n_direct))
+    transcripts = [direct_transcript(base_tok, r) if i in mix else transcript(base_tok, r)
+                   for i, r in enumerate(sft_rows)]
     tok = build_task_tokenizer([text for t in transcripts for text in (t["input"], transcript_text(t))])
     out = {
         "train": write_jsonl([{"input": r["input"], "label": r["label"]} for r in rl_rows],
@@ -138,8 +170,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--sft", type=int, default=1000, help="SFT transcripts")
     ap.add_argument("--heldout", type=int, default=200)
+    ap.add_argument("--direct", type=float, default=DIRECT, help="share of SFT transcripts answering without the tool")
     args = ap.parse_args(argv)
-    out = prepare_run(args.dir, seed=args.seed, sft=args.sft, heldout=args.heldout)
+    if not 0.0 <= args.direct < 1.0:
+        ap.error(f"--direct must be in [0, 1), got {args.direct}")
+    out = prepare_run(args.dir, seed=args.seed, sft=args.sft, heldout=args.heldout, direct=args.direct)
     print(f"wrote {out['train']}, {out['sft']}, {out['heldout']} and the model {out['model']}")
     return 0
 

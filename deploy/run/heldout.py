@@ -49,7 +49,9 @@ def evaluate(rollout_url: str, reward_url: str, rows: list[dict], step: int, max
     ``attempts`` is kept anyway, its weight version said as the range (``"83-84"``: under async RL the learner
     can publish faster than a pass takes, and a missing point would hide the curve). With ``worker``
     (:func:`episode_worker`), each prompt is a greedy episode of its rollout function, and the first few are
-    written beside ``log_path`` as ``heldout_samples_step<step>.md`` (turns, tool calls, reward)."""
+    written beside ``log_path`` as ``heldout_samples_step<step>.md`` (turns, tool calls, reward), and the log
+    line has ``tool_call_rate``: the share of episodes in which the model called a tool."""
+    extra: dict[str, float] = {}
     for attempt in range(attempts):
         try:
             if worker is None:
@@ -63,6 +65,7 @@ def evaluate(rollout_url: str, reward_url: str, rows: list[dict], step: int, max
                 res = greedy_success(rollout_url, reward_url, rows, worker, max_new_tokens=max_new_tokens,
                                      samples=samples, mixed_ok=attempt == attempts - 1)
                 acc, version = res.accuracy, res.weight_version
+                extra = {"tool_call_rate": res.tool_calls / len(rows)}
             break
         except RuntimeError:  # answers from several weight versions (the fleet updated mid-pass), or a failed episode
             if attempt == attempts - 1:
@@ -70,5 +73,5 @@ def evaluate(rollout_url: str, reward_url: str, rows: list[dict], step: int, max
     point = EvalPoint(step=step, accuracy=acc, weight_version=version)
     if log_path is not None:
         with log_path.open("a") as f:
-            f.write(json.dumps({**asdict(point), "time": time.time(), "n": len(rows)}) + "\n")
+            f.write(json.dumps({**asdict(point), **extra, "time": time.time(), "n": len(rows)}) + "\n")
     return point

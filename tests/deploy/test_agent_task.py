@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from deploy.local.agent_task import make_questions, prepare_run
+from deploy.local.agent_task import make_questions, prepare_run, transcript_text
 from services.rollout.agents.chat_tokens import ChatTokens
 from services.rollout.agents.envs.calculator import CALCULATOR, CalculatorEnv
 from services.rollout.agents.tool_calls import parse_tool_calls
@@ -17,7 +17,7 @@ from shared.schemas import PromptTask
 @pytest.fixture(scope="module")
 def task_dir(tmp_path_factory):
     run = tmp_path_factory.mktemp("agent-task")
-    prepare_run(run, seed=3, train=60, sft=40, heldout=20, hidden_size=32, layers=1)
+    prepare_run(run, seed=3, train=60, sft=40, heldout=20, hidden_size=32, layers=1, direct=0.25)
     return run
 
 
@@ -41,7 +41,7 @@ def test_sft_transcripts_are_the_token_ids_a_multi_turn_rollout_produces(task_di
     """What the learner's SFT trains on (prompt ids, answer ids and loss mask as PromptSet.sft_pair tokenises
     them) equals a multi-turn trajectory of the calculator environment: the chat template's prompt, the model's
     tool call turn, the template's turn ending + delta of the tool message (masked, as the rollout masks it), the
-    answer turn."""
+    answer turn; or, for the direct answers of the mix, the one answer turn."""
     from transformers import AutoTokenizer
 
     from services.learner.data import PromptSet
@@ -51,10 +51,20 @@ def test_sft_transcripts_are_the_token_ids_a_multi_turn_rollout_produces(task_di
     chat = ChatTokens(tok, tools=[CALCULATOR.schema()])
     data = PromptSet.load(DataSettings(path=str(task_dir / "data" / "sft.jsonl"), label_key=None, shuffle=False), 0,
                           tok, need_output=True)
+    direct = 0
     for n, row in enumerate(rows(task_dir / "data" / "sft.jsonl")):
         prompt, answer, mask = data.sft_pair(0, n)
         question = row["input"].split("user\n")[1].split("<|im_end|>")[0]
         assert prompt == chat.prompt([{"role": "user", "content": question}])
+        if row["output"][0]["text"] == "The answer is ":  # a direct answer: no call; the label is context
+            direct += 1
+            _, label, end = row["output"]
+            assert label == {"text": CALCULATOR.fn(question[8:-1]), "train": False} and end["text"] == "<|im_end|>"
+            ids = [list(tok(seg["text"], add_special_tokens=False)["input_ids"]) for seg in row["output"]]
+            assert answer == ids[0] + ids[1] + ids[2] + [tok.eos_token_id]
+            assert mask == [1] * len(ids[0]) + [0] * len(ids[1]) + [1] * (len(ids[2]) + 1)
+            assert not parse_tool_calls(transcript_text(row)).calls
+            continue
         call_text, _, _ = row["output"][0]["text"].partition("<|im_end|>")
         (call,) = parse_tool_calls(call_text).calls
         assert call.name == "calculator" and f"What is {call.arguments['expression']}?" == question
@@ -62,10 +72,11 @@ def test_sft_transcripts_are_the_token_ids_a_multi_turn_rollout_produces(task_di
         model_turn = list(tok(call_text + "<|im_end|>", add_special_tokens=False)["input_ids"])
         env_turn = chat.close_turn(model_turn) + chat.delta([{"role": "tool", "name": "calculator",
                                                                "content": result}])
-        final = list(tok(result + "<|im_end|>", add_special_tokens=False)["input_ids"])
+        final = list(tok("The answer is " + result + "<|im_end|>", add_special_tokens=False)["input_ids"])
         assert answer == model_turn + env_turn + final + [tok.eos_token_id]
         assert mask == [1] * len(model_turn) + [0] * len(env_turn) + [1] * (len(final) + 1)
         assert model_turn[-1] in chat.stop_token_ids and final[-1] in chat.stop_token_ids
+    assert direct == 10  # direct=0.25 of 40
 
 
 def test_the_tokenizer_keeps_digits_one_per_token_and_shortens_the_call(task_dir):

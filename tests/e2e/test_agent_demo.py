@@ -15,7 +15,9 @@ from deploy.local import demo_agent
 @pytest.mark.slow
 def test_agent_demo_trains_multi_turn_tool_episodes(tmp_path, monkeypatch):
     monkeypatch.delenv("REDIS_URL", raising=False)  # the demo starts its own embedded server
-    rc = demo_agent.main(["--run-dir", str(tmp_path), "--sft-examples", "200", "--sft-steps", "80",
+    # mostly tool-use transcripts (the recipe's mix is 60% direct answers: what RL has to learn away) so that the
+    # few trained steps hold tool turns
+    rc = demo_agent.main(["--run-dir", str(tmp_path), "--sft-examples", "200", "--sft-steps", "60", "--sft-direct", "0.2",
                           "--rl-steps", "6", "--groups-per-step", "4", "--group-size", "4", "--heldout", "40",
                           "--lines"])
     assert rc == 0, (tmp_path / "rl" / "logs" / "learner.log").read_text()[-3000:]
@@ -33,6 +35,9 @@ def test_agent_demo_trains_multi_turn_tool_episodes(tmp_path, monkeypatch):
 
     evals = [json.loads(line) for line in (tmp_path / "rl" / "eval.jsonl").read_text().splitlines()]
     assert [e["step"] for e in evals] == [0, 6] and all(e["n"] == 40 for e in evals)
+    # the share of held-out episodes that called the tool, what RL is to raise, in the log and the summary
+    assert all(0.0 <= e["tool_call_rate"] <= 1.0 for e in evals)
+    assert summary["heldout_tool_call_rate_after_rl"] == evals[-1]["tool_call_rate"]
     for step in (0, 6):
         samples = (tmp_path / "rl" / f"heldout_samples_step{step}.md").read_text()
         assert "<tool_call>" in samples and "environment (mask 0)" in samples and "<|im_start|>tool" in samples
