@@ -84,6 +84,11 @@ class RunLauncher:
         learner = procs[-1]
         if spec.is_rl:
             self._eval_worker = episode_worker(next(p for p in procs if p.kind == "rollout").config)
+            if spec.eval.data and self._eval_worker is not None and \
+                    self._eval_worker.rollout_function == "openai_agent":
+                raise RunError("eval.data: held-out evaluation of an openai_agent run is not supported (the agent "
+                               "program picks its own sampling, so a greedy episode cannot be forced); set "
+                               "eval.data: null, e.g. --set eval.data=null")
         ckpt_dir, resume = _checkpoint_dir(learner)
         if self.reset:
             self._reset(redis_url, Path(learner.config["run_dir"]), ckpt_dir)

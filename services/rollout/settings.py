@@ -7,7 +7,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from services.rollout.agents.settings import AgentSettings
+from services.rollout.agents.settings import AgentSettings, ProgramSettings
 from services.rollout.engines.settings import EngineSettings, HFEngineSettings
 from services.rollout.sessions.settings import SessionSettings
 from services.rollout.weights.settings import SidecarSettings, refuse_legacy_env
@@ -73,8 +73,11 @@ class WorkerSettings(BaseModel):
     sampling: WorkerSampling = Field(default_factory=WorkerSampling)
     rollout_function: str = Field(
         default="single_turn", description="What the worker does with a prompt task: single_turn (n samples, one "
-        "/score call), multi_turn (environments and tools; `agent`), or your own 'package.module:function'.")
+        "/score call), multi_turn (environments and tools; `agent`), openai_agent (your OpenAI-client program per "
+        "sample, recorded through a session; `program`), or your own 'package.module:function'.")
     agent: AgentSettings = Field(default_factory=AgentSettings, description="The multi_turn rollout function.")
+    program: ProgramSettings = Field(default_factory=ProgramSettings,
+                                     description="The openai_agent rollout function: your agent program per sample.")
 
     @field_validator("rollout_function")
     @classmethod
@@ -88,6 +91,9 @@ class WorkerSettings(BaseModel):
     def _reward(self) -> WorkerSettings:
         if self.enabled and not self.reward_url:
             raise ValueError("worker.enabled needs worker.reward_url (the reward service's base URL)")
+        if self.rollout_function == "openai_agent" and not self.program.command:
+            raise ValueError("worker.rollout_function openai_agent needs worker.program.command (your agent "
+                             "program's argv, e.g. ['{python}', 'my_agent.py'])")
         return self
 
 
@@ -161,6 +167,13 @@ class RolloutSettings(ServiceSettings):
         if looks_local and not (Path(v).expanduser() / "config.json").is_file():
             raise ValueError(f"model {v!r}: no Hugging Face checkpoint there (config.json missing)")
         return v
+
+    @model_validator(mode="after")
+    def _agent_sessions(self) -> RolloutSettings:
+        if self.worker.enabled and self.worker.rollout_function == "openai_agent" and not self.sessions.enabled:
+            raise ValueError("worker.rollout_function openai_agent records the program's model calls in sessions: "
+                             "set sessions.enabled: true")
+        return self
 
     @property
     def sidecar_on(self) -> bool:

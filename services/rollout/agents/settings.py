@@ -49,3 +49,23 @@ class AgentSettings(BaseModel):
 
         load_environment(v)  # a LoadError (a ValueError) names the path and what is wrong
         return v
+
+
+class ProgramSettings(BaseModel):
+    """The ``openai_agent`` rollout function: your agent program, run once per sample, its model calls recorded
+    through a session of this replica (``services/rollout/agents/openai_agent.py``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    command: list[str] = Field(
+        default_factory=list, description="The program's argv, e.g. ['python', 'my_agent.py']; '{python}' stands "
+        "for this service's interpreter. It gets OPENAI_BASE_URL / OPENAI_API_KEY (a session of this replica: the "
+        "openai client reads them), FLEETRL_MODEL and FLEETRL_TASK (the task as JSON, also on stdin).")
+    cwd: str | None = Field(default=None, description="Its working directory (default: the service's).")
+    env: dict[str, str] = Field(default_factory=dict, description="More environment variables for it.")
+    timeout_s: float = Field(default=300.0, gt=0, description="One run's time limit; past it the program (its "
+                             "process group) is killed and the run failed.")
+    retries: int = Field(default=2, ge=0, description="Runs of a sample that failed (exit code, timeout, no "
+                         "model call, a rewritten history) tried again before the group fails with the reason.")
+    max_output_bytes: int = Field(default=1_000_000, ge=1024, description="Stdout / stderr kept per run (the "
+                                  "rest is dropped); the reward line must be within it.")

@@ -352,6 +352,17 @@ class SessionManager:
         await self._ended(sid, "finished")
         return SessionFinished(session_id=sid, experience_ids=[e.id for e in group], rewards=rewards, stream=stream)
 
+    async def take(self, sid: str) -> Session:
+        """Close session ``sid`` and hand it (its trajectories) to the caller instead of pushing it: the
+        ``openai_agent`` rollout function, whose worker pushes the whole group as it pushes any other."""
+        session = self.store.get(sid)
+        if session.busy:
+            raise SessionConflict(f"session {sid!r} has a call in flight")
+        self.store.close(sid, "finished")
+        self.m_sessions.labels("finished").inc()
+        await self._ended(sid, "finished")
+        return session
+
     def _text(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False)
 

@@ -104,7 +104,7 @@ def append(trajectories: list[Trajectory], call: Call) -> bool:
     return False
 
 
-def _spans(t: Trajectory) -> tuple[int, list[tuple[int, int]] | None]:
+def version_spans(t: Trajectory) -> tuple[int, list[tuple[int, int]] | None]:
     """(the oldest weight version of the model's tokens, version spans; None when one version made them all)."""
     spans: list[tuple[int, int]] = []
     for i, (start, v) in enumerate(t.spans):
@@ -147,9 +147,7 @@ def experiences(who: SessionIdentity, trajectories: list[Trajectory], rewards: l
     now = time.time()
     out = []
     for k, (t, reward, comps, (prompt_text, response_text)) in enumerate(zip(trajectories, rewards, components, texts)):
-        version, spans = _spans(t)
-        p = t.params
-        assert p is not None
+        version, spans = version_spans(t)
         out.append(Experience(
             id=experience_id(who, k), prompt_id=who.prompt_id, group_id=who.group_id, group_size=who.group_size,
             index=who.index, prompt_token_ids=t.prompt_ids, response_token_ids=t.response_ids,
@@ -158,7 +156,14 @@ def experiences(who: SessionIdentity, trajectories: list[Trajectory], rewards: l
             metadata={**who.metadata, "session_id": who.session_id, "turns": t.turns, "trajectory": k,
                       "trajectories": len(trajectories)},
             created_at=who.created_at, generated_at=now, action_mask=t.mask, version_spans=spans,
-            sampling=SamplingRecord(temperature=p.temperature, top_p=p.top_p, top_k=p.top_k if p.top_k > 0 else -1,
-                                    min_p=p.min_p, max_tokens=max(1, t.max_tokens)),
+            sampling=sampling_of(t),
         ))
     return out
+
+
+def sampling_of(t: Trajectory) -> SamplingRecord:
+    """How the trajectory's model turns were sampled (one distribution for all: :func:`check_extension`)."""
+    p = t.params
+    assert p is not None
+    return SamplingRecord(temperature=p.temperature, top_p=p.top_p, top_k=p.top_k if p.top_k > 0 else -1,
+                          min_p=p.min_p, max_tokens=max(1, t.max_tokens))

@@ -4,7 +4,8 @@ A rollout function turns one prompt task into its group: ``async def fn(ctx: Rol
 list[Trajectory]`` with exactly ``ctx.task.n`` trajectories, in group order. The context gives it
 token-in / token-out generation on this replica's engine (:meth:`RolloutContext.generate`: prompt ids in,
 :class:`SequenceOutput` s with output ids and logprobs out — nothing is re-tokenised), the tokenizer and chat
-template (:meth:`RolloutContext.chat`), the reward service (:meth:`RolloutContext.score`), the task and the
+template (:meth:`RolloutContext.chat`), the reward service (:meth:`RolloutContext.score`), the replica's
+session manager (:attr:`RolloutContext.sessions`, to record an agent program's calls), the task and the
 worker's settings.
 
 What goes wrong is said by raising: :class:`GroupFailed` (this delivery cannot be completed; the prompt is
@@ -30,6 +31,7 @@ from shared.schemas import ChatMessage, PromptTask
 
 if TYPE_CHECKING:
     from services.rollout.agents.chat_tokens import ChatTokens, ChatTokensCache
+    from services.rollout.sessions.manager import SessionManager
     from services.rollout.worker.reward_client import RewardClient
 
 log = logging.getLogger(__name__)
@@ -56,6 +58,17 @@ class RolloutContext:
     @property
     def tokenizer(self) -> Any:
         return self._service.tokenizer
+
+    @property
+    def model_name(self) -> str:
+        """The name this replica serves the model under (``/v1/models``)."""
+        return str(self._service.settings.model_name)
+
+    @property
+    def sessions(self) -> SessionManager | None:
+        """This replica's session manager (``sessions.enabled``), else None: record an agent program's
+        OpenAI-client calls as trajectories (the ``openai_agent`` rollout function)."""
+        return getattr(self._service, "sessions", None)
 
     @property
     def context_length(self) -> int:

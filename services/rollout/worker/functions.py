@@ -1,5 +1,6 @@
 """Rollout functions by name or import path: ``worker.rollout_function`` is ``single_turn`` (one prompt ->
-``n`` samples), ``multi_turn`` (environments and tools, token-in / token-out), or ``package.module:function``
+``n`` samples), ``multi_turn`` (environments and tools, token-in / token-out), ``openai_agent`` (your agent
+program per sample, its OpenAI-client calls recorded through a session), or ``package.module:function``
 (your own). Every one is loaded with the service kit's loader and checked against :class:`RolloutFunction`
 (an ``async`` callable taking the context), so a wrong path or signature is a settings error, not a failure
 at the first prompt."""
@@ -14,6 +15,7 @@ from shared.service_kit.loader import LoadError, load_object
 ROLLOUT_FUNCTIONS: dict[str, str] = {
     "single_turn": "services.rollout.worker.single_turn:single_turn",
     "multi_turn": "services.rollout.agents.multi_turn:multi_turn",
+    "openai_agent": "services.rollout.agents.openai_agent:openai_agent",
 }
 
 

@@ -25,7 +25,7 @@ def test_every_registered_rollout_function_loads(name):
 
 
 @pytest.mark.parametrize(("spec", "problem"), [
-    ("no_such_function", "not a known name (multi_turn, single_turn) nor an import path"),
+    ("no_such_function", "not a known name (multi_turn, openai_agent, single_turn) nor an import path"),
     ("no.such.module:fn", "cannot import module 'no.such.module'"),
     (f"{PLUGINS}:missing", f"'{PLUGINS}' has no attribute 'missing'"),
     (f"{PLUGINS}:two_args", "cannot be called as RolloutFunction (ctx)"),

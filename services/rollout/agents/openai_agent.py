@@ -1,0 +1,253 @@
+"""``openai_agent``: any program that talks to an OpenAI-compatible server, trained by pointing it at a session.
+
+For each sample of a prompt task the worker opens a session on this replica and runs ``worker.program.command``
+with the standard variables the ``openai`` client reads, ``OPENAI_BASE_URL`` (``<replica>/sessions/<id>/v1``)
+and ``OPENAI_API_KEY``, plus ``FLEETRL_MODEL`` (the served model name) and ``FLEETRL_TASK`` (the task as JSON:
+``id``, ``prompt`` — text or chat messages —, ``label``, ``metadata``, ``index``, ``group_size``, ``sampling``;
+also written to the program's stdin). The program is the agent, unmodified: its calls to
+``/v1/chat/completions`` (tools included) or ``/v1/completions`` are recorded token for token, each call that
+extends the conversation continuing one trajectory (mask 1 on the model's ids, 0 on the template's and the
+tools' ids in between), exactly as a session over HTTP records them.
+
+The reward: if the program's last line on stdout is a JSON object with ``"reward"`` (and optionally
+``"reward_components"``), that; else the reward service scores the model's last turn against the task's label,
+as ``multi_turn`` does. A run that exits non-zero, outlives ``program.timeout_s`` (its process group is killed),
+makes no model call, has a call aborted by a weight switch, or rewrites its history (its calls are not one
+conversation: a session would give several trajectories, a sample is one) fails with that reason and is run
+again up to ``program.retries`` times; then the group fails (the worker redelivers, then dead-letters it with
+the reason). The group's trajectories go to the experiences stream through the worker like any other group.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import os
+import signal
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from services.rollout.agents.settings import ProgramSettings
+from services.rollout.errors import RequestError
+from services.rollout.sessions.trajectory import Trajectory as SessionTrajectory
+from services.rollout.sessions.trajectory import sampling_of, version_spans
+from services.rollout.worker.contract import GroupFailed, RolloutContext
+from services.rollout.worker.trajectory import Trajectory
+from shared.reward_api import ScoreItem
+from shared.session_api import SessionCreate
+
+log = logging.getLogger(__name__)
+API_KEY = "fleetrl-session"  # the session routes take no key; the openai client insists on one
+
+
+class RunFailed(RuntimeError):
+    """One run of the program failed; the message says how."""
+
+
+@dataclass(frozen=True)
+class Run:
+    """One finished run: its session's one trajectory, and the reward the program printed (None: score it)."""
+
+    trajectory: SessionTrajectory
+    reward: float | None
+    components: dict[str, float]
+
+
+async def openai_agent(ctx: RolloutContext) -> list[Trajectory]:
+    cfg: ProgramSettings = ctx.settings.program
+    if ctx.sessions is None or not ctx.sessions.url:
+        raise GroupFailed("openai_agent needs this replica's session mode (sessions.enabled) and its URL "
+                          "(advertise_url, or a fixed port)")
+    tasks = [asyncio.create_task(_with_retries(ctx, cfg, i)) for i in range(ctx.task.n)]
+    try:
+        runs = await asyncio.gather(*tasks)
+    finally:  # one failed for good: the others stop (their programs are killed by their own finally)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    return await _score(ctx, list(runs))
+
+
+async def _with_retries(ctx: RolloutContext, cfg: ProgramSettings, index: int) -> Run:
+    failures: list[str] = []
+    while True:
+        try:
+            return await _run(ctx, cfg, index)
+        except RunFailed as exc:
+            failures.append(str(exc))
+            if len(failures) > cfg.retries:
+                raise GroupFailed(f"sample {index} of {ctx.task.id}: the agent program failed {len(failures)} "
+                                  f"times; last: {failures[-1]}") from exc
+            log.warning("task %s, sample %d: the agent program failed (%s); running it again", ctx.task.id, index, exc)
+
+
+def task_json(ctx: RolloutContext, index: int) -> str:
+    """What the program gets as ``FLEETRL_TASK`` (and on stdin)."""
+    task, p = ctx.task, ctx.params
+    prompt: Any = task.prompt if isinstance(task.prompt, str) or task.prompt is None else \
+        [m.model_dump(exclude_none=True) for m in task.prompt]
+    if prompt is None:
+        prompt = ctx.tokenizer.decode(list(task.prompt_token_ids or []), skip_special_tokens=False)
+    return json.dumps({"id": task.id, "prompt": prompt, "label": task.label, "metadata": task.metadata,
+                       "index": index, "group_size": task.n,
+                       "sampling": {"temperature": p.temperature, "top_p": p.top_p, "max_tokens": p.max_new_tokens}})
+
+
+async def _run(ctx: RolloutContext, cfg: ProgramSettings, index: int) -> Run:
+    sessions = ctx.sessions
+    assert sessions is not None
+    try:
+        session = await sessions.create(SessionCreate(prompt_id=ctx.task.id, group_size=ctx.task.n, index=index,
+                                                      label=ctx.task.label))
+    except RequestError as exc:  # 429: as many open sessions as sessions.max_sessions; 503: Redis
+        raise RunFailed(f"could not open a session: {exc}") from exc
+    sid, taken = session.id, False
+    try:
+        out = await _program(cfg, {
+            "OPENAI_BASE_URL": f"{sessions.url}/sessions/{sid}/v1", "OPENAI_API_KEY": API_KEY,
+            "FLEETRL_MODEL": ctx.model_name, "FLEETRL_TASK": task_json(ctx, index), "FLEETRL_SESSION_ID": sid},
+            task_json(ctx, index))
+        try:
+            session = await sessions.take(sid)
+        except RequestError as exc:  # expired (sessions.ttl_s) while the program ran, or a call still in flight
+            raise RunFailed(f"its session could not be taken: {exc}") from exc
+        taken = True
+        if not session.trajectories:
+            raise RunFailed("it made no model call (OPENAI_BASE_URL is this run's session)")
+        if len(session.trajectories) > 1:
+            raise RunFailed(f"its {session.calls} calls are not one conversation (a call did not extend the one "
+                            f"before; {len(session.trajectories)} trajectories): openai_agent trains one per sample; "
+                            "keep the history append-only, or drive sessions over HTTP (one experience each)")
+        (t,) = session.trajectories
+        if t.finish == "abort":
+            raise RunFailed("its last model call was aborted by a weight switch")
+        reward, comps = reward_line(out)
+        return Run(t, reward, comps)
+    finally:
+        if not taken:
+            try:
+                await sessions.delete(sid)
+            except RequestError:  # a call still in flight (the program was killed mid-call): it expires
+                pass
+
+
+async def _program(cfg: ProgramSettings, env: dict[str, str], stdin: str) -> str:
+    """Run the program with ``env`` added and ``stdin``; its stdout, or :class:`RunFailed`."""
+    argv = [sys.executable if a == "{python}" else a for a in cfg.command]
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            cwd=cfg.cwd, env={**os.environ, **cfg.env, **env}, start_new_session=True,
+            limit=cfg.max_output_bytes)
+    except OSError as exc:
+        raise RunFailed(f"could not start {argv[0]!r}: {exc}") from exc
+    try:
+        out, err = await asyncio.wait_for(_communicate(proc, stdin.encode(), cfg.max_output_bytes), cfg.timeout_s)
+    except (asyncio.TimeoutError, TimeoutError):
+        raise RunFailed(f"it did not finish within {cfg.timeout_s:g}s (worker.program.timeout_s); killed") from None
+    finally:
+        if proc.returncode is None:
+            _kill(proc)
+            await proc.wait()
+    if proc.returncode != 0:
+        tail = err.decode(errors="replace").strip().splitlines()[-3:]
+        raise RunFailed(f"it exited with code {proc.returncode}" + (f": {' / '.join(tail)}" if tail else ""))
+    return out.decode(errors="replace")
+
+
+async def _communicate(proc: asyncio.subprocess.Process, stdin: bytes, cap: int) -> tuple[bytes, bytes]:
+    """Feed stdin, read stdout and stderr (each cut to ``cap`` bytes, the rest read and dropped), wait for exit."""
+    async def feed() -> None:
+        assert proc.stdin is not None
+        try:
+            proc.stdin.write(stdin)
+            await proc.stdin.drain()
+        except (BrokenPipeError, ConnectionResetError):  # it does not read its stdin
+            pass
+        finally:
+            proc.stdin.close()
+
+    async def read(stream: asyncio.StreamReader | None) -> bytes:
+        assert stream is not None
+        kept = bytearray()
+        while chunk := await stream.read(65536):
+            kept += chunk[:max(0, cap - len(kept))]
+        return bytes(kept)
+
+    _, out, err = await asyncio.gather(feed(), read(proc.stdout), read(proc.stderr))
+    await proc.wait()
+    return out, err
+
+
+def _kill(proc: asyncio.subprocess.Process) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # the program and whatever it started
+    except ProcessLookupError:
+        pass
+
+
+def reward_line(stdout: str) -> tuple[float | None, dict[str, float]]:
+    """The reward the program printed as its last stdout line (``{"reward": 1.0, "reward_components": {...}}``),
+    or ``(None, {})``: the reward service scores it. A last line that is such an object with a reward that is
+    not a finite number is :class:`RunFailed`."""
+    lines = [x for x in stdout.strip().splitlines() if x.strip()]
+    if not lines:
+        return None, {}
+    try:
+        obj = json.loads(lines[-1])
+    except ValueError:
+        return None, {}
+    if not isinstance(obj, dict) or "reward" not in obj:
+        return None, {}
+    reward, comps = obj["reward"], obj.get("reward_components", {})
+    if isinstance(reward, int) and not isinstance(reward, bool):
+        reward = float(reward) if abs(reward) < 2 ** 1023 else math.inf
+    if not isinstance(reward, float) or not math.isfinite(reward):
+        raise RunFailed(f"its reward line {lines[-1][:200]!r}: 'reward' must be a finite number")
+    if not isinstance(comps, dict) or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                              for v in comps.values()):
+        raise RunFailed(f"its reward line {lines[-1][:200]!r}: 'reward_components' must map names to numbers")
+    return float(reward), {str(k): float(v) for k, v in comps.items()}
+
+
+async def _score(ctx: RolloutContext, runs: list[Run]) -> list[Trajectory]:
+    """Rewards: the program's where it printed one, the reward service's (one /score call, the model's last
+    turn against the label) for the rest."""
+    task, tok = ctx.task, ctx.tokenizer
+    prompt_text = [tok.decode(r.trajectory.prompt_ids, skip_special_tokens=False) for r in runs]
+    need = [i for i, r in enumerate(runs) if r.reward is None]
+    scored: dict[int, tuple[float, dict[str, float]]] = {}
+    if need:
+        items = [ScoreItem(prompt=prompt_text[i], response=tok.decode(last_model_turn(runs[i].trajectory),
+                                                                      skip_special_tokens=True),
+                           label=task.label, metadata=task.metadata) for i in need]
+        reply = await ctx.score(items)
+        for i, s, comps in zip(need, reply.scores, reply.components):
+            scored[i] = (float(s), {k: float(v) for k, v in comps.items() if v is not None})
+    out = []
+    for i, r in enumerate(runs):
+        reward, comps = (r.reward, r.components or {"program": r.reward}) if r.reward is not None else scored[i]
+        out.append(trajectory(r.trajectory, reward, comps, prompt_text[i],
+                              tok.decode(r.trajectory.response_ids, skip_special_tokens=False)))
+    return out
+
+
+def last_model_turn(t: SessionTrajectory) -> list[int]:
+    """The ids of the trajectory's last model turn (what the reward service judges)."""
+    start = t.spans[-1][0] if t.spans else 0
+    return t.response_ids[start:]
+
+
+def trajectory(t: SessionTrajectory, reward: float, comps: dict[str, float], prompt_text: str,
+               response_text: str) -> Trajectory:
+    """A session's trajectory as the worker's: the same ids, mask, logprobs and version spans."""
+    version, spans = version_spans(t)
+    return Trajectory(
+        prompt_ids=tuple(t.prompt_ids), response_ids=tuple(t.response_ids), response_logprobs=tuple(t.logprobs),
+        action_mask=tuple(t.mask), version_spans=tuple(spans or [(0, version)]), finish_reason=t.finish,
+        reward=float(reward), sampling=sampling_of(t),
+        reward_components=comps, prompt_text=prompt_text, response_text=response_text,
+        metadata={"turns": t.turns})
