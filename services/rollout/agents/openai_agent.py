@@ -27,6 +27,7 @@ import math
 import os
 import signal
 import sys
+import tempfile
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,7 +107,7 @@ async def _run(ctx: RolloutContext, cfg: ProgramSettings, index: int) -> Run:
         raise RunFailed(f"could not open a session: {exc}") from exc
     sid, taken = session.id, False
     try:
-        out = await _program(cfg, {
+        out = await run_program(cfg, {
             "OPENAI_BASE_URL": f"{sessions.url}/sessions/{sid}/v1", "OPENAI_API_KEY": API_KEY,
             "FLEETRL_MODEL": ctx.model_name, "FLEETRL_TASK": task_json(ctx, index), "FLEETRL_SESSION_ID": sid},
             task_json(ctx, index))
@@ -134,58 +135,45 @@ async def _run(ctx: RolloutContext, cfg: ProgramSettings, index: int) -> Run:
                 pass
 
 
-async def _program(cfg: ProgramSettings, env: dict[str, str], stdin: str) -> str:
-    """Run the program with ``env`` added and ``stdin``; its stdout, or :class:`RunFailed`."""
+async def run_program(cfg: ProgramSettings, env: dict[str, str], stdin: str) -> str:
+    """Run the program with ``env`` added and ``stdin``; the tail of its stdout, or :class:`RunFailed`. Its output
+    goes to files, not pipes: a process it leaves behind cannot hold a pipe open and keep the run waiting. Once it
+    exits, or at the timeout, its process group (what it started, unless that left the group) is killed."""
     argv = [sys.executable if a == "{python}" else a for a in cfg.command]
-    try:
-        proc = await asyncio.create_subprocess_exec(
-            *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            cwd=cfg.cwd, env={**os.environ, **cfg.env, **env}, start_new_session=True,
-            limit=cfg.max_output_bytes)
-    except OSError as exc:
-        raise RunFailed(f"could not start {argv[0]!r}: {exc}") from exc
-    try:
-        out, err = await asyncio.wait_for(_communicate(proc, stdin.encode(), cfg.max_output_bytes), cfg.timeout_s)
-    except (asyncio.TimeoutError, TimeoutError):
-        raise RunFailed(f"it did not finish within {cfg.timeout_s:g}s (worker.program.timeout_s); killed") from None
-    finally:
-        if proc.returncode is None:
+    with tempfile.TemporaryFile() as fin, tempfile.TemporaryFile() as fout, tempfile.TemporaryFile() as ferr:
+        fin.write(stdin.encode())
+        fin.seek(0)
+        try:
+            proc = await asyncio.create_subprocess_exec(*argv, stdin=fin, stdout=fout, stderr=ferr, cwd=cfg.cwd,
+                                                        env={**os.environ, **cfg.env, **env}, start_new_session=True)
+        except OSError as exc:
+            raise RunFailed(f"could not start {argv[0]!r}: {exc}") from exc
+        try:
+            await asyncio.wait_for(proc.wait(), cfg.timeout_s)
+        except (asyncio.TimeoutError, TimeoutError):
+            raise RunFailed(f"it did not finish within {cfg.timeout_s:g}s (worker.program.timeout_s); killed") from None
+        finally:
             _kill(proc)
-            await proc.wait()
+            if proc.returncode is None:
+                await proc.wait()  # SIGKILLed: reaped at once
+        out, err = _tail(fout, cfg.max_output_bytes), _tail(ferr, cfg.max_output_bytes)
     if proc.returncode != 0:
         tail = err.decode(errors="replace").strip().splitlines()[-3:]
         raise RunFailed(f"it exited with code {proc.returncode}" + (f": {' / '.join(tail)}" if tail else ""))
     return out.decode(errors="replace")
 
 
-async def _communicate(proc: asyncio.subprocess.Process, stdin: bytes, cap: int) -> tuple[bytes, bytes]:
-    """Feed stdin, read stdout and stderr (each cut to ``cap`` bytes, the rest read and dropped), wait for exit."""
-    async def feed() -> None:
-        assert proc.stdin is not None
-        try:
-            proc.stdin.write(stdin)
-            await proc.stdin.drain()
-        except (BrokenPipeError, ConnectionResetError):  # it does not read its stdin
-            pass
-        finally:
-            proc.stdin.close()
-
-    async def read(stream: asyncio.StreamReader | None) -> bytes:
-        assert stream is not None
-        kept = bytearray()
-        while chunk := await stream.read(65536):
-            kept += chunk[:max(0, cap - len(kept))]
-        return bytes(kept)
-
-    _, out, err = await asyncio.gather(feed(), read(proc.stdout), read(proc.stderr))
-    await proc.wait()
-    return out, err
+def _tail(f: Any, cap: int) -> bytes:
+    """The last ``cap`` bytes written to ``f``."""
+    size = f.seek(0, os.SEEK_END)
+    f.seek(max(0, size - cap))
+    return f.read()
 
 
 def _kill(proc: asyncio.subprocess.Process) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)  # the program and whatever it started
-    except ProcessLookupError:
+    except (ProcessLookupError, PermissionError):  # the group is gone already
         pass
 
 

@@ -67,5 +67,5 @@ class ProgramSettings(BaseModel):
                              "process group) is killed and the run failed.")
     retries: int = Field(default=2, ge=0, description="Runs of a sample that failed (exit code, timeout, no "
                          "model call, a rewritten history) tried again before the group fails with the reason.")
-    max_output_bytes: int = Field(default=1_000_000, ge=1024, description="Stdout / stderr kept per run (the "
-                                  "rest is dropped); the reward line must be within it.")
+    max_output_bytes: int = Field(default=1_000_000, ge=1024, description="The tail of stdout / stderr read "
+                                  "per run (the reward line is stdout's last line).")

@@ -2,13 +2,17 @@
 per sample by a rollout process (a real reward process, the tests' Redis), its calls recorded through a session
 and pushed as the group's experiences: the ids the engine returned to the program turn by turn, the template
 delta of the follow-up message between them (mask 0), the engine's logprobs, the program's reward or the reward
-service's. A program that crashes, hangs, makes no call, rewrites its history or prints a bad reward fails its
+service's. A program that crashes, hangs (killed with what it started), makes no call, rewrites its history or prints a bad reward fails its
 group with that reason (dead-lettered), and the worker goes on."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
+import signal
 import time
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -17,7 +21,8 @@ import redis
 from transformers import AutoTokenizer
 
 from services.rollout.agents.chat_tokens import ChatTokens
-from services.rollout.agents.openai_agent import RunFailed, reward_line
+from services.rollout.agents.openai_agent import RunFailed, reward_line, run_program
+from services.rollout.agents.settings import ProgramSettings
 from services.rollout.settings import RolloutSettings
 from shared import keys
 from shared.codec import decode, encode
@@ -42,7 +47,7 @@ def fleet(tiny_model_dir, redis_server, tmp_path_factory):
         "sessions": {"enabled": True},
         "worker": {"enabled": True, "reward_url": reward.url, "poll_interval_s": 0.1, "prompts_max_deliveries": 1,
                    "concurrency": 8, "rollout_function": "openai_agent",
-                   "program": {"command": PROGRAM, "timeout_s": 8, "retries": 1}},
+                   "program": {"command": PROGRAM, "timeout_s": 60, "retries": 1}},
     }
     try:
         proc, url, log = start_rollout(tmp, "rollout", config)
@@ -113,7 +118,7 @@ def test_an_openai_client_program_becomes_the_groups_exact_trajectories(fleet, r
 
 def test_a_misbehaving_program_fails_its_group_with_the_reason_and_the_worker_goes_on(fleet, redis_server):
     url, log, _ = fleet
-    modes = ["crash", "hang", "no_call", "rewrite", "bad_reward"]
+    modes = ["crash", "no_call", "rewrite", "bad_reward"]  # a hang: test_a_program_past_its_timeout_is_killed
     push(redis_server.url, *(PromptTask(id=f"bad-{m}", prompt="Hi.", n=1, metadata={"mode": m}) for m in modes),
          PromptTask(id="after", prompt="Hi.", n=1))
     dead = wait_for(redis_server.url, keys.dead_letter_stream(keys.prompts_stream(RUN)), len(modes), timeout=150)
@@ -121,7 +126,6 @@ def test_a_misbehaving_program_fails_its_group_with_the_reason_and_the_worker_go
     assert set(errors) == {f"bad-{m}" for m in modes}
     reason = {
         "crash": "it exited with code 3: boom: the agent broke",
-        "hang": "it did not finish within 8s (worker.program.timeout_s); killed",
         "no_call": "it made no model call",
         "rewrite": "are not one conversation",
         "bad_reward": "'reward' must be a finite number",
@@ -132,6 +136,56 @@ def test_a_misbehaving_program_fails_its_group_with_the_reason_and_the_worker_go
     assert "after#0" in {e.id for e in exps}, log.read_text()[-3000:]
     metrics = httpx.get(f"{url}/metrics", timeout=10).text
     assert "fleetrl_rollout_sessions_open 0.0" in metrics  # the failed runs' sessions were deleted
+
+
+async def test_a_program_past_its_timeout_is_killed_with_what_it_started(tmp_path):
+    """The program and its children (its process group) are killed at ``timeout_s``; the run fails saying so."""
+    pid_file = tmp_path / "child.pid"
+    script = ("import subprocess, sys, time; "
+              "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); "
+              f"open({str(pid_file)!r}, 'w').write(str(c.pid)); time.sleep(600)")
+    cfg = ProgramSettings(command=["{python}", "-c", script], timeout_s=3)
+    t0 = time.monotonic()
+    with pytest.raises(RunFailed, match=r"did not finish within 3s \(worker.program.timeout_s\); killed"):
+        await run_program(cfg, {}, "")
+    assert time.monotonic() - t0 < 30
+    child = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and running(child):
+        await asyncio.sleep(0.1)
+    assert not running(child), "the program's child outlived it"
+
+
+async def test_a_process_the_program_leaves_behind_does_not_hold_the_run(tmp_path):
+    """A daemon the program starts in a session of its own (out of its group's reach) keeps the program's stdout
+    open; the run still ends when the program does, with what it printed."""
+    pid_file = tmp_path / "daemon.pid"
+    script = ("import subprocess, sys; "
+              "d = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], start_new_session=True); "
+              f"open({str(pid_file)!r}, 'w').write(str(d.pid)); print('{{\"reward\": 0.5}}')")
+    t0 = time.monotonic()
+    try:
+        out = await run_program(ProgramSettings(command=["{python}", "-c", script], timeout_s=30), {}, "")
+        assert time.monotonic() - t0 < 15 and reward_line(out) == (0.5, {})
+    finally:
+        if pid_file.exists():
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+
+def running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (not gone, not a zombie waiting to be reaped)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+async def test_a_program_that_cannot_start_or_exits_non_zero_fails_with_the_reason():
+    with pytest.raises(RunFailed, match="could not start '/no/such/agent'"):
+        await run_program(ProgramSettings(command=["/no/such/agent"]), {}, "")
+    script = "import sys; print('line 1', file=sys.stderr); print('the last words', file=sys.stderr); sys.exit(7)"
+    with pytest.raises(RunFailed, match="exited with code 7: line 1 / the last words"):
+        await run_program(ProgramSettings(command=["{python}", "-c", script]), {}, "")
 
 
 @pytest.mark.parametrize(("stdout", "want"), [
