@@ -36,8 +36,8 @@ over its own steps, so an async mode's first ``--rl-steps`` then run at a higher
 is mid-schedule; the equal-wall-time view compares each mode at the end of its own schedule). ``--set KEY=VALUE``
 (repeatable) passes any other run-spec override to every mode's RL run.
 
-    .venv/bin/python benchmarks/e2e.py --time-to-accuracy [--threshold 0.6] [--rl-steps 300] [--eval-every 20]
-        [--seeds 0,1,2] [--heldout 200] [--async-steps-factor 1.5] [--async-lr 2.5e-4] [--schedule cosine]
+    .venv/bin/python benchmarks/e2e.py --time-to-accuracy [--threshold 0.6] [--also-thresholds 0.7,0.8]
+        [--rl-steps 300] [--eval-every 20] [--seeds 0,1,2] [--heldout 200] [--async-steps-factor 1.5] [--async-lr 2.5e-4] [--schedule cosine]
         [--set services.learner.observability.log_samples=true]
 """
 
@@ -215,14 +215,39 @@ def time_to_accuracy(args) -> int:
                 diffs = [100 * (v[0] - by[s, "sync"]["final_acc"]) for s, v in zip(seeds, views)]
                 line += f"; vs sync {statistics.mean(diffs):+.1f} points"
             print(line)
+    if args.also_thresholds and "sync" in modes:
+        print()
+        print("other thresholds, from the same evaluations (seconds from the step-0 evaluation; '-' not reached, "
+              "'start' already at step 0)")
+        for th in (float(x) for x in args.also_thresholds.split(",")):
+            for mode in modes:
+                cells = [first_reach(by[s, mode]["evals"], th) for s in seeds]
+                line = f"{th:>5.0%} {mode:>14}: " + ", ".join(
+                    f"seed {s}: " + ("-" if c is None else "start" if c[1] == 0 else f"{c[0]:.1f} s (step {c[1]})")
+                    for s, c in zip(seeds, cells))
+                if mode != "sync":
+                    ratios = [sy[0] / c[0] for s, c in zip(seeds, cells)
+                              if c and c[1] and (sy := first_reach(by[s, "sync"]["evals"], th)) and sy[1]]
+                    line += (f"; {statistics.median(ratios):.2f}x sooner (median of "
+                             f"{', '.join(f'{x:.2f}' for x in ratios)})") if ratios else "; no ratio"
+                print(line)
     print(f"results: {run / 'tta.json'}")
     return 0
+
+
+def first_reach(evals: list[dict], threshold: float) -> tuple[float, int] | None:
+    """The first evaluation (``{"step", "s", "accuracy"}``, in order) at or above ``threshold``: its seconds from
+    the step-0 evaluation and its step; None if none is."""
+    hit = next((e for e in evals if e["accuracy"] >= threshold), None)
+    return None if hit is None else (hit["s"], hit["step"])
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--time-to-accuracy", action="store_true", help="the time-to-accuracy comparison (above)")
     ap.add_argument("--threshold", type=float, default=0.6)
+    ap.add_argument("--also-thresholds", default="",
+                    help="time to accuracy: more comma-separated thresholds, read from the same evaluations")
     ap.add_argument("--rl-steps", type=int, default=300)
     ap.add_argument("--sft-steps", type=int, default=40)
     ap.add_argument("--eval-every", type=int, default=20)
