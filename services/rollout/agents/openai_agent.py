@@ -33,6 +33,7 @@ from typing import Any
 
 from services.rollout.agents.settings import ProgramSettings
 from services.rollout.errors import RequestError
+from services.rollout.sessions.store import Session, TooManySessions
 from services.rollout.sessions.trajectory import Trajectory as SessionTrajectory
 from services.rollout.sessions.trajectory import sampling_of, version_spans
 from services.rollout.worker.contract import GroupFailed, RolloutContext
@@ -100,11 +101,7 @@ def task_json(ctx: RolloutContext, index: int) -> str:
 async def _run(ctx: RolloutContext, cfg: ProgramSettings, index: int) -> Run:
     sessions = ctx.sessions
     assert sessions is not None
-    try:
-        session = await sessions.create(SessionCreate(prompt_id=ctx.task.id, group_size=ctx.task.n, index=index,
-                                                      label=ctx.task.label))
-    except RequestError as exc:  # 429: as many open sessions as sessions.max_sessions; 503: Redis
-        raise RunFailed(f"could not open a session: {exc}") from exc
+    session = await open_session(ctx, index)
     sid, taken = session.id, False
     try:
         out = await run_program(cfg, {
@@ -133,6 +130,25 @@ async def _run(ctx: RolloutContext, cfg: ProgramSettings, index: int) -> Run:
                 await sessions.delete(sid)
             except RequestError:  # a call still in flight (the program was killed mid-call): it expires
                 pass
+
+
+async def open_session(ctx: RolloutContext, index: int) -> Session:
+    """A session for sample ``index``; while this replica has ``sessions.max_sessions`` open (its agents and
+    others'), it waits for one to close, saying so in its log."""
+    sessions = ctx.sessions
+    assert sessions is not None
+    said = False
+    while True:
+        try:
+            return await sessions.create(SessionCreate(prompt_id=ctx.task.id, group_size=ctx.task.n, index=index,
+                                                       label=ctx.task.label))
+        except TooManySessions as exc:
+            if not said:
+                log.info("task %s, sample %d: waiting for a session: %s", ctx.task.id, index, exc)
+                said = True
+            await asyncio.sleep(ctx.settings.poll_interval_s)
+        except RequestError as exc:  # 503: Redis did not register it
+            raise RunFailed(f"could not open a session: {exc}") from exc
 
 
 async def run_program(cfg: ProgramSettings, env: dict[str, str], stdin: str) -> str:
