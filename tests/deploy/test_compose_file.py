@@ -260,7 +260,10 @@ def test_every_project_module_the_image_code_imports_is_in_the_image(path):
     there (deploy/private_files.py, new in deploy/, was missing from every image: the compose stack's init
     container died with ModuleNotFoundError)."""
     copied = copied_paths(path)
-    inside = lambda p: any(p == c or c in p.parents for c in copied)  # noqa: E731
+
+    def inside(p: Path) -> bool:
+        return any(p == c or c in p.parents for c in copied)
+
     files = [f for c in copied for f in ([c] if c.is_file() else c.rglob("*.py")) if f.suffix == ".py"]
     missing = sorted({f"{name} (imported by {f.relative_to(REPO)})" for f in files for name in project_imports(f)
                       if (m := module_file(name)) is not None and not inside(m)})
