@@ -41,7 +41,7 @@ from services.rollout.agents.settings import AgentSettings
 from services.rollout.agents.tool_calls import parse_tool_calls
 from services.rollout.agents.tools import ToolBox, ToolFailure, ToolResult
 from services.rollout.engines.types import SamplingParams, SequenceOutput
-from services.rollout.worker.contract import GroupFailed, RolloutContext
+from services.rollout.worker.contract import GroupFailed, RolloutContext, each_sample
 from services.rollout.worker.group import sampling_record
 from services.rollout.worker.trajectory import Trajectory, TrajectoryBuilder
 from shared.reward_api import ScoreItem
@@ -70,14 +70,9 @@ class Episode:
 async def multi_turn(ctx: RolloutContext) -> list[Trajectory]:
     cfg: AgentSettings = ctx.settings.agent
     name, factory, args = environment_of(ctx)
-    tasks = [asyncio.create_task(_with_retries(ctx, cfg, name, factory, args, i)) for i in range(ctx.task.n)]
-    try:
-        episodes = await asyncio.gather(*tasks)
-    finally:  # one failed for good: the others stop (their environments are closed by their own finally)
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-    return await _score(ctx, cfg, list(episodes))
+    # one failing for good cancels the others (their environments are closed by their own finally)
+    episodes = await each_sample(lambda i: _with_retries(ctx, cfg, name, factory, args, i), ctx.task.n)
+    return await _score(ctx, cfg, episodes)
 
 
 def environment_of(ctx: RolloutContext) -> tuple[str, Callable[..., Any], dict[str, Any]]:

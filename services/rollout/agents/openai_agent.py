@@ -36,7 +36,7 @@ from services.rollout.errors import RequestError
 from services.rollout.sessions.store import Session, TooManySessions
 from services.rollout.sessions.trajectory import Trajectory as SessionTrajectory
 from services.rollout.sessions.trajectory import sampling_of, version_spans
-from services.rollout.worker.contract import GroupFailed, RolloutContext
+from services.rollout.worker.contract import GroupFailed, RolloutContext, each_sample
 from services.rollout.worker.trajectory import Trajectory
 from shared.reward_api import ScoreItem
 from shared.session_api import SessionCreate
@@ -63,14 +63,8 @@ async def openai_agent(ctx: RolloutContext) -> list[Trajectory]:
     if ctx.sessions is None or not ctx.sessions.url:
         raise GroupFailed("openai_agent needs this replica's session mode (sessions.enabled) and its URL "
                           "(advertise_url, or a fixed port)")
-    tasks = [asyncio.create_task(_with_retries(ctx, cfg, i)) for i in range(ctx.task.n)]
-    try:
-        runs = await asyncio.gather(*tasks)
-    finally:  # one failed for good: the others stop (their programs are killed by their own finally)
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-    return await _score(ctx, list(runs))
+    runs = await each_sample(lambda i: _with_retries(ctx, cfg, i), ctx.task.n)  # a cancelled run kills its program
+    return await _score(ctx, runs)
 
 
 async def _with_retries(ctx: RolloutContext, cfg: ProgramSettings, index: int) -> Run:

@@ -18,9 +18,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 from services.rollout.engines.base import EngineError, SequenceRejected
 from services.rollout.engines.types import SamplingParams, SequenceOutput, SequenceRequest
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from services.rollout.worker.reward_client import RewardClient
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class GroupFailed(RuntimeError):
@@ -132,6 +133,18 @@ class RolloutContext:
         if any(s is None for s in scores.scores):
             raise GroupFailed(f"the reward service could not score every sample: {scores.errors}")
         return scores
+
+
+async def each_sample(make: Callable[[int], Awaitable[T]], n: int) -> list[T]:
+    """``make(i)`` for the ``n`` samples of a group, run at once; if one fails for good, the others are
+    cancelled (their own ``finally`` blocks clean up) and its exception is raised."""
+    tasks = [asyncio.create_task(make(i)) for i in range(n)]
+    try:
+        return list(await asyncio.gather(*tasks))
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 @runtime_checkable
