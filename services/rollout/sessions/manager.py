@@ -17,7 +17,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import redis.asyncio as aioredis
@@ -258,13 +258,22 @@ class SessionManager:
         return await self.create(SessionCreate(session_id=sid))
 
     async def delete(self, sid: str) -> SessionInfo:
+        session = self.idle(sid, "delete it once the call returned")
+        await self._close(sid, "deleted")
+        return self.info(session, "deleted")
+
+    def idle(self, sid: str, then: str) -> Session:
+        """The open session ``sid``, which has no call in flight (else 409, saying what to do ``then``)."""
         session = self.store.get(sid)
         if session.busy:
-            raise SessionConflict(f"session {sid!r} has a call in flight; delete it once the call returned")
-        self.store.close(sid, "deleted")
-        self.m_sessions.labels("deleted").inc()
-        await self._ended(sid, "deleted")
-        return self.info(session, "deleted")
+            raise SessionConflict(f"session {sid!r} has a call in flight; {then}")
+        return session
+
+    async def _close(self, sid: str, how: Literal["finished", "deleted"]) -> None:
+        """Close ``sid`` for good: counted, and the fleet's registry told how it ended."""
+        self.store.close(sid, how)
+        self.m_sessions.labels(how).inc()
+        await self._ended(sid, how)
 
     async def forward(self, request: Request, owner: str) -> Response:
         """Send a lifecycle request on to the replica holding its session and answer what it answers (a redirect
@@ -334,9 +343,7 @@ class SessionManager:
 
     # ---- finish ------------------------------------------------------------------------------------
     async def finish(self, sid: str, body: SessionFinish) -> SessionFinished:
-        session = self.store.get(sid)
-        if session.busy:
-            raise SessionConflict(f"session {sid!r} has a call in flight; finish it once the call returned")
+        session = self.idle(sid, "finish it once the call returned")
         if not session.trajectories:
             raise SessionConflict(f"session {sid!r} has no calls: nothing to train on (delete it instead)")
         session.busy = True
@@ -347,20 +354,14 @@ class SessionManager:
             stream = await self._push(session.run, group)
         finally:
             session.busy = False
-        self.store.close(sid, "finished")
-        self.m_sessions.labels("finished").inc()
-        await self._ended(sid, "finished")
+        await self._close(sid, "finished")
         return SessionFinished(session_id=sid, experience_ids=[e.id for e in group], rewards=rewards, stream=stream)
 
     async def take(self, sid: str) -> Session:
         """Close session ``sid`` and hand it (its trajectories) to the caller instead of pushing it: the
         ``openai_agent`` rollout function, whose worker pushes the whole group as it pushes any other."""
-        session = self.store.get(sid)
-        if session.busy:
-            raise SessionConflict(f"session {sid!r} has a call in flight")
-        self.store.close(sid, "finished")
-        self.m_sessions.labels("finished").inc()
-        await self._ended(sid, "finished")
+        session = self.idle(sid, "take it once the call returned")
+        await self._close(sid, "finished")
         return session
 
     def _text(self, ids: list[int]) -> str:
