@@ -98,10 +98,10 @@ async def _run(ctx: RolloutContext, cfg: ProgramSettings, index: int) -> Run:
     session = await open_session(ctx, index)
     sid, taken = session.id, False
     try:
+        task = task_json(ctx, index)
         out = await run_program(cfg, {
             "OPENAI_BASE_URL": f"{sessions.url}/sessions/{sid}/v1", "OPENAI_API_KEY": API_KEY,
-            "FLEETRL_MODEL": ctx.model_name, "FLEETRL_TASK": task_json(ctx, index), "FLEETRL_SESSION_ID": sid},
-            task_json(ctx, index))
+            "FLEETRL_MODEL": ctx.model_name, "FLEETRL_TASK": task, "FLEETRL_SESSION_ID": sid}, task)
         try:
             session = await sessions.take(sid)
         except RequestError as exc:  # expired (sessions.ttl_s) while the program ran, or a call still in flight
