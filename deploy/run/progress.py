@@ -103,7 +103,7 @@ class Poller:
         v.phase = st.get("phase", "?")
         v.step, v.total = int(st.get("step") or 0), int(st.get("total_steps") or 0)
         v.weight_version = st.get("weight_version")
-        v.waiting = st.get("waiting")
+        v.waiting = st.get("waiting") or st.get("weights_problem")
         last = st.get("last_metrics") or {}
         reward = last.get("reward_mean")
         v.reward = reward if reward is not None else v.reward

@@ -77,6 +77,7 @@ from .queue_watch import REDIS_DOWN, DeadLetter, DeadLetterWatch
 from .run_state import RunState
 from .settings import LearnerSettings
 from .start_gate import wait_start_gate
+from .weights.transport import PublishFailed
 
 log = logging.getLogger(__name__)
 
@@ -488,6 +489,13 @@ class RLRunner:
             weights = await asyncio.to_thread(self.trainer.policy_weights)
         try:
             self.state.weight_version = await self.publisher.publish(weights)
+        except PublishFailed as exc:  # staging, writing or a transport failed: this round, never the learner
+            self._publish_failed = True
+            self.state.bump("publishes_failed")
+            self.sink.count("publishes_failed")
+            log.warning("publishing step %d failed (%s); the fleet keeps version %d, the next step publishes again",
+                        self.trainer.global_step, exc, self.state.weight_version)
+            return False
         except REDIS_DOWN as exc:
             if strict:
                 raise
@@ -572,4 +580,12 @@ class RLRunner:
         return {"version": report.version, "seconds": round(report.seconds, 4), "phases": report.phases,
                 "loaded": report.loaded, "dropped": report.dropped, "refused": report.refused,
                 "rounds": report.rounds, "errors": report.errors[-3:],
-                "replicas_waiting": self.publisher.replicas_waiting}
+                "replicas_waiting": self.publisher.replicas_waiting,
+                "failed_in_a_row": self.publisher.history.failed_in_a_row}
+
+    async def weights_problem(self) -> str | None:
+        """Which replicas serve old weights and why (e.g. 'rollout-0 on weights v0, learner on v12: the last 5
+        weight rounds failed: ...'), or None: shown as what the learner waits for."""
+        if self.publisher is None:
+            return None
+        return await self.publisher.lag_problem()

@@ -46,6 +46,7 @@ class LearnerService:
         self._stop = asyncio.Event()
         self._task: asyncio.Task | None = None
         self.rollout_watch: RolloutWatch | None = None
+        self.weights_problem: str | None = None  # replicas behind on weights and why (see _watch_weights)
         self._watch_task: asyncio.Task | None = None
         self.exit_code: int | None = None
 
@@ -72,9 +73,22 @@ class LearnerService:
             if self.runner is not None and self.runner.phase == "running":
                 try:
                     await self.rollout_watch.poll()
+                    await self._watch_weights()
                 except (RedisError, OSError) as exc:  # the runner itself waits out Redis outages and says so
                     log.debug("rollout watch: %s", exc)
             await asyncio.sleep(period)
+
+    async def _watch_weights(self) -> None:
+        """Replicas behind on weights, and why (failed rounds): the real reason a run stalls, so it is what
+        ``/status`` shows as waiting (before the rollout watch's 'workers stopped taking prompts')."""
+        problem_of = getattr(self.runner, "weights_problem", None)
+        problem = await problem_of() if problem_of is not None else None
+        if problem != self.weights_problem:
+            if problem:
+                log.warning("weights: %s", problem)
+            elif self.weights_problem:
+                log.info("every replica serves the latest weights again")
+            self.weights_problem = problem
 
     async def _run(self) -> None:
         code = 0
@@ -115,6 +129,10 @@ class LearnerService:
             return {"phase": "starting"}
         status = {"run_name": self.settings.run_name, **self.runner.status()}
         waiting = self.rollout_watch.problem if self.rollout_watch is not None else None
+        if self.weights_problem is not None:
+            status["weights_problem"] = self.weights_problem
+            if waiting is not None:  # workers hold back because their replica is behind: say so, not that
+                waiting = self.weights_problem
         if waiting is not None and status["phase"] == "running":
             status.update(phase="waiting_for_rollout", waiting=waiting)
         return status

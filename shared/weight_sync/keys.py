@@ -13,6 +13,11 @@ def rendezvous(run: str) -> str:
     return f"{keys.weights_prefix(run)}:rendezvous"
 
 
+def ipc_round(run: str) -> str:
+    """The latest IPC round (:class:`~shared.weight_sync.wire.IpcRound`): replicas on the publisher's GPU."""
+    return f"{keys.weights_prefix(run)}:ipc_round"
+
+
 def announcements(run: str) -> str:
     """Stream with one entry per new rendezvous (capped): replicas block on it instead of polling the key."""
     return f"{keys.weights_prefix(run)}:announcements"

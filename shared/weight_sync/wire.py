@@ -158,6 +158,44 @@ class Rendezvous(_Record):
         return next((m for m in self.members if m.replica_id == replica_id), None)
 
 
+class IpcHandle(_Record):
+    """One bucket shared by CUDA IPC: the fields of torch's ``UntypedStorage._share_cuda_()`` for the storage
+    that holds it (bytes fields as base64), and where the bucket sits in that storage. Plain data, validated
+    on the way in: nothing here is unpickled or executed; a replica opens the handle only on the GPU named
+    by ``device_uuid``."""
+
+    device_uuid: str = Field(min_length=1, max_length=64, description="UUID of the GPU that holds the memory.")
+    handle: str = Field(min_length=1, max_length=512, description="cudaIpcMemHandle of the allocation (base64).")
+    storage_nbytes: int = Field(ge=1)
+    storage_offset: int = Field(ge=0, description="Byte offset of the storage in the shared allocation.")
+    ref_counter_handle: str = Field(max_length=512, description="torch's IPC reference-counter file (base64).")
+    ref_counter_offset: int = Field(ge=0)
+    event_handle: str = Field(default="", max_length=512, description="cudaIpcEventHandle (base64; '' for none).")
+    event_sync_required: bool = False
+    offset: int = Field(ge=0, description="Byte offset of the bucket in the storage.")
+    nbytes: int = Field(ge=0)
+
+
+class IpcRound(_Record):
+    """One update round for replicas on the publisher's own GPU: each bucket's handle; members copy the bytes
+    device to device, digest them, and report (the publisher does not touch the buckets until they did)."""
+
+    round: int = Field(ge=1)
+    version: int = Field(ge=1)
+    manifest_key: str
+    members: tuple[str, ...]
+    handles: tuple[IpcHandle, ...]
+    init_timeout_s: float
+    collective_timeout_s: float
+    load_timeout_s: float
+    layout_id: str = ""
+    checksum: str | None = None
+    created_at: float = Field(default_factory=time.time)
+
+    def member(self, replica_id: str) -> str | None:
+        return replica_id if replica_id in self.members else None
+
+
 ReportState = Literal["loaded", "failed", "refused"]
 
 
@@ -169,7 +207,7 @@ class MemberReport(_Record):
     detail: str = ""
 
 
-Transport = Literal["collective", "snapshot"]
+Transport = Literal["collective", "snapshot", "ipc"]
 
 
 class ReplicaInfo(_Record):

@@ -24,7 +24,7 @@ class Engine:
     kind, weight_sink = "hf", "services.rollout.weights.sinks.hf:HFSink"
     def __init__(self):
         torch.manual_seed(0)
-        self.model = torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(8)]).cuda().to(torch.bfloat16)
+        self.model = torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(8)]).to("cuda:1").to(torch.bfloat16)
         self.weight_version = 0
     def set_weight_version(self, v): self.weight_version = v
     async def pause(self, mode="wait", timeout=None): pass
@@ -46,7 +46,9 @@ asyncio.run(main())
 '''
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.skipif(torch.cuda.device_count() < 2,
+                    reason="needs two GPUs: NCCL never pairs two ranks on one GPU (one GPU: the ipc transport, "
+                           "tests/weight_sync/test_gpu_transports.py)")
 async def test_nccl_publish_to_gpu_receiver(tmp_path, redis_server, redis_client):
     script = tmp_path / "recv.py"
     script.write_text(RECEIVER)

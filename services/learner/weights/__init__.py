@@ -6,10 +6,11 @@
     pub.last_report                                                # PublishReport: loaded / dropped / refused
 
 ``publisher.py`` runs a publish; ``outbox.py`` holds a version's buckets on their way out, ``packing.py``
-and ``walk.py`` turn a model into them; ``snapshot.py`` writes the snapshot transport's files. The
+and ``walk.py`` turn a model into them; ``collective.py``, ``ipc.py`` and ``snapshot.py`` are the transports (a broadcast group, CUDA IPC handles
+for replicas on the learner's GPU, snapshot files); ``health.py`` says why a replica is behind. The
 protocol they speak is ``shared/weight_sync/``.
 """
 
-from services.learner.weights.publisher import PublishReport, WeightPublisher
+from services.learner.weights.publisher import PublishFailed, PublishReport, WeightPublisher
 
-__all__ = ["PublishReport", "WeightPublisher"]
+__all__ = ["PublishFailed", "PublishReport", "WeightPublisher"]

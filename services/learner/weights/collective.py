@@ -23,7 +23,13 @@ from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Any
 
-from services.learner.weights.transport import Publisher, PublishReport, Shipment, WeightTransport
+from services.learner.weights.transport import (
+    Publisher,
+    PublishFailed,
+    PublishReport,
+    Shipment,
+    WeightTransport,
+)
 from shared.weight_sync import keys as wkeys
 from shared.weight_sync import net
 from shared.weight_sync.group import open_group
@@ -40,6 +46,15 @@ class _Outcome:
     retry: list[ReplicaInfo]
     dropped: list[str]
     error: str = ""
+    details: dict[str, str] | None = None  # what each member that did not load said
+
+
+def member_errors(out: _Outcome) -> list[str]:
+    """One line per member that refused or failed a round, with what it said (for the publish report)."""
+    details = out.details or {}
+    return [f"{rid} {state} the round: {details.get(rid) or 'no detail'}"
+            for state, ids in (("refused", out.refused), ("failed", [i.replica_id for i in out.retry]))
+            for rid in ids]
 
 
 @dataclass
@@ -65,6 +80,10 @@ class CollectiveTransport(WeightTransport):
         self.held: dict[str, _HeldGroup] = {}  # group kind -> the group kept for the next version
         self._catch_up_tries: Counter[tuple[str, int]] = Counter()
 
+    def serves(self, info: ReplicaInfo) -> bool:
+        """Does this transport bring ``info`` its versions?"""
+        return info.transport == self.name and info.backend == self.settings.backend
+
     async def deliver(self, replicas: list[ReplicaInfo], shipment: Shipment) -> None:
         """Bring the replicas that run this publisher's backend to the version held: one series of rounds per
         group kind (replicas of different kinds cannot share a group; e.g. vLLM servers join a PyNccl group),
@@ -86,6 +105,7 @@ class CollectiveTransport(WeightTransport):
                 report.dropped += out.dropped
                 if out.error:
                     report.errors.append(out.error)
+                report.errors += member_errors(out)
                 remaining = out.retry
             report.dropped += [i.replica_id for i in remaining]
         if main:  # kinds with no member left: their held groups are of no use any more
@@ -159,7 +179,7 @@ class CollectiveTransport(WeightTransport):
             if late_manifest is not None:
                 await late_manifest
             clock.lap("send")
-        except Exception as exc:  # noqa: BLE001 - whatever broke the round, the next one re-runs the version
+        except Exception as exc:
             clock.lap("send")  # (up to the failure)
             if listener is not None:
                 listener.close()  # unless the store took it over (then this is a no-op)
@@ -171,6 +191,8 @@ class CollectiveTransport(WeightTransport):
                 group.close()
             if main:
                 self.held.pop(kind, None)
+            if isinstance(exc, PublishFailed):  # the publisher's own side failed: no retry would do better
+                raise
             # survivors may sit in a broadcast until their own collective timeout fires, then report
             broke = await self._settle(round_id, members, s.collective_timeout_s + s.regroup_timeout_s,
                                        error=str(exc))
@@ -195,7 +217,11 @@ class CollectiveTransport(WeightTransport):
         n = len(self.outbox.manifest.buckets)
         pending: deque[Any] = deque()
         for i in range(n):
-            wire = await asyncio.to_thread(self.outbox.wire_buffer, i)
+            try:
+                wire = await asyncio.to_thread(self.outbox.wire_buffer, i)
+            except Exception as exc:  # staging on this side: a local failure, not the round's
+                raise PublishFailed(f"staging bucket {i} for {self.settings.backend} failed: "
+                                    f"{type(exc).__name__}: {exc}") from exc
             pending.append(group.broadcast(wire, src=0))
             await asyncio.to_thread(self.outbox.digest, i)
             if i == n - 1:
@@ -244,6 +270,7 @@ class CollectiveTransport(WeightTransport):
             retry=[by_id[rid] for rid, r in reports.items() if r.state == "failed"],
             dropped=[rid for rid in by_id if rid not in reports],
             error=error,
+            details={rid: r.detail for rid, r in reports.items() if r.state != "loaded"},
         )
 
     def _drop_group(self, kind: str | None = None) -> None:
@@ -263,7 +290,7 @@ class CollectiveTransport(WeightTransport):
             return
         v = manifest.version
         behind = [i for i in await self.registry.alive()
-                  if i.transport == self.name and i.backend == self.settings.backend and i.weight_version < v
+                  if self.serves(i) and i.weight_version < v
                   and i.wants_version == v and self._catch_up_tries[(i.replica_id, v)] < self.settings.max_attempts]
         if not behind:
             return

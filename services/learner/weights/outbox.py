@@ -14,6 +14,10 @@ Where a bucket's bytes come from, in order of preference:
   the next version, so a late joiner can be served it at any time (the cost: one flat copy of the weights
   in host memory; pinned with nccl, whose buckets are copied to the GPU from it).
 
+A GPU bucket that goes where only host memory can be read (gloo, a snapshot file, a host digest) is copied
+down first (:func:`~shared.weight_sync.placement.wire_staging`): into a pinned host buffer per bucket, kept and
+reused while the layout stays the same (:meth:`Outbox.host_copy`).
+
 Buffers are reused while the layout stays the same (the usual case: same model, next step), so steady-state
 publishes fault in no fresh pages.
 """
@@ -24,6 +28,7 @@ from typing import Any
 
 from services.learner.weights import packing
 from shared.weight_sync.digest import digest
+from shared.weight_sync.placement import wire_staging
 from shared.weight_sync.settings import WeightSyncSettings
 from shared.weight_sync.tensors import staging_buffers
 from shared.weight_sync.wire import Bucket, Checksums, Manifest
@@ -47,6 +52,10 @@ class Outbox:
         self._pool: list[Any] = []           # pool buffers (pooled mode), by slot
         self._owner: list[int | None] = []   # the bucket each pool slot holds
         self._uploads: list[Any] = []        # per slot: CUDA event after its host -> GPU copy (pinned host slots)
+        self._host: list[Any] = []           # per bucket: pinned host copy of a GPU bucket (gloo, files, host digests)
+        self._host_ok: list[bool] = []       # _host[i] holds bucket i of the current version
+        self._dev: list[Any] = []            # per bucket: GPU copy held for IPC sharing (weights not sent in place)
+        self._dev_ok: list[bool] = []        # _dev[i] holds bucket i of the current version
 
     @property
     def pooling(self) -> bool:
@@ -63,9 +72,13 @@ class Outbox:
         n = len(manifest.buckets)
         if not same:
             self.buffers = [None] * n
+            self._host = [None] * n
+            self._dev = [None] * n
         self.manifest, self.lookup = manifest, lookup
         self.packed, self.sums = [False] * n, [None] * n
         self.wire, self.in_place, self.pooled = [None] * n, [False] * n, [False] * n
+        self._host_ok = [False] * n
+        self._dev_ok = [False] * n
         self._owner = [None] * len(self._pool)
 
     def forget(self) -> None:
@@ -96,7 +109,41 @@ class Outbox:
                 packing.pack_bucket(b, self.lookup, out=buf)
             self.wire[i] = buf
             self.packed[i] = True
+            self._host_ok[i] = self._dev_ok[i] = False
         return self.wire[i]
+
+    def host_copy(self, i: int) -> Any:
+        """Bucket ``i``'s bytes in host memory: the packed buffer itself when it is there, else a pinned host
+        copy of the GPU bucket (made once per version, into a buffer kept while the layout stays the same)."""
+        buf = self.pack(i)
+        staging = wire_staging("file", str(buf.device))
+        if not staging.copy:
+            return buf
+        if not self._host_ok[i]:
+            host = self._host[i]
+            if host is None or host.numel() != buf.numel():
+                host = self._host[i] = staging_buffers([buf.numel()], pin=staging.pinned)[0]
+            host.copy_(buf)  # GPU -> pinned host: returns once the bytes are there
+            self._host_ok[i] = True
+        return self._host[i]
+
+    def device_copy(self, i: int) -> Any:
+        """Bucket ``i``'s bytes on the GPU, held there until the next version (the ``ipc`` transport shares it
+        by handle): the weights' own memory when sent in place, else a GPU copy kept per bucket (on the device
+        the weights live on, or the current one for host weights)."""
+        import torch
+
+        buf = self.pack(i)
+        if buf.device.type == "cuda" and self.in_place[i]:
+            return buf
+        if not self._dev_ok[i]:
+            device = buf.device if buf.device.type == "cuda" else torch.device("cuda", torch.cuda.current_device())
+            dev = self._dev[i]
+            if dev is None or dev.numel() != buf.numel() or dev.device != device:
+                dev = self._dev[i] = staging_buffers([buf.numel()], device)[0]
+            dev.copy_(buf)
+            self._dev_ok[i] = True
+        return self._dev[i]
 
     def _pool_slot(self, i: int, bucket: Bucket) -> Any:
         """A pool buffer for bucket ``i``, sized to it, on the device its tensors live on (pinned host memory
@@ -144,9 +191,13 @@ class Outbox:
         return view
 
     def wire_buffer(self, i: int) -> Any:
-        """Bucket ``i`` as broadcast: packed if needed, on the GPU for nccl."""
+        """Bucket ``i`` as broadcast: packed if needed, on the GPU for nccl, in host memory for gloo
+        (:func:`~shared.weight_sync.placement.wire_staging`)."""
         buf = self.pack(i)
-        if self.settings.backend == "nccl" and buf.device.type != "cuda":
+        staging = wire_staging(self.settings.backend, str(buf.device))
+        if staging.copy and staging.device == "cpu":
+            return self.host_copy(i)
+        if staging.copy:
             import torch
 
             out = buf.to(torch.device("cuda", torch.cuda.current_device()), non_blocking=True)
@@ -162,7 +213,15 @@ class Outbox:
         """Digest bucket ``i`` if the version has checksums and it has not been digested yet."""
         m = self.manifest
         if m is not None and m.checksum and self.sums[i] is None:
-            self.sums[i] = digest(self.pack(i), m.checksum)
+            self.sums[i] = digest(self._digest_source(i), m.checksum)
+
+    def _digest_source(self, i: int) -> Any:
+        """Where bucket ``i`` is digested: where it lives for wsum64 (computed on the GPU), else in host memory
+        (the host algorithms read bytes through numpy: a GPU bucket's staged host copy, made once)."""
+        buf = self.pack(i)
+        if buf.device.type == "cuda" and self.manifest is not None and self.manifest.checksum != "wsum64":
+            return self.host_copy(i)
+        return buf
 
     def checksums(self) -> Checksums | None:
         """The version's :class:`Checksums` record, once every bucket is digested (None without checksums)."""

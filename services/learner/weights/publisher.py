@@ -33,9 +33,11 @@ from typing import TYPE_CHECKING, Any
 
 from services.learner.weights import packing as T
 from services.learner.weights.collective import CollectiveTransport
+from services.learner.weights.health import RoundHistory, lag_problem
+from services.learner.weights.ipc import IpcTransport
 from services.learner.weights.outbox import Outbox
 from services.learner.weights.snapshot import SnapshotTransport
-from services.learner.weights.transport import PublishReport, Shipment, WeightTransport
+from services.learner.weights.transport import PublishFailed, PublishReport, Shipment, WeightTransport
 from services.learner.weights.walk import ModuleWalk
 from shared import keys
 from shared.weight_sync import keys as wkeys
@@ -49,11 +51,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TRANSPORTS", "PublishReport", "WeightPublisher"]
+__all__ = ["TRANSPORTS", "PublishFailed", "PublishReport", "WeightPublisher"]
 
 #: the transports a publisher runs, by the name replicas advertise; staged in this order (a snapshot is
 #: written before any round announces the version)
-TRANSPORTS: dict[Transport, type[WeightTransport]] = {"snapshot": SnapshotTransport, "collective": CollectiveTransport}
+TRANSPORTS: dict[Transport, type[WeightTransport]] = {
+    "snapshot": SnapshotTransport, "collective": CollectiveTransport, "ipc": IpcTransport}
 
 
 class WeightPublisher:
@@ -64,6 +67,7 @@ class WeightPublisher:
         self.settings = settings or WeightSyncSettings()
         self.registry = ReplicaRegistry(redis, run)
         self.last_report: PublishReport | None = None
+        self.history = RoundHistory()  # consecutive failed publishes and the last reason (see lag_problem)
         self._last_version = 0  # the newest version this publisher published
         self.outbox = Outbox(self.settings)  # the held version's buckets: packed, digested, kept for late joiners
         self.lock = asyncio.Lock()  # held while a version is published; a catch-up takes it too
@@ -104,22 +108,22 @@ class WeightPublisher:
             if not named:
                 raise ValueError("nothing to publish: no tensors")
             buckets = self._plan_for(T.specs(named))
+            replicas = await self.registry.alive(listing)
             manifest = Manifest(version=v, bucket_bytes=s.bucket_bytes, total_bytes=sum(b.nbytes for b in buckets),
-                                buckets=buckets, checksum=s.digest_algo if s.checksum else None,
+                                buckets=buckets, checksum=self._digest_algo(replicas) if s.checksum else None,
                                 layout_id=self._layout_id)
             self.outbox.begin(manifest, dict(named))
             self._sums_written = False
             for transport in self.transports.values():
                 transport.waiting.clear()  # this version goes to every live replica
             clock.lap("plan")
+            report = PublishReport(version=v, total_bytes=manifest.total_bytes)
             try:
                 for transport in self.transports.values():  # before any replica hears of the version
                     manifest = await transport.stage(manifest)
                 self.outbox.manifest = manifest
-                report = PublishReport(version=v, total_bytes=manifest.total_bytes)
                 # the manifest goes out with the first round's rendezvous (see CollectiveTransport._round)
                 shipment = Shipment(report=report, clock=clock, manifest_unwritten=True, round_id=round_id)
-                replicas = await self.registry.alive(listing)
                 clock.lap("manifest")
                 for name, transport in self.transports.items():  # each replica by the transport it advertises
                     await transport.deliver([i for i in replicas if i.transport == name], shipment)
@@ -128,8 +132,19 @@ class WeightPublisher:
                     shipment.manifest_unwritten = False
                 await asyncio.to_thread(self.outbox.finish)
                 await self.write_checksums()
-            except BaseException:
+            except Exception as exc:
                 self.outbox.forget()  # half-packed: nothing to serve late joiners from
+                if _redis_outage(exc):
+                    raise  # the caller waits Redis out and publishes again
+                reason = f"publishing version {v} failed: {type(exc).__name__}: {exc}"
+                report.errors.append(reason)
+                report.seconds = time.perf_counter() - t0
+                self.last_report = report
+                self.history.failed(reason)
+                log.warning("%s (the fleet keeps the version it has)", reason, exc_info=True)
+                raise PublishFailed(reason) from exc
+            except BaseException:
+                self.outbox.forget()
                 raise
             finally:
                 self.outbox.release()
@@ -139,6 +154,7 @@ class WeightPublisher:
             report.seconds = time.perf_counter() - t0
             report.phases = {k: round(x, 6) for k, x in clock.phases.items()}
             self.last_report = report
+            self.history.record(report)
         self._ensure_catch_up()
         log.info("published version %d (%.1f MB, %d buckets) in %.2fs (%s): loaded=%s dropped=%s refused=%s",
                  v, manifest.total_bytes / 1e6, len(buckets), report.seconds,
@@ -152,6 +168,12 @@ class WeightPublisher:
         the outbox holds (weights sent in place have moved on, or ``retain: none``): they serve older weights
         until the next publish, so a learner that publishes only every few steps should publish sooner."""
         return sorted(set().union(*(t.waiting for t in self.transports.values())))
+
+    async def lag_problem(self) -> str | None:
+        """Which live replicas serve old weights and why (``lag_problem``), or None: for ``/status`` and logs."""
+        replicas = await self.registry.alive() if self._last_version > 0 else []
+        return lag_problem([(i.name or i.replica_id, i.weight_version) for i in replicas], self._last_version,
+                           self.history)
 
     async def close(self) -> None:
         """Stop the catch-up task and release what the transports hold (the collective's groups)."""
@@ -182,6 +204,14 @@ class WeightPublisher:
         T.flatten_into_buckets(named, buckets)
         self.outbox.send_in_place = True
         return len(buckets)
+
+    def _digest_algo(self, replicas: list) -> str:
+        """The version's digest algorithm: the setting, with ``auto`` also choosing wsum64 (computed on the GPU)
+        when a replica takes the version by CUDA IPC, so nothing is copied to the host to digest it."""
+        s = self.settings
+        if s.checksum_algo == "auto" and any(i.transport == "ipc" for i in replicas):
+            return "wsum64"
+        return s.digest_algo
 
     # ---- packing -------------------------------------------------------------------------------------
     def _plan_for(self, specs: list) -> tuple:
@@ -227,3 +257,12 @@ class WeightPublisher:
                 if now - last_logged >= 30.0 or failing_since == now:
                     last_logged = now
                     log.warning("catch-up pass failed (failing for %.1fs): %s", now - failing_since, exc)
+
+
+def _redis_outage(exc: BaseException) -> bool:
+    """Is ``exc`` Redis being away (the caller waits that out), rather than the publish itself failing?"""
+    from redis.exceptions import BusyLoadingError
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+
+    return isinstance(exc, (RedisConnectionError, RedisTimeoutError, BusyLoadingError, ConnectionError, TimeoutError))

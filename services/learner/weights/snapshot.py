@@ -47,7 +47,8 @@ def _header(bucket: Bucket) -> bytes:
 
 def write_snapshot(root: str | Path, version: int, buckets: Sequence[Bucket], buffers: Sequence[Any],
                    url: str | None = None, keep: int = 2) -> SnapshotInfo:
-    """Write ``version`` (CPU uint8 bucket buffers) atomically under ``root``; prune old versions."""
+    """Write ``version`` (host uint8 bucket buffers: stage GPU buckets first, ``Outbox.host_copy``) atomically under
+    ``root``; prune old versions."""
     final = version_dir(root, version)
     tmp = final.with_name(final.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -56,6 +57,8 @@ def write_snapshot(root: str | Path, version: int, buckets: Sequence[Bucket], bu
     for b, buf in zip(buckets, buffers):
         name = f"bucket-{b.index:05d}.safetensors"
         head = _header(b)
+        if buf.device.type != "cpu":
+            raise ValueError(f"bucket {b.index} is on {buf.device}: stage it to host memory before writing it")
         data = memoryview(buf.numpy())
         with open(tmp / name, "wb") as f:
             f.write(head)
@@ -87,8 +90,11 @@ class SnapshotTransport(WeightTransport):
         if not s.snapshot_dir:
             return manifest
         await asyncio.to_thread(self.outbox.finish)  # (every bucket: a snapshot implies copies)
+        box = self.outbox
+        # files are written from host memory: GPU buckets are staged through pinned host buffers first
+        host = await asyncio.to_thread(lambda: [box.host_copy(i) for i in range(len(manifest.buckets))])
         snapshot = await asyncio.to_thread(write_snapshot, s.snapshot_dir, manifest.version, manifest.buckets,
-                                           self.outbox.wire, s.snapshot_url, s.snapshot_keep)
+                                           host, s.snapshot_url, s.snapshot_keep)
         return manifest.model_copy(update={"snapshot": snapshot})
 
     async def deliver(self, replicas: list[ReplicaInfo], shipment: Shipment) -> None:

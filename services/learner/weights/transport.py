@@ -28,6 +28,11 @@ from shared.weight_sync.settings import WeightSyncSettings
 from shared.weight_sync.wire import Manifest, ReplicaInfo, Transport
 
 
+class PublishFailed(RuntimeError):
+    """A publish failed on the publisher's side (staging, writing, a transport): the version was not announced,
+    the fleet keeps the version it has; the message says why."""
+
+
 @dataclass
 class PublishReport:
     """What happened to one version (or one catch-up)."""

@@ -41,18 +41,24 @@ class UpdateRefused(RuntimeError):
 
 
 class RoundWatcher:
-    def __init__(self, redis: Any, run: str, replica_id: str, poll_s: float = 0.05) -> None:
+    """Finds the rounds that name this replica. ``key`` / ``record``: where the round is written and its type
+    (collective rounds: the rendezvous; ``ipc`` rounds: :class:`~shared.weight_sync.wire.IpcRound`)."""
+
+    def __init__(self, redis: Any, run: str, replica_id: str, poll_s: float = 0.05, key: str | None = None,
+                 record: type = Rendezvous) -> None:
         self.redis, self.run, self.replica_id, self.poll_s = redis, run, replica_id, poll_s
+        self.key = key or wkeys.rendezvous(run)
+        self.record = record
         self.last_round = 0
         self._seen: str | None = None  # last announcement id read (see wait)
         self._layout: tuple[Any, Manifest] | None = None  # (raw buckets, parsed manifest) of the last layout
 
     async def current(self) -> tuple[Rendezvous, Member] | None:
         """The newest round naming this replica that it has not handled yet, if any."""
-        raw = await self.redis.get(wkeys.rendezvous(self.run))
+        raw = await self.redis.get(self.key)
         if raw is None:
             return None
-        rdv = Rendezvous.loads(raw)
+        rdv = self.record.loads(raw)
         if rdv.round <= self.last_round:
             return None
         member = rdv.member(self.replica_id)

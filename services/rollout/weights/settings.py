@@ -22,10 +22,12 @@ class SidecarSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     enabled: bool = Field(default=True, description="Run the sidecar (join weight updates) in this replica.")
-    transport: Literal["collective", "snapshot"] = Field(
+    transport: Literal["collective", "snapshot", "ipc"] = Field(
         default="collective",
-        description="collective: join the publisher's broadcast group; snapshot: pull safetensors snapshots "
-                    "(for replicas that cannot join a collective).",
+        description="collective: join the publisher's broadcast group; ipc: on the learner's own GPU, copy each "
+                    "version device to device from the learner's buckets by CUDA IPC handle (hf engine); snapshot: "
+                    "pull safetensors snapshots (for replicas that cannot join a collective). fleetrl run chooses "
+                    "it from where the learner and the replica are placed.",
     )
     backend: Literal["gloo", "nccl"] = Field(default="gloo", description="Collective backend this replica can join.")
     group: Literal["auto", "torch", "pynccl"] = Field(

@@ -5,6 +5,8 @@ serves it the same way):
 - ``collective`` (:class:`CollectiveJoin`): wait for the update rounds that name this replica, run each
   through the engine's sink, report the outcome; to be brought to a version, ask the publisher for it
   (``wants_version`` in the registry) and it runs a catch-up round;
+- ``ipc`` (:class:`IpcJoin`): as collective, but the rounds name CUDA IPC handles of the learner's buckets on
+  the same GPU, copied device to device;
 - ``snapshot`` (:class:`SnapshotPull`): nothing to wait for; to be brought to a version, read its manifest
   and load the safetensors files it names (written by the publisher's snapshot transport).
 """
@@ -23,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from services.rollout.weights.receiver import RoundWatcher, UpdateRefused
 from services.rollout.weights.sinks.base import WeightSink
 from shared.weight_sync import keys as wkeys
-from shared.weight_sync.wire import Manifest, ReportState, Transport
+from shared.weight_sync.wire import IpcRound, Manifest, ReportState, Transport
 
 log = logging.getLogger(__name__)
 
@@ -94,11 +96,18 @@ class CollectiveJoin(ReplicaTransport):
             sc.wants_version = version
             await sc.advertise()
 
+    def _watcher(self) -> RoundWatcher:
+        return self.sidecar.watcher
+
+    async def _load(self, rdv: Any, member: Any, manifest: Manifest) -> None:
+        await self.sidecar.sink.run_round(rdv, member, manifest, self.sidecar.watcher)
+
     async def _rounds(self) -> None:
         sc = self.sidecar
+        watcher = self._watcher()
         while not sc.stopping:
             try:
-                found = await sc.watcher.wait(sc.watcher.poll_s)  # returns as soon as a round is announced
+                found = await watcher.wait(watcher.poll_s)  # returns as soon as a round is announced
             except Exception as exc:  # noqa: BLE001 - the loop outlives a failed read (Redis away)
                 log.warning("reading the rendezvous failed: %s", exc)
                 await sc.sleep(1.0)
@@ -112,24 +121,42 @@ class CollectiveJoin(ReplicaTransport):
                 detail = ""
                 sc.sink.phases = {}
                 try:
-                    manifest = await sc.watcher.manifest(rdv)
-                    await sc.sink.run_round(rdv, member, manifest, sc.watcher)
+                    manifest = await watcher.manifest(rdv)
+                    await self._load(rdv, member, manifest)
                 except UpdateRefused as exc:
                     state, detail = "refused", str(exc)
                 except Exception as exc:  # noqa: BLE001 - RoundFailed or any other failure: reported as failed
                     state, detail = "failed", f"{type(exc).__name__}: {exc}"
                 sc.last_error = detail
                 sc.last_update = LastUpdate(
-                    round=rdv.round, version=rdv.version, state=state, source="collective",
+                    round=rdv.round, version=rdv.version, state=state, source=self.name,
                     seconds=round(time.perf_counter() - t0, 3),
                     phases={k: round(x, 4) for k, x in sc.sink.phases.items()})
                 log.info("weight round %d (version %d): %s %s", rdv.round, rdv.version, state, detail)
                 try:
-                    await sc.watcher.report(rdv, state, detail)
+                    await watcher.report(rdv, state, detail)
                     await sc.advertise()
                 except Exception as exc:  # noqa: BLE001 - the publisher drops a member that never reports
                     log.warning("reporting round %d failed: %s", rdv.round, exc)
             await sc.notify()
+
+
+class IpcJoin(CollectiveJoin):
+    """Take the publisher's ``ipc`` rounds (replicas on the learner's GPU): each names the buckets' CUDA IPC
+    handles; the sink copies them device to device, verifies the digests and reports. Catch-up as collective."""
+
+    name = "ipc"
+
+    def __init__(self, sidecar: Sidecar) -> None:
+        super().__init__(sidecar)
+        self.watcher = RoundWatcher(sidecar.redis, sidecar.run, sidecar.watcher.replica_id, sidecar.watcher.poll_s,
+                                    key=wkeys.ipc_round(sidecar.run), record=IpcRound)
+
+    def _watcher(self) -> RoundWatcher:
+        return self.watcher
+
+    async def _load(self, rdv: Any, member: Any, manifest: Manifest) -> None:
+        await self.sidecar.sink.run_ipc(rdv, manifest, self.watcher)
 
 
 class SnapshotPull(ReplicaTransport):
@@ -162,4 +189,5 @@ class SnapshotPull(ReplicaTransport):
 
 
 #: the replica's transports, by the name its settings choose and its registry entry advertises
-TRANSPORTS: dict[Transport, type[ReplicaTransport]] = {"collective": CollectiveJoin, "snapshot": SnapshotPull}
+TRANSPORTS: dict[Transport, type[ReplicaTransport]] = {
+    "collective": CollectiveJoin, "snapshot": SnapshotPull, "ipc": IpcJoin}

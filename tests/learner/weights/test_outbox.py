@@ -22,7 +22,7 @@ def begin(box: Outbox, m: torch.nn.Module, version: int = 1) -> Manifest:
     named = packing.named_tensors(m)
     buckets = tuple(plan_buckets(packing.specs(named), 1050))  # a bucket closes once past 1,050 bytes: one Linear (1,088 bytes) each
     manifest = Manifest(version=version, bucket_bytes=1050, total_bytes=sum(b.nbytes for b in buckets),
-                        buckets=buckets, checksum="xxh3_64")
+                        buckets=buckets, checksum=box.settings.digest_algo)
     box.begin(manifest, dict(named))
     return manifest
 

@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 from services.rollout.weights.receiver import RoundFailed, RoundWatcher, UpdateRefused
 from services.rollout.weights.settings import SidecarSettings
 from shared.service_kit.loader import load_object
-from shared.weight_sync.wire import GroupKind, Manifest, Member, Rendezvous
+from shared.weight_sync.wire import GroupKind, IpcRound, Manifest, Member, Rendezvous
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +41,12 @@ class WeightSink(ABC):
 
     @abstractmethod
     async def load_snapshot(self, manifest: Manifest) -> None: ...
+
+    async def run_ipc(self, rnd: IpcRound, manifest: Manifest, watcher: RoundWatcher) -> None:
+        """Load a version from the learner's buckets on this GPU (the ``ipc`` transport). Engines whose weights
+        this process does not hold (served by another process) cannot."""
+        raise UpdateRefused(f"the {getattr(self.engine, 'kind', type(self.engine).__name__)!r} engine cannot take "
+                            "weights by CUDA IPC: use weights.transport collective")
 
     async def close(self) -> None:
         """Leave any group still held."""

@@ -19,7 +19,7 @@ from typing import Any
 from services.rollout.weights.receiver import BucketReceiver, Received, RoundWatcher
 from services.rollout.weights.sinks.base import RoundFailed, UpdateRefused, WeightSink
 from shared.weight_sync.phases import PhaseClock
-from shared.weight_sync.wire import Manifest, Member, Rendezvous
+from shared.weight_sync.wire import IpcRound, Manifest, Member, Rendezvous
 
 
 class HFSink(WeightSink):
@@ -69,12 +69,42 @@ class HFSink(WeightSink):
             raise UpdateRefused(str(exc)) from exc
         got: Received = await receiving
         clock.lap("receive")
+        await self._install(got, manifest, watcher, rdv, receiver, clock)
+
+    async def run_ipc(self, rnd: IpcRound, manifest: Manifest, watcher: RoundWatcher) -> None:
+        """Copy the learner's buckets (CUDA IPC handles, same GPU) into staging buffers on the model's device,
+        digest them there, then switch as a collective round does."""
+        from services.rollout.weights.ipc import IpcReceiver
+
+        clock = PhaseClock()
+        self.phases = clock.phases
+        loader = self._loader_for()
+        if not isinstance(self._receiver, IpcReceiver):
+            if self._receiver is not None:
+                await asyncio.to_thread(self._receiver.close)
+            self._receiver = IpcReceiver(self._device(), keep_staging=self.settings.keep_staging)
+        receiver = self._receiver
+        if self._prefault is not None:
+            await asyncio.gather(self._prefault, return_exceptions=True)
+            self._prefault = None
+        try:
+            loader.check_buckets(manifest.buckets)
+        except (KeyError, ValueError) as exc:
+            raise UpdateRefused(str(exc)) from exc
+        got: Received = await asyncio.to_thread(receiver.receive, rnd, manifest)
+        clock.lap("receive")
+        await self._install(got, manifest, watcher, rnd, receiver, clock)
+
+    async def _install(self, got: Received, manifest: Manifest, watcher: RoundWatcher, rdv: Any, receiver: Any,
+                       clock: PhaseClock) -> None:
+        """Verify a received version against the publisher's digests, then switch the model to it (paused)."""
         try:
             got.verify(await watcher.checksums(rdv, manifest))
         except BaseException:
             receiver.recycle(got.buffers)
             raise
         clock.lap("verify")
+        loader = self._loader_for()
         layout = [b.tensors for b in manifest.buckets]
         swap = self.settings.apply_mode == "swap"
         async with self.paused():
