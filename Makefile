@@ -59,3 +59,17 @@ drills: $(STAMP)
 	$(BIN)/python -m deploy.local.drills
 
 .PHONY: drills
+
+## wheels an offline GPU host installs from (CPython 3.12, manylinux x86_64) into .whl/; run where there is a network
+wheelhouse:
+	$(PY) -m deploy.gpu.wheelhouse .whl
+
+## on a host with a CUDA GPU and its own CUDA torch (no network): gpu tests, a GPU recipe through fleetrl run,
+## engine throughput; figures to benchmarks/RESULTS-gpu.md (installs .whl/ into .gpu-site/ first)
+GPU_PY ?= python3
+gpu-check:
+	@test -d .whl || { echo "error: no .whl/ wheelhouse: run make wheelhouse where there is a network, then copy .whl/ here"; exit 2; }
+	$(GPU_PY) -m pip install -q --no-index --no-deps --no-compile --upgrade --target .gpu-site .whl/*.whl
+	PYTHONPATH=$(CURDIR)/.gpu-site:$(CURDIR) HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false $(GPU_PY) -m deploy.gpu.gpu_check
+
+.PHONY: wheelhouse gpu-check

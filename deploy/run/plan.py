@@ -16,6 +16,7 @@ from services.reward.settings import RewardSettings
 from services.rollout.settings import RolloutSettings
 
 from .derive import deep_merge, service_config, validate
+from .placement import gpu_count, place
 from .spec import RunSpec
 
 
@@ -61,8 +62,10 @@ def run_dir_of(spec: RunSpec) -> Path:
     return Path(spec.run_dir) if spec.run_dir else (Path("runs") / spec.run_name).resolve()
 
 
-def plan(spec: RunSpec, spec_file: str | Path, redis_url: str | None, token: str) -> list[ProcessPlan]:
-    """The run's processes in start order (reward, rollout, learner). Raises SettingsError naming the setting."""
+def plan(spec: RunSpec, spec_file: str | Path, redis_url: str | None, token: str,
+         gpus: int | None = None) -> list[ProcessPlan]:
+    """The run's processes in start order (reward, rollout, learner), placed on devices (``placement.py``;
+    ``gpus``: the host's GPU count, probed when None). Raises SettingsError naming the setting."""
     out: list[ProcessPlan] = []
     reward_urls: list[str] = []
     if spec.is_rl and spec.reward.scorers is not None:
@@ -86,6 +89,9 @@ def plan(spec: RunSpec, spec_file: str | Path, redis_url: str | None, token: str
     if redis_url is not None and spec.is_rl:
         fleet["redis_url"] = redis_url
     out.append(ProcessPlan("learner", "learner", deep_merge(learner, fleet)))
+    if spec.is_rl:
+        place(out[-1].config, [p.config for p in out if p.kind == "rollout"], spec.placement,
+              gpu_count() if gpus is None else gpus)
     for p in out:
         validate(KINDS[p.kind].settings_cls, p.kind, p.config)
     return out

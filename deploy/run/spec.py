@@ -20,6 +20,8 @@ from services.learner.algorithms.config import AlgorithmSettings, GRPOSettings
 from services.learner.settings import DataSettings, OptimSettings, TrainSettings
 from services.reward.scorer_config import ScorerConfig
 
+from .placement import PlacementSpec
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -105,6 +107,8 @@ class RunSpec(_Strict):
     checkpoint_every: int = Field(default=10, ge=1, description="Checkpoint every N learner steps (and at the end).")
     export: str | None = Field(default=None, description="Write the final policy here (Hugging Face format).")
     replicas: ReplicasSpec = Field(default_factory=ReplicasSpec)
+    placement: PlacementSpec = Field(default_factory=PlacementSpec,
+                                     description="Devices of the learner and the replicas (deploy/run/placement.py).")
     redis: RedisSpec = Field(default_factory=RedisSpec)
     eval: EvalSpec = Field(default_factory=EvalSpec)
     services: ServicesSpec = Field(default_factory=ServicesSpec)

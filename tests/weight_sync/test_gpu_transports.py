@@ -32,7 +32,7 @@ from transformers import AutoModelForCausalLM
 from services.rollout.weights.settings import SidecarSettings
 from services.rollout.weights.sidecar import WeightSidecar
 
-IDS = %s
+IDS = __IDS__
 
 class Engine:
     kind, weight_sink = "hf", "services.rollout.weights.sinks.hf:HFSink"
@@ -67,7 +67,7 @@ async def main():
     await sc.stop()
 
 asyncio.run(main())
-''' % IDS
+'''.replace("__IDS__", repr(IDS))
 
 
 def learner_logprobs(model) -> list[float]:

@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from shared.weight_sync.placement import PlacementError, Route, Staging, check_route, choose_route, wire_staging
+from shared.weight_sync.placement import (
+    PlacementError,
+    Route,
+    Staging,
+    check_route,
+    choose_route,
+    wire_staging,
+)
 
 
 @pytest.mark.parametrize(("learner", "replica", "same_host", "route"), [

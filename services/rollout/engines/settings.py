@@ -46,6 +46,12 @@ class HFEngineSettings(_EngineSettingsBase):
         description="/health: a decode loop with work that made no step for this long is unhealthy (503). "
         "Above the longest prefill or decode step the engine can take.",
     )
+    gpu_memory_fraction: float | None = Field(
+        default=None, gt=0.0, le=1.0,
+        description="On a GPU: the share of its memory this engine's allocator may use (torch's per-process "
+        "memory fraction), so the engine and a learner on the same GPU both fit; unset: no cap. fleetrl run sets "
+        "it when it puts a replica on the learner's GPU (placement.engine_memory_fraction).",
+    )
 
     @field_validator("prefix_cache_tokens")
     @classmethod

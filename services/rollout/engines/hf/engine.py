@@ -76,6 +76,9 @@ class HFEngine(Engine):
         from transformers import AutoModelForCausalLM
 
         dtype = _DTYPES.get(self.settings.dtype) or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
+        if self.device.type == "cuda" and self.settings.gpu_memory_fraction is not None:
+            # a budget on this GPU shared with the learner: allocations past it fail here, not in the learner
+            torch.cuda.set_per_process_memory_fraction(self.settings.gpu_memory_fraction, self.device)
         model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=dtype)
         return model.to(self.device).eval()
 
