@@ -203,7 +203,7 @@ def stage_recipe() -> bool:
         return False
     sft = _metrics(d / "runs" / "gpu-sft")
     say(f"SFT: {SFT_STEPS} steps in {sft_s:.0f}s from launch (`fleetrl run sft.yaml`), loss "
-        f"{sft[0].get('loss', '?') if sft else '?'} -> {sft[-1].get('loss', '?') if sft else '?'}")
+        f"{sft[0].get('sft_loss', '?') if sft else '?'} -> {sft[-1].get('sft_loss', '?') if sft else '?'}")
     t0 = time.monotonic()
     with GpuSampler() as gpu:
         code, text = sh([*fleetrl, str(d / "grpo.yaml"), "--set", "services.rollout.engine.device=cuda"], 480,

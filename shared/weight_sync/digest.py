@@ -42,15 +42,38 @@ def wsum64(buf: Any, chunk_words: int = _CHUNK_WORDS) -> int:
         body = body.clone()  # int64 views need 8-byte alignment
     words = body.view(torch.int64)
     total = torch.zeros((), dtype=torch.int64, device=buf.device)
+    base = _base_weights(buf.device, min(chunk_words, words.numel()))
     for start in range(0, words.numel(), chunk_words):
         part = words[start:start + chunk_words]
-        w = torch.arange(start, start + part.numel(), dtype=torch.int64, device=buf.device)
-        w.mul_(_K1).add_(_K2).bitwise_or_(1)
-        total += (part * w).sum()
+        # weight of word i: (i * K1 + K2) | 1, with i = start + j: base[j] = j * K1 + K2, plus start * K1 (mod 2^64)
+        w = base[:part.numel()] + _signed64(start * _K1)
+        total += (part * w.bitwise_or_(1)).sum()
     h = int(total) & ((1 << 64) - 1)
     for i, byte in enumerate(buf[whole:].tolist()):  # at most 7 trailing bytes
         h = (h ^ ((byte + 1) << (8 * i))) * 0x100000001B3 & ((1 << 64) - 1)
     return h ^ n
+
+
+_BASES: dict[tuple[str, int], Any] = {}
+
+
+def _signed64(x: int) -> int:
+    x &= (1 << 64) - 1
+    return x - (1 << 64) if x >= 1 << 63 else x
+
+
+def _base_weights(device: Any, n: int) -> Any:
+    """``j * K1 + K2`` for j < n (int64, wrapping) on ``device``, made once per device and size (a digest of
+    a GPU bucket then runs two kernels a chunk instead of five)."""
+    import torch
+
+    key = (str(device), n)
+    base = _BASES.get(key)
+    if base is None:
+        base = torch.arange(n, dtype=torch.int64, device=device).mul_(_K1).add_(_K2)
+        _BASES.clear()  # one size per device in practice (the chunk); keep memory bounded
+        _BASES[key] = base
+    return base
 
 
 ALGORITHMS: dict[str, Callable[[Any], int]] = {

@@ -18,6 +18,11 @@ def ipc_round(run: str) -> str:
     return f"{keys.weights_prefix(run)}:ipc_round"
 
 
+def copied(run: str, round_id: int) -> str:
+    """List of the members of an ipc round that have copied its buckets (the publisher may touch them again)."""
+    return f"{keys.weights_prefix(run)}:round:{round_id}:copied"
+
+
 def announcements(run: str) -> str:
     """Stream with one entry per new rendezvous (capped): replicas block on it instead of polling the key."""
     return f"{keys.weights_prefix(run)}:announcements"

@@ -10,9 +10,11 @@ engine and verl's colocated mode do:
    synchronised, so the handles show the finished step's weights; every bucket is digested on the GPU;
 3. an :class:`~shared.weight_sync.wire.IpcRound` (the handles as validated fields; no pickle) is written and
    announced on the same stream as collective rounds;
-4. members open the handles, copy the bytes into their own buffers on the device, check the digests and
-   report; the publisher waits for every report (or ``load_timeout_s``) before it returns, so the learner
-   does not touch a bucket while a member reads it.
+4. members open the handles and copy the bytes into their own buffers on the device, then say so (the
+   round's ``copied`` list); the publisher waits for every copy (or a failure report, a death, or
+   ``load_timeout_s``) before it returns, so the learner does not touch a bucket while a member reads it.
+   Members then check the digests and switch to the version on their own, without holding the learner
+   (generation is paused only for their switch); one that refuses it asks for it again (catch-up).
 
 Late joiners are brought up between publishes like collective ones (:meth:`CollectiveTransport.catch_up`);
 a member that copies while training moves the weights on refuses the torn copy by digest and gets the next
@@ -87,14 +89,47 @@ class IpcTransport(CollectiveTransport):
         pipe.xadd(wkeys.announcements(self.run), {"round": str(rec.round)}, maxlen=64, approximate=True)
         await pipe.execute()
         clock.lap("announce")
-        out = await self._settle(rec.round, replicas, s.load_timeout_s)
-        clock.lap("settle")
+        copied = await self._copies(rec.round, replicas, s.load_timeout_s)
+        clock.lap("copy")
+        rest = [i for i in replicas if i.replica_id not in copied]
         report.rounds += 1
-        report.loaded += out.loaded
-        report.refused += out.refused
-        # a member that failed its copy asks again (wants_version) and is caught up between publishes
-        report.dropped += out.dropped + [i.replica_id for i in out.retry]
-        report.errors += member_errors(out)
+        report.loaded += sorted(copied)  # they verify and switch on their own (a refusal asks again: catch-up)
+        if rest:
+            out = await self._settle(rec.round, rest, 1.0)  # what those said (failed / refused), if anything
+            clock.lap("settle")
+            report.loaded += out.loaded
+            report.refused += out.refused
+            # a member that failed its copy asks again (wants_version) and is caught up between publishes
+            report.dropped += out.dropped + [i.replica_id for i in out.retry]
+            report.errors += member_errors(out)
+
+    async def _copies(self, round_id: int, members: list[ReplicaInfo], timeout_s: float) -> set[str]:
+        """Wait until every member has copied the buckets, reported (a failure), died, or ``timeout_s`` passed;
+        the members that copied. Each copy or report wakes the wait (the round's ``reported`` list)."""
+        ids = {m.replica_id for m in members}
+        key, reports_key = wkeys.copied(self.run, round_id), wkeys.reports(self.run, round_id)
+        wake = wkeys.reported(self.run, round_id)
+        deadline = time.monotonic() + timeout_s
+        next_alive_check = time.monotonic() + 0.5
+        dead: set[str] = set()
+        while True:
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.lrange(key, 0, -1)
+            pipe.hkeys(reports_key)
+            raw_copied, raw_reported = await pipe.execute()
+            copied = {x.decode() if isinstance(x, bytes) else x for x in raw_copied} & ids
+            reported = {x.decode() if isinstance(x, bytes) else x for x in raw_reported}
+            now = time.monotonic()
+            if not ids - copied - reported - dead or now >= deadline:
+                return copied
+            if now >= next_alive_check:
+                next_alive_check = now + 0.5
+                for rid in ids - copied - reported:
+                    if not await self.registry.is_alive(rid):
+                        dead.add(rid)
+            block = min(deadline, next_alive_check) - time.monotonic()
+            if block > 0:
+                await self.redis.blpop([wake], timeout=max(0.01, block))
 
     def close(self) -> None:
         super().close()

@@ -141,6 +141,16 @@ class RoundWatcher:
         raw = await self.redis.get(wkeys.manifest(self.run, version))
         return None if raw is None else Manifest.loads(raw)
 
+    async def copied(self, rdv: Any) -> None:
+        """Tell the publisher of an ipc round that this replica has its own copy of the buckets (it may change
+        them again); the version is verified and switched to afterwards, without holding the learner."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.rpush(wkeys.copied(self.run, rdv.round), self.replica_id)
+        pipe.expire(wkeys.copied(self.run, rdv.round), 3600)
+        pipe.rpush(wkeys.reported(self.run, rdv.round), self.replica_id)  # wakes the publisher
+        pipe.expire(wkeys.reported(self.run, rdv.round), 3600)
+        await pipe.execute()
+
     async def report(self, rdv: Rendezvous, state: ReportState, detail: str = "") -> None:
         r = MemberReport(replica_id=self.replica_id, round=rdv.round, version=rdv.version, state=state,
                          detail=detail[:2000])

@@ -93,6 +93,7 @@ class HFSink(WeightSink):
             raise UpdateRefused(str(exc)) from exc
         got: Received = await asyncio.to_thread(receiver.receive, rnd, manifest)
         clock.lap("receive")
+        await watcher.copied(rnd)  # the learner may move its weights on: verify and switch from our copy
         await self._install(got, manifest, watcher, rnd, receiver, clock)
 
     async def _install(self, got: Received, manifest: Manifest, watcher: RoundWatcher, rdv: Any, receiver: Any,
