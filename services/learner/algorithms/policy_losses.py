@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .losses import PolicyLossOutput, clipped_surrogate
+from services.learner.algorithms.losses import PolicyLossOutput, clipped_surrogate
 
 __all__ = ["LOSSES", "PolicyLossFn", "PolicyLossInputs", "PolicyLossOutput", "build_policy_loss"]
 
