@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints/cpu.txt | cks
 export TOKENIZERS_PARALLELISM := false
 export HF_HUB_OFFLINE := 1
 
-.PHONY: install test test-gpu test-slow demo demo-agent bench lint clean
+.PHONY: install test test-fast test-slow test-gpu docs demo demo-agent bench lint clean
 
 $(STAMP): pyproject.toml constraints/cpu.txt
 	@$(PY) -c 'import sys; assert sys.version_info >= (3, 10), "FleetRL needs Python >= 3.10"'
@@ -20,6 +20,18 @@ install: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check shared services tests benchmarks deploy
 	$(BIN)/python -m pytest -q -m 'not gpu' --durations=20 tests
+
+## the edit loop: unit and in-process tests, no process started (<= 3 min here); tiers: tests/conftest.py
+test-fast: $(STAMP)
+	FLEETRL_TEST_TIER=fast $(BIN)/python -m pytest -q -m 'not gpu and not slow and not process' --durations=10 tests
+
+## what test-fast leaves out: tests that start processes (`process`) or take over ~30 s (`slow`)
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -q -m '(slow or process) and not gpu' --durations=20 tests
+
+## the documentation site (docs/, mkdocs.yml) into site/; --strict: a broken link or anchor is an error
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict
 
 ## GPU checks (vLLM / SGLang / NCCL / DeepSpeed): run on a machine with a CUDA GPU and the engines
 test-gpu: $(STAMP)
@@ -40,7 +52,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check shared services tests benchmarks deploy
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs .pytest_cache site
 
 ## the compose stack for real under podman-compose (CPU images, a few training steps, scale to 2); not in `make test`
 compose-test: $(STAMP)

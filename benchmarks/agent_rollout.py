@@ -22,7 +22,7 @@ stop token (a random tiny model rarely writes it), so nearly every turn is ``--n
     .venv/bin/python benchmarks/agent_rollout.py --profile   # where the time goes, one round of each
 
 Measured figures (target not met: ratio by CPU time ~0.5 before the hf engine's slot-buffer batch, ~0.6-0.7
-after, median 0.72 of 6 runs since, on a shared 2-core machine) are in services/rollout/README.md, section Engines.
+after, median 0.72 of 6 runs since, on a shared 2-core machine) are in docs/rollout.md, section Engines.
 """
 
 from __future__ import annotations

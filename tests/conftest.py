@@ -1,8 +1,18 @@
-"""Fixtures shared by every test: a private Redis server, tiny models, process helpers."""
+"""Fixtures shared by every test: a private Redis server, tiny models, process helpers; the test tiers.
+
+Tiers (markers in pyproject.toml): ``process`` tests start service processes or other Python processes (each
+costs seconds of imports and model loading), ``slow`` ones take more than ~30 s; ``make test-fast`` runs the
+rest. A test gets ``process`` from its own marker or from a fixture put under ``@starts_processes``
+(tests/procs.py). Under ``make test-fast`` (``FLEETRL_TEST_TIER=fast``) a test that starts a Python process
+without the marker fails, naming it, so the fast tier stays fast and the markers stay honest.
+"""
 
 from __future__ import annotations
 
+import multiprocessing.util
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -47,3 +57,58 @@ def tiny_reward_model_dir(tmp_path_factory) -> Path:
     from deploy.local.tiny_model import build_tiny_reward_model
 
     return build_tiny_reward_model(tmp_path_factory.mktemp("tiny-rm"))
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Every test that uses a fixture marked ``@starts_processes`` (directly or through another) is a ``process`` test."""
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        if info is None:
+            continue
+        if any(getattr(d.func, "starts_processes", False) for defs in info.name2fixturedefs.values() for d in defs):
+            item.add_marker(pytest.mark.process)
+
+
+def _is_python(argv) -> bool:
+    first = argv if isinstance(argv, (str, bytes)) else (argv[0] if argv else "")
+    first = os.fsdecode(first).split()[0] if first else ""
+    return first == sys.executable or os.path.basename(first).startswith("python")
+
+
+_started: list[str] = []  # Python processes started since the current test's setup began (fast tier only)
+
+
+def pytest_configure(config) -> None:
+    """Under ``make test-fast``, note every Python process a test (or a fixture it sets up, of any scope) starts."""
+    if os.environ.get("FLEETRL_TEST_TIER") != "fast":
+        return
+    popen_init = subprocess.Popen.__init__
+    spawnv_passfds = multiprocessing.util.spawnv_passfds
+
+    def watched_popen(self, args, *a, **kw):
+        if _is_python(args):
+            _started.append(str(args if isinstance(args, (str, bytes)) else " ".join(map(str, args)))[:120])
+        return popen_init(self, args, *a, **kw)
+
+    def watched_spawn(path, args, passfds):
+        _started.append(f"multiprocessing child: {' '.join(map(str, args))[:100]}")
+        return spawnv_passfds(path, args, passfds)
+
+    subprocess.Popen.__init__ = watched_popen
+    multiprocessing.util.spawnv_passfds = watched_spawn
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item):
+    _started.clear()  # before any fixture of this test is set up, module- and session-scoped ones included
+    yield
+
+
+@pytest.fixture(autouse=True)
+def _fast_tier_starts_no_python_process(request):
+    """Under ``make test-fast``: fail a test that started a Python process but is not marked ``process``."""
+    yield
+    if _started and not request.node.get_closest_marker("process"):
+        pytest.fail(f"{request.node.nodeid} started a Python process ({_started[0]}) but is in the fast tier: mark it "
+                    "@pytest.mark.process (or put the fixture that starts it under @starts_processes, tests/procs.py)",
+                    pytrace=False)

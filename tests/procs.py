@@ -14,6 +14,13 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 
 
+def starts_processes(fixture_fn):
+    """Put under ``@pytest.fixture``: the fixture starts service processes, so every test that uses it (directly
+    or through another fixture) gets the ``process`` marker (tests/conftest.py) and ``make test-fast`` skips it."""
+    fixture_fn.starts_processes = True
+    return fixture_fn
+
+
 def spawn(args: list[str], log_path: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
     """Start ``python <args>`` from the repo root in its own process group, logging to ``log_path``."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}

@@ -43,6 +43,8 @@ from schemathesis.core.failures import Failure, FailureGroup
 from schemathesis.generation import GenerationMode
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
+pytestmark = pytest.mark.slow  # in-process, but schemathesis drives every route of three apps (~50-60 s)
+
 TOKEN = "contract-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 EXAMPLES = int(os.environ.get("FLEETRL_CONTRACT_EXAMPLES", "20"))  # per operation, mode and auth

@@ -7,11 +7,10 @@ from collections.abc import Callable
 
 from fastapi import FastAPI
 
+from services.learner.routes import router
+from services.learner.service import LearnerService
+from services.learner.settings import LearnerSettings
 from shared.service_kit.app import create_service_app
-
-from .routes import router
-from .service import LearnerService
-from .settings import LearnerSettings
 
 
 def create_app(settings: LearnerSettings, service: LearnerService | None = None,

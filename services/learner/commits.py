@@ -14,11 +14,10 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
+from services.learner.checkpoint import CheckpointManager
+from services.learner.group_buffer import GroupBuffer
+from services.learner.run_state import RunState
 from shared.experience_queue import Lease, ProcessedIds, StreamQueue
-
-from .checkpoint import CheckpointManager
-from .group_buffer import GroupBuffer
-from .run_state import RunState
 
 log = logging.getLogger(__name__)
 

@@ -6,9 +6,8 @@ from typing import Annotated
 
 from fastapi import Depends
 
+from services.learner.service import LearnerService
 from shared.service_kit.deps import ControlDep, get_service
-
-from .service import LearnerService
 
 ServiceDep = Annotated[LearnerService, Depends(get_service)]
 

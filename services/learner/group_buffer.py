@@ -14,9 +14,8 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
+from services.learner.data import parse_item_id
 from shared.schemas import Experience
-
-from .data import parse_item_id
 
 
 class Filed(StrEnum):

@@ -12,13 +12,12 @@ import logging
 import time
 from collections.abc import Collection
 
+from services.learner.data import PromptSet
+from services.learner.observability import MetricsSink
+from services.learner.queue_watch import prompts_lost_by_redis
+from services.learner.run_state import InFlight, RunState
+from services.learner.settings import LearnerSettings
 from shared.experience_queue import BackpressureTimeout, StreamQueue
-
-from .data import PromptSet
-from .observability import MetricsSink
-from .queue_watch import prompts_lost_by_redis
-from .run_state import InFlight, RunState
-from .settings import LearnerSettings
 
 log = logging.getLogger(__name__)
 

@@ -62,22 +62,21 @@ from typing import Any
 
 import numpy as np
 
+from services.learner.checkpoint import CheckpointManager
+from services.learner.commits import Commits
+from services.learner.data import PromptSet, epoch_plan, parse_item_id, passes_note
+from services.learner.distributed.env import RankInfo
+from services.learner.group_buffer import Filed, GroupBuffer, position_of
+from services.learner.observability import MetricsSink
+from services.learner.prompt_feeder import PromptFeeder
+from services.learner.queue_watch import REDIS_DOWN, DeadLetter, DeadLetterWatch
+from services.learner.run_state import RunState
+from services.learner.settings import LearnerSettings
+from services.learner.start_gate import wait_start_gate
+from services.learner.weights.transport import PublishFailed
 from shared import keys
 from shared.experience_queue import Delivery, Lease, ProcessedIds, StreamQueue
 from shared.schemas import Experience, PromptTask
-
-from .checkpoint import CheckpointManager
-from .commits import Commits
-from .data import PromptSet, epoch_plan, parse_item_id, passes_note
-from .distributed.env import RankInfo
-from .group_buffer import Filed, GroupBuffer, position_of
-from .observability import MetricsSink
-from .prompt_feeder import PromptFeeder
-from .queue_watch import REDIS_DOWN, DeadLetter, DeadLetterWatch
-from .run_state import RunState
-from .settings import LearnerSettings
-from .start_gate import wait_start_gate
-from .weights.transport import PublishFailed
 
 log = logging.getLogger(__name__)
 
@@ -128,8 +127,8 @@ class RLRunner:
 
     # ---- start -----------------------------------------------------------------------------------
     async def _start(self) -> None:
-        from .training.models import load_tokenizer
-        from .training.rl_trainer import RLTrainer
+        from services.learner.training.models import load_tokenizer
+        from services.learner.training.rl_trainer import RLTrainer
 
         tokenizer = await asyncio.to_thread(load_tokenizer, self.s.model)
         data = await asyncio.to_thread(PromptSet.load, self.s.data, self.s.train.seed, tokenizer)
@@ -148,7 +147,7 @@ class RLRunner:
             self.total_steps = min(self.total_steps, self.s.train.max_steps)
         resume_dir = latest / "trainer" if latest is not None else None
         if self.ranks.multi:
-            from .distributed.ranks import OwnerLink
+            from services.learner.distributed.ranks import OwnerLink
 
             self.link = await asyncio.to_thread(OwnerLink, self.s, self.ranks)
             await asyncio.to_thread(self.link.start, self.total_steps, resume_dir)

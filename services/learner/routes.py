@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Response
 
+from services.learner.deps import ControlDep, ServiceDep
 from shared.learner_api import CheckpointResponse, LearnerHealth, LearnerStatus, StopResponse
 from shared.service_kit.openapi import error_responses
 from shared.telemetry import PrometheusText, metrics_response
-
-from .deps import ControlDep, ServiceDep
 
 router = APIRouter()
 

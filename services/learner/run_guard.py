@@ -11,9 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from services.learner.checkpoint import MARKER
 from shared import keys
-
-from .checkpoint import MARKER
 
 
 def has_checkpoint(checkpoint_dir: Path) -> bool:

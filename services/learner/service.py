@@ -12,13 +12,12 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 from redis.exceptions import RedisError
 
+from services.learner.observability import MetricsSink
+from services.learner.rl_runner import RLRunner
+from services.learner.rollout_watch import RolloutWatch
+from services.learner.settings import LearnerSettings
+from services.learner.sft_runner import SFTRunner
 from shared.service_kit.errors import ServiceError
-
-from .observability import MetricsSink
-from .rl_runner import RLRunner
-from .rollout_watch import RolloutWatch
-from .settings import LearnerSettings
-from .sft_runner import SFTRunner
 
 log = logging.getLogger(__name__)
 

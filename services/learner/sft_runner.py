@@ -12,12 +12,12 @@ import math
 from pathlib import Path
 from typing import Any
 
-from .checkpoint import CheckpointManager
-from .data import PromptSet
-from .distributed.env import RankInfo
-from .observability import MetricsSink
-from .run_state import RunState
-from .settings import LearnerSettings
+from services.learner.checkpoint import CheckpointManager
+from services.learner.data import PromptSet
+from services.learner.distributed.env import RankInfo
+from services.learner.observability import MetricsSink
+from services.learner.run_state import RunState
+from services.learner.settings import LearnerSettings
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +42,8 @@ class SFTRunner:
         self._waiters: list[asyncio.Future] = []
 
     async def _start(self) -> None:
-        from .training.models import load_tokenizer
-        from .training.sft_trainer import SFTTrainer
+        from services.learner.training.models import load_tokenizer
+        from services.learner.training.sft_trainer import SFTTrainer
 
         tokenizer = await asyncio.to_thread(load_tokenizer, self.s.model)
         self.data = await asyncio.to_thread(PromptSet.load, self.s.data, self.s.train.seed, tokenizer, True)

@@ -22,7 +22,7 @@ from services.rollout.metrics import RolloutMetrics
 from services.rollout.routes import control, generate, inference, info, openai, sessions
 from services.rollout.service import RolloutService
 from services.rollout.sessions.registry import SessionElsewhere
-from services.rollout.settings import WEIGHT_SIDECAR_EXTENSION, RolloutSettings
+from services.rollout.settings import RolloutSettings
 from shared.service_kit.app import create_service_app
 from shared.service_kit.body_limit import Observer
 from shared.service_kit.errors import error_response
@@ -64,7 +64,7 @@ def create_app(settings: RolloutSettings, *, service: RolloutService | None = No
 
         routers.append(weight_routes)
     routers += extra_routers
-    routers += [load_extension(p, service) for p in settings.extensions if p != WEIGHT_SIDECAR_EXTENSION]
+    routers += [load_extension(p, service) for p in settings.extensions]
     app = create_service_app(
         title="FleetRL rollout", settings=settings, service=service, routers=routers,
         max_body_bytes=settings.limits.max_body_bytes, body_limit_setting="limits.max_body_bytes",

@@ -13,9 +13,6 @@ from services.rollout.sessions.settings import SessionSettings
 from services.rollout.weights.settings import SidecarSettings, refuse_legacy_env
 from shared.settings import ServiceSettings, service_config
 
-WEIGHT_SIDECAR_EXTENSION = "services.rollout.weights.routes:weight_router"
-"""How configs turned the weight sidecar on before ``weight_sidecar``: still honoured (``sidecar_on``)."""
-
 
 class LimitsSettings(BaseModel):
     """Admission control: what the service accepts before it answers 4xx / 429 / 503."""
@@ -160,6 +157,15 @@ class RolloutSettings(ServiceSettings):
         refuse_legacy_env(os.environ)  # FLEETRL_WEIGHTS_* configured the sidecar before it was this section
         return v
 
+    @field_validator("extensions")
+    @classmethod
+    def _weight_routes_are_no_extension(cls, v: list[str]) -> list[str]:
+        for path in v:
+            if path.split(":", 1)[0] == "services.rollout.weights.routes":
+                raise ValueError(f"extensions: {path!r}: the weight routes are not an extension; set weight_sidecar: "
+                                 "true (the sidecar serves them, and is on by default when the worker is)")
+        return v
+
     @field_validator("model")
     @classmethod
     def _model_exists(cls, v: str) -> str:
@@ -178,9 +184,8 @@ class RolloutSettings(ServiceSettings):
     @property
     def sidecar_on(self) -> bool:
         """Whether this replica runs the weight sidecar and serves ``/weights/*``: ``weight_sidecar``, by default
-        on with the worker; ``extensions`` naming the weight routes (as configs did before) turns it on too."""
-        on = self.weight_sidecar if self.weight_sidecar is not None else self.worker.enabled
-        return on or WEIGHT_SIDECAR_EXTENSION in self.extensions
+        on with the worker."""
+        return self.weight_sidecar if self.weight_sidecar is not None else self.worker.enabled
 
     @property
     def model_name(self) -> str:

@@ -3,8 +3,8 @@
     ServiceDep = Annotated[RolloutService, Depends(get_service)]   # services/rollout/deps.py
     ControlDep                                                     # dependencies=[ControlDep]
 
-The app factory puts the one service object on ``app.state.service`` and the settings on
-``app.state.settings``; tests swap either through ``app.dependency_overrides[get_service]``.
+The app factory puts the one service object on ``app.state.service`` (and the settings on
+``app.state.settings``); tests swap the service through ``app.dependency_overrides[get_service]``.
 """
 
 from __future__ import annotations
@@ -19,11 +19,6 @@ from shared.service_kit.auth import require_control
 def get_service(request: Request) -> Any:
     """The app's one service object."""
     return request.app.state.service
-
-
-def get_settings(request: Request) -> Any:
-    """The app's settings."""
-    return request.app.state.settings
 
 
 ControlDep = Depends(require_control)

@@ -9,6 +9,8 @@ import pytest
 from deploy.local import drills
 from deploy.local.sort_task import prepare_run
 
+pytestmark = pytest.mark.process  # the whole fleet as processes
+
 
 @pytest.fixture(scope="module")
 def drill_setup(tmp_path_factory):

@@ -64,6 +64,7 @@ def test_tcp_and_file_targets(tmp_path):
     listener.close()
 
 
+@pytest.mark.process
 def test_gives_up_naming_what_is_missing(tmp_path):
     env = {"FLEETRL_WAIT_FOR": f"file:{tmp_path}/never tcp://127.0.0.1:1", "FLEETRL_WAIT_TIMEOUT_S": "0.5",
            "PATH": "/usr/bin:/bin"}
@@ -73,6 +74,7 @@ def test_gives_up_naming_what_is_missing(tmp_path):
     assert f"file:{tmp_path}/never" in r.stderr and "tcp://127.0.0.1:1" in r.stderr
 
 
+@pytest.mark.process
 def test_execs_the_command_once_ready(tmp_path):
     (tmp_path / "READY").touch()
     env = {"FLEETRL_WAIT_FOR": f"file:{tmp_path}/READY", "PATH": "/usr/bin:/bin"}
@@ -81,6 +83,7 @@ def test_execs_the_command_once_ready(tmp_path):
     assert r.returncode == 0 and r.stdout.strip() == "served"
 
 
+@pytest.mark.process
 def test_supervisor_stops_the_engine_when_the_service_exits(tmp_path):
     port_file = tmp_path / "engine.pid"
     engine = (f"{sys.executable} -c \"import os,http.server as h; open('{port_file}','w').write(str(os.getpid())); "

@@ -15,6 +15,9 @@ ray = pytest.importorskip("ray", reason="ray is in the `ray` extra: pip install 
 from deploy.local.sort_task import make_splits, write_jsonl
 from deploy.ray.launcher import REPO, FleetLauncher
 from deploy.ray.settings import LaunchSettings
+from tests.procs import starts_processes
+
+pytestmark = [pytest.mark.slow, pytest.mark.process]  # a local Ray cluster and the fleet on it (~1-2 min)
 
 # Long enough that the kill lands mid-run: steps of this tiny model take ~50 ms while the rollout replica
 # is up, and the learner cannot run more than ~2 steps ahead of it (window 8, staleness 1) while it is down.
@@ -22,6 +25,7 @@ STEPS = 40
 
 
 @pytest.fixture()
+@starts_processes
 def local_ray():
     ray.init(num_cpus=4, include_dashboard=False, object_store_memory=100 * 1024 * 1024, namespace="fleetrl-test",
              runtime_env={"env_vars": {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}},

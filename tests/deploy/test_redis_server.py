@@ -62,6 +62,7 @@ def test_resolve_uses_configured_url_without_starting(tmp_path, monkeypatch):
         server.stop()
 
 
+@pytest.mark.process
 def test_cli_redis_runs_and_stops_on_sigterm(tmp_path):
     import signal
     import subprocess
@@ -86,6 +87,7 @@ def test_cli_redis_runs_and_stops_on_sigterm(tmp_path):
             proc.kill()
 
 
+@pytest.mark.process
 def test_cli_redis_with_its_default_relative_data_dir(tmp_path):
     """``fleetrl redis`` with a relative --data-dir (its default is runs/redis) starts, keeps its log and AOF
     there, and stops on SIGTERM (the server resolves --logfile inside --dir: a relative one named a file under
@@ -120,6 +122,7 @@ def test_cli_redis_with_its_default_relative_data_dir(tmp_path):
     assert (data / "redis.log").is_file() and any(data.rglob("*.aof*"))
 
 
+@pytest.mark.process
 def test_server_dies_with_a_sigkilled_owner(tmp_path):
     """An owner killed with SIGKILL (no atexit) must not leave an orphaned server behind."""
     import subprocess

@@ -2,6 +2,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
@@ -38,6 +39,7 @@ def test_tiny_reward_model_scores(tiny_reward_model_dir):
     assert model(**batch).logits.shape == (2, 1)
 
 
+@pytest.mark.process
 def test_cli_tiny_model_writes_a_loadable_checkpoint(tmp_path):
     out = tmp_path / "m"
     r = subprocess.run([sys.executable, "-m", "services.cli", "tiny-model", str(out), "--hidden-size", "32",

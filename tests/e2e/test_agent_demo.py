@@ -11,6 +11,8 @@ import pytest
 
 from deploy.local import demo_agent
 
+pytestmark = pytest.mark.process  # the whole fleet as processes
+
 
 @pytest.mark.slow
 def test_agent_demo_trains_multi_turn_tool_episodes(tmp_path, monkeypatch):

@@ -12,6 +12,8 @@ import pytest
 
 from deploy.local import demo
 
+pytestmark = pytest.mark.process  # the whole fleet as processes
+
 
 @pytest.mark.slow
 def test_grpo_loop_raises_reward_and_syncs_every_version(tmp_path, monkeypatch):

@@ -13,6 +13,8 @@ import pytest
 from tests.deploy.run.conftest import tiny_spec
 from tests.deploy.run.test_fleetrl_run import fleetrl_run, metrics
 
+pytestmark = pytest.mark.process  # the whole fleet as processes
+
 
 @pytest.mark.slow
 def test_an_openai_client_agent_trains_through_sessions(tmp_path, tiny_model_dir):

@@ -136,6 +136,7 @@ def test_reasoning_gym_binary_reward_takes_away_substring_credit():
     assert scorer.kwargs == {"binary": True}
 
 
+@pytest.mark.process
 def test_reasoning_gym_reward_through_the_reward_service(tmp_path):
     """The recipe's own reward config, started as the run starts it: the dataset's score_answer decides."""
     pytest.importorskip("reasoning_gym")
@@ -195,6 +196,7 @@ def test_gsm8k_prepare_names_the_row_that_is_not_gsm8k(tmp_path, capsys):
     assert "bad.jsonl row 0" in capsys.readouterr().out and not (tmp_path / "data").exists()
 
 
+@pytest.mark.process
 def test_gsm8k_recipe_reads_what_prepare_writes(tmp_path):
     """The recipe's data keys name fields of the prepared rows, and its math rule scores a worked answer."""
     from examples.recipes.gsm8k import prepare
@@ -215,6 +217,7 @@ def test_gsm8k_recipe_reads_what_prepare_writes(tmp_path):
 
 
 # ---- remote reward model --------------------------------------------------------------------------------------
+@pytest.mark.process
 def test_the_http_scorer_of_the_remote_rm_recipe_scores_through_the_standin_rm(tmp_path):
     from deploy.local.ports import free_port
 

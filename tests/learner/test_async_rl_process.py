@@ -13,6 +13,8 @@ from tests.learner.fake_rollout import FakeFleet
 from tests.learner.test_process import ENV, status, write_config
 from tests.procs import spawn, stop, wait_http_ok
 
+pytestmark = pytest.mark.process  # the learner as a process
+
 N_PROMPTS = 12
 CONFIGS = {
     "gspo+geo_seq+soft_penalty+dynamic_sampling+token_budget": {

@@ -22,6 +22,8 @@ from tests.learner.fake_rollout import FakeFleet
 from tests.learner.test_process import ENV, status, wait_exit, wait_for
 from tests.procs import spawn, stop, wait_http_ok
 
+pytestmark = pytest.mark.process  # multi-rank: one learner process per rank
+
 N_PROMPTS, GROUP = 5, 4  # steps of 2, 2 and 1 groups: rank 1 gets an empty shard in the last one
 
 

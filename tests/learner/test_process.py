@@ -7,6 +7,7 @@ import sys
 import time
 
 import httpx
+import pytest
 import yaml
 
 from deploy.local.ports import free_port
@@ -16,6 +17,8 @@ from shared.experience_queue import ProcessedIds, StreamQueue
 from shared.schemas import Experience
 from tests.learner.fake_rollout import FakeFleet
 from tests.procs import REPO, kill9, spawn, stop, wait_http_ok
+
+pytestmark = pytest.mark.process  # the learner as a process
 
 TOKEN = "s3cret"
 ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}

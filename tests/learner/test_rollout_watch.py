@@ -4,6 +4,7 @@ saying so once a worker takes them."""
 import asyncio
 
 import httpx
+import pytest
 
 from services.learner.rollout_watch import RolloutWatch
 from shared import keys
@@ -43,6 +44,7 @@ async def test_the_watch_names_a_stall_only_while_prompts_wait_unread(redis_clie
     assert await watch.poll() is None  # nothing waits: a quiet stream is no stall
 
 
+@pytest.mark.process
 async def test_a_learner_without_rollout_says_so_in_status_and_log(tmp_path, tiny_model_dir, redis_server,
                                                                    redis_client):
     cfg, url = write_config(tmp_path, tiny_model_dir, redis_server.url, n_prompts=8,

@@ -27,6 +27,7 @@ def run(*args: str, timeout: float) -> subprocess.CompletedProcess:
                           text=True, timeout=timeout, check=False)
 
 
+@pytest.mark.process
 def test_a_fresh_learner_on_a_used_run_name_exits_with_what_to_do(tmp_path, tiny_model_dir, redis_server, client):
     client.sadd(keys.processed_ids("proc", "learner"), "e0-0-0", "e0-0-1")
     cfg, _ = write_config(tmp_path, tiny_model_dir, redis_server.url, n_prompts=8)
@@ -49,6 +50,7 @@ def test_a_resumable_or_unused_run_is_not_refused(tmp_path, redis_server, client
     assert "checkpoint.resume is off" in stale_run_problem(redis_server.url, "fresh", ckpt, resume=False)
 
 
+@pytest.mark.process
 def test_fleetrl_queue_clear_lets_the_name_start_afresh(tmp_path, redis_server, client):
     client.sadd(keys.processed_ids("old", "learner"), "e0-0-0")
     client.xadd(keys.prompts_stream("old"), {"a": "1"})

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from deploy.local.ports import free_port
-from tests.procs import spawn, stop, wait_http_ok
+from tests.procs import spawn, starts_processes, stop, wait_http_ok
 
 CHILD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
@@ -45,6 +45,7 @@ def start_openrlhf_stub(tmp: Path, port: int | None = None) -> Server:
 
 
 @pytest.fixture(scope="module")
+@starts_processes
 def reward_service(tmp_path_factory) -> Iterator[Callable[..., Server]]:
     """Factory: ``reward_service(config_dict)`` -> running Server; all stopped at module end."""
     started: list[Server] = []
@@ -61,6 +62,7 @@ def reward_service(tmp_path_factory) -> Iterator[Callable[..., Server]]:
 
 
 @pytest.fixture(scope="module")
+@starts_processes
 def openrlhf_stub(tmp_path_factory) -> Iterator[Server]:
     """The stand-in OpenRLHF serve_rm, its own process."""
     server = start_openrlhf_stub(tmp_path_factory.mktemp("openrlhf-stub"))

@@ -57,6 +57,7 @@ def test_example_configs_validate():
         assert settings.scorers
 
 
+@pytest.mark.process
 def test_cli_exits_with_the_reason_on_a_bad_config(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump({"scorers": [{"name": "a", "kind": "rule", "check": {"type": "nope"}}]}))

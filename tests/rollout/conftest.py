@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from deploy.local.ports import free_port
-from tests.procs import spawn, stop, wait_http_ok
+from tests.procs import spawn, starts_processes, stop, wait_http_ok
 
 CONTROL_TOKEN = "test-control-token"
 MAX_INFLIGHT = 160
@@ -56,6 +56,7 @@ def start_rollout(tmp: Path, name: str, config: dict, extra_env: dict | None = N
 
 
 @pytest.fixture(scope="session")
+@starts_processes
 def rollout(tiny_model_dir, tmp_path_factory) -> Server:
     """hf engine, control token set, small limits so the capacity paths are reachable in tests."""
     tmp = tmp_path_factory.mktemp("rollout")

@@ -13,7 +13,7 @@ import time
 import httpx
 import pytest
 
-from tests.procs import stop
+from tests.procs import starts_processes, stop
 from tests.rollout.conftest import start_rollout
 
 MAX_INFLIGHT = 200
@@ -21,6 +21,7 @@ HEALTH_TIMEOUT_S = 3.0
 
 
 @pytest.fixture(scope="module")
+@starts_processes
 def server(tiny_model_dir, tmp_path_factory):
     """4 sequences decoded at a time, so a full admission queue takes minutes to drain."""
     config = {

@@ -10,12 +10,15 @@ import httpx
 import pytest
 
 from deploy.local.ports import free_port
-from tests.procs import spawn, stop, wait_http_ok
+from tests.procs import spawn, starts_processes, stop, wait_http_ok
 from tests.rollout.conftest import THREAD_ENV, start_rollout
 from tests.rollout.standin_engine import tokens_for
 
+pytestmark = pytest.mark.process  # stand-in engine servers and rollout services as processes
+
 
 @pytest.fixture(scope="module")
+@starts_processes
 def standin(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("standin")
     port = free_port()
@@ -27,6 +30,7 @@ def standin(tmp_path_factory):
 
 
 @pytest.fixture(scope="module", params=["sglang", "vllm"])
+@starts_processes
 def remote_rollout(request, standin, tiny_model_dir, tmp_path_factory):
     tmp = tmp_path_factory.mktemp(f"remote-{request.param}")
     config = {"model": str(tiny_model_dir), "served_model_name": "tiny",

@@ -9,7 +9,7 @@ from fastapi.testclient import TestClient
 
 from services.rollout.app import create_app
 from services.rollout.service import RolloutService
-from services.rollout.settings import WEIGHT_SIDECAR_EXTENSION, RolloutSettings
+from services.rollout.settings import RolloutSettings
 
 TOKEN = "t0ken"
 
@@ -92,7 +92,6 @@ async def test_without_the_sidecar_only_engine_and_worker_run(tiny_model_dir, pa
 @pytest.mark.parametrize(("extra", "served"), [
     ({}, False),
     ({"weight_sidecar": True}, True),
-    ({"extensions": [WEIGHT_SIDECAR_EXTENSION]}, True),  # how configs asked for it before weight_sidecar
 ])
 def test_the_weight_routes_are_served_when_the_sidecar_is_on(tiny_model_dir, monkeypatch, extra, served):
     import services.rollout.weights.sidecar as sidecar_module

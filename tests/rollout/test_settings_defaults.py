@@ -1,6 +1,6 @@
 import pytest
 
-from services.rollout.settings import WEIGHT_SIDECAR_EXTENSION, RolloutSettings
+from services.rollout.settings import RolloutSettings
 from shared.settings import SettingsError, load_settings
 
 
@@ -22,7 +22,11 @@ def test_weight_sidecar_is_on_for_training_replicas(tiny_model_dir, worker, side
     s = load_settings(RolloutSettings, model=str(tiny_model_dir), weight_sidecar=sidecar,
                       worker={"enabled": worker, "reward_url": "http://127.0.0.1:1"})
     assert s.sidecar_on is expected
-    legacy = load_settings(RolloutSettings, model=str(tiny_model_dir), weight_sidecar=sidecar,
-                           worker={"enabled": worker, "reward_url": "http://127.0.0.1:1"},
-                           extensions=[WEIGHT_SIDECAR_EXTENSION])
-    assert legacy.sidecar_on is True  # configs that name the weight routes as an extension keep their sidecar
+
+
+@pytest.mark.parametrize("path", ["services.rollout.weights.routes:weight_router", "services.rollout.weights.routes:router"])
+def test_the_weight_routes_named_as_an_extension_are_refused_with_the_setting_that_serves_them(tiny_model_dir, path):
+    # the old switch (a `weight_router` adapter, gone since weight_sidecar) named an attribute that no longer exists
+    with pytest.raises(SettingsError) as err:
+        load_settings(RolloutSettings, model=str(tiny_model_dir), extensions=[path])
+    assert "set weight_sidecar: true" in str(err.value) and path in str(err.value)

@@ -15,8 +15,10 @@ from deploy.local.ports import free_port
 from shared import keys
 from shared.experience_queue import StreamQueue
 from shared.schemas import Experience, PromptTask, SamplingOverrides, SamplingRecord, sample_id
-from tests.procs import kill9, spawn, stop, wait_http_ok
+from tests.procs import kill9, spawn, starts_processes, stop, wait_http_ok
 from tests.rollout.conftest import THREAD_ENV, start_rollout, start_rollouts
+
+pytestmark = pytest.mark.process  # reward service processes
 
 REWARD_CONFIG = {"scorers": [{"name": "has_a", "kind": "rule", "check": {"type": "format", "pattern": "a"}}]}
 
@@ -134,6 +136,7 @@ async def _unacked(redis_client, run: str) -> int:
 
 
 @pytest.fixture()
+@starts_processes
 def reward_service(tmp_path):
     port = free_port()
     proc = start_reward(tmp_path, port)

@@ -14,6 +14,7 @@ def tasks(n, prefix="t"):
     return [PromptTask(id=f"{prefix}{i}", prompt=f"prompt {i}") for i in range(n)]
 
 
+@pytest.mark.process
 async def test_consumer_killed_mid_batch_loses_nothing_and_processes_nothing_twice(redis_client, redis_server, tmp_path):
     q = StreamQueue(redis_client, qc.STREAM, qc.GROUP, PromptTask, claim_idle_ms=300)
     await q.ensure_group()

@@ -8,7 +8,11 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.procs import REPO
+
+pytestmark = pytest.mark.process  # imports shared/ in a fresh interpreter
 
 PROBE = """
 import importlib, json, pkgutil, sys

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from deploy.local.ports import free_port
-from tests.procs import kill9, spawn, stop, wait_http_ok
+from tests.procs import kill9, spawn, starts_processes, stop, wait_http_ok
 
 TOKEN = "weights-test-token"
 PROMPT = "The quick brown fox"
@@ -42,6 +42,7 @@ class Replica:
 
 
 @pytest.fixture()
+@starts_processes
 def replicas(tmp_path, redis_server, tiny_model_dir):
     """Factory: ``start(run, **sidecar_env)`` launches one rollout service process; all stopped at the end."""
     started: list[Replica] = []

@@ -19,6 +19,8 @@ from shared.weight_sync import WeightSyncSettings
 from tests.procs import spawn, stop, wait_http_ok
 from tests.weight_sync.conftest import wait_registered
 
+pytestmark = pytest.mark.process  # stand-in engine processes
+
 
 class RemoteEngine:
     """What the sink uses of the rollout's sglang / vllm engine objects."""

@@ -9,6 +9,7 @@ import asyncio
 import json
 
 import httpx
+import pytest
 import torch
 
 from deploy.local.ports import free_port
@@ -18,6 +19,8 @@ from shared.weight_sync import WeightSyncSettings
 from tests.procs import spawn, stop, wait_http_ok
 from tests.weight_sync.conftest import TOKEN, new_weights, wait_registered
 from tests.weight_sync.test_publish_hf import FAST
+
+pytestmark = pytest.mark.process  # a rollout service process
 
 NEW = 1000
 PROMPT = [1, 40, 50, 60]

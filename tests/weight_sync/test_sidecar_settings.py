@@ -56,6 +56,7 @@ def test_old_variables_are_refused_naming_the_new_setting(tiny_model_dir, monkey
     assert "FLEETRL_ROLLOUT_WEIGHTS__BACKEND" in str(err.value) and "weights: {backend: ...}" in str(err.value)
 
 
+@pytest.mark.process
 def test_the_cli_stops_at_an_old_variable_with_one_line(tiny_model_dir):
     env = {"PATH": "/usr/bin:/bin", "FLEETRL_WEIGHTS_JOIN_TIMEOUT_S": "20"}
     out = subprocess.run([sys.executable, "-m", "services.rollout", "--model", str(tiny_model_dir)], cwd=REPO,

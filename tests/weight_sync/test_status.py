@@ -7,6 +7,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from deploy.local.ports import free_port
 from services.rollout.weights.receiver import RoundWatcher
 from shared import keys
@@ -15,6 +17,8 @@ from shared.weight_sync.registry import ReplicaRegistry
 from shared.weight_sync.status import weight_sync_status
 from shared.weight_sync.wire import Member, Rendezvous, ReplicaInfo
 from tests.procs import REPO
+
+pytestmark = pytest.mark.process  # runs `fleetrl weights status` as a process
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:

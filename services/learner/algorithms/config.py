@@ -11,8 +11,13 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from .loss_config import LossAggregation, PolicyLossSettings, PPOClipLoss
-from .offpolicy_config import CorrectionSettings, OverlongNone, OverlongSettings, TISCorrection
+from services.learner.algorithms.loss_config import LossAggregation, PolicyLossSettings, PPOClipLoss
+from services.learner.algorithms.offpolicy_config import (
+    CorrectionSettings,
+    OverlongNone,
+    OverlongSettings,
+    TISCorrection,
+)
 
 __all__ = ["AlgorithmSettings", "DynamicSamplingSettings", "GRPOSettings", "KLSettings", "LossAggregation", "PPOSettings", "RLOOSettings",
            "ReinforcePPSettings", "SFTSettings"]

@@ -15,9 +15,12 @@ import torch
 
 @dataclass(frozen=True)
 class PolicyLossOutput:
-    loss: torch.Tensor  # [B, T] per-token loss (before IS weighting and aggregation)
-    clipped: torch.Tensor  # [B, T] 1.0 where the clipped branch was taken
-    ratio: torch.Tensor  # [B, T] pi / pi_old
+    """What a policy loss returns, the one type for the built-in losses, custom ones (``policy_losses``) and
+    :func:`clipped_surrogate` (whose loss is before importance weights and mask; a registered loss applies them)."""
+
+    loss: torch.Tensor  # [B, T] per-token loss, not yet aggregated
+    ratio: torch.Tensor  # [B, T] pi / pi_old, the ratio the loss used, for metrics
+    clipped: torch.Tensor  # [B, T] 1.0 where the loss clipped or dropped this token's gradient
 
 
 def clipped_surrogate(
@@ -63,15 +66,6 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     logits = logits.float()
     probs = torch.softmax(logits, dim=-1)
     return torch.logsumexp(logits, dim=-1) - (probs * logits).sum(-1)
-
-
-def truncated_is_weights(old_logp: torch.Tensor, engine_logp: torch.Tensor, cap: float) -> torch.Tensor:
-    """Truncated importance sampling between the engine's and the learner's behaviour policy.
-
-    ``w = min(exp(old_logp - engine_logp), cap)``, detached: it corrects for the sampler (vLLM /
-    SGLang / HF) and the trainer computing different probabilities for the same weights.
-    """
-    return (old_logp - engine_logp).clamp(max=20.0).exp().clamp(max=cap).detach()
 
 
 # ---- aggregation -------------------------------------------------------------------------------

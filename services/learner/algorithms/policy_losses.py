@@ -20,7 +20,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .losses import clipped_surrogate
+from services.learner.algorithms.losses import PolicyLossOutput, clipped_surrogate
+
+__all__ = ["LOSSES", "PolicyLossFn", "PolicyLossInputs", "PolicyLossOutput", "build_policy_loss"]
 
 RATIO_LOG_CLAMP = 20.0
 
@@ -32,13 +34,6 @@ class PolicyLossInputs:
     advantages: torch.Tensor  # [B, T]
     mask: torch.Tensor  # [B, T] float: action tokens still in the loss (after the off-policy correction)
     weights: torch.Tensor  # [B, T] importance weights of the off-policy correction (detached; 1 = none)
-
-
-@dataclass(frozen=True)
-class PolicyLossOutput:
-    loss: torch.Tensor  # [B, T] per-token loss, weights applied, 0 outside the mask
-    ratio: torch.Tensor  # [B, T] the ratio the loss used (detached), for metrics
-    clipped: torch.Tensor  # [B, T] 1.0 where the loss dropped or clipped this token's gradient
 
 
 def _ratio(logp: torch.Tensor, old_logp: torch.Tensor) -> torch.Tensor:

@@ -15,9 +15,21 @@ from typing import ClassVar
 
 import torch
 
-from .advantages import discounted_returns, end_token_rewards, gae, group_advantages, rloo_advantages
-from .config import GRPOSettings, PPOSettings, ReinforcePPSettings, RLOOSettings, _RLAlgorithm
-from .masked import masked_whiten
+from services.learner.algorithms.advantages import (
+    discounted_returns,
+    end_token_rewards,
+    gae,
+    group_advantages,
+    rloo_advantages,
+)
+from services.learner.algorithms.config import (
+    GRPOSettings,
+    PPOSettings,
+    ReinforcePPSettings,
+    RLOOSettings,
+    _RLAlgorithm,
+)
+from services.learner.algorithms.masked import masked_whiten
 
 
 @dataclass(frozen=True)

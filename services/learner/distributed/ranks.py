@@ -17,10 +17,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from services.learner.distributed.env import RankInfo, init_process_group, leave_process_group
 from services.learner.settings import LearnerSettings
 from shared.schemas import Experience
-
-from .env import RankInfo, init_process_group, leave_process_group
 
 log = logging.getLogger(__name__)
 
@@ -30,9 +29,8 @@ def _join(settings: LearnerSettings, info: RankInfo):
     import torch
     import torch.distributed as dist
 
+    from services.learner.distributed.channel import StepChannel
     from services.learner.training.models import resolve_device
-
-    from .channel import StepChannel
 
     device = resolve_device(settings.model.device, info.local_rank)
     init_process_group(info, settings.distributed.backend, settings.distributed.timeout_s, device.type,
@@ -44,7 +42,7 @@ class OwnerLink:
     """Rank 0's handle on the followers. All methods block (call them from a worker thread)."""
 
     def __init__(self, settings: LearnerSettings, info: RankInfo) -> None:
-        from .channel import Op
+        from services.learner.distributed.channel import Op
 
         self.s, self.info, self.Op = settings, info, Op
         self.channel = _join(settings, info)
@@ -55,7 +53,7 @@ class OwnerLink:
                                           "resume_dir": str(resume_dir) if resume_dir else None})
 
     def train(self, trainer, groups: Sequence[Sequence[Experience]]) -> dict[str, float]:
-        from .channel import shard_groups
+        from services.learner.distributed.channel import shard_groups
 
         shards = shard_groups(groups, self.info.world_size)
         if trainer.actor.sharded:  # DeepSpeed counts micro-batches per rank to find its update boundary
@@ -78,7 +76,7 @@ class OwnerLink:
         return trainer.policy_weights()
 
     def save(self, trainer, out_dir: Path) -> None:
-        from .collectives import replica_digests
+        from services.learner.distributed.collectives import replica_digests
 
         self.channel.send(self.Op.CHECKPOINT, {"path": str(out_dir)})
         trainer.save(out_dir)
@@ -108,10 +106,9 @@ class Follower:
         self.steps = 0
 
     def run(self) -> None:
+        from services.learner.distributed.channel import Op
+        from services.learner.distributed.collectives import replica_digests
         from services.learner.training.rl_trainer import RLTrainer
-
-        from .channel import Op
-        from .collectives import replica_digests
 
         channel = _join(self.s, self.info)
         log.info("learner rank %d/%d following rank 0", self.info.rank, self.info.world_size)

@@ -10,10 +10,15 @@ from pathlib import Path
 import torch
 
 from services.learner.settings import LearnerSettings
-
-from .backends import TrainEngine, build_engine
-from .models import load_actor, load_tokenizer, merged_state_dict, resolve_device, save_actor_export
-from .rng import load_rng, save_rng, seed_everything
+from services.learner.training.backends import TrainEngine, build_engine
+from services.learner.training.models import (
+    load_actor,
+    load_tokenizer,
+    merged_state_dict,
+    resolve_device,
+    save_actor_export,
+)
+from services.learner.training.rng import load_rng, save_rng, seed_everything
 
 log = logging.getLogger(__name__)
 

@@ -42,8 +42,3 @@ def by_token_budget(lengths: Sequence[int], budget: int, max_rows: int | None = 
     if current:
         groups.append(current)
     return groups
-
-
-def padded_tokens(lengths: Sequence[int], groups: Sequence[Sequence[int]]) -> int:
-    """Token slots the forward passes compute over (real tokens plus padding)."""
-    return sum(len(g) * max(lengths[i] for i in g) for g in groups if g)

@@ -20,13 +20,18 @@ from services.learner.algorithms.policy_losses import PolicyLossInputs, build_po
 from services.learner.algorithms.registry import AdvantageInputs, build_algorithm
 from services.learner.distributed.collectives import all_sum, global_whiten
 from services.learner.settings import LearnerSettings
+from services.learner.training.backends import TrainEngine
+from services.learner.training.base import TrainerBase
+from services.learner.training.batch import (
+    RLBatch,
+    SequenceBatch,
+    action_logprobs,
+    action_values,
+    build_rl_batch,
+)
+from services.learner.training.micro_batches import by_count, by_token_budget
+from services.learner.training.models import load_critic, load_reference
 from shared.schemas import Experience
-
-from .backends import TrainEngine
-from .base import TrainerBase
-from .batch import RLBatch, SequenceBatch, action_logprobs, action_values, build_rl_batch
-from .micro_batches import by_count, by_token_budget
-from .models import load_critic, load_reference
 
 log = logging.getLogger(__name__)
 

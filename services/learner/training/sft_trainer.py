@@ -12,9 +12,8 @@ import torch
 
 from services.learner.algorithms.losses import aggregate
 from services.learner.settings import LearnerSettings
-
-from .base import TrainerBase
-from .batch import SequenceBatch, action_logprobs, build_sequences
+from services.learner.training.base import TrainerBase
+from services.learner.training.batch import SequenceBatch, action_logprobs, build_sequences
 
 Pair = tuple[Sequence[int], Sequence[int]] | tuple[Sequence[int], Sequence[int], Sequence[int]]
 """(prompt ids, answer ids) or (prompt ids, answer ids, loss mask over the answer ids)."""

@@ -1,2 +1,2 @@
 """Session mode: an agent's generation calls recorded as token-exact trajectories and pushed as experiences
-(see ``services/rollout/README.md``, "Sessions")."""
+(see ``docs/rollout.md``, "Sessions")."""

@@ -6,8 +6,12 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.deploy.run.test_fleetrl_run import ENV
 from tests.procs import REPO
+
+pytestmark = pytest.mark.process  # runs `fleetrl eval` as a process
 
 
 def test_fleetrl_eval_prints_the_accuracy_of_a_model(spec_file, tiny_model_dir):

@@ -10,10 +10,13 @@ import subprocess
 import sys
 import time
 
+import pytest
 import redis
 
 from shared import keys
 from tests.procs import REPO
+
+pytestmark = [pytest.mark.slow, pytest.mark.process]  # whole `fleetrl run` fleets (resume ~45-75 s)
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 

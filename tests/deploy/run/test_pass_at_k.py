@@ -56,6 +56,7 @@ def _eval(spec_file, rollout_url: str, reward_url: str, *extra: str) -> dict:
     return json.loads(out.stdout)
 
 
+@pytest.mark.process
 def test_fleetrl_eval_samples_reports_sampled_accuracy_and_pass_at_k(spec_file, served):
     result = _eval(spec_file, *served, "--samples", "8", "--temperature", "1.0", "--seed", "7")
     assert result["n"] == 8 and 0.0 <= result["accuracy"] <= 1.0  # greedy, as before

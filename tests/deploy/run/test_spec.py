@@ -87,6 +87,7 @@ def test_a_service_setting_its_own_class_refuses_is_named(spec_file):
         plan(missing, spec_file, "redis://127.0.0.1:1/0", "tok")
 
 
+@pytest.mark.process
 def test_fleetrl_settings_prints_each_process_and_run_refuses_bad_input_in_one_line(spec_file):
     out = subprocess.run([sys.executable, "-m", "services.cli", "settings", str(spec_file), "--service", "learner"],
                          cwd=REPO, capture_output=True, text=True, timeout=60, check=False)

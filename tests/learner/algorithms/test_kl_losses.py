@@ -1,4 +1,4 @@
-"""KL estimators, policy / value losses, entropy, aggregation and TIS against hand-computed values."""
+"""KL estimators, policy / value losses, entropy and aggregation against hand-computed values (TIS: test_corrections)."""
 
 import math
 
@@ -10,7 +10,6 @@ from services.learner.algorithms.losses import (
     aggregate,
     clipped_surrogate,
     entropy_from_logits,
-    truncated_is_weights,
     value_loss,
 )
 from services.learner.algorithms.masked import masked_mean, masked_whiten
@@ -95,12 +94,6 @@ def test_aggregation_micro_batches_add_up(mode):
         aggregate(loss[i : i + 2], mask[i : i + 2], mode, num_tokens=mask.sum(), num_seqs=4) for i in (0, 2)
     )
     assert parts.item() == pytest.approx(whole.item(), abs=1e-6)
-
-
-def test_truncated_is_weights():
-    # exp(ln .5 - ln .25) = 2 -> capped at 1.5 ; exp(ln .25 - ln .5) = .5
-    w = truncated_is_weights(T([LN(0.5), LN(0.25)]), T([LN(0.25), LN(0.5)]), cap=1.5)
-    close(w, [1.5, 0.5])
 
 
 def test_masked_mean_and_whiten():

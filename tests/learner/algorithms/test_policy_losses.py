@@ -5,7 +5,14 @@ import math
 import pytest
 import torch
 
-from services.learner.algorithms.loss_config import CISPOLoss, DPPOLoss, DrGRPOLoss, GSPOLoss, PPOClipLoss
+from services.learner.algorithms.loss_config import (
+    CISPOLoss,
+    CustomLoss,
+    DPPOLoss,
+    DrGRPOLoss,
+    GSPOLoss,
+    PPOClipLoss,
+)
 from services.learner.algorithms.policy_losses import (
     PolicyLossInputs,
     build_policy_loss,
@@ -87,3 +94,10 @@ def test_every_loss_is_selectable_and_descends_for_a_rewarded_token(settings):
     assert out.loss.shape == logp.shape
     out.loss.sum().backward()
     assert logp.grad[0, 0] < 0 < logp.grad[0, 1]  # descending raises the rewarded token's log-prob
+
+
+def test_a_custom_loss_may_return_what_clipped_surrogate_returns():
+    # there was a second PolicyLossOutput class in losses.py: a custom loss built on clipped_surrogate failed the check
+    x, _ = inputs([-1.0, -0.5], [-1.0, -1.0], [1.0, 1.0])
+    out = build_policy_loss(CustomLoss(path="tests.learner.training.custom_loss:surrogate_as_is"))(x)
+    assert out.loss.tolist()[0] == pytest.approx([-1.0, -1.2])  # ratio 1 and e^0.5 clipped at 1.2

@@ -4,11 +4,14 @@ import os
 from pathlib import Path
 
 import msgpack
+import pytest
 import torch.multiprocessing as mp
 
 from deploy.local.ports import free_port
 from services.learner.distributed.channel import shard_groups
 from tests.learner.helpers import group
+
+pytestmark = pytest.mark.process  # multi-rank: torch.multiprocessing ranks
 
 
 def groups():

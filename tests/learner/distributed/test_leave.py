@@ -12,7 +12,8 @@ import torch.multiprocessing as mp
 
 from deploy.local.ports import free_port
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads thread names from /proc")
+# multi-rank: torch.multiprocessing ranks
+pytestmark = [pytest.mark.process, pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads thread names from /proc")]
 
 
 def _threads() -> list[str]:

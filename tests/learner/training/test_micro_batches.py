@@ -4,7 +4,12 @@ import random
 
 import pytest
 
-from services.learner.training.micro_batches import by_count, by_token_budget, padded_tokens
+from services.learner.training.micro_batches import by_count, by_token_budget
+
+
+def padded_tokens(lengths, groups) -> int:
+    """Token slots the forward passes compute over (real tokens plus padding)."""
+    return sum(len(g) * max(lengths[i] for i in g) for g in groups if g)
 
 
 def test_by_count_slices_in_order():

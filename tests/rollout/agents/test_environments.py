@@ -18,13 +18,14 @@ from services.rollout.worker.contract import GroupFailed
 from shared import keys
 from shared.experience_queue import StreamQueue
 from shared.schemas import Experience, PromptTask
-from tests.procs import spawn, stop, wait_http_ok
+from tests.procs import spawn, starts_processes, stop, wait_http_ok
 from tests.rollout.agents.test_multi_turn import RecordingRewards, run
 
 pytest.importorskip("openenv")
 
 
 @pytest.fixture(scope="module")
+@starts_processes
 def openenv_url(tmp_path_factory):
     port = free_port()
     log = tmp_path_factory.mktemp("openenv") / "openenv.log"

@@ -27,15 +27,18 @@ from services.rollout.settings import RolloutSettings
 from shared import keys
 from shared.codec import decode, encode
 from shared.schemas import Experience, PromptTask
-from tests.procs import stop
+from tests.procs import starts_processes, stop
 from tests.reward.conftest import start_reward_service
 from tests.rollout.conftest import CONTROL_TOKEN, start_rollout
+
+pytestmark = pytest.mark.process  # the worker runs agent programs as processes
 
 RUN = "openai-agent"
 PROGRAM = ["{python}", "-m", "tests.rollout.agents.openai_agent_program"]
 
 
 @pytest.fixture(scope="module")
+@starts_processes
 def fleet(tiny_model_dir, redis_server, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("openai-agent")
     reward = start_reward_service(tmp, {"scorers": [

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
@@ -27,6 +28,7 @@ TURNS = 3
 REPLY = "go on"
 
 
+@pytest.mark.process
 async def test_learner_trains_on_the_engines_ids_and_the_templates_deltas(redis_server, redis_client, tiny_model_dir,
                                                                           tmp_path):
     run = "fidelity"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.procs import stop
+from tests.procs import starts_processes, stop
 from tests.rollout.conftest import CONTROL_TOKEN, Server, start_rollout
 
 AUTH = {"Authorization": f"Bearer {CONTROL_TOKEN}"}
@@ -26,6 +26,7 @@ def session_config(model_dir: Path, redis_url: str, **sessions) -> dict:
 
 
 @pytest.fixture(scope="session")
+@starts_processes
 def session_rollout(tiny_model_dir, redis_server, tmp_path_factory) -> Server:
     """Session mode on, default limits."""
     tmp = tmp_path_factory.mktemp("session-rollout")

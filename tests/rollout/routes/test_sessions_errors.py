@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from tests.procs import stop
+from tests.procs import starts_processes, stop
 from tests.rollout.conftest import Server, start_rollout
 from tests.rollout.routes.conftest import AUTH, session_config
 
@@ -18,6 +18,7 @@ TTL_S = 3.0
 
 
 @pytest.fixture(scope="module")
+@starts_processes
 def limited(tiny_model_dir, redis_server, tmp_path_factory) -> Server:
     """Short TTL, two sessions at most."""
     tmp = tmp_path_factory.mktemp("limited-sessions")

@@ -17,7 +17,7 @@ from deploy.local.ports import free_port
 from shared import keys
 from shared.codec import decode
 from shared.schemas import Experience
-from tests.procs import stop
+from tests.procs import starts_processes, stop
 from tests.rollout.conftest import Server, start_rollouts
 from tests.rollout.routes.conftest import AUTH, session_config
 
@@ -25,6 +25,7 @@ RUN = "sessions-fleet"
 
 
 @pytest.fixture(scope="module")
+@starts_processes
 def replicas(tiny_model_dir, redis_server, tmp_path_factory) -> tuple[Server, Server]:
     tmp = tmp_path_factory.mktemp("session-replicas")
     cfg = {**session_config(tiny_model_dir, redis_server.url), "run_name": RUN}

@@ -13,7 +13,7 @@ import openai
 import pytest
 from transformers import AutoTokenizer
 
-from tests.procs import stop
+from tests.procs import starts_processes, stop
 from tests.rollout.conftest import Server, start_rollout
 from tests.rollout.routes.conftest import AUTH, session_config
 from tests.rollout.routes.test_sessions_openai import create, finish, pushed
@@ -28,6 +28,7 @@ def tok(session_rollout):
 
 
 @pytest.fixture(scope="module")
+@starts_processes
 def slow_rollout(redis_server, tmp_path_factory):
     """Session mode on a model slow enough (wider, deeper, long context) that a 6,000-token stream is still
     running seconds later, whatever the machine: the tiny model's 400 tokens could end before the client left."""

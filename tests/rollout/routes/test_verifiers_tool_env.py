@@ -37,7 +37,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.procs import stop
+from tests.procs import starts_processes, stop
 from tests.rollout.conftest import start_rollout
 from tests.rollout.routes.conftest import AUTH, session_config
 from tests.rollout.routes.test_sessions_openai import finish, pushed
@@ -112,6 +112,7 @@ def build_tool_model(out: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
+@starts_processes
 def tool_rollout(redis_server, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("vf-tool-env")
     model_dir = build_tool_model(tmp / "model")

@@ -5,7 +5,7 @@
 ``load_state`` / ``lr``.
 """
 
-from .base import TrainEngine
-from .factory import BACKENDS, build_engine
+from services.learner.training.backends.base import TrainEngine
+from services.learner.training.backends.factory import BACKENDS, build_engine
 
 __all__ = ["BACKENDS", "TrainEngine", "build_engine"]

@@ -10,8 +10,7 @@ import torch
 from torch import nn
 
 from services.learner.settings import OptimSettings
-
-from .schedule import SCHEDULES, Schedule
+from services.learner.training.backends.schedule import SCHEDULES, Schedule
 
 
 class TrainEngine(ABC):

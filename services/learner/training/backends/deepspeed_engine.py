@@ -16,8 +16,7 @@ import torch
 from torch import nn
 
 from services.learner.settings import DeepSpeedBackendSettings, OptimSettings
-
-from .base import TrainEngine, make_schedule
+from services.learner.training.backends.base import TrainEngine, make_schedule
 
 
 def deepspeed_config(backend: DeepSpeedBackendSettings, optim: OptimSettings, accumulation: int,

@@ -7,10 +7,11 @@ from collections.abc import Callable
 from torch import nn
 
 from services.learner.settings import BackendSettings, OptimSettings
-
-from .base import TrainEngine
-from .deepspeed_engine import build_deepspeed_engine  # imports deepspeed only when it builds one
-from .torch_engine import build_torch_engine
+from services.learner.training.backends.base import TrainEngine
+from services.learner.training.backends.deepspeed_engine import (
+    build_deepspeed_engine,  # imports deepspeed only when it builds one
+)
+from services.learner.training.backends.torch_engine import build_torch_engine
 
 EngineBuilder = Callable[..., TrainEngine]
 BACKENDS: dict[str, EngineBuilder] = {"torch": build_torch_engine, "deepspeed": build_deepspeed_engine}

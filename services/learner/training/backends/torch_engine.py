@@ -9,8 +9,7 @@ from torch import nn
 
 from services.learner.distributed.collectives import all_reduce_grads
 from services.learner.settings import OptimSettings, TorchBackendSettings
-
-from .base import TrainEngine, make_schedule
+from services.learner.training.backends.base import TrainEngine, make_schedule
 
 
 class TorchEngine(TrainEngine):
