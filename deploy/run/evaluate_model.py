@@ -30,7 +30,7 @@ def evaluate_model(spec: RunSpec, spec_file: Path, model: str | None = None, rol
         raise ValueError("eval.data is not set: name the held-out prompts (--set eval.data=FILE)")
     if spec.reward is None:
         raise ValueError("reward is not set: held-out answers are judged by the spec's reward")
-    rows = heldout_rows(spec)
+    rows = heldout_rows(spec, model=model)
     what = rollout_url or str(model or spec.model)
     with Fleet(run_dir=run_dir_of(spec) / time.strftime("eval-%Y%m%d-%H%M%S")) as fleet:
         reward_url = spec.reward.url
