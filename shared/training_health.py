@@ -15,7 +15,8 @@ from statistics import mean, median
 LR_HINT = "the learning rate may be too high (try 1e-5..1e-4 for full fine-tuning, ~10x that with LoRA)"
 
 WINDOW = 5
-"""Steps averaged on each side of a comparison (single steps are noisy: a group's reward is a few samples)."""
+"""Steps averaged on each side of a comparison (single steps are noisy: a group's reward is a few samples); the
+reward, noisiest of all with small groups, is averaged over twice as many."""
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ def _fell(points: list[tuple[int, float]], *, window: int, min_peak: float, min_
              for i in range(len(points) - window + 1)]
     now_step, now = means[-1]
     earlier = means[:-window] or means[:1]
-    peak_step, peak = max(earlier, key=lambda m: m[1])
+    peak_step, peak = max(reversed(earlier), key=lambda m: m[1])  # ties: the latest, when the fall began
     if peak >= min_peak and now <= ratio * peak and peak - now >= min_drop:
         return peak, now, now_step - peak_step
     return None
@@ -69,7 +70,7 @@ def check_health(history: Sequence[Mapping[str, object]],
     """The warnings for a run's metrics ``history`` (oldest first) and its held-out ``(step, accuracy)`` points;
     an empty list when nothing looks wrong."""
     out = []
-    if fell := _fell(_series(history, "reward_mean"), window=WINDOW, min_peak=0.1, min_drop=0.1, ratio=0.5):
+    if fell := _fell(_series(history, "reward_mean"), window=2 * WINDOW, min_peak=0.2, min_drop=0.15, ratio=0.5):
         peak, now, steps = fell
         out.append(HealthWarning("reward", f"reward fell {peak:.2f} -> {now:.2f} in {steps} steps: {LR_HINT}"))
     points = [(int(s), float(a)) for s, a in heldout]
@@ -83,7 +84,7 @@ def check_health(history: Sequence[Mapping[str, object]],
         peak, now, steps = fell
         out.append(HealthWarning("entropy", f"entropy fell {peak:.3g} -> {now:.3g} in {steps} steps: the policy is "
                                             f"collapsing onto few answers; {LR_HINT}, or raise sampling.temperature"))
-    if spike := _spiked(_series(history, "mismatch_k3"), floor=0.01, factor=10.0):
+    if spike := _spiked(_series(history, "mismatch_k3"), floor=0.05, factor=10.0):
         latest, before = spike
         out.append(HealthWarning("mismatch", f"engine/trainer mismatch spiked to {latest:.3g} ({before:.2g} before): "
                                              "the rollout engine's logprobs left the trainer's; check the engine's "

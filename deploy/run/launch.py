@@ -64,7 +64,7 @@ class RunLauncher:
         self.reset = reset
         self.run_dir = run_dir_of(spec)
         self.fleet: Fleet | None = None
-        self.view = RunView(spec.run_name)
+        self.view = RunView(spec.run_name, algorithm=spec.algorithm.name)
         self._eval_thread: threading.Thread | None = None
         self._next_eval = 0
         self._eval_worker = None  # the rollout workers' settings when held-out prompts are agent episodes
@@ -73,22 +73,21 @@ class RunLauncher:
         self._learner_started = False
         self._resuming = False
         self._t0 = time.monotonic()
-        self._said_health: dict[str, str] = {}
+        self._said_health: set[str] = set()
         self._health_seen: dict[str, str] = {}  # every warning of the run, for summary.json
 
     # ---- the run ----------------------------------------------------------------------------------------
     def run(self) -> int:
-        checked = plan(self.spec, self.spec_file, "redis://127.0.0.1:1", "check")  # every setting valid first
-        problems = preflight(self.spec, self.spec_file)  # every path exists, every reward function imports
-        if problems:
-            raise RunError("\n".join(problems))
-        self._check_data()
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        try:
+        try:  # first of all: a second fleetrl run of this run dir is refused at once
             self._lock.acquire(f"fleetrl run {self.spec_file}")
         except RunLocked as exc:
             raise RunError(str(exc)) from exc
         try:
+            checked = plan(self.spec, self.spec_file, "redis://127.0.0.1:1", "check")  # every setting valid first
+            problems = preflight(self.spec, self.spec_file)  # every path exists, every reward function imports
+            if problems:
+                raise RunError("\n".join(problems))
+            self._check_data()
             self._check_record(*_checkpoint_dir(checked[-1]))
             (self.run_dir / RESOLVED_SPEC).write_text(
                 yaml.safe_dump(self.spec.model_dump(mode="json"), sort_keys=False))
@@ -242,11 +241,10 @@ class RunLauncher:
         heldout = check_health([], heldout=[(e.step, e.accuracy) for e in view.evals])
         view.health = {**view.learner_health, **{w.signal: w.message for w in heldout}}
         for what, message in view.health.items():
-            if self._said_health.get(what) != message.split(":", 1)[0]:
-                self._said_health[what] = message.split(":", 1)[0]
+            if what not in self._said_health:
+                self._said_health.add(what)
                 self.display.event(f"health: {message}")
-        for what in set(self._said_health) - set(view.health):
-            del self._said_health[what]  # cleared: said again if it comes back
+        self._said_health &= set(view.health)  # a warning that cleared is said again if it comes back
         self._health_seen.update(view.health)
 
     def _read_final_metrics(self) -> None:

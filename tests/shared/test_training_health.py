@@ -27,11 +27,14 @@ def test_heldout_collapse_is_said_with_the_numbers_and_the_learning_rate_hint():
                                 "(try 1e-5..1e-4")
 
 
-def test_reward_collapse_is_flagged_but_one_bad_step_is_not():
-    collapsed = [0.6] * 10 + [0.05] * 6
+def test_reward_collapse_is_flagged_but_one_bad_step_or_small_group_noise_is_not():
+    collapsed = [0.6] * 20 + [0.05] * 10
     (w,) = check_health(steps(reward_mean=collapsed))
-    assert w.signal == "reward" and w.message.startswith("reward fell 0.60 -> 0.05 in ") and "learning rate" in w.message
-    assert check_health(steps(reward_mean=[0.6] * 15 + [0.0])) == []  # one step: noise, not a collapse
+    assert w.signal == "reward" and w.message.startswith("reward fell 0.60 -> 0.05 in 10 steps: the learning rate")
+    assert check_health(steps(reward_mean=[0.6] * 25 + [0.0])) == []  # one step: noise, not a collapse
+    # 4 samples a step (a tiny CPU run): 0.25 / 0.5 now and then, 0 mostly — seen to raise "reward fell 0.20 -> 0.00"
+    noisy = [0.25, 0.0, 0.0, 0.5, 0.0, 0.0, 0.25, 0.0, 0.0, 0.0] * 4
+    assert check_health(steps(reward_mean=noisy)) == []
 
 
 def test_entropy_collapse_and_kl_and_mismatch_spikes():
