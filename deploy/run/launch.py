@@ -34,7 +34,7 @@ from .display import Display, headline
 from .heldout import episode_worker, evaluate, heldout_rows
 from .plan import RESOLVED_SPEC, ProcessPlan, plan, run_dir_of
 from .preflight import preflight
-from .progress import Poller, RunView, fleet_error_line
+from .progress import EvalPoint, Poller, RunView, fleet_error_line
 from .run_record import RunLock, RunLocked, compare, latest_step, read_record, write_record
 from .spec import RunSpec
 from .summary import build_summary, heldout_points, read_summary
@@ -164,6 +164,9 @@ class RunLauncher:
         if not resuming:  # a fresh run's held-out history starts at its step 0, not after an earlier run's rows
             for stale in [self.run_dir / "eval.jsonl", *self.run_dir.glob("heldout_samples_step*.md")]:
                 stale.unlink(missing_ok=True)
+        else:  # a resumed run's display (and health) goes on from the earlier launches' held-out points
+            self.view.evals = [EvalPoint(int(p["step"]), float(p["accuracy"]), str(p.get("weight_version", "")))
+                               for p in heldout_points(self.run_dir / "eval.jsonl") if "accuracy" in p and "step" in p]
         rows = heldout_rows(spec) if spec.eval.data else []
         # a fresh run measures the starting policy before the learner moves it: the learner starts with the others
         # and loads meanwhile, held at its start gate until the evaluation is done (a resumed run has no gate:
