@@ -39,3 +39,16 @@ def test_export_placeholders_give_each_run_of_a_spec_its_own_export(tmp_path):
     spec.update(export="{run_dir}/export", run_dir="runs/x")
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(spec))
     assert load_spec(tmp_path / "run.yaml").export == str(tmp_path / "runs" / "x" / "export")
+
+
+def test_an_sft_spec_that_sets_an_rl_step_setting_is_refused_naming_it(tmp_path):
+    import pytest
+
+    from deploy.run.load import SpecError
+
+    (tmp_path / "m").mkdir()
+    spec = {"run_name": "a", "model": "m", "data": {"path": "d.jsonl"}, "algorithm": {"name": "sft"},
+            "train": {"groups_per_step": 4}}
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(spec))
+    with pytest.raises(SpecError, match=r"train.groups_per_step: an sft run takes algorithm.batch_size pairs"):
+        load_spec(tmp_path / "run.yaml")
