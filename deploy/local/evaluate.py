@@ -16,9 +16,35 @@ def one_version(versions: set[str], mixed_ok: bool = False) -> str:
     return f"{ordered[0]}-{ordered[-1]}"
 
 
+def generate(client: httpx.Client, rollout_url: str, rows: list[dict], params: dict) -> list[dict]:
+    """``/generate`` outputs for ``rows``, prompt-major (``params["n"]`` per row): a row with ``input_ids`` (a
+    chat prompt rendered by :mod:`shared.chat_prompt`) goes as its ids, the others as their ``input`` text — at
+    most two calls."""
+    n = int(params.get("n", 1))
+    out: list[dict | None] = [None] * (len(rows) * n)
+    by_ids = [i for i, row in enumerate(rows) if row.get("input_ids") is not None]
+    by_text = [i for i, row in enumerate(rows) if row.get("input_ids") is None]
+    for idx, field in ((by_ids, "input_ids"), (by_text, "text")):
+        if not idx:
+            continue
+        prompts = [rows[i]["input_ids"] if field == "input_ids" else rows[i]["input"] for i in idx]
+        r = client.post(f"{rollout_url}/generate", json={field: prompts, "sampling_params": params})
+        r.raise_for_status()
+        got = r.json()
+        for k, i in enumerate(idx):
+            out[i * n:(i + 1) * n] = got[k * n:(k + 1) * n]
+    return out  # type: ignore[return-value]
+
+
+def reward_prompt(row: dict):
+    """What the reward service is given as a held-out row's prompt: its chat messages (as in training), or text."""
+    return row.get("prompt", row["input"])
+
+
 def greedy_accuracy(rollout_url: str, reward_url: str, rows: list[dict], *, max_new_tokens: int = 8,
                     batch: int = 100, timeout: float = 300.0, mixed_ok: bool = False) -> tuple[float, str]:
-    """Generate greedily for each row's ``input`` through /generate, score against ``label`` with /score.
+    """Generate greedily for each row (its ``input_ids``, else its ``input`` text) through /generate, score
+    against ``label`` with /score.
 
     Returns (accuracy, weight_version the answers came from; see :func:`one_version` for ``mixed_ok``).
     """
@@ -27,15 +53,10 @@ def greedy_accuracy(rollout_url: str, reward_url: str, rows: list[dict], *, max_
     with httpx.Client(timeout=timeout) as client:
         for i in range(0, len(rows), batch):
             chunk = rows[i:i + batch]
-            r = client.post(f"{rollout_url}/generate", json={
-                "text": [row["input"] for row in chunk],
-                "sampling_params": {"temperature": 0.0, "max_new_tokens": max_new_tokens},
-            })
-            r.raise_for_status()
-            outs = r.json()
+            outs = generate(client, rollout_url, chunk, {"temperature": 0.0, "max_new_tokens": max_new_tokens})
             versions.update(str(o["meta_info"]["weight_version"]) for o in outs)
             s = client.post(f"{reward_url}/score", json={"items": [
-                {"prompt": row["input"], "response": o["text"], "label": row["label"],
+                {"prompt": reward_prompt(row), "response": o["text"], "label": row["label"],
                  "metadata": row.get("metadata", {})} for row, o in zip(chunk, outs)
             ]})
             s.raise_for_status()

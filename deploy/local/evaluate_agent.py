@@ -108,7 +108,7 @@ async def _greedy_success(rollout_url, reward_url, rows, worker, max_new_tokens,
         replica = HttpReplica(rollout_url, client, tokenizer, int(info["context_length"]))
 
         async def one(i: int, row: dict) -> Trajectory:
-            task = PromptTask(id=f"heldout-{i}", prompt=row["input"], label=row.get("label"), n=1,
+            task = PromptTask(id=f"heldout-{i}", prompt=row.get("prompt", row["input"]), label=row.get("label"), n=1,
                               metadata=dict(row.get("metadata") or {}))
             async with gate:
                 try:

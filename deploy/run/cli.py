@@ -121,9 +121,11 @@ def eval_cmd(
     from shared.settings import SettingsError
 
     from .evaluate_model import evaluate_model
+    from .preflight import local_model
 
     spec = _load(file, set_)
     try:
+        model = None if model is None else local_model(model, "--model")  # against the current directory
         result = evaluate_model(spec, file.resolve(), model=model, rollout_url=rollout_url, samples=samples,
                                 temperature=temperature, seed=seed)
     except (ValueError, SettingsError, FleetError, httpx.HTTPError, OSError) as exc:

@@ -160,5 +160,5 @@ def validate(service_cls: type[BaseModel], service: str, config: dict[str, Any])
         return load_settings(service_cls, **config)
     except SettingsError as exc:
         body = str(exc).split("\n", 1)[-1]
-        lines = [line.strip() for line in body.splitlines() if line.strip()]
+        lines = [line.strip().replace(": Value error, ", ": ") for line in body.splitlines() if line.strip()]
         raise SettingsError("\n".join(f"{service} settings: {line}" for line in lines)) from exc

@@ -24,10 +24,13 @@ def _num(value: float | None, fmt: str = ".3f") -> str:
 
 
 def headline(v: RunView) -> str:
+    warn = f"  health: {', '.join(sorted(v.health))}!" if v.health else ""
+    if v.algorithm == "sft":  # no reward, no rollout fleet: the loss is the figure to watch
+        return f"step {v.step}/{v.total or '?'}  ETA {_eta(v.eta_s)}  loss {_num(v.loss, '.4f')}{warn}  [{v.phase}]"
     acc = f"{v.evals[-1].accuracy:.1%} (step {v.evals[-1].step})" if v.evals else "--"
     return (f"step {v.step}/{v.total or '?'}  ETA {_eta(v.eta_s)}  reward {_num(v.reward)}  held-out {acc}  "
-            f"weights v{v.weight_version if v.weight_version is not None else '-'}{_off_policy(v.off_policy)}  "
-            f"[{v.phase}]")
+            f"weights v{v.weight_version if v.weight_version is not None else '-'}{_off_policy(v.off_policy)}"
+            f"{warn}  [{v.phase}]")
 
 
 def _off_policy(o: dict[str, float]) -> str:

@@ -4,16 +4,19 @@ evaluates with during a run (``deploy/run/heldout.py``)."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
 
-from deploy.local.fleet import Fleet
+from deploy.local.fleet import Fleet, FleetError
 from deploy.local.ports import free_port
 
 from .derive import deep_merge, service_config, validate
 from .heldout import episode_worker, evaluate, heldout_rows
 from .plan import KINDS, run_dir_of
+from .preflight import preflight
+from .progress import fleet_error_line
 from .sampled_eval import sampled_accuracy
 from .spec import RunSpec
 
@@ -25,14 +28,42 @@ def evaluate_model(spec: RunSpec, spec_file: Path, model: str | None = None, rol
     ``"sampled"``: that many answers per prompt at ``temperature`` (default: the spec's sampling; ``seed``: the
     same answers on every call), their accuracy
     and pass@k (:mod:`.sampled_eval`). Starts what it needs (a reward service for the spec's scorers, a rollout
-    replica without a worker for ``model``) under ``run_dir/eval-<time>`` and stops it."""
+    replica without a worker for ``model``) under ``run_dir/evals/<time>`` (its logs, and ``result.json``) and
+    stops it. Paths and reward functions are checked first (:mod:`.preflight`); a service that fails to start
+    is one line with the reason from its log and the log's path (ValueError)."""
     if spec.eval.data is None:
         raise ValueError("eval.data is not set: name the held-out prompts (--set eval.data=FILE)")
     if spec.reward is None:
         raise ValueError("reward is not set: held-out answers are judged by the spec's reward")
-    rows = heldout_rows(spec)
+    problems = preflight(spec, spec_file)
+    if problems:
+        raise ValueError(problems[0])
+    rows = heldout_rows(spec, model=model)
     what = rollout_url or str(model or spec.model)
-    with Fleet(run_dir=run_dir_of(spec) / time.strftime("eval-%Y%m%d-%H%M%S")) as fleet:
+    where = eval_dir(spec)
+    try:
+        result = _evaluate(spec, spec_file, rows, where, model, rollout_url, samples, temperature, seed)
+    except FleetError as exc:
+        raise ValueError(fleet_error_line(exc, where / "logs")) from exc
+    out = {**result, "model": what, "eval_data": spec.eval.data}
+    (where / "result.json").write_text(json.dumps(out, indent=2))
+    return out
+
+
+def eval_dir(spec: RunSpec) -> Path:
+    """Where one ``fleetrl eval`` keeps its logs and result: ``run_dir/evals/<time>`` (one folder for all)."""
+    base = run_dir_of(spec) / "evals"
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out, n = base / stamp, 1
+    while out.exists():
+        n += 1
+        out = base / f"{stamp}-{n}"
+    return out
+
+
+def _evaluate(spec: RunSpec, spec_file: Path, rows: list[dict], where: Path, model: str | None,
+              rollout_url: str | None, samples: int, temperature: float | None, seed: int | None) -> dict[str, Any]:
+    with Fleet(run_dir=where) as fleet:
         reward_url = spec.reward.url
         if reward_url is None:
             cfg = {**service_config(spec, "reward", spec_file), "port": free_port()}
@@ -52,6 +83,5 @@ def evaluate_model(spec: RunSpec, spec_file: Path, model: str | None = None, rol
             max_new_tokens=spec.sampling.max_new_tokens,
             temperature=spec.sampling.temperature if temperature is None else temperature, top_p=spec.sampling.top_p,
             seed=seed)
-    out = {"accuracy": point.accuracy, "n": len(rows), "weight_version": point.weight_version,
-           "model": what, "eval_data": spec.eval.data}
+    out = {"accuracy": point.accuracy, "n": len(rows), "weight_version": point.weight_version}
     return out if sampled is None else {**out, "sampled": sampled}

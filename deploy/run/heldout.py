@@ -12,26 +12,55 @@ from pathlib import Path
 from typing import Any
 
 from deploy.local.evaluate import greedy_accuracy
-from services.learner.data import check_fields, field_value, read_rows, row_metadata
+from services.learner.data import check_fields, field_value, read_rows, row_metadata, row_prompt
+from shared.chat_prompt import ChatPromptError, chat_prompt_ids, chat_prompt_text
 
 from .progress import EvalPoint
 from .spec import RunSpec
 
 
-def heldout_rows(spec: RunSpec) -> list[dict]:
-    """``[{"input": prompt text, "label": label, "metadata": the row's data.metadata_keys}]`` of ``eval.data``,
-    rendered as the learner renders prompts and labelled as it labels them."""
+def heldout_rows(spec: RunSpec, model: str | None = None) -> list[dict]:
+    """``[{"input": prompt text, "prompt": what the reward service gets, "input_ids": ids or absent, "label",
+    "metadata": the row's data.metadata_keys}]`` of ``eval.data``: each prompt made as the learner makes it
+    (:func:`~services.learner.data.row_prompt`). A chat prompt (verl / OpenRLHF chat messages, or any prompt
+    with ``data.apply_chat_template``) is rendered by the chat template of ``model`` (default: the spec's) into
+    the same token ids the rollout fleet trains on (:mod:`shared.chat_prompt`), and its messages go to the
+    reward service as in training. Raises ValueError naming the row and the setting."""
     rows = read_rows(spec.eval.data, spec.data.split)[: spec.eval.max_samples]
     check_fields(rows, spec.data)
+    tokenizer = None
     out = []
     for n, row in enumerate(rows):
-        value = field_value(row, spec.data.input_key)
-        if not isinstance(value, str) or spec.data.apply_chat_template:
-            raise ValueError(f"eval.data row {n}: held-out evaluation takes text prompts without a chat template")
-        text = spec.data.input_template.format(value) if spec.data.input_template else value
-        out.append({"input": text, "label": field_value(row, spec.data.label_key, None) if spec.data.label_key else None,
-                    "metadata": row_metadata(row, spec.data)})
+        try:
+            prompt = row_prompt(row, spec.data)
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"eval.data row {n}: data.input_key {spec.data.input_key!r} is neither text nor chat "
+                             f"messages ({{role, content}}): {str(exc).splitlines()[0]}") from exc
+        item: dict[str, Any] = {"label": field_value(row, spec.data.label_key, None) if spec.data.label_key else None,
+                                "metadata": row_metadata(row, spec.data)}
+        if isinstance(prompt, list):
+            tokenizer = tokenizer or load_tokenizer(model or spec.model)
+            messages = [m.model_dump() for m in prompt]
+            try:
+                item.update(input=chat_prompt_text(tokenizer, messages), input_ids=chat_prompt_ids(tokenizer, messages),
+                            prompt=messages)
+            except ChatPromptError as exc:
+                raise ValueError(f"eval.data row {n}: {exc} (model {model or spec.model})") from exc
+        else:
+            item["input"] = prompt
+        out.append(item)
     return out
+
+
+def load_tokenizer(model: str) -> Any:
+    """The tokenizer of a local model directory (the one its rollout replica serves)."""
+    from transformers import AutoTokenizer  # only for chat prompts
+
+    try:
+        return AutoTokenizer.from_pretrained(model)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"model {model}: cannot load its tokenizer to render chat prompts: "
+                         f"{str(exc).splitlines()[0]}") from exc
 
 
 def episode_worker(rollout_config: dict) -> Any | None:

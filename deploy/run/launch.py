@@ -16,7 +16,6 @@ import shutil
 import signal
 import threading
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import httpx
@@ -25,21 +24,30 @@ import yaml
 from deploy.local.fleet import Fleet, FleetError
 from services.learner.data import DataError, check_fields, epoch_plan, read_rows
 from services.learner.run_guard import clear_run, has_checkpoint, stale_run_problem
+from services.learner.sft_plan import SFTPlan, sft_plan
 from services.learner.start_gate import open_start_gate
 from shared import keys
 from shared.settings import SettingsError
+from shared.training_health import check_health
 
 from .display import Display, headline
 from .heldout import episode_worker, evaluate, heldout_rows
 from .plan import RESOLVED_SPEC, ProcessPlan, plan, run_dir_of
-from .progress import Poller, RunView, first_error
+from .preflight import preflight
+from .progress import EvalPoint, Poller, RunView, fleet_error_line
+from .run_record import RunLock, RunLocked, compare, latest_step, read_record, write_record
 from .spec import RunSpec
+from .summary import build_summary, heldout_points, read_summary
 
 LEARNER_STOP_S = 180.0  # the learner finishes its step and checkpoints before it exits
 
 
 class RunError(RuntimeError):
     """The run cannot start or failed; the message is what to show (one line per problem)."""
+
+
+class RunDone(Exception):
+    """Nothing is left to train (a finished run started again unchanged); the message says what to do."""
 
 
 def _checkpoint_dir(learner: ProcessPlan) -> tuple[Path, bool]:
@@ -56,23 +64,77 @@ class RunLauncher:
         self.reset = reset
         self.run_dir = run_dir_of(spec)
         self.fleet: Fleet | None = None
-        self.view = RunView(spec.run_name)
+        self.view = RunView(spec.run_name, algorithm=spec.algorithm.name)
         self._eval_thread: threading.Thread | None = None
         self._next_eval = 0
         self._eval_worker = None  # the rollout workers' settings when held-out prompts are agent episodes
+        self._lock = RunLock(self.run_dir)
+        self._resumed_step: int | None = None  # the checkpoint step a resumed run starts from
+        self._learner_started = False
+        self._resuming = False
+        self._t0 = time.monotonic()
+        self._said_health: set[str] = set()
+        self._health_seen: dict[str, str] = {}  # every warning of the run, for summary.json
 
     # ---- the run ----------------------------------------------------------------------------------------
     def run(self) -> int:
-        plan(self.spec, self.spec_file, "redis://127.0.0.1:1", "check")  # every setting valid before anything starts
-        self._check_data()
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / RESOLVED_SPEC).write_text(
-            yaml.safe_dump(self.spec.model_dump(mode="json"), sort_keys=False))
-        self.fleet = Fleet(run_dir=self.run_dir, redis_url=self.spec.redis.url)
+        try:  # first of all: a second fleetrl run of this run dir is refused at once
+            self._lock.acquire(f"fleetrl run {self.spec_file}")
+        except RunLocked as exc:
+            raise RunError(str(exc)) from exc
         try:
-            return self._run(self.fleet)
+            checked = plan(self.spec, self.spec_file, "redis://127.0.0.1:1", "check")  # every setting valid first
+            problems = preflight(self.spec, self.spec_file)  # every path exists, every reward function imports
+            if problems:
+                raise RunError("\n".join(problems))
+            self._check_data()
+            self._check_record(*_checkpoint_dir(checked[-1]))
+            (self.run_dir / RESOLVED_SPEC).write_text(
+                yaml.safe_dump(self.spec.model_dump(mode="json"), sort_keys=False))
+            self.fleet = Fleet(run_dir=self.run_dir, redis_url=self.spec.redis.url)
+            try:
+                return self._run(self.fleet)
+            finally:
+                self._stop(self.fleet)
+                if self._learner_started and self.spec.eval.data:
+                    self._plot(checked[-1])  # however the run ended: the learner drew its curve without them
+                if self._learner_started:
+                    self._write_summary()
         finally:
-            self._stop(self.fleet)
+            self._lock.release()
+
+    def _check_record(self, ckpt_dir: Path, resume: bool) -> None:
+        """A run that will resume continues only under the spec it was started with, or one whose budgets grew
+        (:mod:`.run_record`); the spec is recorded for the next start."""
+        new = self.spec.model_dump(mode="json")
+        if not self.reset and resume and has_checkpoint(ckpt_dir):
+            self._resumed_step = latest_step(ckpt_dir)
+            old = read_record(self.run_dir)
+            if old is not None:
+                verdict = compare(old, new, str(self.spec_file))
+                if not verdict.ok:
+                    raise RunError(verdict.problem)
+                for note in verdict.notes:
+                    self.display.event(note)
+            budget, name = self._step_budget()
+            if budget is not None and self._resumed_step is not None and self._resumed_step >= budget:
+                raise RunDone(f"nothing to train: the run in {self.run_dir} finished at step {self._resumed_step} "
+                              f"of {budget}; raise {name} and it continues, or start over with "
+                              f"fleetrl run {self.spec_file} --reset")
+        write_record(self.run_dir, new)
+
+    def _step_budget(self) -> tuple[int | None, str]:
+        """The step the learner stops at, where the spec says it outright, and the setting that says it."""
+        if self.spec.is_rl:
+            return self.spec.train.max_steps, "train.max_steps"
+        rows = read_rows(self.spec.data.path, self.spec.data.split)
+        steps = self._sft_plan(min(len(rows), self.spec.data.max_samples or len(rows))).total_steps
+        a = self.spec.algorithm
+        return steps, ("train.max_steps" if self.spec.train.max_steps or a.max_steps else "data.epochs")
+
+    def _sft_plan(self, rows: int) -> SFTPlan:
+        t = self.spec.train
+        return sft_plan(self.spec.data, self.spec.algorithm, t.max_steps, "max_steps" in t.model_fields_set, rows)
 
     def _run(self, fleet: Fleet) -> int:
         spec, say = self.spec, self.display.event
@@ -97,11 +159,14 @@ class RunLauncher:
                                         reset_hint=f"fleetrl run {self.spec_file} --reset (deletes it)")
             if problem:
                 raise RunError(problem)
-        resuming = resume and has_checkpoint(ckpt_dir)
+        resuming = self._resuming = resume and has_checkpoint(ckpt_dir)
         say(f"resuming from {ckpt_dir}" if resuming else "a fresh run")
         if not resuming:  # a fresh run's held-out history starts at its step 0, not after an earlier run's rows
             for stale in [self.run_dir / "eval.jsonl", *self.run_dir.glob("heldout_samples_step*.md")]:
                 stale.unlink(missing_ok=True)
+        else:  # a resumed run's display (and health) goes on from the earlier launches' held-out points
+            self.view.evals = [EvalPoint(int(p["step"]), float(p["accuracy"]), str(p.get("weight_version", "")))
+                               for p in heldout_points(self.run_dir / "eval.jsonl") if "accuracy" in p and "step" in p]
         rows = heldout_rows(spec) if spec.eval.data else []
         # a fresh run measures the starting policy before the learner moves it: the learner starts with the others
         # and loads meanwhile, held at its start gate until the evaluation is done (a resumed run has no gate:
@@ -112,6 +177,7 @@ class RunLauncher:
         for p in procs:
             say(f"starting {p.name} ({p.url})")
             fleet.start(p.name, p.module, p.config, wait=False)
+            self._learner_started |= p.kind == "learner"
         for p in procs[:-1]:
             fleet.wait_healthy(p.name)
         if gate is not None:
@@ -121,9 +187,6 @@ class RunLauncher:
         if rows and (not self.view.evals or self.view.evals[-1].step != self.view.step):
             self._wait_for_final_weights(fleet)
             self._evaluate(rows, step=self.view.step)
-        if rows:
-            self._plot(learner)
-        self._write_summary()
         return 0
 
     def _plot(self, learner: ProcessPlan) -> None:
@@ -150,13 +213,18 @@ class RunLauncher:
         try:
             while True:
                 view = poller.poll()
+                self._health(view)
                 self.display.update(view)
                 learner = fleet.services["learner"]
                 if not learner.alive:
                     self._read_final_metrics()
                     if learner.proc.returncode == 0:
-                        say_done = f"learner finished: {headline(view)}"
-                        self.display.event(say_done)
+                        self.display.event(f"learner finished: {headline(view)}")
+                        if self._resumed_step is not None and view.step <= self._resumed_step:
+                            self.display.event(
+                                f"nothing was trained: the run had already finished at step {self._resumed_step}; "
+                                f"raise train.max_steps (or data.epochs) and it continues, or start over with "
+                                f"fleetrl run {self.spec_file} --reset")
                         return
                     raise RunError(view.error or f"learner exited with code {learner.proc.returncode}")
                 if view.error:
@@ -170,6 +238,17 @@ class RunLauncher:
             poller.close()
             if self._eval_thread is not None:
                 self._eval_thread.join(timeout=300)
+
+    def _health(self, view: RunView) -> None:
+        """The run's health now (the learner's, and held-out accuracy's): each new warning said once."""
+        heldout = check_health([], heldout=[(e.step, e.accuracy) for e in view.evals])
+        view.health = {**view.learner_health, **{w.signal: w.message for w in heldout}}
+        for what, message in view.health.items():
+            if what not in self._said_health:
+                self._said_health.add(what)
+                self.display.event(f"health: {message}")
+        self._said_health &= set(view.health)  # a warning that cleared is said again if it comes back
+        self._health_seen.update(view.health)
 
     def _read_final_metrics(self) -> None:
         """The learner's last metrics line (its /status is gone with it): the step and version it ended at."""
@@ -229,11 +308,13 @@ class RunLauncher:
             if not rows:
                 raise DataError(f"data.path {self.spec.data.path} holds no rows")
             check_fields(rows, self.spec.data, need_output=not self.spec.is_rl)
+            n = min(len(rows), self.spec.data.max_samples or len(rows))
             if self.spec.is_rl:
-                n = min(len(rows), self.spec.data.max_samples or len(rows))
                 note = epoch_plan(self.spec.data, self.spec.train.groups_per_step, self.spec.train.max_steps, n).note
-                if note:
-                    self.display.event(note)
+            else:
+                note = self._sft_plan(n).note
+            if note:
+                self.display.event(note)
             if self.spec.eval.data:
                 heldout_rows(self.spec)
         except (DataError, ValueError, OSError) as exc:
@@ -249,11 +330,15 @@ class RunLauncher:
                 self.display.event(f"--reset: removed {path}")
 
     def _write_summary(self) -> None:
-        v = self.view
-        summary = {"run_name": v.run_name, "steps": v.step, "total_steps": v.total, "weight_version": v.weight_version,
-                   "last_reward_mean": v.reward, "heldout": [asdict(e) for e in v.evals],
-                   "metrics": str(self.run_dir / "learner" / "metrics.jsonl")}
-        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        """summary.json of the whole run (:mod:`.summary`): this launch added to what the earlier ones wrote."""
+        v, path = self.view, self.run_dir / "summary.json"
+        summary = build_summary(
+            read_summary(path) if self._resuming else None, run_name=v.run_name, steps=v.step, total_steps=v.total,
+            weight_version=v.weight_version, last_reward_mean=v.reward,
+            heldout=heldout_points(self.run_dir / "eval.jsonl"), launch_s=time.monotonic() - self._t0,
+            health=self._health_seen, metrics=str(self.run_dir / "learner" / "metrics.jsonl"),
+            extra={"last_loss": v.loss} if v.algorithm == "sft" else None)
+        path.write_text(json.dumps(summary, indent=2))
 
     def _stop(self, fleet: Fleet) -> None:
         if "learner" in fleet.services and fleet.services["learner"].alive:
@@ -278,10 +363,11 @@ def run_spec(spec: RunSpec, spec_file: Path, display: Display, *, reset: bool = 
     except KeyboardInterrupt:
         display.event("interrupted: stopped; run the same command again to resume")
         return 130
+    except RunDone as exc:
+        display.event(str(exc))
+        return 0
     except FleetError as exc:  # a service failed to start or died: what its log says, not the whole tail
-        head, _, tail = str(exc).partition("\n")
-        display.event(f"error: {head.rstrip(':')}: {first_error(tail)}")
-        display.event(f"its log: {launcher.run_dir / 'logs'}")
+        display.event(f"error: {fleet_error_line(exc, launcher.run_dir / 'logs')}")
         return 1
     except (RunError, SettingsError) as exc:
         for line in str(exc).splitlines() or [""]:

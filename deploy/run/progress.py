@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -23,6 +24,14 @@ def first_error(log_text: str) -> str:
         if _ERROR_LINE.match(line):
             return line[:400]
     return lines[-1][:400] if lines else "(its log is empty)"
+
+
+def fleet_error_line(exc: BaseException, logs: Path) -> str:
+    """One line for a service that failed to start or died (a FleetError: its first line says which, the rest
+    is its log's tail): what happened, the reason its log gives, and the log to read."""
+    head, _, tail = str(exc).partition("\n")
+    name = head.split(" ", 1)[0]
+    return f"{head.rstrip().rstrip(':')}: {first_error(tail)} (its log: {logs / f'{name}.log'})"
 
 
 @dataclass
@@ -55,6 +64,11 @@ class RunView:
     evals: list[EvalPoint] = field(default_factory=list)
     services: list[ServiceView] = field(default_factory=list)
     error: str | None = None
+    algorithm: str = ""
+    loss: float | None = None  # SFT: the last step's loss
+    #: training health now: signal -> what to try (the learner's /status health, and held-out accuracy's)
+    health: dict[str, str] = field(default_factory=dict)
+    learner_health: dict[str, str] = field(default_factory=dict)
 
 
 OFF_POLICY = ("staleness_mean", "staleness_max", "mismatch_k3", "is_rejected_frac")
@@ -107,6 +121,9 @@ class Poller:
         last = st.get("last_metrics") or {}
         reward = last.get("reward_mean")
         v.reward = reward if reward is not None else v.reward
+        v.algorithm = st.get("algorithm") or v.algorithm
+        v.loss = last.get("sft_loss", v.loss)
+        v.learner_health = {w["signal"]: w["message"] for w in st.get("health") or [] if isinstance(w, dict)}
         v.off_policy = {k: last[k] for k in OFF_POLICY if isinstance(last.get(k), (int, float))} or v.off_policy
         now = time.monotonic()
         if self._first is None or v.step < self._first[1]:

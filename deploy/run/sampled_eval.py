@@ -9,6 +9,8 @@ from typing import Any
 
 import httpx
 
+from deploy.local.evaluate import generate, reward_prompt
+
 
 def pass_at_k(n: int, c: int, k: int) -> float:
     """Unbiased estimate of the chance that at least one of ``k`` samples is correct, from ``n`` samples of which
@@ -48,14 +50,11 @@ def sampled_accuracy(rollout_url: str, reward_url: str, rows: list[dict], *, sam
     with httpx.Client(timeout=timeout) as client:
         for at in range(0, len(rows), per_call):
             chunk = list(enumerate(rows[at:at + per_call], start=at))
-            r = client.post(f"{rollout_url}/generate",
-                            json={"text": [row["input"] for _, row in chunk], "sampling_params": params})
-            r.raise_for_status()
-            outs = r.json()  # prompt-major: the ``samples`` answers of the first prompt, then the next
+            outs = generate(client, rollout_url, [row for _, row in chunk], params)  # prompt-major
             versions.update(str(o["meta_info"]["weight_version"]) for o in outs)
             judged = [(i, row) for i, row in chunk for _ in range(samples)]
             s = client.post(f"{reward_url}/score", json={"items": [
-                {"prompt": row["input"], "response": o["text"], "label": row["label"],
+                {"prompt": reward_prompt(row), "response": o["text"], "label": row["label"],
                  "metadata": row.get("metadata", {})} for (_, row), o in zip(judged, outs, strict=True)]})
             s.raise_for_status()
             for (i, _), v in zip(judged, s.json()["scores"], strict=True):

@@ -2,7 +2,8 @@
 from it (``deploy/run/derive.py``), so what the services share is written once.
 
 Relative paths in the file (``model``, ``data.path``, ``eval.data``, ``export``, ``run_dir``, files named under
-``services``) are relative to the file's own directory; without ``run_dir`` the run lives in
+``services``, a python reward scorer's ``sys_path`` entries — by default the file's directory, so a reward module
+beside the spec imports — and an hf_rm scorer's ``model``) are relative to the file's own directory; without ``run_dir`` the run lives in
 ``./runs/<run_name>`` under the directory ``fleetrl run`` is started from.
 
 The learner's own section types are reused as they are (``data``, ``algorithm``, ``optim``, ``train``): one
@@ -105,7 +106,9 @@ class RunSpec(_Strict):
         default=None, ge=1, description="Prompt groups issued but not yet trained at most; default 2 x "
         "train.groups_per_step.")
     checkpoint_every: int = Field(default=10, ge=1, description="Checkpoint every N learner steps (and at the end).")
-    export: str | None = Field(default=None, description="Write the final policy here (Hugging Face format).")
+    export: str | None = Field(default=None, description="Write the final policy here (Hugging Face format); "
+                               "{run_name} and {run_dir} are replaced, so each run of a spec exports apart: e.g. "
+                               "'{run_dir}/export' or 'exports/{run_name}'.")
     replicas: ReplicasSpec = Field(default_factory=ReplicasSpec)
     placement: PlacementSpec = Field(default_factory=PlacementSpec,
                                      description="Devices of the learner and the replicas (deploy/run/placement.py).")
@@ -121,6 +124,9 @@ class RunSpec(_Strict):
             raise ValueError(f"algorithm {self.algorithm.name} needs reward: scorers or url")
         if self.eval.every is not None and self.eval.data is None:
             raise ValueError("eval.every needs eval.data (the held-out prompts)")
+        if not self.is_rl and "groups_per_step" in self.train.model_fields_set:
+            raise ValueError("train.groups_per_step: an sft run takes algorithm.batch_size pairs per step; set that "
+                             "instead")
         if self.eval.data is not None and not self.is_rl:
             raise ValueError("eval.data: held-out evaluation goes through the rollout fleet, which an sft run does "
                              "not start; evaluate its export with an RL run's eval or fleetrl eval")
@@ -136,7 +142,7 @@ class RunSpec(_Strict):
         return self.window if self.window is not None else 2 * self.train.groups_per_step
 
 
-def _looks_like_hub_id(name: str) -> bool:
+def looks_like_hub_id(name: str) -> bool:
     """``org/name`` (one slash, not a relative path): a model hub id, not a local directory."""
     return name.count("/") == 1 and not name.startswith((".", "~", "/"))
 
@@ -151,14 +157,38 @@ def resolve_paths(raw: dict[str, Any], base: Path) -> dict[str, Any]:
 
     out = dict(raw)
     model = out.get("model")
-    if isinstance(model, str) and ((base / model).exists() or not _looks_like_hub_id(model)):
+    if isinstance(model, str) and ((base / model).exists() or not looks_like_hub_id(model)):
         out["model"] = absolute(model)  # a local directory (perhaps one an earlier run will export)
     for key in ("export", "run_dir"):
         if key in out:
             out[key] = absolute(out[key])
+    if isinstance(out.get("export"), str) and isinstance(out.get("run_name"), str):  # one export per run
+        run_dir = out.get("run_dir") or str((Path("runs") / out["run_name"]).resolve())
+        export = raw["export"].replace("{run_dir}", run_dir).replace("{run_name}", out["run_name"])
+        out["export"] = absolute(export)
     for section, key in (("data", "path"), ("eval", "data")):
         if isinstance(out.get(section), dict) and key in out[section]:
             out[section] = {**out[section], key: absolute(out[section][key])}
     if isinstance(out.get("services"), dict):
         out["services"] = {k: absolute(v) for k, v in out["services"].items()}
+    reward = out.get("reward")
+    if isinstance(reward, dict) and isinstance(reward.get("scorers"), list):
+        out["reward"] = {**reward, "scorers": [_scorer_paths(s, base, absolute) for s in reward["scorers"]]}
+    return out
+
+
+def _scorer_paths(scorer: Any, base: Path, absolute) -> Any:
+    """A scorer's paths against the spec's directory: a python scorer's ``sys_path`` entries (with none, the
+    spec's directory itself: a reward module beside the spec imports), an hf_rm's local ``model``."""
+    if not isinstance(scorer, dict):
+        return scorer
+    out = dict(scorer)
+    if out.get("kind") == "python":
+        entries = out.get("sys_path")
+        out["sys_path"] = [absolute(e) for e in entries] if isinstance(entries, list) else (
+            entries if entries is not None else [str(base.resolve())])
+    model = out.get("model")
+    if out.get("kind") == "hf_rm" and isinstance(model, str) and (
+            (base / model).exists() or not looks_like_hub_id(model)):
+        out["model"] = absolute(model)
     return out

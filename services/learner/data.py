@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from services.learner.settings import DataSettings, RolloutRequestSettings
+from shared.chat_prompt import ChatPromptError, chat_prompt_ids, text_prompt_ids
 from shared.schemas import ChatMessage, PromptTask
 
 
@@ -106,6 +107,29 @@ def row_metadata(row: dict, settings: DataSettings) -> dict[str, Any]:
     return {key: row[key] for key in settings.metadata_keys if key in row}
 
 
+def row_prompt(row: dict, settings: DataSettings) -> str | list[ChatMessage]:
+    """The row's prompt as every consumer gets it: chat messages (a chat-format row, or any row with
+    ``data.apply_chat_template``: its text as one user turn), rendered later by the model's chat template where
+    the tokens are made (:mod:`shared.chat_prompt`); or text (with ``data.input_template`` applied)."""
+    value = field_value(row, settings.input_key)
+    if isinstance(value, list):
+        return [ChatMessage.model_validate(m) for m in value]
+    if settings.apply_chat_template:
+        return [ChatMessage(role="user", content=str(value))]
+    text = str(value)
+    return settings.input_template.format(text) if settings.input_template else text
+
+
+def prompt_ids_of(tokenizer: Any, prompt: str | list[ChatMessage]) -> list[int]:
+    """Token ids of a :func:`row_prompt` exactly as the rollout fleet makes them (:mod:`shared.chat_prompt`)."""
+    if isinstance(prompt, list):
+        try:
+            return chat_prompt_ids(tokenizer, [m.model_dump() for m in prompt])
+        except ChatPromptError as exc:
+            raise DataError(f"a chat prompt: {exc}") from exc
+    return text_prompt_ids(tokenizer, prompt)
+
+
 def check_fields(rows: list[dict], settings: DataSettings, need_output: bool = False) -> None:
     """Every row has the fields the settings name: ``input_key``, and ``output_key`` (SFT) or ``label_key`` (RL,
     unless it is null): a key naming no field is an error at start, not a run of ``null`` labels. A dotted key
@@ -156,8 +180,6 @@ class PromptSet:
         if not rows:
             raise DataError(f"data.path {settings.path} holds no rows")
         check_fields(rows, settings, need_output)
-        if settings.apply_chat_template and tokenizer is None:
-            raise DataError("data.apply_chat_template needs the tokenizer")
         return cls(settings, rows, seed, tokenizer)
 
     def __len__(self) -> int:
@@ -177,14 +199,7 @@ class PromptSet:
         return self.rows[int(self.order(epoch)[index])]
 
     def render_prompt(self, row: dict) -> str | list[ChatMessage]:
-        value = field_value(row, self.settings.input_key)
-        if self.settings.apply_chat_template:
-            messages = value if isinstance(value, list) else [{"role": "user", "content": str(value)}]
-            return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        if isinstance(value, list):
-            return [ChatMessage.model_validate(m) for m in value]
-        text = str(value)
-        return self.settings.input_template.format(text) if self.settings.input_template else text
+        return row_prompt(row, self.settings)
 
     def label(self, row: dict) -> Any:
         key = self.settings.label_key
@@ -203,11 +218,7 @@ class PromptSet:
         turns with ``train: false``) is tokenised segment by segment, as a multi-turn rollout builds its ids, and
         comes with a third element, the loss mask (1 on the tokens of trained segments and on EOS)."""
         row = self.row(epoch, index)
-        prompt = self.render_prompt(row)
-        if isinstance(prompt, list):
-            prompt = self.tokenizer.apply_chat_template([m.model_dump() for m in prompt], tokenize=False,
-                                                        add_generation_prompt=True)
-        prompt_ids = list(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
+        prompt_ids = prompt_ids_of(self.tokenizer, self.render_prompt(row))
         if not prompt_ids:
             prompt_ids = [self.tokenizer.bos_token_id or self.tokenizer.eos_token_id]
         output = field_value(row, self.settings.output_key)

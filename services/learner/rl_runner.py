@@ -57,6 +57,8 @@ import contextlib
 import logging
 import math
 import time
+from collections import deque
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +79,11 @@ from services.learner.weights.transport import PublishFailed
 from shared import keys
 from shared.experience_queue import Delivery, Lease, ProcessedIds, StreamQueue
 from shared.schemas import Experience, PromptTask
+from shared.training_health import check_health
+
+HEALTH_HISTORY = 100
+"""Steps of metrics kept for /status's ``health`` (collapse and spike checks, shared/training_health.py)."""
+HEALTH_KEYS = ("reward_mean", "entropy", "kl", "mismatch_k3")
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +117,7 @@ class RLRunner:
         self.error: str | None = None
         self.total_steps = 0
         self.last_metrics: dict[str, Any] = {}
+        self.recent: deque[dict[str, Any]] = deque(maxlen=HEALTH_HISTORY)  # what /status's health is judged on
         self.buffer = GroupBuffer()
         self._refills = 0  # groups dropped by dynamic sampling since the last training step
         # stream entry ids we hold (buffered or awaiting the commit), renewed so they never go idle
@@ -475,6 +483,7 @@ class RLRunner:
         self._wait_s = 0.0
         self.sink.in_flight.set(len(st.in_flight))
         self.last_metrics = metrics
+        self.recent.append({"step": step, **{k: v for k, v in metrics.items() if k in HEALTH_KEYS}})
         self.sink.log_step(step, metrics)
         if self.commits.due(step, self.s.checkpoint.every):
             await self._commit()
@@ -568,6 +577,7 @@ class RLRunner:
             "ranks": self.ranks.world_size,
             "replica_digests": self.link.replica_digests if self.link is not None else [],
             "last_metrics": {k: v for k, v in self.last_metrics.items() if k != "sample_ids"},
+            "health": [asdict(w) for w in check_health(list(self.recent))],
             "last_publish": self._publish_status(),
         }
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ from services.learner.distributed.env import RankInfo
 from services.learner.observability import MetricsSink
 from services.learner.run_state import RunState
 from services.learner.settings import LearnerSettings
+from services.learner.sft_plan import sft_plan
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +36,7 @@ class SFTRunner:
         self.phase = "starting"
         self.error: str | None = None
         self.total_steps = 0
+        self.epochs = 1
         self.last_metrics: dict[str, Any] = {}
         self.last_checkpoint: str | None = None
         self._since_commit = 0
@@ -51,16 +52,17 @@ class SFTRunner:
         if latest is not None:
             self.state = RunState.load(latest / "run_state.json")
             self.last_checkpoint = str(latest)
-        self.total_steps = math.ceil(len(self.data) / self.sft.batch_size) * self.sft.epochs
-        if self.sft.max_steps:
-            self.total_steps = min(self.total_steps, self.sft.max_steps)
+        t = self.s.train
+        steps = sft_plan(self.s.data, self.sft, t.max_steps, "max_steps" in t.model_fields_set, len(self.data))
+        self.epochs, self.total_steps = steps.epochs, steps.total_steps
+        log.info(steps.note)
         resume_dir = latest / "trainer" if latest is not None else None
         self.trainer = await asyncio.to_thread(SFTTrainer, self.s, self.total_steps, resume_dir,
                                                RankInfo.from_env().local_rank)
         self.sink.open(self.total_steps, self.trainer.global_step)
 
     def _done(self) -> bool:
-        return self.state.epoch >= self.sft.epochs or self.trainer.global_step >= self.total_steps
+        return self.state.epoch >= self.epochs or self.trainer.global_step >= self.total_steps
 
     async def run(self, stop: asyncio.Event) -> None:
         try:

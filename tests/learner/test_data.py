@@ -5,7 +5,7 @@ import json
 import pytest
 
 from deploy.local.tiny_model import build_tokenizer
-from services.learner.data import DataError, PromptSet, item_id, parse_item_id, read_rows
+from services.learner.data import DataError, PromptSet, item_id, parse_item_id, prompt_ids_of, read_rows
 from services.learner.settings import DataSettings, RolloutRequestSettings
 from shared.schemas import ChatMessage
 
@@ -88,8 +88,10 @@ def test_chat_template_and_chat_messages(tmp_path):
     path = write_jsonl(tmp_path / "p.jsonl", [{"input": "hi"}, {"input": [{"role": "user", "content": "yo"}]}])
     templ = PromptSet.load(DataSettings(path=str(path), label_key=None, apply_chat_template=True, shuffle=False), 0,
                            tok)
-    assert templ.render_prompt(templ.rows[0]) == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
-    assert templ.render_prompt(templ.rows[1]) == "<|im_start|>user\nyo<|im_end|>\n<|im_start|>assistant\n"
+    # a text prompt becomes one user turn; the rollout fleet renders it with the model's template
+    assert templ.render_prompt(templ.rows[0]) == [ChatMessage(role="user", content="hi")]
+    assert templ.render_prompt(templ.rows[1]) == [ChatMessage(role="user", content="yo")]
+    assert tok.decode(prompt_ids_of(tok, templ.render_prompt(templ.rows[0]))) == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
     plain = PromptSet.load(DataSettings(path=str(path), label_key=None, shuffle=False), 0, tok)
     assert plain.render_prompt(plain.rows[1]) == [ChatMessage(role="user", content="yo")]
 

@@ -72,6 +72,10 @@ async def test_trains_every_prompt_once_and_acks_everything(tiny_model_dir, tmp_
     status, svc, _ = await run_with_fleet(s, redis_client)
     assert status["phase"] == "finished", status
     assert status["step"] == status["total_steps"] == N_PROMPTS // 2
+    # /status says the run's health (shared/training_health.py) from the learner's recent steps: a KL spike
+    assert isinstance(status["health"], list)
+    svc.runner.recent.extend([{"step": 100 + i, "kl": 0.01} for i in range(15)] + [{"step": 115, "kl": 0.9}])
+    assert "kl" in [w["signal"] for w in svc.runner.status()["health"]]
     # plain torch, no LoRA: the actor was laid out flat and every bucket went out from its memory
     pub = svc.runner.publisher
     assert pub.outbox.in_place and all(pub.outbox.in_place) and all(b is None for b in pub.outbox.buffers)

@@ -21,3 +21,11 @@ def test_the_headline_shows_staleness_mismatch_and_rejections_once_the_learner_r
     line = headline(poller.view)
     assert "stale 0.8/1" in line and "mismatch 4.2e-04" in line and "rejected 3%" in line, line
     poller.close()
+
+
+def test_an_sft_run_shows_its_loss_not_a_reward_and_warnings_show_on_the_headline():
+    v = RunView("sft", phase="running", step=3, total=30, algorithm="sft", loss=1.23456)
+    line = headline(v)
+    assert "loss 1.2346" in line and "reward" not in line and "held-out" not in line
+    v = RunView("rl", phase="running", step=30, total=60, health={"heldout": "held-out accuracy fell 48% -> 1%"})
+    assert "health: heldout!" in headline(v)

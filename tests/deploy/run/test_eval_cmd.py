@@ -1,4 +1,6 @@
-"""``fleetrl eval``: held-out accuracy of a model directory through a rollout replica and the spec's reward."""
+"""``fleetrl eval``: held-out accuracy of a model directory through a rollout replica and the spec's reward —
+chat-message held-out rows included, ``--model`` relative to the current directory, and a replica that fails to
+start said in one line with its reason and its log."""
 
 from __future__ import annotations
 
@@ -8,19 +10,51 @@ import sys
 
 import pytest
 
+from tests.deploy.run.conftest import write_rows
 from tests.deploy.run.test_fleetrl_run import ENV
 from tests.procs import REPO
 
 pytestmark = pytest.mark.process  # runs `fleetrl eval` as a process
 
 
+def fleetrl_eval(spec_file, *args: str, cwd=REPO, timeout: float = 180) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "services.cli", "eval", str(spec_file), *args], cwd=cwd,
+                          env={**ENV, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=timeout,
+                          check=False)
+
+
 def test_fleetrl_eval_prints_the_accuracy_of_a_model(spec_file, tiny_model_dir):
-    out = subprocess.run([sys.executable, "-m", "services.cli", "eval", str(spec_file), "--model", str(tiny_model_dir)],
-                         cwd=REPO, env=ENV, capture_output=True, text=True, timeout=180, check=False)
+    rows = [json.loads(line) for line in (spec_file.parent / "heldout.jsonl").read_text().splitlines()]
+    write_rows(spec_file.parent / "chat.jsonl", [{**r, "input": [{"role": "user", "content": r["input"]}]}
+                                                 for r in rows])  # verl / OpenRLHF chat prompts
+    out = fleetrl_eval(spec_file, "--model", tiny_model_dir.name, "--set", "eval.data=chat.jsonl",
+                       cwd=tiny_model_dir.parent)  # a relative --model: a directory under the current one
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout)
     assert result["n"] == 8 and 0.0 <= result["accuracy"] <= 1.0 and result["weight_version"] == "0"
     assert result["model"] == str(tiny_model_dir)
-    none = subprocess.run([sys.executable, "-m", "services.cli", "eval", str(spec_file), "--set", "eval.data=null"],
-                          cwd=REPO, env=ENV, capture_output=True, text=True, timeout=60, check=False)
+    run_dir = spec_file.parent / "run"
+    (kept,) = (run_dir / "evals").glob("*/result.json")  # each evaluation in its own folder under evals/
+    assert json.loads(kept.read_text()) == result
+    assert sorted(p.name for p in run_dir.iterdir()) == ["evals"]
+
+    none = fleetrl_eval(spec_file, "--set", "eval.data=null", timeout=60)
     assert none.returncode == 1 and none.stderr.strip().startswith("error: eval.data is not set")
+    missing = fleetrl_eval(spec_file, "--model", "sft-model", cwd=spec_file.parent, timeout=60)
+    assert missing.returncode == 1
+    assert missing.stderr.strip() == f"error: --model sft-model: no model directory at {spec_file.parent / 'sft-model'}" \
+        " (a relative path is relative to the current directory)"
+
+
+def test_a_replica_that_fails_to_start_is_one_line_with_its_reason_and_log(spec_file, tmp_path):
+    not_a_model = tmp_path / "not-a-model"
+    not_a_model.mkdir()
+    (not_a_model / "config.json").write_text('{"model_type": "llama"}')  # a checkpoint with no weights, no tokenizer
+    out = fleetrl_eval(spec_file, "--model", str(not_a_model))
+    assert out.returncode == 1
+    (line,) = out.stderr.strip().splitlines()
+    assert line.startswith("error: rollout-0 exited with code "), line
+    _, _, rest = line.partition("while starting: ")
+    assert rest and not rest.startswith("(its log"), line  # the reason from its log, then where the log is
+    log = rest.rsplit("(its log: ", 1)[1].rstrip(")")
+    assert log.startswith(str(spec_file.parent / "run" / "evals")) and log.endswith("rollout-0.log")

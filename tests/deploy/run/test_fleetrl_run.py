@@ -59,6 +59,20 @@ def test_a_tiny_run_trains_and_the_same_command_resumes(spec_file):
         return [json.loads(line)["step"] for line in (run_dir / "eval.jsonl").read_text().splitlines()]
 
     assert evals() == [0, 2, 3]
+    summary = json.loads((run_dir / "summary.json").read_text())  # the whole run, not only the resumed launch
+    assert [e["step"] for e in summary["heldout"]] == [0, 2, 3] and summary["launches"] == 2
+    assert summary["heldout_before"] == summary["heldout"][0]["accuracy"] and summary["wall_time_s"] > 0
+    assert "spec changed since the last start: train.max_steps grew 2 -> 3" in again.stdout
+    done = fleetrl_run(spec_file, "train.max_steps=3", timeout=60)  # finished: said up front, nothing started
+    assert done.returncode == 0 and "nothing to train: the run in" in done.stdout, done.stdout[-3000:]
+    assert "finished at step 3 of 3; raise train.max_steps and it continues" in done.stdout
+    assert "starting learner" not in done.stdout
+    other = fleetrl_run(spec_file, "train.max_steps=4", "optim.actor_lr=0.0005", timeout=60)  # what trains changed
+    assert other.returncode == 1 and "starting" not in other.stdout, other.stdout[-3000:]
+    (line,) = [line for line in other.stdout.splitlines() if "error:" in line]
+    assert "changed since this run was started: optim.actor_lr 0.001 -> 0.0005." in line
+    assert "--reset" in line and "new run_name" in line
+    assert [m["step"] for m in metrics(run_dir)] == [1, 2, 3]
     fresh = fleetrl_run(spec_file, "train.max_steps=1", flags=("--reset",))  # start over in the same run dir
     assert fresh.returncode == 0, fresh.stdout[-3000:] + fresh.stderr[-3000:]
     assert "a fresh run" in fresh.stdout and [m["step"] for m in metrics(run_dir)] == [1]
@@ -76,6 +90,10 @@ def test_ctrl_c_stops_every_process_and_a_used_run_name_is_refused(spec_file, re
         while time.monotonic() < deadline and not (run_dir / "learner" / "metrics.jsonl").exists():
             time.sleep(0.5)
         assert (run_dir / "learner" / "metrics.jsonl").exists(), "no step within 120 s"
+        second = fleetrl_run(spec_file, "train.max_steps=1000", "eval.data=null", timeout=60)  # the same run dir
+        assert second.returncode == 1, second.stdout[-3000:]
+        assert f"is in use by another fleetrl run (PID {proc.pid})" in second.stdout, second.stdout[-3000:]
+        assert "Redis at" not in second.stdout and "a fresh run" not in second.stdout
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=120)
     finally:

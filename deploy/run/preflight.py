@@ -1,0 +1,89 @@
+"""Checks made before anything of a run starts: every path the spec names exists (relative paths in a spec are
+resolved against the spec file's directory, ``--model`` against the current directory), and every plug-in the
+reward service will import (``kind: python`` scorers) imports and fits its signature — tried in a short-lived
+subprocess, as the reward service would, so the user's module never runs inside the launcher. Each problem is
+one line naming the setting."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from .spec import RunSpec, looks_like_hub_id
+
+IMPORT_TIMEOUT_S = 120.0
+
+_TRY_IMPORTS = """
+import json, sys
+from services.reward.scorers.python_fn import SIGNATURES, load_function
+problems = []
+for where, function, signature, sys_path in json.loads(sys.argv[1]):
+    try:
+        load_function(function, SIGNATURES[signature].protocol, sys_path)
+    except Exception as exc:
+        problems.append(f"{where}: " + (str(exc).splitlines() or [type(exc).__name__])[0])
+print(json.dumps(problems))
+"""
+
+
+def local_model(value: str, setting: str, base: Path | None = None) -> str:
+    """``value`` as an absolute local directory (relative to ``base``, default the current directory), or as it
+    is when it can only be a model hub id (``org/name`` with no such directory). Raises ValueError naming
+    ``setting`` when it names a directory that does not exist."""
+    path = ((base or Path.cwd()) / Path(value).expanduser()).resolve()
+    if path.is_dir():
+        return str(path)
+    if looks_like_hub_id(value):
+        return value
+    raise ValueError(f"{setting} {value}: no model directory at {path}" +
+                     ("" if base else " (a relative path is relative to the current directory)"))
+
+
+def path_problems(spec: RunSpec, spec_file: Path) -> list[str]:
+    """One line per path of ``spec`` that does not exist."""
+    rel = f"(relative paths in a spec are relative to its directory, {spec_file.parent})"
+    problems = []
+    model = Path(spec.model)
+    if not model.is_dir() and not (looks_like_hub_id(spec.model) and not model.is_absolute()):
+        problems.append(f"{spec_file}: model: no model directory at {model} {rel}")
+    for setting, value in (("data.path", spec.data.path), ("eval.data", spec.eval.data)):
+        if value is not None and not Path(value).exists():
+            problems.append(f"{spec_file}: {setting}: {value} does not exist {rel}")
+    for i, scorer in enumerate((spec.reward.scorers or []) if spec.reward else []):
+        for j, entry in enumerate(getattr(scorer, "sys_path", [])):
+            if not Path(entry).is_dir():
+                problems.append(f"{spec_file}: reward.scorers[{i}].sys_path[{j}]: no directory at {entry} {rel}")
+        rm = getattr(scorer, "model", None)
+        if scorer.kind == "hf_rm" and rm and not Path(rm).is_dir() and not looks_like_hub_id(rm):
+            problems.append(f"{spec_file}: reward.scorers[{i}].model: no model directory at {rm} {rel}")
+    for name in ("learner", "rollout", "reward"):
+        own = getattr(spec.services, name)
+        if isinstance(own, str) and not Path(own).is_file():
+            problems.append(f"{spec_file}: services.{name}: no settings file at {own} {rel}")
+    return problems
+
+
+def import_problems(spec: RunSpec, spec_file: Path) -> list[str]:
+    """One line per reward function of ``spec`` that does not import or does not fit its signature."""
+    todo = [(f"{spec_file}: reward.scorers[{i}].function {s.function!r}", s.function, s.signature, list(s.sys_path))
+            for i, s in enumerate((spec.reward.scorers or []) if spec.reward else []) if s.kind == "python"]
+    if not todo:
+        return []
+    repo = str(Path(__file__).resolve().parents[2])
+    try:
+        out = subprocess.run([sys.executable, "-c", _TRY_IMPORTS, json.dumps(todo)], cwd=repo, capture_output=True,
+                             text=True, timeout=IMPORT_TIMEOUT_S, check=False)
+    except subprocess.TimeoutExpired:
+        return [f"{todo[0][0]}: importing the reward functions took over {IMPORT_TIMEOUT_S:.0f}s"]
+    try:
+        return list(json.loads(out.stdout.strip().splitlines()[-1]))
+    except (ValueError, IndexError):
+        tail = [line for line in out.stderr.splitlines() if line.strip()]
+        return [f"{todo[0][0]}: importing it failed: {tail[-1] if tail else f'exit code {out.returncode}'}"]
+
+
+def preflight(spec: RunSpec, spec_file: Path) -> list[str]:
+    """Every problem found before anything starts (paths first; imports only when the paths are right)."""
+    return path_problems(spec, spec_file) or import_problems(spec, spec_file)

@@ -1,0 +1,96 @@
+"""Training health: a pure check of a run's recent metrics for the failures that cost users the most time — a
+collapse of the reward, of held-out accuracy or of the policy's entropy, or a spike in the engine/trainer
+mismatch or the KL — each said with what to try. The learner puts it in ``/status`` (``health``), ``fleetrl
+run`` on its display and in ``summary.json``. Torch-free; inputs are the learner's metrics lines
+(``metrics.jsonl``: ``step``, ``reward_mean``, ``entropy``, ``kl``, ``mismatch_k3``) and held-out points.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from statistics import mean, median
+
+LR_HINT = "the learning rate may be too high (try 1e-5..1e-4 for full fine-tuning, ~10x that with LoRA)"
+
+WINDOW = 5
+"""Steps averaged on each side of a comparison (single steps are noisy: a group's reward is a few samples); the
+reward, noisiest of all with small groups, is averaged over twice as many."""
+
+
+@dataclass(frozen=True)
+class HealthWarning:
+    """One problem: which signal (``reward``, ``heldout``, ``entropy``, ``kl``, ``mismatch``) and the line to show."""
+
+    signal: str
+    message: str
+
+
+def _series(history: Sequence[Mapping[str, object]], key: str) -> list[tuple[int, float]]:
+    out = []
+    for n, row in enumerate(history):
+        value = row.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value):
+            step = row.get("step")
+            out.append((int(step) if isinstance(step, (int, float)) else n, float(value)))
+    return out
+
+
+def _fell(points: list[tuple[int, float]], *, window: int, min_peak: float, min_drop: float,
+          ratio: float) -> tuple[float, float, int] | None:
+    """(peak, now, steps since the peak) when the mean of the last ``window`` points fell below ``ratio`` x the
+    best earlier mean of ``window`` points and by at least ``min_drop``; else None."""
+    if len(points) < 2 * window:
+        return None
+    means = [(points[i + window - 1][0], mean(v for _, v in points[i:i + window]))
+             for i in range(len(points) - window + 1)]
+    now_step, now = means[-1]
+    earlier = means[:-window] or means[:1]
+    peak_step, peak = max(reversed(earlier), key=lambda m: m[1])  # ties: the latest, when the fall began
+    if peak >= min_peak and now <= ratio * peak and peak - now >= min_drop:
+        return peak, now, now_step - peak_step
+    return None
+
+
+def _spiked(points: list[tuple[int, float]], *, floor: float, factor: float) -> tuple[float, float] | None:
+    """(latest, median before) when the latest value is over ``factor`` x the median of the ones before it and
+    over ``floor``."""
+    if len(points) < WINDOW + 1:
+        return None
+    before = median(abs(v) for _, v in points[-(4 * WINDOW) - 1:-1])
+    latest = abs(points[-1][1])
+    if latest >= floor and latest > factor * max(before, 1e-12):
+        return latest, before
+    return None
+
+
+def check_health(history: Sequence[Mapping[str, object]],
+                 heldout: Sequence[tuple[int, float]] = ()) -> list[HealthWarning]:
+    """The warnings for a run's metrics ``history`` (oldest first) and its held-out ``(step, accuracy)`` points;
+    an empty list when nothing looks wrong."""
+    out = []
+    if fell := _fell(_series(history, "reward_mean"), window=2 * WINDOW, min_peak=0.2, min_drop=0.15, ratio=0.5):
+        peak, now, steps = fell
+        out.append(HealthWarning("reward", f"reward fell {peak:.2f} -> {now:.2f} in {steps} steps: {LR_HINT}"))
+    points = [(int(s), float(a)) for s, a in heldout]
+    if len(points) >= 2:
+        best_step, best = max(points[:-1], key=lambda p: p[1])
+        step, acc = points[-1]
+        if best >= 0.1 and acc <= 0.5 * best and best - acc >= 0.1:
+            out.append(HealthWarning("heldout", f"held-out accuracy fell {best:.0%} -> {acc:.0%} in {step - best_step} "
+                                                f"steps: {LR_HINT}"))
+    if fell := _fell(_series(history, "entropy"), window=WINDOW, min_peak=0.05, min_drop=0.02, ratio=0.1):
+        peak, now, steps = fell
+        out.append(HealthWarning("entropy", f"entropy fell {peak:.3g} -> {now:.3g} in {steps} steps: the policy is "
+                                            f"collapsing onto few answers; {LR_HINT}, or raise sampling.temperature"))
+    if spike := _spiked(_series(history, "mismatch_k3"), floor=0.05, factor=10.0):
+        latest, before = spike
+        out.append(HealthWarning("mismatch", f"engine/trainer mismatch spiked to {latest:.3g} ({before:.2g} before): "
+                                             "the rollout engine's logprobs left the trainer's; check the engine's "
+                                             f"dtype matches the learner's, and {LR_HINT}"))
+    if spike := _spiked(_series(history, "kl"), floor=0.05, factor=10.0):
+        latest, before = spike
+        out.append(HealthWarning("kl", f"KL to the reference spiked to {latest:.3g} ({before:.2g} before): the policy "
+                                       f"moved far in one step; {LR_HINT}, or raise the KL coefficient"))
+    return out

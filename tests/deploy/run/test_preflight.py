@@ -1,0 +1,84 @@
+"""Every path of a spec resolves against the spec file's directory (a reward module beside the spec included),
+``--model`` against the current directory, and all of it — reward functions imported — is checked before
+anything starts, one line per problem naming the setting."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from deploy.local.fleet import FleetError
+from deploy.run.load import load_spec
+from deploy.run.preflight import import_problems, local_model, path_problems
+from deploy.run.progress import fleet_error_line
+
+REWARD = '''def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    return float(solution_str.strip() == str(ground_truth))
+'''
+
+
+def spec_with_reward(tmp_path: Path, model: Path, **scorer) -> Path:
+    (tmp_path / "train.jsonl").write_text('{"input": "1+1=", "label": "2"}\n')
+    spec = {"run_name": "add", "model": str(model), "data": {"path": "train.jsonl"},
+            "reward": {"scorers": [{"name": "add", "kind": "python", "function": "add_reward:compute_score",
+                                    "signature": "verl", **scorer}]}}
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(spec))
+    return tmp_path / "run.yaml"
+
+
+def test_a_reward_file_beside_the_spec_imports_with_sys_path_dot_or_none(tmp_path, tiny_model_dir, monkeypatch):
+    (tmp_path / "add_reward.py").write_text(REWARD)
+    monkeypatch.chdir(tiny_model_dir)  # not the spec's directory: paths are the spec file's, not the shell's
+    for scorer in ({"sys_path": ["."]}, {}):
+        file = spec_with_reward(tmp_path, tiny_model_dir, **scorer)
+        spec = load_spec(file)
+        assert spec.reward.scorers[0].sys_path == [str(tmp_path)]
+        assert path_problems(spec, file) == [] and import_problems(spec, file) == []
+
+
+def test_a_reward_module_that_does_not_import_is_one_line_naming_the_setting(tmp_path, tiny_model_dir):
+    file = spec_with_reward(tmp_path, tiny_model_dir)
+    spec = load_spec(file)
+    (problem,) = import_problems(spec, file)
+    assert problem.startswith(f"{file}: reward.scorers[0].function 'add_reward:compute_score': ")
+    assert "cannot import module 'add_reward'" in problem
+    (tmp_path / "add_reward.py").write_text("def compute_score(x):\n    return 0.0\n")  # the wrong signature
+    (problem,) = import_problems(spec, file)
+    assert "reward.scorers[0].function" in problem and "\n" not in problem
+
+
+def test_missing_paths_are_named_with_the_setting_and_where_relative_paths_point(tmp_path, tiny_model_dir):
+    file = spec_with_reward(tmp_path, tmp_path / "sft-model", sys_path=["lib"])
+    raw = yaml.safe_load(file.read_text())
+    raw["model"] = "sft-model"
+    raw["eval"] = {"data": "heldout.jsonl"}
+    file.write_text(yaml.safe_dump(raw))
+    problems = path_problems(load_spec(file), file)
+    rel = f"(relative paths in a spec are relative to its directory, {tmp_path})"
+    assert problems == [
+        f"{file}: model: no model directory at {tmp_path / 'sft-model'} {rel}",
+        f"{file}: eval.data: {tmp_path / 'heldout.jsonl'} does not exist {rel}",
+        f"{file}: reward.scorers[0].sys_path[0]: no directory at {tmp_path / 'lib'} {rel}",
+    ]
+
+
+def test_command_line_model_is_relative_to_the_current_directory_not_a_hub_id(tmp_path, monkeypatch):
+    (tmp_path / "sft-model").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert local_model("sft-model", "--model") == str(tmp_path / "sft-model")
+    assert local_model("./sft-model", "--model") == str(tmp_path / "sft-model")
+    assert local_model("Qwen/Qwen2.5-0.5B", "--model") == "Qwen/Qwen2.5-0.5B"  # only a hub id can be that
+    with pytest.raises(ValueError, match=r"^--model out/sft/: no model directory at .*/out/sft \(a relative path"):
+        local_model("out/sft/", "--model")
+
+
+def test_a_service_that_failed_to_start_is_one_line_with_its_reason_and_log(tmp_path):
+    tail = ("INFO starting\nTraceback (most recent call last):\n  File \"x.py\", line 1\n"
+            "OSError: sft-model is not a local folder and is not a valid model identifier\n")
+    line = fleet_error_line(FleetError(f"rollout-0 exited with code 3 while starting:\n{tail}"), tmp_path / "logs")
+    assert line == ("rollout-0 exited with code 3 while starting: OSError: sft-model is not a local folder and is "
+                    f"not a valid model identifier (its log: {tmp_path / 'logs' / 'rollout-0.log'})")
+    empty = fleet_error_line(FleetError("reward-0 exited with code 1 while starting:\n"), tmp_path)
+    assert empty == f"reward-0 exited with code 1 while starting: (its log is empty) (its log: {tmp_path / 'reward-0.log'})"
