@@ -25,7 +25,7 @@ LOCK = ".fleetrl-run.lock"
 
 BUDGETS = ("train.max_steps", "algorithm.max_steps", "data.epochs", "algorithm.epochs")
 """Settings a run may continue under when they grew: it trains further."""
-FREE = ("eval.", "replicas.", "checkpoint_every", "export", "run_dir")
+FREE = ("eval.", "replicas.", "placement.", "checkpoint_every", "export", "run_dir")
 """Settings (or prefixes) that change how a run is watched or where it is written, not what it trains."""
 
 
