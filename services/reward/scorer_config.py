@@ -59,21 +59,24 @@ class MathCheck(_Strict):
 
 
 class FormatCheck(_Strict):
-    """1.0 when the response matches a regular expression, else 0.0."""
+    """1.0 when the response matches a regular expression (the ``regex`` module, re-compatible), else 0.0."""
 
     type: Literal["format"] = "format"
     pattern: str = Field(min_length=1, description="Python regular expression.")
     mode: Literal["search", "fullmatch"] = Field(default="search", description="re.search or re.fullmatch.")
     dotall: bool = Field(default=True, description="`.` also matches newlines.")
+    match_timeout_s: float = Field(
+        default=1.0, gt=0.0, le=60.0, description="A response the pattern cannot decide within this (catastrophic "
+        "backtracking) does not have the format: 0.0.")
 
     @field_validator("pattern")
     @classmethod
     def _compiles(cls, value: str) -> str:
-        import re
+        import regex
 
         try:
-            re.compile(value)
-        except re.error as exc:
+            regex.compile(value)
+        except regex.error as exc:
             raise ValueError(f"pattern {value!r} is not a valid regular expression: {exc}") from exc
         return value
 
@@ -133,7 +136,12 @@ class PythonScorerConfig(_ScorerBase):
     )
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra keyword arguments for every call.")
     data_source: str = Field(default="", description="verl: data_source when an item's metadata has none.")
-    max_workers: int = Field(default=4, ge=1, le=256, description="Threads for sync functions; concurrency of async.")
+    max_workers: int = Field(
+        default=4, ge=1, le=256, description="Sync functions: worker processes (or threads), each one call at a "
+        "time; async functions: calls at a time.")
+    isolation: Literal["process", "thread"] = Field(
+        default="process", description="Where a sync function runs: `process` (a call past timeout_s is killed "
+        "with its worker, which is replaced) or `thread` (in the service; a stuck call holds its thread).")
     sys_path: list[str] = Field(default_factory=list, description="Directories to add to sys.path before importing.")
 
 
