@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 
 class _Strict(BaseModel):
@@ -21,6 +21,9 @@ class RetryConfig(_Strict):
     attempts: int = Field(default=3, ge=1, le=20, description="Tries in all (1 = no retry).")
     backoff_s: float = Field(default=0.2, ge=0.0, le=60.0, description="First wait between tries; doubles each time.")
     max_backoff_s: float = Field(default=5.0, ge=0.0, le=600.0, description="Longest wait between tries.")
+    max_total_s: float = Field(
+        default=300.0, gt=0.0, le=86_400.0, description="All tries of one call within this: no try starts (or waits) "
+        "past it, and the last try's timeout is cut to what is left.")
 
 
 class _ScorerBase(_Strict):
@@ -153,9 +156,18 @@ class HttpScorerConfig(_ScorerBase):
     protocol: Literal["fleetrl", "openrlhf"] = Field(description="Wire protocol of the remote service.")
     max_concurrency: int = Field(default=8, ge=1, le=1024, description="Requests in flight to the remote at most.")
     max_batch_items: int = Field(default=256, ge=1, description="Items per remote request (bigger calls are split).")
-    headers: dict[str, SecretStr] = Field(default_factory=dict, description="Extra headers (e.g. Authorization).")
+    headers: dict[str, SecretStr] = Field(default_factory=dict, description="Extra headers (values are secrets).")
+    api_key: SecretStr | None = Field(
+        default=None, description="Sent as Authorization: Bearer <api_key>; never logged, shown or put in an error.")
     breaker_failures: int = Field(default=5, ge=1, description="Consecutive failed calls that open the circuit.")
     breaker_reset_s: float = Field(default=10.0, gt=0.0, description="Seconds an open circuit waits before a trial call.")
+
+
+    @model_validator(mode="after")
+    def _one_authorization(self) -> HttpScorerConfig:
+        if self.api_key is not None and any(k.lower() == "authorization" for k in self.headers):
+            raise ValueError("set api_key or headers.Authorization, not both (api_key is sent as Authorization)")
+        return self
 
 
 ScorerConfig = Annotated[
