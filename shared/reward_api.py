@@ -123,7 +123,19 @@ class RewardHealth(BaseModel):
     scorers: dict[str, str] = Field(description="Per scorer: \"ok\", or what its check said.")
 
 
-class ScorersResponse(BaseModel):
-    """``GET /scorers``: the configured scorers (secrets masked)."""
+class ScorerInfo(BaseModel):
+    """One configured scorer as ``GET /scorers`` shows it: what it is, never how it is set up (no kwargs,
+    URLs, headers, keys or model paths)."""
 
-    scorers: list[dict[str, Any]] = Field(description="Each scorer's settings, as configured.")
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(description="The scorer's name (its key in `components`).")
+    kind: str = Field(description="rule, hf_rm, python or http.")
+    weight: float = Field(description="Factor of its value in the final reward.")
+    on_error: str = Field(description="What a failure does after retries: fail or mark.")
+
+
+class ScorersResponse(BaseModel):
+    """``GET /scorers``: the configured scorers, by name and kind."""
+
+    scorers: list[ScorerInfo] = Field(description="Each scorer, in configuration order.")

@@ -10,6 +10,7 @@ class ScorerFailure(Exception):
 
     status = 502
     retryable = True
+    tries = 1  # how many tries the service made before giving up (set by the service)
 
     def __init__(self, message: str, *, retryable: bool | None = None):
         super().__init__(message)

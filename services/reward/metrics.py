@@ -37,6 +37,10 @@ class RewardMetrics:
         self.breaker_open = Gauge(
             "fleetrl_reward_circuit_open", "1 while the scorer's circuit breaker is open.", ["scorer"], registry=r
         )
+        self.python_workers_replaced = Counter(
+            "fleetrl_reward_python_workers_replaced", "Worker processes of python scorers killed (a call past its "
+            "timeout) or found dead, and replaced.", ["scorer"], registry=r,
+        )
         self.requests = Counter(
             "fleetrl_reward_requests", "HTTP scoring requests by route and status.", ["route", "status"], registry=r
         )

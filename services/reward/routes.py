@@ -1,10 +1,11 @@
-"""Thin routes: typed request in, one call on the RewardService, typed reply out."""
+"""Thin routes: typed request in, one call on the RewardService, typed reply out. The routes that score or
+describe the configuration need the auth_token when one is set (``TokenDep``); /health and /metrics do not."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Response
 
-from services.reward.deps import ServiceDep
+from services.reward.deps import TOKEN_ERRORS, ServiceDep, TokenDep
 from shared.reward_api import (
     GetRewardRequest,
     GetRewardResponse,
@@ -20,22 +21,22 @@ router = APIRouter()
 
 # 413: more items than max_items; 422: an item a scorer cannot score as sent (a verifier without a label);
 # 502 / 503 / 504: a scorer whose policy is `fail` failed, could not be reached, or timed out.
-SCORING_ERRORS = error_responses(422, 502, 503, 504)
+SCORING_ERRORS = {**error_responses(422, 502, 503, 504), **TOKEN_ERRORS}
 
 
-@router.post("/score", response_model=ScoreResponse, responses=SCORING_ERRORS)
+@router.post("/score", dependencies=[TokenDep], response_model=ScoreResponse, responses=SCORING_ERRORS)
 async def score(body: ScoreRequest, svc: ServiceDep) -> ScoreResponse:
     svc.metrics.request_items.labels("/score").observe(len(body.items))
     return await svc.score(body.items)
 
 
-@router.post("/get_reward", response_model=GetRewardResponse, responses=SCORING_ERRORS)
+@router.post("/get_reward", dependencies=[TokenDep], response_model=GetRewardResponse, responses=SCORING_ERRORS)
 async def get_reward(body: GetRewardRequest, svc: ServiceDep) -> GetRewardResponse:
     svc.metrics.request_items.labels("/get_reward").observe(len(body.query))
     return await svc.get_reward(body)
 
 
-@router.get("/scorers", response_model=ScorersResponse)
+@router.get("/scorers", dependencies=[TokenDep], response_model=ScorersResponse, responses=TOKEN_ERRORS)
 async def scorers(svc: ServiceDep) -> ScorersResponse:
     return ScorersResponse(scorers=svc.describe())
 

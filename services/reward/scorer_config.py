@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 
 class _Strict(BaseModel):
@@ -21,6 +21,9 @@ class RetryConfig(_Strict):
     attempts: int = Field(default=3, ge=1, le=20, description="Tries in all (1 = no retry).")
     backoff_s: float = Field(default=0.2, ge=0.0, le=60.0, description="First wait between tries; doubles each time.")
     max_backoff_s: float = Field(default=5.0, ge=0.0, le=600.0, description="Longest wait between tries.")
+    max_total_s: float = Field(
+        default=300.0, gt=0.0, le=86_400.0, description="All tries of one call within this: no try starts (or waits) "
+        "past it, and the last try's timeout is cut to what is left.")
 
 
 class _ScorerBase(_Strict):
@@ -59,21 +62,24 @@ class MathCheck(_Strict):
 
 
 class FormatCheck(_Strict):
-    """1.0 when the response matches a regular expression, else 0.0."""
+    """1.0 when the response matches a regular expression (the ``regex`` module, re-compatible), else 0.0."""
 
     type: Literal["format"] = "format"
     pattern: str = Field(min_length=1, description="Python regular expression.")
     mode: Literal["search", "fullmatch"] = Field(default="search", description="re.search or re.fullmatch.")
     dotall: bool = Field(default=True, description="`.` also matches newlines.")
+    match_timeout_s: float = Field(
+        default=1.0, gt=0.0, le=60.0, description="A response the pattern cannot decide within this (catastrophic "
+        "backtracking) does not have the format: 0.0.")
 
     @field_validator("pattern")
     @classmethod
     def _compiles(cls, value: str) -> str:
-        import re
+        import regex
 
         try:
-            re.compile(value)
-        except re.error as exc:
+            regex.compile(value)
+        except regex.error as exc:
             raise ValueError(f"pattern {value!r} is not a valid regular expression: {exc}") from exc
         return value
 
@@ -133,7 +139,12 @@ class PythonScorerConfig(_ScorerBase):
     )
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra keyword arguments for every call.")
     data_source: str = Field(default="", description="verl: data_source when an item's metadata has none.")
-    max_workers: int = Field(default=4, ge=1, le=256, description="Threads for sync functions; concurrency of async.")
+    max_workers: int = Field(
+        default=4, ge=1, le=256, description="Sync functions: worker processes (or threads), each one call at a "
+        "time; async functions: calls at a time.")
+    isolation: Literal["process", "thread"] = Field(
+        default="process", description="Where a sync function runs: `process` (a call past timeout_s is killed "
+        "with its worker, which is replaced) or `thread` (in the service; a stuck call holds its thread).")
     sys_path: list[str] = Field(default_factory=list, description="Directories to add to sys.path before importing.")
 
 
@@ -145,9 +156,18 @@ class HttpScorerConfig(_ScorerBase):
     protocol: Literal["fleetrl", "openrlhf"] = Field(description="Wire protocol of the remote service.")
     max_concurrency: int = Field(default=8, ge=1, le=1024, description="Requests in flight to the remote at most.")
     max_batch_items: int = Field(default=256, ge=1, description="Items per remote request (bigger calls are split).")
-    headers: dict[str, SecretStr] = Field(default_factory=dict, description="Extra headers (e.g. Authorization).")
+    headers: dict[str, SecretStr] = Field(default_factory=dict, description="Extra headers (values are secrets).")
+    api_key: SecretStr | None = Field(
+        default=None, description="Sent as Authorization: Bearer <api_key>; never logged, shown or put in an error.")
     breaker_failures: int = Field(default=5, ge=1, description="Consecutive failed calls that open the circuit.")
     breaker_reset_s: float = Field(default=10.0, gt=0.0, description="Seconds an open circuit waits before a trial call.")
+
+
+    @model_validator(mode="after")
+    def _one_authorization(self) -> HttpScorerConfig:
+        if self.api_key is not None and any(k.lower() == "authorization" for k in self.headers):
+            raise ValueError("set api_key or headers.Authorization, not both (api_key is sent as Authorization)")
+        return self
 
 
 ScorerConfig = Annotated[

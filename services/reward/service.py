@@ -13,16 +13,22 @@ import logging
 import math
 import time
 from collections.abc import Sequence
-from typing import Any
 
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
+from tenacity import AsyncRetrying, retry_if_exception, wait_exponential
 
 from services.reward.errors import InvalidItem, RewardRequestError, ScorerFailure, ScorerTimeout
 from services.reward.metrics import RewardMetrics
 from services.reward.scorers.base import Scorer
 from services.reward.scorers.registry import build_scorer
 from services.reward.settings import RewardSettings
-from shared.reward_api import GetRewardRequest, GetRewardResponse, ItemError, ScoreItem, ScoreResponse
+from shared.reward_api import (
+    GetRewardRequest,
+    GetRewardResponse,
+    ItemError,
+    ScoreItem,
+    ScoreResponse,
+    ScorerInfo,
+)
 
 log = logging.getLogger("fleetrl.reward")
 
@@ -51,9 +57,11 @@ class RewardService:
             except Exception:
                 log.exception("closing scorer %s failed", scorer.name)
 
-    def describe(self) -> list[dict[str, Any]]:
-        """What is configured (GET /scorers); secrets stay masked."""
-        return [s.config.model_dump(mode="json") for s in self.scorers]
+    def describe(self) -> list[ScorerInfo]:
+        """What is configured (GET /scorers): names and kinds, never a scorer's settings (python kwargs, remote
+        URLs and headers can hold secrets)."""
+        return [ScorerInfo(name=s.name, kind=s.kind, weight=s.config.weight, on_error=s.config.on_error)
+                for s in self.scorers]
 
     async def health(self) -> dict[str, str]:
         """Per scorer: "ok" or the error of its check. Raises nothing."""
@@ -72,9 +80,10 @@ class RewardService:
 
     # --- scoring -------------------------------------------------------------------------------------
 
-    async def _call_once(self, scorer: Scorer, items: Sequence[ScoreItem]) -> list[float]:
+    async def _call_once(self, scorer: Scorer, items: Sequence[ScoreItem], deadline: float) -> list[float]:
         labels = (scorer.name, scorer.kind)
         timeout = getattr(scorer, "call_timeout", lambda n: scorer.config.timeout_s)(len(items))
+        timeout = max(0.001, min(timeout, deadline - time.monotonic()))  # retry.max_total_s bounds every try
         start = time.perf_counter()
         try:
             values = await asyncio.wait_for(scorer.score(items), timeout)
@@ -109,15 +118,27 @@ class RewardService:
             log.warning("scorer %s: try %d failed (%s); retrying", scorer.name, state.attempt_number,
                         state.outcome.exception())
 
-        async for attempt in AsyncRetrying(
-            stop=stop_after_attempt(retry.attempts),
-            wait=wait_exponential(multiplier=retry.backoff_s, min=retry.backoff_s, max=retry.max_backoff_s),
-            retry=retry_if_exception(_retryable),
-            before_sleep=count_retry,
-            reraise=True,
-        ):
-            with attempt:
-                return await self._call_once(scorer, items)
+        deadline = time.monotonic() + retry.max_total_s
+        backoff = wait_exponential(multiplier=retry.backoff_s, min=retry.backoff_s, max=retry.max_backoff_s)
+
+        def stop(state) -> bool:  # out of tries, or the next one would start past retry.max_total_s
+            return state.attempt_number >= retry.attempts or time.monotonic() + backoff(state) >= deadline
+
+        tries = 0
+        try:
+            async for attempt in AsyncRetrying(
+                stop=stop,
+                wait=backoff,
+                retry=retry_if_exception(_retryable),
+                before_sleep=count_retry,
+                reraise=True,
+            ):
+                with attempt:
+                    tries = attempt.retry_state.attempt_number
+                    return await self._call_once(scorer, items, deadline)
+        except ScorerFailure as exc:
+            exc.tries = tries
+            raise
         raise AssertionError("unreachable: tenacity reraises the last failure")
 
     async def score(self, items: Sequence[ScoreItem]) -> ScoreResponse:
@@ -175,16 +196,19 @@ class RewardService:
     # --- helpers -------------------------------------------------------------------------------------
 
     def _strip(self, text: str) -> str:
+        """``text`` without strip_tokens at either end, however many; by index, so linear in the text (a
+        query of 100,000 ``<pad>`` re-sliced once per token was quadratic, on the event loop)."""
         tokens = [t for t in self.settings.strip_tokens if t]
+        start, end = 0, len(text)
         changed = True
         while changed and tokens:
             changed = False
             for t in tokens:
-                if text.startswith(t):
-                    text, changed = text[len(t):], True
-                if text.endswith(t):
-                    text, changed = text[: -len(t)], True
-        return text
+                if end - start >= len(t) and text.startswith(t, start, end):
+                    start, changed = start + len(t), True
+                if end - start >= len(t) and text.endswith(t, start, end):
+                    end, changed = end - len(t), True
+        return text[start:end]
 
     def _openrlhf_item(self, request: GetRewardRequest, i: int) -> ScoreItem:
         query = self._strip(request.query[i])
@@ -201,7 +225,7 @@ class RewardService:
 
     @staticmethod
     def _describe_failure(scorer: Scorer, exc: BaseException) -> str:
-        tries = scorer.config.retry.attempts if _retryable(exc) else 1
+        tries = getattr(exc, "tries", 1)
         cause = exc.message if isinstance(exc, ScorerFailure) else f"{type(exc).__name__}: {exc}"
         return f"scorer {scorer.name!r} ({scorer.kind}) failed after {tries} tr{'y' if tries == 1 else 'ies'}: {cause}"
 

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import warnings
-from typing import Any
+from typing import ClassVar
 
 from pydantic import Field, SecretStr, field_validator
 
@@ -19,9 +18,10 @@ class RewardSettings(ServiceSettings):
     model_config = service_config("REWARD")
 
     port: int = Field(default=8002, ge=0, le=65535, description="HTTP port (0 picks a free one).")
-    control_token: SecretStr | None = Field(
-        default=None, description="Deprecated and ignored: the reward service has no control routes. Setting it "
-                                  "(control_token, FLEETRL_REWARD_CONTROL_TOKEN) warns; a later release refuses it.")
+    control_token: ClassVar[None] = None  # not a setting here: the reward service has no control routes (auth_token)
+    auth_token: SecretStr | None = Field(
+        default=None, description="Bearer token that /score, /get_reward and /scorers require (Authorization: Bearer "
+        "<token>); /health and /metrics stay open. Unset: no check (keep host on loopback). fleetrl run sets one.")
     scorers: list[ScorerConfig] = Field(
         min_length=1, description="Scorers; the reward is the weighted sum of their values (see examples/reward/)."
     )
@@ -33,13 +33,13 @@ class RewardSettings(ServiceSettings):
         description="/get_reward: special-token text stripped from both ends of each query (as OpenRLHF does).",
     )
 
-    @field_validator("control_token", mode="before")
+    @field_validator("auth_token")
     @classmethod
-    def _control_token_is_deprecated(cls, value: Any) -> None:
-        if value is not None:
-            warnings.warn("reward settings: control_token is deprecated and ignored (the reward service has no "
-                          "control routes); remove it, or FLEETRL_REWARD_CONTROL_TOKEN, from the reward's settings",
-                          FutureWarning)
+    def _token_is_usable(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and not value.get_secret_value().strip():
+            raise ValueError("auth_token is empty: set a secret (e.g. openssl rand -hex 16), or leave it unset for "
+                             "no check")
+        return value
 
     @field_validator("scorers")
     @classmethod

@@ -46,7 +46,8 @@ def score_through_the_reward_service(tasks: list[PromptTask], responses: list[st
     """What a rollout worker does with a task taken from the queue: one ScoreItem per sample with the task's
     label and metadata, POST /score to a reward service with a verl python scorer."""
     settings = RewardSettings(scorers=[{"name": "verl", "kind": "python", "signature": "verl",
-                                        "function": "tests.learner.verl_reward:compute_score"}])
+                                        "function": "tests.learner.verl_reward:compute_score",
+                                        "isolation": "thread"}])  # in this process: the test reads its CALLS
     items = []
     for task, response in zip(tasks, responses):
         task = decode(encode(task), PromptTask)  # as it crosses Redis

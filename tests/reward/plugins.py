@@ -44,3 +44,10 @@ async def verl_slow_async(data_source, solution_str, ground_truth, extra_info=No
     """verl signature, async: waits extra_info['sleep_s'] seconds (a slow verifier or judge), then 1.0."""
     await asyncio.sleep(float((extra_info or {}).get("sleep_s", 0.0)))
     return 1.0
+
+
+def verl_dies(data_source, solution_str, ground_truth, extra_info=None):
+    """Ends its own process (a crashing native extension, say)."""
+    import os
+
+    os._exit(3)

@@ -84,13 +84,19 @@ def test_circuit_breaker_opens_half_opens_and_closes():
     assert not breaker.is_open
 
 
-def test_a_control_token_is_deprecated_and_ignored(tmp_path, monkeypatch):
-    """The reward service has no control routes: a config that still sets a token warns and keeps working."""
+def test_a_control_token_is_refused_and_auth_token_is_the_reward_token(tmp_path, monkeypatch):
+    """The reward service has no control routes: control_token is an unknown setting there (no shim); its
+    bearer token is auth_token, a secret that is never printed."""
     monkeypatch.delenv("FLEETRL_REWARD_CONTROL_TOKEN", raising=False)
     scorers = [{"name": "a", "kind": "rule", "check": {"type": "math"}}]
-    with pytest.warns(FutureWarning, match="control_token is deprecated and ignored"):
-        s = _load(tmp_path, {"scorers": scorers, "control_token": "s3cret"})
-    assert s.control_token is None
+    with pytest.raises(SettingsError, match="control_token: unknown setting"):
+        _load(tmp_path, {"scorers": scorers, "control_token": "s3cret"})
     monkeypatch.setenv("FLEETRL_REWARD_CONTROL_TOKEN", "s3cret")
-    with pytest.warns(FutureWarning, match="FLEETRL_REWARD_CONTROL_TOKEN"):
-        assert _load(tmp_path, {"scorers": scorers}).control_token is None
+    with pytest.raises(SettingsError, match="FLEETRL_REWARD_CONTROL_TOKEN: unknown setting"):
+        _load(tmp_path, {"scorers": scorers})
+    monkeypatch.delenv("FLEETRL_REWARD_CONTROL_TOKEN")
+    s = _load(tmp_path, {"scorers": scorers, "auth_token": "s3cret-token"})
+    assert s.auth_token.get_secret_value() == "s3cret-token" and "s3cret" not in repr(s)
+    assert _load(tmp_path, {"scorers": scorers}).auth_token is None
+    with pytest.raises(SettingsError, match="auth_token is empty"):
+        _load(tmp_path, {"scorers": scorers, "auth_token": " "})

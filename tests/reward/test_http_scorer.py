@@ -1,13 +1,24 @@
 """Remote scorers over real HTTP: FleetRL calling a stand-in OpenRLHF serve_rm (its own process) and
 another FleetRL /score; a remote that times out then recovers; one that is down -> a clear 503 naming
-the scorer, never 0.0; the circuit breaker."""
+the scorer, never 0.0; the circuit breaker; the api_key is sent and never shown; retries are bounded in time."""
 
 from __future__ import annotations
+
+import logging
+import re
+import time
 
 import httpx
 import pytest
 
 from deploy.local.ports import free_port
+from services.reward.errors import RewardRequestError
+from services.reward.metrics import RewardMetrics
+from services.reward.scorer_config import HttpScorerConfig
+from services.reward.scorers.http_remote import HttpScorer
+from services.reward.service import RewardService
+from services.reward.settings import RewardSettings
+from shared.reward_api import ScoreItem
 from tests.reward.conftest import metric_value
 
 
@@ -106,3 +117,43 @@ def test_a_down_remote_fails_clearly_never_zero_and_opens_the_circuit(down):
     assert health.json()["scorers"]["math"] == "ok"
     text = httpx.get(f"{down.url}/metrics").text
     assert metric_value(text, "fleetrl_reward_circuit_open", scorer="down_rm") == 1.0
+
+
+async def test_the_api_key_is_sent_and_never_shown(caplog):
+    key = "sk-very-secret-key"
+    url = f"http://user:pw@127.0.0.1:{free_port()}/get_reward?token=q-secret"  # nothing listens there
+    config = HttpScorerConfig(name="paid", protocol="openrlhf", url=url, api_key=key, timeout_s=2)
+    assert key not in repr(config) and key not in config.model_dump_json()
+    scorer = HttpScorer(config, RewardMetrics())
+    await scorer.start()
+    try:
+        assert scorer._client.headers["authorization"] == f"Bearer {key}"
+        settings = RewardSettings(scorers=[config.model_dump(mode="python")], health_timeout_s=5)
+        svc = RewardService(settings)
+        await svc.start()
+        with caplog.at_level(logging.DEBUG), pytest.raises(RewardRequestError) as failed:
+            await svc.score([ScoreItem(prompt="p", response="r")])
+        await svc.stop()
+    finally:
+        await scorer.close()
+    shown = f"{failed.value.detail} {failed.value.errors} {caplog.text} {svc.describe()}"
+    assert "cannot connect to http://127.0.0.1:" in shown
+    for secret in (key, "pw", "q-secret"):
+        assert secret not in shown
+    with pytest.raises(ValueError, match="api_key or headers.Authorization, not both"):
+        HttpScorerConfig(name="x", protocol="openrlhf", url=url, api_key=key, headers={"authorization": "Bearer y"})
+
+
+async def test_retries_stop_at_max_total_s():
+    """20 tries of a 0.5 s timeout would take 10 s; retry.max_total_s bounds them all (the request's answer)."""
+    svc = RewardService(RewardSettings(scorers=[{
+        "name": "slow", "kind": "python", "function": "tests.reward.plugins:verl_slow_async", "signature": "verl",
+        "timeout_s": 0.5, "retry": {"attempts": 20, "backoff_s": 0.05, "max_backoff_s": 0.05, "max_total_s": 1.5}}]))
+    await svc.start()
+    start = time.monotonic()
+    with pytest.raises(RewardRequestError) as failed:
+        await svc.score([ScoreItem(prompt="p", response="r", metadata={"extra_info": {"sleep_s": 30}})])
+    elapsed = time.monotonic() - start
+    await svc.stop()
+    assert failed.value.status == 504 and 1.4 < elapsed < 3.0, (failed.value.detail, elapsed)
+    assert re.search(r"failed after [234] tries", failed.value.detail)  # 3: 0.5 + 0.05 + 0.5 + 0.05 + 0.4 (cut)

@@ -1,14 +1,21 @@
 """User functions by import path: OpenRLHF and verl signatures, sync and async, over a real process;
-blocking user code does not stall the service; a raising function is retried, then marked (never 0.0)."""
+blocking user code does not stall the service; a raising function is retried, then marked (never 0.0); a
+call past its timeout frees its capacity (its worker process is killed and replaced)."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 
 import httpx
 import pytest
 
+from services.reward.errors import ScorerFailure, ScorerUnavailable
+from services.reward.metrics import RewardMetrics
+from services.reward.scorer_config import PythonScorerConfig
+from services.reward.scorers.python_fn import PythonScorer
+from shared.reward_api import ScoreItem
 from tests.reward.conftest import metric_value
 
 SIGNATURES = {
@@ -97,3 +104,53 @@ def test_a_raising_function_is_retried_then_marked_never_zero(failing):
     # OpenRLHF's protocol has no marker: the request fails instead of carrying a made-up reward
     g = httpx.post(f"{failing.url}/get_reward", json={"query": ["pr"]}, timeout=60)
     assert g.status_code == 502 and "broken" in g.json()["detail"] and "rewards" not in g.json()
+
+
+def _sleeper(sleep_s: float) -> ScoreItem:
+    return ScoreItem(prompt="p", response="r", metadata={"extra_info": {"sleep_s": sleep_s}})
+
+
+async def test_a_call_past_its_timeout_frees_its_worker():
+    """One worker; a call that would block for 10 minutes is cancelled at its timeout: its process is killed
+    and replaced, so the next call is answered (a thread would have stayed blocked, and so would the scorer)."""
+    metrics = RewardMetrics()
+    scorer = PythonScorer(PythonScorerConfig(name="stuck", function="tests.reward.plugins:verl_blocking",
+                                             signature="verl", max_workers=1), metrics)
+    await scorer.start()
+    try:
+        for _ in range(2):  # twice: the replacement can be killed and replaced as well
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(scorer.score([_sleeper(600.0)]), 1.0)
+            start = time.monotonic()
+            assert await asyncio.wait_for(scorer.score([_sleeper(0.0)] * 3), 60.0) == [0.5] * 3
+            assert time.monotonic() - start < 30.0
+        assert metrics.python_workers_replaced.labels("stuck")._value.get() == 2
+        await scorer.check()
+    finally:
+        await scorer.close()
+
+
+async def test_a_worker_that_dies_fails_its_call_and_is_replaced():
+    scorer = PythonScorer(PythonScorerConfig(name="dies", function="tests.reward.plugins:verl_dies", signature="verl",
+                                             max_workers=1), RewardMetrics())
+    await scorer.start()
+    try:
+        for _ in range(2):
+            with pytest.raises(ScorerFailure, match="died during the call .exit code 3"):
+                await asyncio.wait_for(scorer.score([_sleeper(0.0)]), 60.0)
+    finally:
+        await scorer.close()
+
+
+async def test_thread_isolation_reports_threads_held_past_the_timeout():
+    """isolation: thread cannot stop a stuck call; once every thread is held past timeout_s, /health says so."""
+    scorer = PythonScorer(PythonScorerConfig(name="t", function="tests.reward.plugins:verl_blocking", signature="verl",
+                                             max_workers=1, timeout_s=0.2, isolation="thread"), RewardMetrics())
+    await scorer.start()
+    call = asyncio.ensure_future(scorer.score([_sleeper(1.5)]))
+    await asyncio.sleep(0.6)
+    with pytest.raises(ScorerUnavailable, match="1 threads are held by calls past timeout_s"):
+        await scorer.check()
+    assert await call == [0.5]
+    await scorer.check()
+    await scorer.close()

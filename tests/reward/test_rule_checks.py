@@ -1,6 +1,10 @@
-"""Unit tests of the rule checks: answer extraction, numeric equivalence, format, length, and the scorer."""
+"""Unit tests of the rule checks: answer extraction, numeric equivalence, format, length, and the scorer;
+what a response can make a check cost is bounded, and checks run off the event loop."""
 
 from __future__ import annotations
+
+import asyncio
+import time
 
 import pytest
 
@@ -8,7 +12,7 @@ from services.reward.errors import InvalidItem
 from services.reward.metrics import RewardMetrics
 from services.reward.scorer_config import ExactCheck, FormatCheck, LengthCheck, MathCheck, RuleScorerConfig
 from services.reward.scorers.answers import answers_equal, extract_answer, label_answer
-from services.reward.scorers.rule import CHECKS, RuleScorer
+from services.reward.scorers.rule import CHECKS, RuleScorer, format_match, math_match
 from shared.reward_api import ScoreItem
 
 
@@ -112,6 +116,70 @@ def test_bad_regex_is_a_config_error():
 
 async def test_rule_scorer_needs_label_for_math():
     scorer = RuleScorer(RuleScorerConfig(name="m", check=MathCheck()), RewardMetrics())
+    await scorer.start()
     assert await scorer.score([_item("#### 3", "3"), _item("#### 4", "3")]) == [1.0, 0.0]
     with pytest.raises(InvalidItem, match="item 1: .*needs a `label`"):
         await scorer.score([_item("#### 3", "3"), _item("#### 3")])
+    await scorer.close()
+
+
+# --- what a response can make a check cost (the policy writes the response) ---------------------------
+
+
+@pytest.mark.parametrize(
+    "answer",
+    ["1e9999999", "-2.5E+9999999", "1e-9999999", r"\frac{1e9999999}{7}", "3/1e9999999", "1" * 5000,
+     "1" + "0" * 600, "1,000" * 200],
+)
+def test_numbers_beyond_the_bounds_are_not_numbers_and_cost_nothing(answer):
+    """Fraction("1e9999999") computes 10**9999999 (seconds; 1e999999999 never ends): beyond the bounds an
+    answer is not a number, so it is simply not equal to the label."""
+    start = time.perf_counter()
+    for label in ("1", "7"):
+        assert math_match(MathCheck(), _item(rf"\boxed{{{answer}}}", label)) == 0.0
+        assert math_match(MathCheck(rel_tol=1e-3), _item(rf"\boxed{{{answer}}}", label)) == 0.0
+    assert time.perf_counter() - start < 0.5
+
+
+def test_numbers_within_the_bounds_still_compare_exactly():
+    assert answers_equal("1e1000", "10e999") and answers_equal("1e-1000", "0.1e-999")
+    assert not answers_equal("1e1000", "1e999")
+    # rel_tol compares exactly: float() of 1e400 overflows (it was an OverflowError, a failed scorer call)
+    assert answers_equal("1e400", "1.0000001e400", rel_tol=1e-6)
+    assert not answers_equal("1e400", "1.1e400", rel_tol=1e-6)
+    assert answers_equal("1e9999999", "1e9999999")  # beyond the bounds both are text, and equal as text
+
+
+def test_a_backtracking_format_pattern_is_bounded_per_response():
+    """The example format pattern (rules_only.yaml) on many unclosed boxes backtracks quadratically."""
+    check = FormatCheck(pattern=r"\\boxed\{.+\}", match_timeout_s=0.2)
+    start = time.perf_counter()
+    assert format_match(check, _item("\\boxed{" * 100_000)) == 0.0
+    assert time.perf_counter() - start < 2.0
+    assert format_match(check, _item("so \\boxed{4}")) == 1.0
+
+
+async def test_rule_checks_run_off_the_event_loop():
+    """A batch whose checks take a while leaves the event loop free (it answers /health meanwhile)."""
+    scorer = RuleScorer(RuleScorerConfig(name="m", check=MathCheck()), RewardMetrics())
+    await scorer.start()
+    gaps: list[float] = []
+
+    async def ticker() -> None:
+        last = time.monotonic()
+        while True:
+            await asyncio.sleep(0.01)
+            now = time.monotonic()
+            gaps.append(now - last)
+            last = now
+
+    tick = asyncio.create_task(ticker())
+    await asyncio.sleep(0.05)
+    start = time.monotonic()
+    values = await scorer.score([_item("1 " * 200_000, "1")] * 10)
+    took = time.monotonic() - start
+    await asyncio.sleep(0.05)  # the ticker records the gap that spans the batch, if there was one
+    tick.cancel()
+    await scorer.close()
+    assert values == [1.0] * 10
+    assert max(gaps) < max(0.5, took / 3), f"the loop stalled {max(gaps):.2f}s of a {took:.2f}s batch"

@@ -6,16 +6,26 @@
 ``answers_equal``: numbers compare as exact fractions after light normalisation (thousands commas,
 ``$``, ``%``, ``\\frac{a}{b}``, ``\\text{}``, a trailing period), so "0.5" == "1/2" == "0.50"; anything
 that is not a number compares as normalised text (whitespace and ``\\left``/``\\right`` removed).
+
+Responses are written by the policy being trained, so every parse is bounded: a number longer than
+``MAX_NUMBER_CHARS`` or with an exponent beyond ``MAX_EXPONENT`` is not a number (it compares as text), and
+every regular expression here runs in time linear in the text. ``Fraction("1e999999999")`` would compute
+10**999999999.
 """
 
 from __future__ import annotations
 
-import math
 import re
 from fractions import Fraction
 
+MAX_NUMBER_CHARS = 512
+"""A numeric answer longer than this (commas, spaces, signs, ``/`` included) is not parsed as a number."""
+MAX_EXPONENT = 1000
+"""A numeric answer whose exponent is beyond +-this is not parsed as a number (10**1000 is still cheap)."""
+
 _NUMBER = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)?(?:\.\d+)?(?:[eE][-+]?\d+)?(?:\s*/\s*\d+(?:\.\d+)?)?")
 _LAST_NUMBER = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?(?:\s*/\s*\d+)?|[-+]?\.\d+")
+_DECIMAL = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE](?P<exp>[-+]?\d+))?")
 _FRAC = re.compile(r"\\[dt]?frac\s*\{([^{}]*)\}\s*\{([^{}]*)\}")
 _FRAC_SHORT = re.compile(r"\\[dt]?frac\s*(\d)\s*(\d)")
 _TEXT_WRAPPERS = re.compile(r"\\(?:text|textbf|mathrm|mathbf|mbox)\s*\{([^{}]*)\}")
@@ -82,8 +92,21 @@ def _normalise(text: str) -> str:
     return s
 
 
+def _decimal(text: str) -> Fraction | None:
+    """``text`` (no commas) as an exact number, or None; the exponent is checked before ``Fraction`` sees it."""
+    m = _DECIMAL.fullmatch(text.strip())
+    if m is None:
+        return None
+    exp = m.group("exp")
+    if exp is not None and abs(int(exp)) > MAX_EXPONENT:
+        return None
+    return Fraction(m.group(0))
+
+
 def to_number(text: str) -> Fraction | None:
-    """Parse a normalised answer as an exact number, or None."""
+    """Parse a normalised answer as an exact number, or None (also when it is beyond the bounds above)."""
+    if len(text) > 8 * MAX_NUMBER_CHARS:  # wrappers (\\text{}, $, spaces) included: no number is this long
+        return None
     s = _normalise(text)
     s = _FRAC.sub(r"(\1)/(\2)", s)
     s = _FRAC_SHORT.sub(r"\1/\2", s)
@@ -91,16 +114,16 @@ def to_number(text: str) -> Fraction | None:
     if s.startswith(("-(", "+(")):
         negative, s = s[0] == "-", s[1:]
     s = re.sub(r"^\(([^()]*)\)/\(([^()]*)\)$", r"\1/\2", s)
-    if not s or not _NUMBER.fullmatch(s) or not any(c.isdigit() for c in s):
+    if not s or len(s) > MAX_NUMBER_CHARS or not _NUMBER.fullmatch(s) or not any(c.isdigit() for c in s):
         return None
-    s = s.replace(",", "")
-    try:
-        if "/" in s:
-            num, den = s.split("/", 1)
-            value = Fraction(num) / Fraction(den)
-        else:
-            value = Fraction(s)
-    except (ValueError, ZeroDivisionError):
+    num, _, den = s.replace(",", "").partition("/")
+    value = _decimal(num)
+    if den:
+        divisor = _decimal(den)
+        if value is None or divisor is None or divisor == 0:
+            return None
+        value /= divisor
+    if value is None:
         return None
     return -value if negative else value
 
@@ -113,7 +136,8 @@ def answers_equal(given: str | None, expected: str | None, rel_tol: float = 0.0)
     if a is not None and b is not None:
         if rel_tol == 0.0:
             return a == b
-        return math.isclose(float(a), float(b), rel_tol=rel_tol)
+        # exact, as math.isclose: float() of a bounded number can still overflow (1e999)
+        return abs(a - b) <= Fraction(rel_tol) * max(abs(a), abs(b))
     if (a is None) != (b is None):
         return False
     return _normalise(given) == _normalise(expected)

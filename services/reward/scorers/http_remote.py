@@ -1,7 +1,10 @@
 """A remote reward service as a scorer: FleetRL ``/score`` or OpenRLHF ``/get_reward``.
 
 One pooled ``httpx.AsyncClient`` per scorer, a concurrency limit, a timeout per remote call and a
-circuit breaker. Retries with backoff happen around the whole scorer call (``services.reward.service``).
+circuit breaker. Retries with backoff happen around the whole scorer call (``services.reward.service``),
+bounded in count and in total time (``retry.attempts``, ``retry.max_total_s``). The ``api_key`` and header
+values are secrets: they are sent, never logged; errors name the remote by scheme, host and path only (no
+user:password, no query string).
 """
 
 from __future__ import annotations
@@ -68,6 +71,12 @@ class OpenRLHFProtocol:
 PROTOCOLS = {"fleetrl": FleetRLProtocol, "openrlhf": OpenRLHFProtocol}
 
 
+def shown_url(url: str) -> str:
+    """``url`` as errors and logs show it: scheme, host, port and path (credentials and query left out)."""
+    u = httpx.URL(url)
+    return str(u.copy_with(username=None, password=None, query=None, fragment=None))
+
+
 class HttpScorer(Scorer):
     """Scores by calling another reward service over HTTP."""
 
@@ -85,6 +94,8 @@ class HttpScorer(Scorer):
 
     async def start(self) -> None:
         headers = {k: v.get_secret_value() for k, v in self.config.headers.items()}
+        if self.config.api_key is not None:
+            headers["Authorization"] = f"Bearer {self.config.api_key.get_secret_value()}"
         self._client = httpx.AsyncClient(
             timeout=httpx.Timeout(self.config.timeout_s, connect=min(10.0, self.config.timeout_s)),
             limits=httpx.Limits(max_connections=self.config.max_concurrency,
@@ -123,9 +134,9 @@ class HttpScorer(Scorer):
             return values
 
     async def _request(self, items: Sequence[ScoreItem]) -> list[float]:
-        url = self.config.url
+        url = shown_url(self.config.url)
         try:
-            response = await self._client.post(url, json=self._protocol.payload(items))
+            response = await self._client.post(self.config.url, json=self._protocol.payload(items))
         except httpx.TimeoutException as exc:
             raise ScorerTimeout(f"{url} did not answer within {self.config.timeout_s}s ({type(exc).__name__})") from exc
         except httpx.ConnectError as exc:
