@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class AgentSettings(BaseModel):
@@ -13,8 +13,12 @@ class AgentSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     environment: str = Field(
-        default="echo", description="Environment by name (see services/rollout/agents/environments.py) or "
-        "'package.module:factory'; a task's metadata.environment overrides it.")
+        default="echo", description="The environment of tasks that name none: a registered name (see "
+        "services/rollout/agents/environments.py), a name in `environments`, or 'package.module:factory'.")
+    environments: dict[str, str] = Field(
+        default_factory=dict, description="More environments a prompt task may pick by name (its "
+        "metadata.environment): {name: 'package.module:factory' or a registered name}. A task picks only among "
+        "these, the registered names and `environment`; an import path in a task is refused, never imported.")
     environment_args: dict[str, Any] = Field(
         default_factory=dict, description="Keyword arguments of the environment's factory (a task's "
         "metadata.environment_args are merged over them).")
@@ -42,13 +46,16 @@ class AgentSettings(BaseModel):
             raise ValueError(f"unknown tool_call_format {v!r}; known: {', '.join(sorted(TOOL_CALL_FORMATS))}")
         return v
 
-    @field_validator("environment")
-    @classmethod
-    def _loadable(cls, v: str) -> str:
+    @model_validator(mode="after")
+    def _loadable(self) -> AgentSettings:
         from services.rollout.agents.environments import load_environment
 
-        load_environment(v)  # a LoadError (a ValueError) names the path and what is wrong
-        return v
+        for name, path in self.environments.items():
+            if not name or ":" in name:
+                raise ValueError(f"environments: the name {name!r} must be a plain name (no ':'), e.g. my_env")
+            load_environment(path)  # a LoadError (a ValueError) names the path and what is wrong
+        load_environment(self.environments.get(self.environment, self.environment))
+        return self
 
 
 class ProgramSettings(BaseModel):
