@@ -35,13 +35,14 @@ async def _run(plan, request: Request, service):
 async def completion_in(body: CompletionRequest, request: Request, service, session):
     if session is not None:
         return await recording.completion(service, request, body, session)
-    return await _run(protocol_openai.plan_completion(service, body), request, service)
+    return await _run(await protocol_openai.plan_completion(service, body), request, service)
 
 
 async def chat_in(body: ChatCompletionRequest, request: Request, service, session):
+    service.check_template_kwargs(body.chat_template_kwargs)  # before anything renders, a session's path included
     if session is not None:
         return await recording.chat(service, request, body, session)
-    return await _run(protocol_openai.plan_chat(service, body), request, service)
+    return await _run(await protocol_openai.plan_chat(service, body), request, service)
 
 
 @router.post("/completions", response_model=CompletionResponse, responses=ERRORS)

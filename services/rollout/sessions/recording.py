@@ -96,14 +96,16 @@ async def _run(service: RolloutService, request: Request, seqs: list[SequenceReq
 async def chat(service: RolloutService, request: Request, body: ChatCompletionRequest, session: Session) -> Response:
     sessions = manager(service)
     _one(body.n)
+    own_template = service.check_template_kwargs(body.chat_template_kwargs)  # a request's own: always rendered (bounded)
     release = sessions.hold(session)
     try:
         messages = protocol_openai.chat_messages(body)
         tools = protocol_openai.chat_tools(body)
         ids = None
-        if body.add_generation_prompt and not body.continue_final_message:
-            ids = continuation(session, messages, sessions.chat_tokens, tools, body.chat_template_kwargs)
-        plan = protocol_openai.plan_chat(service, body, prompt_ids=ids)
+        if body.add_generation_prompt and not body.continue_final_message and not own_template:
+            ids = await service.off_loop(continuation, session, messages, sessions.chat_tokens, tools,
+                                         body.chat_template_kwargs)
+        plan = await protocol_openai.plan_chat(service, body, prompt_ids=ids)
         seq = plan.seqs[0]
         sessions.check_sampling(session, list(seq.prompt_ids), seq.params)
     except BaseException:
@@ -131,7 +133,7 @@ async def completion(service: RolloutService, request: Request, body: Completion
         raise RequestError("a session call takes one prompt, not a batch")
     release = sessions.hold(session)
     try:
-        plan = protocol_openai.plan_completion(service, body)
+        plan = await protocol_openai.plan_completion(service, body)
         seq = plan.seqs[0]
         sessions.check_sampling(session, list(seq.prompt_ids), seq.params)
     except BaseException:
