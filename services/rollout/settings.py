@@ -78,6 +78,10 @@ class WorkerSettings(BaseModel):
     claim_idle_ms: int = Field(default=30_000, ge=100, description="A prompt pending this long on a dead worker is reclaimed.")
     reward_timeout_s: float = Field(default=60.0, gt=0, description="Timeout of one /score call.")
     reward_backoff_max_s: float = Field(default=10.0, gt=0, description="Longest wait between /score retries.")
+    reward_max_attempts: int = Field(default=20, ge=1, description="/score tries per group (5xx, 429, no answer) "
+                                     "before the prompt is failed with the reason (then dead-lettered).")
+    reward_max_retry_s: float = Field(default=300.0, gt=0, description="Time a group spends retrying /score at most, "
+                                      "then the prompt is failed with the reason.")
     group_retries: int = Field(default=3, ge=0, description="Regenerations of a group whose samples were aborted.")
     poll_interval_s: float = Field(default=0.5, gt=0, description="Re-check period while the worker holds back.")
     sampling: WorkerSampling = Field(default_factory=WorkerSampling)

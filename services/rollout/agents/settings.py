@@ -66,10 +66,23 @@ class ProgramSettings(BaseModel):
 
     command: list[str] = Field(
         default_factory=list, description="The program's argv, e.g. ['python', 'my_agent.py']; '{python}' stands "
-        "for this service's interpreter. It gets OPENAI_BASE_URL / OPENAI_API_KEY (a session of this replica: the "
-        "openai client reads them), FLEETRL_MODEL and FLEETRL_TASK (the task as JSON, also on stdin).")
+        "for this service's interpreter. It gets OPENAI_BASE_URL / OPENAI_API_KEY (a session of this replica and "
+        "that session's own key: the openai client reads them), FLEETRL_MODEL and FLEETRL_TASK (the task as JSON, "
+        "also on stdin).")
     cwd: str | None = Field(default=None, description="Its working directory (default: the service's).")
     env: dict[str, str] = Field(default_factory=dict, description="More environment variables for it.")
+    inherit_env: list[str] = Field(
+        default_factory=lambda: ["PATH", "HOME", "USER", "LANG", "LC_ALL", "TZ", "TMPDIR"],
+        description="The only variables of the service's own environment the program gets (it never sees the "
+        "control token, REDIS_URL or HF_TOKEN unless named here); `env` and the OpenAI variables come on top.")
+    show_label: bool = Field(default=False, description="Put the task's label (the ground truth) in FLEETRL_TASK; off: "
+                             "the program cannot read the answer it is judged against.")
+    reward_from_output: bool = Field(
+        default=False, description="Take the reward from the program's last stdout line ({\"reward\": ...}); off: "
+        "the reward service always scores (a program, or the model text it echoes, cannot set its own reward).")
+    max_file_bytes: int = Field(
+        default=64 * 1024 * 1024, ge=1024 * 1024, description="Largest file the program may write, its stdout and "
+        "stderr included (RLIMIT_FSIZE); past it the program is stopped and the run failed.")
     timeout_s: float = Field(default=300.0, gt=0, description="One run's time limit; past it the program (its "
                              "process group) is killed and the run failed.")
     retries: int = Field(default=2, ge=0, description="Runs of a sample that failed (exit code, timeout, no "

@@ -25,6 +25,7 @@ from services.rollout.engines.types import SequenceOutput, SequenceRequest
 from services.rollout.errors import RequestError
 from services.rollout.routes.streaming import sse_response, until_disconnect
 from services.rollout.service import RolloutService
+from services.rollout.sessions.auth import authorize_call
 from services.rollout.sessions.chat import continuation, template_key
 from services.rollout.sessions.manager import SessionManager
 from services.rollout.sessions.store import ChatTurn, Session
@@ -38,14 +39,18 @@ def manager(service: RolloutService) -> SessionManager:
     return service.sessions
 
 
-async def session_named(service: RolloutService, path_id: str | None = None,
+async def session_named(service: RolloutService, request: Request, path_id: str | None = None,
                         header_id: str | None = None) -> Session | None:
     """The session a call names: by path (must exist), else by ``X-Session-ID`` header (see
-    ``sessions.unknown_header_id``; ignored, as vLLM does, when session mode is off). A session another replica
-    holds raises :class:`~.registry.SessionElsewhere`: a 307 to the same path there."""
+    ``sessions.unknown_header_id``; ignored, as vLLM does, when session mode is off). A call naming a session
+    needs the control token or the session's key (:mod:`.auth`), checked first. A session another replica holds
+    raises :class:`~.registry.SessionElsewhere`: a 307 to the same path there."""
     if path_id is not None:
+        manager(service)
+        authorize_call(request, path_id)
         return await manager(service).locate(path_id)
     if header_id and service.sessions is not None:
+        authorize_call(request, header_id)
         return await service.sessions.by_header(header_id)
     return None
 

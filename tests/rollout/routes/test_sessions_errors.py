@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from tests.procs import stop
-from tests.rollout.conftest import Server, start_rollout
+from tests.rollout.conftest import CONTROL_TOKEN, Server, start_rollout
 from tests.rollout.routes.conftest import AUTH, session_config
 
 TTL_S = 3.0
@@ -29,7 +29,7 @@ def limited(tiny_model_dir, redis_server, tmp_path_factory) -> Server:
 
 @pytest.fixture()
 def http(limited):
-    with httpx.Client(base_url=limited.url, timeout=60) as c:
+    with httpx.Client(base_url=limited.url, timeout=60, headers=AUTH) as c:
         yield c
 
 
@@ -53,9 +53,9 @@ def call(http, sid: str, **extra) -> httpx.Response:
 def test_unknown_session_is_404_by_path_and_header(http, limited):
     assert "no session 'nope'" in error(call(http, "nope"), 404)
     r = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}], "max_tokens": 2},
-                  headers={"X-Session-ID": "nope"})
+                  headers={"X-Session-ID": "nope", **AUTH})
     error(r, 404)
-    client = openai.OpenAI(base_url=f"{limited.url}/sessions/nope/v1", api_key="x", timeout=30, max_retries=0)
+    client = openai.OpenAI(base_url=f"{limited.url}/sessions/nope/v1", api_key=CONTROL_TOKEN, timeout=30, max_retries=0)
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=2)
     error(http.get("/sessions/nope", headers=AUTH), 404)
@@ -93,9 +93,33 @@ def test_max_sessions_answers_429_until_one_is_deleted(http):
         http.delete(f"/sessions/{sid}", headers=AUTH)
 
 
-def test_control_routes_need_the_token(http):
-    error(http.post("/sessions", json={}), 401)
-    error(http.post("/sessions", json={}, headers={"Authorization": "Bearer wrong"}), 401)
+def test_control_routes_need_the_token(limited):
+    url = limited.url
+    error(httpx.post(f"{url}/sessions", json={}), 401)
+    error(httpx.post(f"{url}/sessions", json={"group_id": "g"}, headers={"Authorization": "Bearer wrong"}), 401)
+
+
+def test_session_calls_need_the_sessions_key_or_the_control_token(http, limited):
+    """Before, anyone who could reach the replica could add calls to any session (and the header route opened
+    sessions for them with unknown_header_id: open)."""
+    r = http.post("/sessions", json={})
+    sid, key = r.json()["session_id"], r.json()["api_key"]
+    other = http.post("/sessions", json={}).json()
+    body = {"prompt": [70, 71], "max_tokens": 2}
+    path = f"{limited.url}/sessions/{sid}/v1/completions"
+    assert "api_key" in error(httpx.post(path, json=body, timeout=30), 401)
+    error(httpx.post(path, json=body, headers={"Authorization": f"Bearer {other['api_key']}"}, timeout=30), 401)
+    error(httpx.post(f"{limited.url}/v1/completions", json=body, headers={"X-Session-ID": sid}, timeout=30), 401)
+    error(httpx.get(f"{limited.url}/sessions/{sid}/v1/models", timeout=30), 401)
+    assert http.get(f"/sessions/{sid}").json()["calls"] == 0  # nothing was recorded
+    own = openai.OpenAI(base_url=f"{limited.url}/sessions/{sid}/v1", api_key=key, timeout=30, max_retries=0)
+    own.completions.create(model="tiny", prompt=[70, 71], max_tokens=2)
+    by_header = httpx.post(f"{limited.url}/v1/completions", json=body, timeout=30,
+                           headers={"X-Session-ID": sid, "Authorization": f"Bearer {key}"})
+    assert by_header.status_code == 200, by_header.text
+    assert http.get(f"/sessions/{sid}").json()["calls"] == 2
+    for s in (sid, other["session_id"]):
+        http.delete(f"/sessions/{s}")
 
 
 @pytest.mark.parametrize("body, says", [
