@@ -147,9 +147,10 @@ def completion_logprobs(service: RolloutService, p: OpenAIPlan, ids, lps, tops, 
     for t in tokens:
         offsets.append(pos)
         pos += len(t)
-    top = None
     if p.top_n and tops is not None:
         top = [{_tok(service, p, tid): lp for tid, lp in row} for row in tops]
+    else:  # logprobs: 0 asks for no alternatives: the sampled token alone (vLLM's answer), never a missing field
+        top = [{t: lp} for t, lp in zip(tokens, lps)]
     return CompletionLogprobs(tokens=tokens, token_logprobs=list(lps), top_logprobs=top, text_offset=offsets)
 
 
