@@ -317,6 +317,9 @@ class SessionManager:
         if session.calls >= self.cfg.max_calls:
             raise SessionConflict(f"session {session.id!r} made {session.calls} calls, the limit (sessions.max_calls); "
                                   "finish it")
+        if session.tokens >= self.cfg.max_tokens:
+            raise SessionConflict(f"session {session.id!r} holds {session.tokens} tokens, the limit "
+                                  "(sessions.max_tokens); finish it")
         session.busy = True
         held = [True]
 

@@ -15,13 +15,15 @@ from tests.rollout.conftest import CONTROL_TOKEN, Server, start_rollout
 from tests.rollout.routes.conftest import AUTH, session_config
 
 TTL_S = 3.0
+MAX_TOKENS = 48
 
 
 @pytest.fixture(scope="module")
 def limited(tiny_model_dir, redis_server, tmp_path_factory) -> Server:
     """Short TTL, two sessions at most."""
     tmp = tmp_path_factory.mktemp("limited-sessions")
-    cfg = session_config(tiny_model_dir, redis_server.url, ttl_s=TTL_S, sweep_interval_s=0.2, max_sessions=2)
+    cfg = session_config(tiny_model_dir, redis_server.url, ttl_s=TTL_S, sweep_interval_s=0.2, max_sessions=2,
+                         max_tokens=MAX_TOKENS)
     proc, url, log = start_rollout(tmp, "rollout", cfg)
     yield Server(url=url, log=log, model_dir=Path(tiny_model_dir))
     stop(proc)
@@ -91,6 +93,19 @@ def test_max_sessions_answers_429_until_one_is_deleted(http):
     c = create(http)
     for sid in (_, c):
         http.delete(f"/sessions/{sid}", headers=AUTH)
+
+
+def test_a_session_holds_at_most_max_tokens(http):
+    """Memory per session is bounded: once it holds sessions.max_tokens, a call is a 409 saying so."""
+    sid = create(http)
+    try:
+        statuses = [call(http, sid).status_code for _ in range(MAX_TOKENS // 4 + 2)]  # each call: 2 + 2 tokens
+        first = statuses.index(409)
+        assert set(statuses[:first]) == {200} and set(statuses[first:]) == {409}
+        assert "sessions.max_tokens" in error(call(http, sid), 409)
+        assert MAX_TOKENS <= http.get(f"/sessions/{sid}").json()["tokens"] < MAX_TOKENS + 8
+    finally:
+        http.delete(f"/sessions/{sid}")
 
 
 def test_control_routes_need_the_token(limited):
