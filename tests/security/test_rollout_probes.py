@@ -142,3 +142,25 @@ def test_a_prompt_task_cannot_name_code_to_import(servers, redis_server, tmp_pat
         assert not marker.exists()
     finally:
         client.close()
+
+
+def test_session_routes_need_the_token_or_the_sessions_key(servers):
+    url = servers["guarded"]
+    body = {"prompt": "hi", "max_tokens": 1}
+    assert_refused(post(f"{url}/sessions", {"group_id": "chosen-group", "group_size": 1}), "control_token", status=401)
+    # unknown_header_id: open would open a session for whoever named one: not without a key
+    assert_refused(post(f"{url}/v1/completions", body, headers={"X-Session-ID": "opened-by-anyone"}), "api_key",
+                   status=401)
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    assert httpx.get(f"{url}/sessions/opened-by-anyone", headers=auth, timeout=PROBE_S).status_code == 404
+    created = post(f"{url}/sessions", {"group_id": "g1"}, headers=auth)
+    assert created.status_code == 201, created.text
+    sid, key = created.json()["session_id"], created.json()["api_key"]
+    assert_refused(post(f"{url}/sessions/{sid}/v1/completions", body), "api_key", status=401)
+    assert_refused(post(f"{url}/sessions/{sid}/v1/completions", body, headers={"Authorization": "Bearer guess"}),
+                   "wrong key", status=401)
+    ok = post(f"{url}/sessions/{sid}/v1/completions", body, headers={"Authorization": f"Bearer {key}"})
+    assert ok.status_code == 200, ok.text
+    assert_refused(post(f"{url}/sessions/{sid}/finish", {"reward": 1.0}, headers={"Authorization": f"Bearer {key}"}),
+                   status=401)  # the session's key makes calls; finishing (pushing experiences) is control
+    httpx.delete(f"{url}/sessions/{sid}", headers=auth, timeout=PROBE_S)
