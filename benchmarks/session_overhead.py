@@ -84,7 +84,7 @@ def main() -> None:
     finishes: list[float] = []
     try:
         wait_http_ok(f"{url}/health", proc, timeout=120, log=log)
-        with httpx.Client(base_url=url, timeout=120) as http:
+        with httpx.Client(base_url=url, timeout=120, headers=AUTH) as http:  # session calls need it too
             warm = Conversation(http, "/v1/chat/completions", args.new_tokens)
             for k in range(args.turns):
                 warm.turn(k)

@@ -62,6 +62,9 @@ class SessionInfo(_Strict):
     tokens: int = Field(description="Tokens held (prompts and responses of every trajectory).")
     idle_expires_in_s: float = Field(description="Expires when idle this much longer.")
     openai_base_url: str = Field(description="Path to give an OpenAI client as base_url (append to the server URL).")
+    api_key: str | None = Field(default=None, description="The key of this session's calls (Authorization: Bearer "
+                                "<api_key>; the OpenAI client's api_key): it opens this session only. None without "
+                                "a control token.")
     replica_url: str | None = Field(default=None, description="Base URL of the rollout replica holding the session "
                                     "(its advertise_url): behind a load balancer, send the session's calls to "
                                     "replica_url + openai_base_url; other replicas redirect them there.")

@@ -61,6 +61,8 @@ GOOD: dict[str, list[dict[str, Any]]] = {
     ],
     "/v1/completions": [
         {"model": "tiny", "prompt": "1+1=", "max_tokens": 3, "logprobs": 2},
+        {"model": "tiny", "prompt": "1+1=", "max_tokens": 3, "logprobs": 0},  # its logprobs object was off-spec
+        {"model": "tiny", "prompt": "1+1=", "max_tokens": 3, "logprobs": 0, "stream": True},
         {"model": "tiny", "prompt": "1+1=", "max_tokens": 3, "n": 2, "stream": True,
          "stream_options": {"include_usage": True}},
     ],

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
+from urllib.parse import urlencode
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -21,6 +22,7 @@ from services.rollout.errors import ENGINE_ERRORS
 from services.rollout.metrics import RolloutMetrics
 from services.rollout.routes import control, generate, inference, info, openai, sessions
 from services.rollout.service import RolloutService
+from services.rollout.sessions.auth import KEY_PARAM, control_token_of, session_key
 from services.rollout.sessions.registry import SessionElsewhere
 from services.rollout.settings import RolloutSettings
 from shared.service_kit.app import create_service_app
@@ -78,5 +80,11 @@ async def _session_elsewhere(request: Request, exc: Exception) -> JSONResponse:
     """A session call for a session another replica holds: 307 to the same path and query there (307 keeps the
     method and the body; the OpenAI client follows it)."""
     assert isinstance(exc, SessionElsewhere)
-    location = exc.owner + request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    # the caller was authorised here (recording.session_named); clients drop Authorization on a redirect to another
+    # host, so the owner gets the session's key in the query instead
+    token = control_token_of(request)
+    query = [(k, v) for k, v in request.query_params.multi_items() if k != KEY_PARAM]
+    if token:
+        query.append((KEY_PARAM, session_key(token, exc.session_id)))
+    location = exc.owner + request.url.path + (f"?{urlencode(query)}" if query else "")
     return error_response(exc.status, exc.message, exc.type, {**exc.headers, "Location": location})

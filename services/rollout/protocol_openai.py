@@ -54,20 +54,24 @@ def check_model(service: RolloutService, model: str | None) -> str:
     return served
 
 
+def _stop(r: Req) -> list[str]:
+    return [r.stop] if isinstance(r.stop, str) else list(r.stop or [])
+
+
 def _params(service: RolloutService, r: Req, ids: list[int], max_tokens: int | None, top_n: int, what: str) -> SamplingParams:
-    stop = [r.stop] if isinstance(r.stop, str) else list(r.stop or [])
     return SamplingParams(
         max_new_tokens=service.check_prompt(ids, max_tokens, what), temperature=r.temperature, top_p=r.top_p,
-        top_k=r.top_k, min_p=r.min_p, stop=tuple(stop), stop_token_ids=tuple(r.stop_token_ids or ()),
+        top_k=r.top_k, min_p=r.min_p, stop=tuple(_stop(r)), stop_token_ids=tuple(r.stop_token_ids or ()),
         ignore_eos=r.ignore_eos, skip_special_tokens=r.skip_special_tokens,
         no_stop_trim=r.include_stop_str_in_output, seed=r.seed, top_logprobs=top_n,
     )
 
 
-def plan_completion(service: RolloutService, r: CompletionRequest) -> OpenAIPlan:
+async def plan_completion(service: RolloutService, r: CompletionRequest) -> OpenAIPlan:
     model = check_model(service, r.model)
     service.check_stop_ids(r.stop_token_ids)
-    prompts = [service.encode(p) if isinstance(p, str) else list(p) for p in r.prompts_raw()]
+    service.check_stops(_stop(r))
+    prompts = await service.encode_all(r.prompts_raw())
     top_n = r.logprobs or 0
     params = [_params(service, r, ids, r.max_tokens, top_n, "prompt" if len(prompts) == 1 else f"prompt {i}")
               for i, ids in enumerate(prompts)]
@@ -92,13 +96,16 @@ def chat_tools(r: ChatCompletionRequest) -> list[dict] | None:
     return r.tools if r.tools and r.tool_choice != "none" else None
 
 
-def plan_chat(service: RolloutService, r: ChatCompletionRequest, prompt_ids: list[int] | None = None) -> OpenAIPlan:
-    """``prompt_ids``: the prompt already built (a session continuing its exact ids); else the template renders it."""
+async def plan_chat(service: RolloutService, r: ChatCompletionRequest,
+                    prompt_ids: list[int] | None = None) -> OpenAIPlan:
+    """``prompt_ids``: the prompt already built (a session continuing its exact ids); else the template renders it
+    (off the event loop)."""
     model = check_model(service, r.model)
     service.check_stop_ids(r.stop_token_ids)
+    service.check_stops(_stop(r))
     messages = chat_messages(r)
     tools = chat_tools(r)
-    ids = prompt_ids if prompt_ids is not None else service.apply_chat_template(
+    ids = prompt_ids if prompt_ids is not None else await service.chat_prompt(
         messages, add_generation_prompt=r.add_generation_prompt, continue_final_message=r.continue_final_message,
         tools=tools, extra=r.chat_template_kwargs)
     max_tokens = r.max_completion_tokens or r.max_tokens
@@ -140,9 +147,10 @@ def completion_logprobs(service: RolloutService, p: OpenAIPlan, ids, lps, tops, 
     for t in tokens:
         offsets.append(pos)
         pos += len(t)
-    top = None
     if p.top_n and tops is not None:
         top = [{_tok(service, p, tid): lp for tid, lp in row} for row in tops]
+    else:  # logprobs: 0 asks for no alternatives: the sampled token alone (vLLM's answer), never a missing field
+        top = [{t: lp} for t, lp in zip(tokens, lps)]
     return CompletionLogprobs(tokens=tokens, token_logprobs=list(lps), top_logprobs=top, text_offset=offsets)
 
 

@@ -26,8 +26,12 @@ class GeneratePlan:
         return self.request.is_batch or self.request.sampling_params.n > 1
 
 
+def _stops(sp: SamplingParamsIn) -> list[str]:
+    return sp.stop if isinstance(sp.stop, list) else ([sp.stop] if sp.stop else [])
+
+
 def sampling_params(sp: SamplingParamsIn, max_new_tokens: int, top_logprobs: int) -> SamplingParams:
-    stop = sp.stop if isinstance(sp.stop, list) else ([sp.stop] if sp.stop else [])
+    stop = _stops(sp)
     return SamplingParams(
         max_new_tokens=max_new_tokens, temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k, min_p=sp.min_p,
         stop=tuple(stop), stop_token_ids=tuple(sp.stop_token_ids or ()), ignore_eos=sp.ignore_eos,
@@ -36,11 +40,11 @@ def sampling_params(sp: SamplingParamsIn, max_new_tokens: int, top_logprobs: int
     )
 
 
-def plan(service: RolloutService, req: GenerateRequest) -> GeneratePlan:
+async def plan(service: RolloutService, req: GenerateRequest) -> GeneratePlan:
     sp = req.sampling_params
     service.check_stop_ids(sp.stop_token_ids)
-    raw = req.prompts_raw()
-    prompts = [service.encode(p) if isinstance(p, str) else list(p) for p in raw]
+    service.check_stops(_stops(sp))
+    prompts = await service.encode_all(req.prompts_raw())
     params = []
     for i, ids in enumerate(prompts):
         what = "prompt" if len(prompts) == 1 else f"prompt {i}"

@@ -59,6 +59,7 @@ def plan(service: RolloutService, r: TokenGenerateRequest) -> TokensPlan:
     check_model(service, r.model)
     ignored_fields(r)
     service.check_stop_ids(r.sampling_params.stop_token_ids)
+    service.check_stops(r.sampling_params.stop_list())
     params = sampling(service, r)
     rid = new_request_id()
     seqs = service.sequences([list(r.token_ids)], [params], r.sampling_params.n, bool(r.stream), rid)

@@ -12,11 +12,13 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing, asynccontextmanager
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from services.rollout import chat_templates
 from services.rollout.engines.base import Engine, PauseMode, create_engine
 from services.rollout.engines.types import (
     Finish,
@@ -35,6 +37,7 @@ if TYPE_CHECKING:
     from services.rollout.worker.loop import RolloutWorker
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 def new_request_id() -> str:
@@ -68,6 +71,7 @@ class RolloutService:
         self.worker: RolloutWorker | None = None
         self.sessions: SessionManager | None = None
         self._running: list[Component] = []
+        self._tokenizing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-tokenize")
 
     # ---- lifecycle ---------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -100,7 +104,8 @@ class RolloutService:
                 self.sessions = SessionManager(
                     s.sessions, redis_url=s.redis_url, run_name=s.run_name, reward_url=s.worker.reward_url,
                     tokenizer=self.tokenizer, registry=self.metrics.registry,
-                    url=s.advertise_url or default_url(s.host, s.port), host=s.host)
+                    url=s.advertise_url or default_url(s.host, s.port), host=s.host,
+                    control_token=s.control_token.get_secret_value() if s.control_token else None)
                 await self._start(self.sessions)
             if self.settings.worker.enabled:
                 from services.rollout.worker.loop import RolloutWorker
@@ -124,6 +129,8 @@ class RolloutService:
         logged and the others still stop."""
         while self._running:
             await _stop_quietly(self._running.pop())
+        self._tokenizing.shutdown(wait=False, cancel_futures=True)
+        self._tokenizing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-tokenize")  # lazy: no thread yet
 
     async def health(self) -> bool:
         return await self.engine.health()
@@ -155,18 +162,49 @@ class RolloutService:
     def apply_chat_template(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True,
                             continue_final_message: bool = False, tools: list[dict] | None = None,
                             extra: dict[str, Any] | None = None) -> list[int]:
-        if not getattr(self.tokenizer, "chat_template", None):
+        """The prompt ids of ``messages`` (blocking: routes call :meth:`chat_prompt`). ``extra``: the request's
+        template kwargs, checked first (:meth:`check_template_kwargs`)."""
+        if not getattr(self.tokenizer, "chat_template", None) and not (extra and chat_templates.TEMPLATE_KEY in extra):
             raise RequestError(f"the model {self.settings.model_name} has no chat template; use /v1/completions")
-        try:
-            text = self.tokenizer.apply_chat_template(
+        own = self.check_template_kwargs(extra)
+
+        def render() -> str:
+            return self.tokenizer.apply_chat_template(
                 messages, tokenize=False, add_generation_prompt=add_generation_prompt,
                 continue_final_message=continue_final_message, tools=tools, **(extra or {}))
+
+        try:
+            text = chat_templates.within(self.limits.chat_template_timeout_s, render) if own else render()
+        except RequestError:
+            raise
         except Exception as exc:  # template errors come from user-supplied messages / kwargs
             raise RequestError(f"the chat template could not render these messages: {exc}") from exc
         ids = self.tokenizer.encode(text, add_special_tokens=False)
         if not ids:
             raise RequestError("the chat prompt tokenises to nothing")
         return list(ids)
+
+    def check_template_kwargs(self, extra: dict[str, Any] | None) -> bool:
+        """Refuse (400) template kwargs a request may not send; True when they carry the request's own template."""
+        return chat_templates.check_template_kwargs(extra, trusted=self.settings.trust_request_chat_template,
+                                                    max_chars=self.limits.max_chat_template_chars)
+
+    async def off_loop(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on the service's tokenizer thread: template rendering and tokenising never run on the
+        event loop (``/health`` and other requests keep answering), one at a time (tokenizers are not
+        thread-safe)."""
+        return await asyncio.get_running_loop().run_in_executor(self._tokenizing, fn, *args)
+
+    async def encode_all(self, texts: Sequence[str | Sequence[int]]) -> list[list[int]]:
+        """Prompts given as text tokenised (off the event loop), prompts given as ids as they are."""
+        if all(not isinstance(t, str) for t in texts):
+            return [list(t) for t in texts]
+        return await self.off_loop(lambda: [self.encode(t) if isinstance(t, str) else list(t) for t in texts])
+
+    async def chat_prompt(self, messages: list[dict[str, Any]], **kwargs: Any) -> list[int]:
+        """:meth:`apply_chat_template` off the event loop (kwargs checked on it first: a refusal costs nothing)."""
+        self.check_template_kwargs(kwargs.get("extra"))
+        return await self.off_loop(lambda: self.apply_chat_template(messages, **kwargs))
 
     def token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id], skip_special_tokens=False, clean_up_tokenization_spaces=False)
@@ -193,9 +231,25 @@ class RolloutService:
         return max_new_tokens
 
     def check_stop_ids(self, ids: Sequence[int] | None) -> None:
+        limit = self.limits.max_stop_token_ids
+        if ids and len(ids) > limit:
+            raise RequestError(f"{len(ids)} stop_token_ids; this server takes at most {limit} "
+                               "(limits.max_stop_token_ids)")
         bad = next((t for t in ids or () if t >= self.vocab_size), None)
         if bad is not None:
             raise RequestError(f"stop_token_ids holds {bad}, outside the vocabulary (size {self.vocab_size})")
+
+    def check_stops(self, stop: Sequence[str]) -> None:
+        """Stop strings within ``limits.max_stop_strings`` and ``limits.max_stop_string_chars`` (each is checked
+        on every generated token, on the decode thread every request shares)."""
+        limit = self.limits.max_stop_strings
+        if len(stop) > limit:
+            raise RequestError(f"{len(stop)} stop strings; this server takes at most {limit} (limits.max_stop_strings)")
+        chars = self.limits.max_stop_string_chars
+        long = next((s for s in stop if len(s) > chars), None)
+        if long is not None:
+            raise RequestError(f"a stop string of {len(long)} characters; this server takes at most {chars} per "
+                               "string (limits.max_stop_string_chars)")
 
     # ---- sequences ---------------------------------------------------------------------------------
     def sequences(self, prompts: list[list[int]], params: list[SamplingParams], n: int, stream: bool,
@@ -203,9 +257,12 @@ class RolloutService:
         """``len(prompts) * n`` sequence requests, prompt-major; sample j of a seeded prompt uses seed + j
         (modulo 2**63, so that every seed stays in the int64 range the engines hold)."""
         if len(prompts) > self.limits.max_prompts_per_request:
-            raise RequestError(f"{len(prompts)} prompts in one request; the limit is {self.limits.max_prompts_per_request}")
+            raise RequestError(f"{len(prompts)} prompts in one request; the limit is "
+                               f"{self.limits.max_prompts_per_request} (limits.max_prompts_per_request)")
         if n > self.limits.max_n:
-            raise RequestError(f"n={n} is over this server's limit of {self.limits.max_n}")
+            raise RequestError(f"n={n} is over this server's limit of {self.limits.max_n} (limits.max_n)")
+        for p in {id(p): p for p in params}.values():
+            self.check_stops(p.stop)
         out = []
         for i, (ids, p) in enumerate(zip(prompts, params)):
             for j in range(n):

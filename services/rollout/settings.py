@@ -25,6 +25,16 @@ class LimitsSettings(BaseModel):
     )
     max_prompts_per_request: int = Field(default=512, ge=1, description="Batch size of one request at most.")
     max_n: int = Field(default=128, ge=1, description="Samples per prompt (`n`) at most.")
+    max_stop_strings: int = Field(
+        default=64, ge=0, le=4096, description="Stop strings per request at most (each is checked on every "
+        "generated token); beyond it 400.")
+    max_stop_string_chars: int = Field(default=256, ge=1, le=65536, description="Characters of one stop string at most.")
+    max_stop_token_ids: int = Field(default=256, ge=0, le=65536, description="stop_token_ids per request at most.")
+    max_chat_template_chars: int = Field(
+        default=65536, ge=1, description="Characters of a request's own chat template at most "
+        "(with trust_request_chat_template).")
+    chat_template_timeout_s: float = Field(
+        default=5.0, gt=0, le=600, description="Rendering a request's own chat template stops after this long (400).")
     pause_wait_s: float = Field(
         default=30.0, ge=0, description="How long a request waits for paused generation to continue before 503."
     )
@@ -65,6 +75,10 @@ class WorkerSettings(BaseModel):
     claim_idle_ms: int = Field(default=30_000, ge=100, description="A prompt pending this long on a dead worker is reclaimed.")
     reward_timeout_s: float = Field(default=60.0, gt=0, description="Timeout of one /score call.")
     reward_backoff_max_s: float = Field(default=10.0, gt=0, description="Longest wait between /score retries.")
+    reward_max_attempts: int = Field(default=20, ge=1, description="/score tries per group (5xx, 429, no answer) "
+                                     "before the prompt is failed with the reason (then dead-lettered).")
+    reward_max_retry_s: float = Field(default=300.0, gt=0, description="Time a group spends retrying /score at most, "
+                                      "then the prompt is failed with the reason.")
     group_retries: int = Field(default=3, ge=0, description="Regenerations of a group whose samples were aborted.")
     poll_interval_s: float = Field(default=0.5, gt=0, description="Re-check period while the worker holds back.")
     sampling: WorkerSampling = Field(default_factory=WorkerSampling)
@@ -132,6 +146,11 @@ class RolloutSettings(ServiceSettings):
     tool_call_parser: str | None = Field(
         default="hermes", description="How /v1/chat/completions reads tool calls from the model's text when the request "
         "declares tools (services/rollout/agents/tool_calls.py); None: never parsed.")
+
+    trust_request_chat_template: bool = Field(
+        default=False, description="Let a request replace the model's chat template "
+        "(chat_template_kwargs.chat_template); off: such a request is a 400. Only for clients you trust: the "
+        "template is sandboxed and time-bounded, but it is code the caller wrote (vLLM's flag of the same name).")
 
     @field_validator("tool_call_parser")
     @classmethod

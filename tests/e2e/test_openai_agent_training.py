@@ -18,7 +18,8 @@ pytestmark = pytest.mark.process  # the whole fleet as processes
 
 @pytest.mark.slow
 def test_an_openai_client_agent_trains_through_sessions(tmp_path, tiny_model_dir):
-    program = {"command": ["{python}", "-m", "tests.rollout.agents.openai_agent_program"], "timeout_s": 60}
+    program = {"command": ["{python}", "-m", "tests.rollout.agents.openai_agent_program"], "timeout_s": 60,
+               "reward_from_output": True}  # the reward lines below are the program's
     spec = tiny_spec(tmp_path, tiny_model_dir, run_name="openai-agent-e2e", eval={"data": None},
                      train={"groups_per_step": 2, "micro_batch_size": 8, "max_steps": 3, "torch_threads": 1},
                      services={"rollout": {"engine": {"kind": "hf", "device": "cpu", "torch_threads": 1},

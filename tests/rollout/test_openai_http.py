@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+
+import httpx
 import openai
 import pytest
 from transformers import AutoTokenizer
@@ -91,3 +94,23 @@ def test_unknown_model_is_404(client):
     with pytest.raises(openai.NotFoundError) as err:
         client.completions.create(model="gpt-nope", prompt="x", max_tokens=2)
     assert "tiny" in str(err.value)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_completion_logprobs_zero_gives_the_sampled_token_only(rollout, stream):
+    """logprobs: 0 (vLLM: no alternatives, the sampled token's logprob): top_logprobs holds one entry per token,
+    the sampled one (before, the field was left out, which the response schema requires)."""
+    body = {"model": "tiny", "prompt": "2+2=", "max_tokens": 4, "logprobs": 0, "ignore_eos": True, "stream": stream}
+    r = httpx.post(f"{rollout.url}/v1/completions", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    if stream:
+        chunks = [json.loads(x[6:]) for x in r.text.split("\n\n") if x.startswith("data: {")]
+        lps = [c["choices"][0]["logprobs"] for c in chunks if c["choices"] and c["choices"][0].get("logprobs")]
+        tokens = [t for lp in lps for t in lp["tokens"]]
+        tops = [t for lp in lps for t in lp["top_logprobs"]]
+        token_lps = [x for lp in lps for x in lp["token_logprobs"]]
+    else:
+        lp = r.json()["choices"][0]["logprobs"]
+        tokens, tops, token_lps = lp["tokens"], lp["top_logprobs"], lp["token_logprobs"]
+    assert len(tokens) == len(tops) == len(token_lps) == 4
+    assert tops == [{t: v} for t, v in zip(tokens, token_lps)]

@@ -134,3 +134,22 @@ async def test_health_answers_while_every_pooled_connection_is_generating(standi
                 await s.aclose()
     finally:
         stop(proc)
+
+
+@pytest.mark.parametrize("kind", ["sglang", "vllm"])
+async def test_the_engine_api_key_is_a_secret_never_printed(tiny_model_dir, kind):
+    """engine.api_key is a SecretStr: not in the settings' repr or dumps (what logs and errors show), still sent."""
+    from services.rollout.engines.base import create_engine
+    from services.rollout.settings import RolloutSettings
+
+    s = RolloutSettings(model=str(tiny_model_dir), engine={"kind": kind, "base_url": "http://127.0.0.1:9",
+                                                           "api_key": "sk-very-secret"})
+    for shown in (repr(s), str(s), str(s.model_dump()), s.model_dump_json(), repr(s.engine)):
+        assert "sk-very-secret" not in shown
+    engine = create_engine(s.engine, s.model)
+    await engine._start()
+    try:
+        assert engine.client.headers["authorization"] == "Bearer sk-very-secret"
+        assert engine.control.headers["authorization"] == "Bearer sk-very-secret"
+    finally:
+        await engine._stop()

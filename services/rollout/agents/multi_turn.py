@@ -29,6 +29,7 @@ from typing import Any
 
 from services.rollout.agents.chat_tokens import ChatTokens
 from services.rollout.agents.environments import (
+    ENVIRONMENTS,
     BadEnvironmentOutput,
     Environment,
     EnvReply,
@@ -76,19 +77,33 @@ async def multi_turn(ctx: RolloutContext) -> list[Trajectory]:
 
 
 def environment_of(ctx: RolloutContext) -> tuple[str, Callable[..., Any], dict[str, Any]]:
-    """The task's environment (its metadata.environment, else the settings') and its factory's arguments."""
+    """The task's environment (its metadata.environment, a name the settings allow; else the settings') and its
+    factory's arguments. Code runs only where the settings name it: a task's value is looked up, never imported."""
     cfg: AgentSettings = ctx.settings.agent
     meta = ctx.task.metadata
     name = meta.get("environment", cfg.environment)
     extra = meta.get("environment_args", {})
     if not isinstance(name, str) or not isinstance(extra, dict):
-        raise GroupFailed("bad prompt task: metadata.environment must be a name or import path and "
-                          "metadata.environment_args an object")
+        raise GroupFailed("bad prompt task: metadata.environment must be a name and metadata.environment_args an "
+                          "object")
     try:
-        factory = load_environment(name)
+        factory = load_environment(allowed_environment(cfg, name, by_task="environment" in meta))
     except ValueError as exc:
         raise GroupFailed(f"bad prompt task: {exc}") from exc
     return name, factory, {**cfg.environment_args, **extra}
+
+
+def allowed_environment(cfg: AgentSettings, name: str, by_task: bool) -> str:
+    """What to load for environment ``name``: the settings' ``environments`` entry, a registered name, or (the
+    settings' own ``environment`` only) its import path. A task naming anything else is refused (ValueError)."""
+    if name in cfg.environments:
+        return cfg.environments[name]
+    if name in ENVIRONMENTS or not by_task or name == cfg.environment:
+        return name
+    allowed = sorted({*cfg.environments, *ENVIRONMENTS, cfg.environment})
+    raise ValueError(f"environment {name!r} is not one this worker allows a task to pick (names: "
+                     f"{', '.join(allowed)}); an operator adds one under worker.agent.environments "
+                     "{name: 'package.module:factory'}")
 
 
 async def _with_retries(ctx: RolloutContext, cfg: AgentSettings, name: str, factory, args: dict, index: int) -> Episode:

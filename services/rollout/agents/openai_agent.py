@@ -9,9 +9,14 @@ also written to the program's stdin). The program is the agent, unmodified: its 
 extends the conversation continuing one trajectory (mask 1 on the model's ids, 0 on the template's and the
 tools' ids in between), exactly as a session over HTTP records them.
 
-The reward: if the program's last line on stdout is a JSON object with ``"reward"`` (and optionally
-``"reward_components"``), that; else the reward service scores the model's last turn against the task's label,
-as ``multi_turn`` does. A run that exits non-zero, outlives ``program.timeout_s`` (its process group is killed),
+Least privilege: the program's environment is only ``program.inherit_env`` (PATH, HOME and the like) of the
+service's, ``program.env`` and the variables above (``OPENAI_API_KEY`` is the session's own key, not the
+control token); ``FLEETRL_TASK`` holds the label only with ``program.show_label``; no file it writes (its
+stdout and stderr included) grows past ``program.max_file_bytes``.
+
+The reward: the reward service scores the model's last turn against the task's label, as ``multi_turn`` does.
+With ``program.reward_from_output``, a last stdout line that is a JSON object with ``"reward"`` (and optionally
+``"reward_components"``) is the reward instead. A run that exits non-zero, outlives ``program.timeout_s`` (its process group is killed),
 makes no model call, has a call aborted by a weight switch, or rewrites its history (its calls are not one
 conversation: a session would give several trajectories, a sample is one) fails with that reason and is run
 again up to ``program.retries`` times; then the group fails (the worker redelivers, then dead-letters it with
@@ -25,6 +30,7 @@ import json
 import logging
 import math
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -42,7 +48,6 @@ from shared.reward_api import ScoreItem
 from shared.session_api import SessionCreate
 
 log = logging.getLogger(__name__)
-API_KEY = "fleetrl-session"  # the session routes take no key; the openai client insists on one
 
 
 class RunFailed(RuntimeError):
@@ -87,7 +92,8 @@ def task_json(ctx: RolloutContext, index: int) -> str:
         [m.model_dump(exclude_none=True) for m in task.prompt]
     if prompt is None:
         prompt = ctx.tokenizer.decode(list(task.prompt_token_ids or []), skip_special_tokens=False)
-    return json.dumps({"id": task.id, "prompt": prompt, "label": task.label, "metadata": task.metadata,
+    label = {"label": task.label} if ctx.settings.program.show_label else {}
+    return json.dumps({"id": task.id, "prompt": prompt, **label, "metadata": task.metadata,
                        "index": index, "group_size": task.n,
                        "sampling": {"temperature": p.temperature, "top_p": p.top_p, "max_tokens": p.max_new_tokens}})
 
@@ -100,7 +106,7 @@ async def _run(ctx: RolloutContext, cfg: ProgramSettings, index: int) -> Run:
     try:
         task = task_json(ctx, index)
         out = await run_program(cfg, {
-            "OPENAI_BASE_URL": f"{sessions.url}/sessions/{sid}/v1", "OPENAI_API_KEY": API_KEY,
+            "OPENAI_BASE_URL": f"{sessions.url}/sessions/{sid}/v1", "OPENAI_API_KEY": sessions.key(sid) or "",
             "FLEETRL_MODEL": ctx.model_name, "FLEETRL_TASK": task, "FLEETRL_SESSION_ID": sid}, task)
         try:
             session = await sessions.take(sid)
@@ -116,7 +122,7 @@ async def _run(ctx: RolloutContext, cfg: ProgramSettings, index: int) -> Run:
         (t,) = session.trajectories
         if t.finish == "abort":
             raise RunFailed("its last model call was aborted by a weight switch")
-        reward, comps = reward_line(out)
+        reward, comps = reward_line(out) if cfg.reward_from_output else (None, {})
         return Run(t, reward, comps)
     finally:
         if not taken:
@@ -150,12 +156,16 @@ async def run_program(cfg: ProgramSettings, env: dict[str, str], stdin: str) -> 
     goes to files, not pipes: a process it leaves behind cannot hold a pipe open and keep the run waiting. Once it
     exits, or at the timeout, its process group (what it started, unless that left the group) is killed."""
     argv = [sys.executable if a == "{python}" else a for a in cfg.command]
+    full_env = {**{k: os.environ[k] for k in cfg.inherit_env if k in os.environ}, **cfg.env, **env}
+    if shutil.which(argv[0], path=full_env.get("PATH")) is None:
+        raise RunFailed(f"could not start {argv[0]!r}: no such executable (on the program's PATH)")
     with tempfile.TemporaryFile() as fin, tempfile.TemporaryFile() as fout, tempfile.TemporaryFile() as ferr:
         fin.write(stdin.encode())
         fin.seek(0)
-        try:
-            proc = await asyncio.create_subprocess_exec(*argv, stdin=fin, stdout=fout, stderr=ferr, cwd=cfg.cwd,
-                                                        env={**os.environ, **cfg.env, **env}, start_new_session=True)
+        try:  # through a shim that caps file sizes, then execs the program (no preexec_fn: the service has threads)
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-c", _LIMITED_EXEC, str(cfg.max_file_bytes), *argv, stdin=fin, stdout=fout,
+                stderr=ferr, cwd=cfg.cwd, env=full_env, start_new_session=True)
         except OSError as exc:
             raise RunFailed(f"could not start {argv[0]!r}: {exc}") from exc
         try:
@@ -167,10 +177,20 @@ async def run_program(cfg: ProgramSettings, env: dict[str, str], stdin: str) -> 
             if proc.returncode is None:
                 await proc.wait()  # SIGKILLed: reaped at once
         out, err = _tail(fout, cfg.max_output_bytes), _tail(ferr, cfg.max_output_bytes)
+        full = max(fout.seek(0, os.SEEK_END), ferr.seek(0, os.SEEK_END)) >= cfg.max_file_bytes
+    if proc.returncode == -signal.SIGXFSZ or (proc.returncode != 0 and full):
+        raise RunFailed(f"it wrote more than {cfg.max_file_bytes} bytes to a file or its output "
+                        "(worker.program.max_file_bytes); stopped")
     if proc.returncode != 0:
         tail = err.decode(errors="replace").strip().splitlines()[-3:]
         raise RunFailed(f"it exited with code {proc.returncode}" + (f": {' / '.join(tail)}" if tail else ""))
     return out.decode(errors="replace")
+
+
+_LIMITED_EXEC = ("import os, resource, signal, sys; n = int(sys.argv[1]); "
+                 "resource.setrlimit(resource.RLIMIT_FSIZE, (n, n)); signal.signal(signal.SIGXFSZ, signal.SIG_DFL); "
+                 "os.execvp(sys.argv[2], sys.argv[2:])")
+"""Run as ``python -c _LIMITED_EXEC <max bytes> <argv...>``: caps file sizes, then becomes the program."""
 
 
 def _tail(f: Any, cap: int) -> bytes:

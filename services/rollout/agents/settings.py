@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class AgentSettings(BaseModel):
@@ -13,8 +13,12 @@ class AgentSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     environment: str = Field(
-        default="echo", description="Environment by name (see services/rollout/agents/environments.py) or "
-        "'package.module:factory'; a task's metadata.environment overrides it.")
+        default="echo", description="The environment of tasks that name none: a registered name (see "
+        "services/rollout/agents/environments.py), a name in `environments`, or 'package.module:factory'.")
+    environments: dict[str, str] = Field(
+        default_factory=dict, description="More environments a prompt task may pick by name (its "
+        "metadata.environment): {name: 'package.module:factory' or a registered name}. A task picks only among "
+        "these, the registered names and `environment`; an import path in a task is refused, never imported.")
     environment_args: dict[str, Any] = Field(
         default_factory=dict, description="Keyword arguments of the environment's factory (a task's "
         "metadata.environment_args are merged over them).")
@@ -42,13 +46,16 @@ class AgentSettings(BaseModel):
             raise ValueError(f"unknown tool_call_format {v!r}; known: {', '.join(sorted(TOOL_CALL_FORMATS))}")
         return v
 
-    @field_validator("environment")
-    @classmethod
-    def _loadable(cls, v: str) -> str:
+    @model_validator(mode="after")
+    def _loadable(self) -> AgentSettings:
         from services.rollout.agents.environments import load_environment
 
-        load_environment(v)  # a LoadError (a ValueError) names the path and what is wrong
-        return v
+        for name, path in self.environments.items():
+            if not name or ":" in name:
+                raise ValueError(f"environments: the name {name!r} must be a plain name (no ':'), e.g. my_env")
+            load_environment(path)  # a LoadError (a ValueError) names the path and what is wrong
+        load_environment(self.environments.get(self.environment, self.environment))
+        return self
 
 
 class ProgramSettings(BaseModel):
@@ -59,10 +66,23 @@ class ProgramSettings(BaseModel):
 
     command: list[str] = Field(
         default_factory=list, description="The program's argv, e.g. ['python', 'my_agent.py']; '{python}' stands "
-        "for this service's interpreter. It gets OPENAI_BASE_URL / OPENAI_API_KEY (a session of this replica: the "
-        "openai client reads them), FLEETRL_MODEL and FLEETRL_TASK (the task as JSON, also on stdin).")
+        "for this service's interpreter. It gets OPENAI_BASE_URL / OPENAI_API_KEY (a session of this replica and "
+        "that session's own key: the openai client reads them), FLEETRL_MODEL and FLEETRL_TASK (the task as JSON, "
+        "also on stdin).")
     cwd: str | None = Field(default=None, description="Its working directory (default: the service's).")
     env: dict[str, str] = Field(default_factory=dict, description="More environment variables for it.")
+    inherit_env: list[str] = Field(
+        default_factory=lambda: ["PATH", "HOME", "USER", "LANG", "LC_ALL", "TZ", "TMPDIR"],
+        description="The only variables of the service's own environment the program gets (it never sees the "
+        "control token, REDIS_URL or HF_TOKEN unless named here); `env` and the OpenAI variables come on top.")
+    show_label: bool = Field(default=False, description="Put the task's label (the ground truth) in FLEETRL_TASK; off: "
+                             "the program cannot read the answer it is judged against.")
+    reward_from_output: bool = Field(
+        default=False, description="Take the reward from the program's last stdout line ({\"reward\": ...}); off: "
+        "the reward service always scores (a program, or the model text it echoes, cannot set its own reward).")
+    max_file_bytes: int = Field(
+        default=64 * 1024 * 1024, ge=1024 * 1024, description="Largest file the program may write, its stdout and "
+        "stderr included (RLIMIT_FSIZE); past it the program is stopped and the run failed.")
     timeout_s: float = Field(default=300.0, gt=0, description="One run's time limit; past it the program (its "
                              "process group) is killed and the run failed.")
     retries: int = Field(default=2, ge=0, description="Runs of a sample that failed (exit code, timeout, no "

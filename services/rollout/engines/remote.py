@@ -40,7 +40,7 @@ class RemoteEngine(Engine):
 
     async def _start(self) -> None:
         s = self.settings
-        headers = {"Authorization": f"Bearer {s.api_key}"} if s.api_key else {}
+        headers = {"Authorization": f"Bearer {s.api_key.get_secret_value()}"} if s.api_key else {}
         self.client = httpx.AsyncClient(
             base_url=self.base_url, headers=headers,
             timeout=httpx.Timeout(s.request_timeout_s, connect=s.connect_timeout_s),

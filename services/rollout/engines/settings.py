@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, SecretStr, Tag, field_validator
 
 
 class _EngineSettingsBase(BaseModel):
@@ -70,7 +70,8 @@ class HFEngineSettings(_EngineSettingsBase):
 
 class _RemoteEngineSettings(_EngineSettingsBase):
     base_url: str = Field(description="URL of the engine's own HTTP server, e.g. http://127.0.0.1:30000.")
-    api_key: str | None = Field(default=None, description="Bearer token the engine server expects, if any.")
+    api_key: SecretStr | None = Field(default=None, description="Bearer token the engine server expects, if any "
+                                      "(a secret: never printed in settings, logs or errors).")
     request_timeout_s: float = Field(default=600.0, gt=0, description="Read timeout of one generation call.")
     connect_timeout_s: float = Field(default=5.0, gt=0, description="TCP connect timeout.")
     max_connections: int = Field(default=512, ge=1, description="Connection-pool size to the engine server.")

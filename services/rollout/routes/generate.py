@@ -17,7 +17,7 @@ router = APIRouter(tags=["generate"])
              responses={**SSE_OK, **GENERATION_ERRORS})
 async def generate(body: GenerateRequest, request: Request, service: ServiceDep):
     """One result, or a list (a batch, or ``n > 1``); with ``stream`` an SSE stream of chunks."""
-    plan = protocol_sglang.plan(service, body)
+    plan = await protocol_sglang.plan(service, body)
     if body.stream:
         return await sse_response(service.stream(plan.seqs), lambda d: protocol_sglang.sse_chunks(service, plan, d))
     outs = await until_disconnect(request, service.generate(plan.seqs))

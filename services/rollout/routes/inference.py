@@ -17,6 +17,7 @@ from services.rollout.sessions import recording
 from shared.inference_api import GENERATE_PATH, SESSION_ID_HEADER, TokenGenerateRequest, TokenGenerateResponse
 from shared.service_kit.envelope import ErrorResponse
 from shared.service_kit.openapi import error_responses
+from shared.session_api import SESSION_ID_PATTERN
 
 router = APIRouter(tags=["inference"])
 SESSION_ELSEWHERE = {307: {
@@ -27,9 +28,13 @@ SESSION_ELSEWHERE = {307: {
     "headers": {"Location": {"schema": {"type": "string"}, "description": "This path on the session's replica."},
                 "X-Session-Replica": {"schema": {"type": "string"}, "description": "That replica's base URL."}},
 }}
-ERRORS = {**SSE_OK, **GENERATION_ERRORS, **error_responses(404, 409), **SESSION_ELSEWHERE}
-# 404: model / session; 409: session finished; 307: the session is on another replica
-SessionHeader = Annotated[str | None, Header(alias=SESSION_ID_HEADER, description="Record the call in this session.")]
+ERRORS = {**SSE_OK, **GENERATION_ERRORS, **error_responses(401, 403, 404, 409), **SESSION_ELSEWHERE}
+# 404: model / session; 409: session finished; 307: the session is on another replica; 401 / 403: a session
+# named without its key or the control token
+SessionHeader = Annotated[str | None, Header(
+    alias=SESSION_ID_HEADER, pattern=SESSION_ID_PATTERN,
+    description="Record the call in this session (an id as POST /sessions takes: 1-128 of A-Z a-z 0-9 _ . : -).")]
+"""The ``X-Session-ID`` header of every generation route: its format is checked here, once (400 naming it)."""
 
 
 async def generate_tokens(body: TokenGenerateRequest, request: Request, service, session) -> Response:
@@ -47,4 +52,4 @@ async def inference_generate(body: TokenGenerateRequest, request: Request, servi
                              x_session_id: SessionHeader = None):
     """Token ids in, token ids (and logprobs) out; vLLM's request and reply shapes."""
     return await generate_tokens(body, request, service,
-                                 await recording.session_named(service, header_id=x_session_id))
+                                 await recording.session_named(service, request, header_id=x_session_id))

@@ -21,8 +21,9 @@ from shared.generate_api import (
 from shared.service_kit.openapi import error_responses
 
 router = APIRouter(prefix="/v1", tags=["openai"])
-ERRORS = {**SSE_OK, **GENERATION_ERRORS, **error_responses(404, 409), **SESSION_ELSEWHERE}
-# 404: the model or session; 409: session finished; 307: the X-Session-ID session is on another replica
+ERRORS = {**SSE_OK, **GENERATION_ERRORS, **error_responses(401, 403, 404, 409), **SESSION_ELSEWHERE}
+# 404: the model or session; 409: session finished; 307: the X-Session-ID session is on another replica;
+# 401 / 403: a session named without its key or the control token
 
 
 async def _run(plan, request: Request, service):
@@ -35,24 +36,25 @@ async def _run(plan, request: Request, service):
 async def completion_in(body: CompletionRequest, request: Request, service, session):
     if session is not None:
         return await recording.completion(service, request, body, session)
-    return await _run(protocol_openai.plan_completion(service, body), request, service)
+    return await _run(await protocol_openai.plan_completion(service, body), request, service)
 
 
 async def chat_in(body: ChatCompletionRequest, request: Request, service, session):
+    service.check_template_kwargs(body.chat_template_kwargs)  # before anything renders, a session's path included
     if session is not None:
         return await recording.chat(service, request, body, session)
-    return await _run(protocol_openai.plan_chat(service, body), request, service)
+    return await _run(await protocol_openai.plan_chat(service, body), request, service)
 
 
 @router.post("/completions", response_model=CompletionResponse, responses=ERRORS)
 async def completions(body: CompletionRequest, request: Request, service: ServiceDep, x_session_id: SessionHeader = None):
-    return await completion_in(body, request, service, await recording.session_named(service, header_id=x_session_id))
+    return await completion_in(body, request, service, await recording.session_named(service, request, header_id=x_session_id))
 
 
 @router.post("/chat/completions", response_model=ChatCompletionResponse, responses=ERRORS)
 async def chat_completions(body: ChatCompletionRequest, request: Request, service: ServiceDep,
                            x_session_id: SessionHeader = None):
-    return await chat_in(body, request, service, await recording.session_named(service, header_id=x_session_id))
+    return await chat_in(body, request, service, await recording.session_named(service, request, header_id=x_session_id))
 
 
 def model_list(service) -> ModelList:

@@ -5,10 +5,10 @@ session, so an agent records its calls by pointing its client's ``base_url`` at 
     GET    /sessions/{id}                             state              (control)
     POST   /sessions/{id}/finish                      reward -> experiences (control)
     DELETE /sessions/{id}                             drop               (control)
-    POST   /sessions/{id}/v1/chat/completions         recorded call
-    POST   /sessions/{id}/v1/completions              recorded call
-    GET    /sessions/{id}/v1/models                   the model card (max_model_len)
-    POST   /sessions/{id}/inference/v1/generate       recorded call (vLLM token-in / token-out)
+    POST   /sessions/{id}/v1/chat/completions         recorded call        (the session's key or the control token)
+    POST   /sessions/{id}/v1/completions              recorded call        (idem)
+    GET    /sessions/{id}/v1/models                   the model card (max_model_len) (idem)
+    POST   /sessions/{id}/inference/v1/generate       recorded call (vLLM token-in / token-out) (idem)
 
 With several replicas, a session lives on the one that opened it (``replica_url`` in the create reply). Another
 replica answers its calls 307 to the same path there, and forwards its lifecycle requests there (the bearer token
@@ -43,7 +43,8 @@ from shared.session_api import SESSION_ID_PATTERN, SessionCreate, SessionFinish,
 control = APIRouter(prefix="/sessions", tags=["sessions"], dependencies=[ControlDep])
 scoped = APIRouter(prefix="/sessions/{session_id}", tags=["sessions"])
 SessionId = Annotated[str, Path(pattern=SESSION_ID_PATTERN, description="The session's id.")]
-CALL_ERRORS = {**SSE_OK, **error_responses(404, 409, 429, 503), **SESSION_ELSEWHERE}  # with `stream`: SSE
+CALL_ERRORS = {**SSE_OK, **error_responses(401, 403, 404, 409, 429, 503), **SESSION_ELSEWHERE}
+# 401 / 403: the session's key or the control token (sessions/auth.py)  # with `stream`: SSE
 LIFECYCLE_ERRORS = error_responses(404, 409, 503)  # 503: redis, or the replica holding the session, unavailable
 
 
@@ -88,20 +89,21 @@ async def delete_session(session_id: SessionId, request: Request, service: Servi
 
 @scoped.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=CALL_ERRORS)
 async def session_chat(session_id: SessionId, body: ChatCompletionRequest, request: Request, service: ServiceDep):
-    return await chat_in(body, request, service, await recording.session_named(service, path_id=session_id))
+    return await chat_in(body, request, service, await recording.session_named(service, request, path_id=session_id))
 
 
 @scoped.post("/v1/completions", response_model=CompletionResponse, responses=CALL_ERRORS)
 async def session_completion(session_id: SessionId, body: CompletionRequest, request: Request, service: ServiceDep):
-    return await completion_in(body, request, service, await recording.session_named(service, path_id=session_id))
+    return await completion_in(body, request, service, await recording.session_named(service, request, path_id=session_id))
 
 
 @scoped.post(GENERATE_PATH, response_model=TokenGenerateResponse, responses=CALL_ERRORS)
 async def session_generate(session_id: SessionId, body: TokenGenerateRequest, request: Request, service: ServiceDep):
-    return await generate_tokens(body, request, service, await recording.session_named(service, path_id=session_id))
+    return await generate_tokens(body, request, service, await recording.session_named(service, request, path_id=session_id))
 
 
-@scoped.get("/v1/models", response_model=ModelList, responses={**error_responses(404, 409, 503), **SESSION_ELSEWHERE})
-async def session_models(session_id: SessionId, service: ServiceDep) -> ModelList:
-    await recording.session_named(service, path_id=session_id)
+@scoped.get("/v1/models", response_model=ModelList,
+            responses={**error_responses(401, 403, 404, 409, 503), **SESSION_ELSEWHERE})
+async def session_models(session_id: SessionId, request: Request, service: ServiceDep) -> ModelList:
+    await recording.session_named(service, request, path_id=session_id)
     return model_list(service)

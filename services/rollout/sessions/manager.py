@@ -27,6 +27,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from services.rollout.engines.types import SamplingParams, SequenceOutput
 from services.rollout.errors import RequestError
+from services.rollout.sessions.auth import session_key
 from services.rollout.sessions.chat import ChatTokensCache
 from services.rollout.sessions.registry import (
     ENDED,
@@ -54,7 +55,7 @@ from services.rollout.sessions.trajectory import (
     check_extension,
     experiences,
 )
-from services.rollout.worker.reward_client import RewardClient, RewardRejected
+from services.rollout.worker.reward_client import RewardClient, RewardRejected, RewardUnavailable
 from shared import keys
 from shared.experience_queue import BackpressureTimeout, StreamQueue
 from shared.reward_api import ScoreItem
@@ -74,8 +75,10 @@ class SessionUnavailable(RequestError):
 
 class SessionManager:
     def __init__(self, cfg: SessionSettings, *, redis_url: str | None, run_name: str, reward_url: str | None,
-                 tokenizer: Any, registry: CollectorRegistry, url: str | None = None, host: str = "127.0.0.1") -> None:
+                 tokenizer: Any, registry: CollectorRegistry, url: str | None = None, host: str = "127.0.0.1",
+                 control_token: str | None = None) -> None:
         self.cfg = cfg
+        self.control_token = control_token  # session keys derive from it (auth.py)
         self.url = url  # what other replicas and clients reach this one at (None until known: port 0)
         self.host = host
         self.redis_url = redis_url
@@ -206,7 +209,12 @@ class SessionManager:
                            group_size=w.group_size, index=w.index, run=session.run, calls=session.calls,
                            trajectories=len(session.trajectories), tokens=session.tokens,
                            idle_expires_in_s=self.store.expires_in(session) if state == "open" else 0.0,
-                           openai_base_url=f"/sessions/{session.id}/v1", replica_url=self.url)
+                           openai_base_url=f"/sessions/{session.id}/v1", replica_url=self.url,
+                           api_key=self.key(session.id))
+
+    def key(self, sid: str) -> str | None:
+        """Session ``sid``'s key (its calls' bearer token), or None without a control token."""
+        return session_key(self.control_token, sid) if self.control_token else None
 
     def get(self, sid: str) -> Session:
         """The open session ``sid`` of this replica (see :meth:`locate` for the fleet)."""
@@ -309,6 +317,9 @@ class SessionManager:
         if session.calls >= self.cfg.max_calls:
             raise SessionConflict(f"session {session.id!r} made {session.calls} calls, the limit (sessions.max_calls); "
                                   "finish it")
+        if session.tokens >= self.cfg.max_tokens:
+            raise SessionConflict(f"session {session.id!r} holds {session.tokens} tokens, the limit "
+                                  "(sessions.max_tokens); finish it")
         session.busy = True
         held = [True]
 
@@ -383,6 +394,8 @@ class SessionManager:
                                      f"{self.cfg.reward_timeout_s:g}s; the session is still open: retry") from None
         except RewardRejected as exc:
             raise RequestError(f"the reward service refused session {session.id!r}: {exc}", status=422) from None
+        except RewardUnavailable as exc:
+            raise SessionUnavailable(f"session {session.id!r} is still open: {exc}") from None
         if any(s is None for s in reply.scores):
             raise SessionUnavailable(f"the reward service could not score session {session.id!r}: {reply.errors}; "
                                      "the session is still open")

@@ -25,6 +25,7 @@ from services.rollout.engines.types import SequenceOutput, SequenceRequest
 from services.rollout.errors import RequestError
 from services.rollout.routes.streaming import sse_response, until_disconnect
 from services.rollout.service import RolloutService
+from services.rollout.sessions.auth import authorize_call
 from services.rollout.sessions.chat import continuation, template_key
 from services.rollout.sessions.manager import SessionManager
 from services.rollout.sessions.store import ChatTurn, Session
@@ -38,14 +39,18 @@ def manager(service: RolloutService) -> SessionManager:
     return service.sessions
 
 
-async def session_named(service: RolloutService, path_id: str | None = None,
+async def session_named(service: RolloutService, request: Request, path_id: str | None = None,
                         header_id: str | None = None) -> Session | None:
     """The session a call names: by path (must exist), else by ``X-Session-ID`` header (see
-    ``sessions.unknown_header_id``; ignored, as vLLM does, when session mode is off). A session another replica
-    holds raises :class:`~.registry.SessionElsewhere`: a 307 to the same path there."""
+    ``sessions.unknown_header_id``; ignored, as vLLM does, when session mode is off). A call naming a session
+    needs the control token or the session's key (:mod:`.auth`), checked first. A session another replica holds
+    raises :class:`~.registry.SessionElsewhere`: a 307 to the same path there."""
     if path_id is not None:
+        manager(service)
+        authorize_call(request, path_id)
         return await manager(service).locate(path_id)
     if header_id and service.sessions is not None:
+        authorize_call(request, header_id)
         return await service.sessions.by_header(header_id)
     return None
 
@@ -96,14 +101,16 @@ async def _run(service: RolloutService, request: Request, seqs: list[SequenceReq
 async def chat(service: RolloutService, request: Request, body: ChatCompletionRequest, session: Session) -> Response:
     sessions = manager(service)
     _one(body.n)
+    own_template = service.check_template_kwargs(body.chat_template_kwargs)  # a request's own: always rendered (bounded)
     release = sessions.hold(session)
     try:
         messages = protocol_openai.chat_messages(body)
         tools = protocol_openai.chat_tools(body)
         ids = None
-        if body.add_generation_prompt and not body.continue_final_message:
-            ids = continuation(session, messages, sessions.chat_tokens, tools, body.chat_template_kwargs)
-        plan = protocol_openai.plan_chat(service, body, prompt_ids=ids)
+        if body.add_generation_prompt and not body.continue_final_message and not own_template:
+            ids = await service.off_loop(continuation, session, messages, sessions.chat_tokens, tools,
+                                         body.chat_template_kwargs)
+        plan = await protocol_openai.plan_chat(service, body, prompt_ids=ids)
         seq = plan.seqs[0]
         sessions.check_sampling(session, list(seq.prompt_ids), seq.params)
     except BaseException:
@@ -131,7 +138,7 @@ async def completion(service: RolloutService, request: Request, body: Completion
         raise RequestError("a session call takes one prompt, not a batch")
     release = sessions.hold(session)
     try:
-        plan = protocol_openai.plan_completion(service, body)
+        plan = await protocol_openai.plan_completion(service, body)
         seq = plan.seqs[0]
         sessions.check_sampling(session, list(seq.prompt_ids), seq.params)
     except BaseException:

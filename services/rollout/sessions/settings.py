@@ -18,6 +18,8 @@ class SessionSettings(BaseModel):
                          description="A session idle this long expires: dropped, counted, never pushed.")
     max_sessions: int = Field(default=1024, ge=1, description="Open sessions at most; creating more answers 429.")
     max_calls: int = Field(default=512, ge=1, description="Generation calls in one session at most (then 409).")
+    max_tokens: int = Field(default=131072, ge=1, description="Tokens one session holds at most (prompts and outputs "
+                            "of its trajectories); a call once it holds this many is a 409: finish it.")
     sweep_interval_s: float = Field(default=5.0, gt=0, description="How often expired sessions are swept.")
     remember_finished: int = Field(
         default=16384, ge=0, description="Finished / expired session ids remembered (to answer 409 / say 'expired' "

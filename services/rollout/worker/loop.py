@@ -34,7 +34,7 @@ from services.rollout.agents.chat_tokens import ChatTokensCache
 from services.rollout.worker.contract import GroupFailed, RolloutContext
 from services.rollout.worker.functions import load_rollout_function
 from services.rollout.worker.group import experiences, task_sampling
-from services.rollout.worker.reward_client import RewardClient, RewardRejected
+from services.rollout.worker.reward_client import RewardClient, RewardRejected, RewardUnavailable
 from services.rollout.worker.trajectory import Trajectory
 from shared import keys
 from shared.experience_queue import BackpressureTimeout, Delivery, Lease, StreamQueue
@@ -77,7 +77,8 @@ class RolloutWorker:
         await self.prompts.ensure_group()
         await self.experiences.ensure_group()
         self.rewards = RewardClient(self.cfg.reward_url, self.cfg.reward_timeout_s, self.cfg.reward_backoff_max_s,
-                                    on_retry=lambda _: self.m_reward_retries.inc())
+                                    on_retry=lambda _: self.m_reward_retries.inc(),
+                                    max_attempts=self.cfg.reward_max_attempts, max_retry_s=self.cfg.reward_max_retry_s)
         self.lease = Lease(self.prompts, self.consumer, on_lost=self._lost)
         self.lease.start()
         self._task = asyncio.create_task(self._run(), name="rollout-worker")
@@ -172,7 +173,7 @@ class RolloutWorker:
             self.m_experiences.inc(len(group))
         except asyncio.CancelledError:
             raise  # stays pending (lease released): reclaimed by a worker after claim_idle_ms
-        except (GroupFailed, RewardRejected) as exc:
+        except (GroupFailed, RewardRejected, RewardUnavailable) as exc:
             log.warning("prompt %s failed (delivery %d): %s", d.record.id, d.deliveries, exc)
             await self._fail(d, str(exc))
         except Exception as exc:  # a bug: never lose the prompt, let it be redelivered

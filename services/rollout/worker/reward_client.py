@@ -1,17 +1,26 @@
 """Client of the reward service's ``POST /score`` with timeouts and retry with backoff.
 
 A reward is never invented: while the reward service is down (connection errors, 5xx, 429) the client
-waits and retries, for as long as it takes (or until the worker stops). A 4xx other than 429 means
-the request itself is wrong: :class:`RewardRejected`, and the prompt is failed (then dead-lettered).
+waits and retries, up to ``max_attempts`` tries and ``max_retry_s`` seconds in all; then it raises
+:class:`RewardUnavailable` saying so, and the worker fails the prompt with that reason (redelivered, then
+dead-lettered), freeing its slot and its lease. A 4xx other than 429 means the request itself is wrong:
+:class:`RewardRejected`, and the prompt is failed (then dead-lettered).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 
 import httpx
-from tenacity import AsyncRetrying, retry_if_exception, wait_exponential_jitter
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception,
+    stop_after_attempt,
+    stop_after_delay,
+    wait_exponential_jitter,
+)
 
 from shared.reward_api import ScoreItem, ScoreRequest, ScoreResponse
 
@@ -32,8 +41,11 @@ def _retryable(exc: BaseException) -> bool:
 
 class RewardClient:
     def __init__(self, base_url: str, timeout_s: float, backoff_max_s: float,
-                 on_retry: Callable[[BaseException], None] | None = None) -> None:
+                 on_retry: Callable[[BaseException], None] | None = None, max_attempts: int = 20,
+                 max_retry_s: float = 300.0) -> None:
         self.url = base_url.rstrip("/") + "/score"
+        self.max_attempts = max_attempts
+        self.max_retry_s = max_retry_s
         self._client = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=min(5.0, timeout_s)))
         self._backoff_max = backoff_max_s
         self._on_retry = on_retry
@@ -42,16 +54,25 @@ class RewardClient:
         await self._client.aclose()
 
     async def score(self, items: list[ScoreItem]) -> ScoreResponse:
-        """Scores for ``items`` (same order). Retries until the reward service answers."""
+        """Scores for ``items`` (same order). Retries while the reward service is down, within the limits; past
+        them :class:`RewardUnavailable` says how many tries over how long, and the last error."""
         body = ScoreRequest(items=items).model_dump(mode="json")
-        async for attempt in AsyncRetrying(
-            retry=retry_if_exception(_retryable),
-            wait=wait_exponential_jitter(initial=0.2, max=self._backoff_max),
-            before_sleep=self._before_sleep,
-            reraise=True,
-        ):
-            with attempt:
-                return await self._once(body, len(items))
+        started = time.monotonic()
+        try:
+            async for attempt in AsyncRetrying(
+                retry=retry_if_exception(_retryable),
+                wait=wait_exponential_jitter(initial=0.2, max=self._backoff_max),
+                stop=stop_after_attempt(self.max_attempts) | stop_after_delay(self.max_retry_s),
+                before_sleep=self._before_sleep,
+                reraise=True,
+            ):
+                with attempt:
+                    return await self._once(body, len(items))
+        except RewardUnavailable as exc:
+            raise RewardUnavailable(
+                f"the reward service did not score after {attempt.retry_state.attempt_number} tries over "
+                f"{time.monotonic() - started:.1f}s (limits: worker.reward_max_attempts {self.max_attempts}, "
+                f"worker.reward_max_retry_s {self.max_retry_s:g}); last: {exc}") from exc
         raise AssertionError("unreachable")
 
     async def _once(self, body: dict, n: int) -> ScoreResponse:

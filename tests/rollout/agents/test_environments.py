@@ -87,27 +87,34 @@ async def test_reasoning_gym_tasks_are_scored_by_their_dataset(tiny_model_dir, c
 
 
 async def test_a_failing_environment_in_the_worker_dead_letters_its_prompt_and_the_worker_goes_on(
-        redis_server, redis_client, tiny_model_dir):
+        redis_server, redis_client, tiny_model_dir, tmp_path):
     run_name = "env-fail"
+    marker = tmp_path / "ran"
     settings = RolloutSettings(
         model=str(tiny_model_dir), redis_url=redis_server.url, run_name=run_name, weight_sidecar=False,
         engine={"kind": "hf", "device": "cpu", "torch_threads": 1, "max_wait_ms": 2},
         worker={"enabled": True, "reward_url": "http://127.0.0.1:9", "poll_interval_s": 0.1,
                 "prompts_max_deliveries": 1, "rollout_function": "multi_turn", "sampling": {"max_new_tokens": 6},
-                "agent": {"environment": "calculator", "trajectory_retries": 1, "env_timeout_s": 0.5}})
+                "agent": {"environment": "calculator", "trajectory_retries": 1, "env_timeout_s": 0.5,
+                          "environments": {"hangs": "tests.rollout.agents.sample_envs:Hangs"}}})
     svc = RolloutService(settings)
     await svc.start()
     try:
         await StreamQueue(redis_client, keys.prompts_stream(run_name), "rollout", PromptTask).produce([
-            PromptTask(id="broken", prompt="q", n=2, metadata={"environment": "tests.rollout.agents.sample_envs:Hangs"}),
+            PromptTask(id="broken", prompt="q", n=2, metadata={"environment": "hangs"}),
+            PromptTask(id="evil", prompt="q", metadata={"environment": "subprocess:Popen",
+                                                        "environment_args": {"args": ["touch", str(marker)]}}),
             PromptTask(id="fine", prompt="What is 2 + 2?", label=4, n=2)])
         deadline = time.monotonic() + 60
         while await redis_client.xlen(keys.prompts_stream(run_name)) and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
-        (entry,) = await redis_client.xrange(keys.dead_letter_stream(keys.prompts_stream(run_name)))
-        error = entry[1][b"error"].decode()
-        assert "failed 2 times" in error and "environment tests.rollout.agents.sample_envs:Hangs: step did not " \
-                                              "answer within 0.5s" in error
+        entries = await redis_client.xrange(keys.dead_letter_stream(keys.prompts_stream(run_name)))
+        errors = [e[b"error"].decode() for _, e in entries]
+        hung = next(e for e in errors if "Popen" not in e)
+        assert "failed 2 times" in hung and "environment hangs: step did not answer within 0.5s" in hung
+        refused = next(e for e in errors if "subprocess:Popen" in e)
+        assert "is not one this worker allows a task to pick" in refused and len(entries) == 2
+        assert not marker.exists()  # the task's import path was never imported, let alone called
         q = StreamQueue(redis_client, keys.experiences_stream(run_name), "learner", Experience)
         await q.ensure_group()
         exps = [d.record for d in await q.consume("l", count=10, block_ms=500)]

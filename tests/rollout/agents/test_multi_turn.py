@@ -166,14 +166,39 @@ async def test_a_transient_environment_failure_is_retried(tiny_model_dir):
 
 
 @pytest.mark.parametrize(("metadata", "problem"), [
-    ({"environment": "no-such-env"}, "not a known name"),
-    ({"environment": f"{ENVS}:not_an_env"}, "has no reset / step / close"),
+    ({"environment": "no-such-env"}, "not one this worker allows a task to pick"),
+    ({"environment": "broken"}, "has no reset / step / close"),
     ({"environment": "echo", "environment_args": {"no_such_arg": 1}}, "unexpected keyword argument"),
 ])
 async def test_a_task_naming_a_bad_environment_fails_its_group(tiny_model_dir, metadata, problem):
+    agent = {"environment": "echo", "trajectory_retries": 0, "environments": {"broken": f"{ENVS}:not_an_env"}}
     with pytest.raises(GroupFailed, match=problem):
-        await run(tiny_model_dir, lambda p: "x", {"environment": "echo", "trajectory_retries": 0},
-                  PromptTask(id="b", prompt="q", metadata=metadata))
+        await run(tiny_model_dir, lambda p: "x", agent, PromptTask(id="b", prompt="q", metadata=metadata))
+
+
+@pytest.mark.parametrize("spec", ["subprocess:Popen", "os:system", f"{ENVS}:FlakyOnce", "tests.rollout.agents.canary:X"])
+async def test_a_task_naming_an_import_path_is_refused_and_nothing_is_imported(tiny_model_dir, tmp_path, spec):
+    """Code runs only where the settings name it: a task's metadata.environment is a name the settings allow,
+    never an import path (before, `subprocess:Popen` with environment_args {args: [...]} ran the command)."""
+    import sys
+
+    marker = tmp_path / "ran"
+    task = PromptTask(id="evil", prompt="q", metadata={
+        "environment": spec, "environment_args": {"args": ["touch", str(marker)]}})
+    sys.modules.pop("tests.rollout.agents.canary", None)
+    with pytest.raises(GroupFailed, match=f"environment '{spec}' is not one this worker allows") as err:
+        await run(tiny_model_dir, lambda p: "x", {"environment": "echo", "trajectory_retries": 0}, task)
+    assert "worker.agent.environments" in str(err.value)
+    assert not marker.exists()
+    assert "tests.rollout.agents.canary" not in sys.modules  # looked up, never imported
+
+
+async def test_a_task_picks_an_environment_the_settings_name(tiny_model_dir):
+    agent = {"environment": "echo", "environments": {"flaky": f"{ENVS}:FlakyOnce"}}
+    sample_envs.CALLS.clear()
+    (t,), _ = await run(tiny_model_dir, lambda p: "hi", agent,
+                        PromptTask(id="ok", prompt="q", metadata={"environment": "flaky"}))
+    assert t.reward == 0.75 and sample_envs.CALLS["FlakyOnce.reset"] == 2
 
 
 def test_tool_message_round_trip_matches_the_template(tiny_model_dir):

@@ -50,7 +50,7 @@ def fleet(tiny_model_dir, redis_server, tmp_path_factory):
         "sessions": {"enabled": True, "max_sessions": 2},  # fewer than the tests' samples at once: runs wait their turn
         "worker": {"enabled": True, "reward_url": reward.url, "poll_interval_s": 0.1, "prompts_max_deliveries": 1,
                    "concurrency": 8, "rollout_function": "openai_agent",
-                   "program": {"command": PROGRAM, "timeout_s": 60, "retries": 1}},
+                   "program": {"command": PROGRAM, "timeout_s": 60, "retries": 1, "reward_from_output": True}},
     }
     try:
         proc, url, log = start_rollout(tmp, "rollout", config)
@@ -229,3 +229,39 @@ def test_openai_agent_needs_a_command_and_sessions(tiny_model_dir):
     with pytest.raises(ValueError, match="set sessions.enabled: true"):
         RolloutSettings(**base, worker={**worker, "program": {"command": PROGRAM}})
     RolloutSettings(**base, worker={**worker, "program": {"command": PROGRAM}}, sessions={"enabled": True})
+
+
+async def test_the_program_gets_a_clean_environment(monkeypatch):
+    """Only inherit_env of the service's environment, plus `env` and what the run adds: never the control token,
+    REDIS_URL or HF_TOKEN (before, the program inherited the whole service environment)."""
+    for k, v in {"FLEETRL_ROLLOUT_CONTROL_TOKEN": "secret", "REDIS_URL": "redis://:pw@h", "HF_TOKEN": "hf_x"}.items():
+        monkeypatch.setenv(k, v)
+    script = "import json, os; print(json.dumps(sorted(os.environ)))"
+    cfg = ProgramSettings(command=["{python}", "-c", script], env={"MINE": "1"})
+    names = set(json.loads((await run_program(cfg, {"OPENAI_API_KEY": "k"}, "")).strip().splitlines()[-1]))
+    assert {"MINE", "OPENAI_API_KEY", "PATH"} <= names
+    assert not names & {"FLEETRL_ROLLOUT_CONTROL_TOKEN", "REDIS_URL", "HF_TOKEN"}
+    assert names <= {*cfg.inherit_env, "MINE", "OPENAI_API_KEY", "LC_CTYPE", "PWD"}  # what the OS may add itself
+
+
+async def test_a_program_writing_without_bound_is_stopped_at_max_file_bytes(tmp_path):
+    script = "import sys\nwhile True: sys.stdout.write('x' * 65536)"
+    t0 = time.monotonic()
+    with pytest.raises(RunFailed, match="more than 1048576 bytes .*worker.program.max_file_bytes"):
+        await run_program(ProgramSettings(command=["{python}", "-c", script], max_file_bytes=1024 * 1024,
+                                          timeout_s=30), {}, "")
+    assert time.monotonic() - t0 < 20  # stopped by the cap, not the timeout
+
+
+def test_the_task_json_has_no_label_and_the_printed_reward_is_off_unless_configured():
+    from types import SimpleNamespace
+
+    from services.rollout.agents.openai_agent import task_json
+    from services.rollout.engines.types import SamplingParams
+
+    assert ProgramSettings().reward_from_output is False
+    task = PromptTask(id="t", prompt="2+2?", label="4", n=2)
+    for show, want in ((False, None), (True, "4")):
+        ctx = SimpleNamespace(task=task, params=SamplingParams(max_new_tokens=4), tokenizer=None,
+                              settings=SimpleNamespace(program=ProgramSettings(show_label=show)))
+        assert json.loads(task_json(ctx, 0)).get("label") == want

@@ -41,12 +41,12 @@ async def client(tiny_model_dir, redis_server):
                                redis_url=redis_server.url, run_name=RUN, sessions={"enabled": True})
     app = create_app(settings, service=RolloutService(settings, engine=ScriptedEngine(str(tiny_model_dir), tool_script)))
     async with (app.router.lifespan_context(app),
-                httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://rollout") as http):
+                httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://rollout", headers=AUTH) as http):
         yield http
 
 
 def oai(http: httpx.AsyncClient, base: str = "/v1") -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=f"http://rollout{base}", api_key="x", http_client=http, max_retries=0)
+    return openai.AsyncOpenAI(base_url=f"http://rollout{base}", api_key=CONTROL_TOKEN, http_client=http, max_retries=0)
 
 
 async def test_declared_tools_give_tool_calls(client):

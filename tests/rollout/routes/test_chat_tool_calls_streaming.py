@@ -62,7 +62,7 @@ async def client(tiny_model_dir, redis_server):
                                redis_url=redis_server.url, run_name=RUN, sessions={"enabled": True})
     app = create_app(settings, service=RolloutService(settings, engine=TokenByToken(str(tiny_model_dir), script, context_length=4096)))
     async with (app.router.lifespan_context(app),
-                httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://rollout") as http):
+                httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://rollout", headers=AUTH) as http):
         yield http
 
 

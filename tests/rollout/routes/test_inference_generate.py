@@ -9,6 +9,7 @@ import math
 import httpx
 import pytest
 
+from tests.rollout.routes.conftest import AUTH
 from tests.rollout.routes.test_sessions_openai import create, finish, pushed
 
 PROMPT = [3, 89, 87, 73, 86, 203, 76, 73]
@@ -129,10 +130,10 @@ def test_session_header_is_a_hint_when_sessions_are_off(rollout):
 
 def test_session_header_records_the_call(session_rollout, redis_server):
     sid = create(session_rollout.url, prompt_id="tito-task")
-    first = gen(session_rollout.url, headers={"X-Session-ID": sid},
+    first = gen(session_rollout.url, headers={"X-Session-ID": sid, **AUTH},
                 sampling_params={"max_tokens": 4, "logprobs": 1, "ignore_eos": True}).json()["choices"][0]
     env = [70, 71]
-    second = gen(session_rollout.url, headers={"X-Session-ID": sid}, token_ids=PROMPT + first["token_ids"] + env,
+    second = gen(session_rollout.url, headers={"X-Session-ID": sid, **AUTH}, token_ids=PROMPT + first["token_ids"] + env,
                  sampling_params={"max_tokens": 3, "logprobs": 1, "ignore_eos": True}).json()["choices"][0]
     finish(session_rollout.url, sid, reward=0.25)
     exp = pushed(redis_server.url)["tito-task#0"]

@@ -13,6 +13,7 @@ import asyncio
 import httpx
 import pytest
 
+from tests.rollout.routes.conftest import AUTH
 from tests.rollout.routes.test_sessions_openai import create, finish, pushed
 
 vf_clients = pytest.importorskip("verifiers.v1.clients", reason="verifiers is in the dev extra (make install)")
@@ -24,7 +25,7 @@ async def _turn(url: str, model_dir: str, sid: str, messages: list[dict], logpro
     from verifiers.v1.types import SamplingConfig
 
     cfg = vf_clients.TrainClientConfig(base_url=f"{url}/v1", renderer=renderers_configs.DefaultRendererConfig(),
-                                       renderer_model_name=model_dir)
+                                       renderer_model_name=model_dir, headers=AUTH)
     client = vf_clients.TrainClient(cfg)
     try:
         sampling = SamplingConfig(max_tokens=6, temperature=1.0, **({"logprobs": logprobs} if logprobs else {}))
@@ -43,7 +44,7 @@ def test_verifiers_train_client_generates_and_the_session_records_it(session_rol
     tokens = resp.tokens
     assert len(tokens.completion_ids) == len(tokens.completion_logprobs) >= 1
     assert resp.finish_reason in ("stop", "length")
-    state = httpx.get(f"{url}/sessions/{sid}", headers={"Authorization": "Bearer test-control-token"}, timeout=10).json()
+    state = httpx.get(f"{url}/sessions/{sid}", headers=AUTH, timeout=10).json()
     assert state["calls"] == 1
     finish(url, sid, reward=1.0)
     exp = pushed(redis_server.url)[f"vf-task-{logprobs}#0"]

@@ -11,10 +11,11 @@ import openai
 import pytest
 
 from tests.procs import starts_processes, stop
-from tests.rollout.conftest import Server, start_rollout
+from tests.rollout.conftest import CONTROL_TOKEN, Server, start_rollout
 from tests.rollout.routes.conftest import AUTH, session_config
 
 TTL_S = 3.0
+MAX_TOKENS = 48
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +23,8 @@ TTL_S = 3.0
 def limited(tiny_model_dir, redis_server, tmp_path_factory) -> Server:
     """Short TTL, two sessions at most."""
     tmp = tmp_path_factory.mktemp("limited-sessions")
-    cfg = session_config(tiny_model_dir, redis_server.url, ttl_s=TTL_S, sweep_interval_s=0.2, max_sessions=2)
+    cfg = session_config(tiny_model_dir, redis_server.url, ttl_s=TTL_S, sweep_interval_s=0.2, max_sessions=2,
+                         max_tokens=MAX_TOKENS)
     proc, url, log = start_rollout(tmp, "rollout", cfg)
     yield Server(url=url, log=log, model_dir=Path(tiny_model_dir))
     stop(proc)
@@ -30,7 +32,7 @@ def limited(tiny_model_dir, redis_server, tmp_path_factory) -> Server:
 
 @pytest.fixture()
 def http(limited):
-    with httpx.Client(base_url=limited.url, timeout=60) as c:
+    with httpx.Client(base_url=limited.url, timeout=60, headers=AUTH) as c:
         yield c
 
 
@@ -54,9 +56,9 @@ def call(http, sid: str, **extra) -> httpx.Response:
 def test_unknown_session_is_404_by_path_and_header(http, limited):
     assert "no session 'nope'" in error(call(http, "nope"), 404)
     r = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}], "max_tokens": 2},
-                  headers={"X-Session-ID": "nope"})
+                  headers={"X-Session-ID": "nope", **AUTH})
     error(r, 404)
-    client = openai.OpenAI(base_url=f"{limited.url}/sessions/nope/v1", api_key="x", timeout=30, max_retries=0)
+    client = openai.OpenAI(base_url=f"{limited.url}/sessions/nope/v1", api_key=CONTROL_TOKEN, timeout=30, max_retries=0)
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=2)
     error(http.get("/sessions/nope", headers=AUTH), 404)
@@ -94,9 +96,46 @@ def test_max_sessions_answers_429_until_one_is_deleted(http):
         http.delete(f"/sessions/{sid}", headers=AUTH)
 
 
-def test_control_routes_need_the_token(http):
-    error(http.post("/sessions", json={}), 401)
-    error(http.post("/sessions", json={}, headers={"Authorization": "Bearer wrong"}), 401)
+def test_a_session_holds_at_most_max_tokens(http):
+    """Memory per session is bounded: once it holds sessions.max_tokens, a call is a 409 saying so."""
+    sid = create(http)
+    try:
+        statuses = [call(http, sid).status_code for _ in range(MAX_TOKENS // 4 + 2)]  # each call: 2 + 2 tokens
+        first = statuses.index(409)
+        assert set(statuses[:first]) == {200} and set(statuses[first:]) == {409}
+        assert "sessions.max_tokens" in error(call(http, sid), 409)
+        assert MAX_TOKENS <= http.get(f"/sessions/{sid}").json()["tokens"] < MAX_TOKENS + 8
+    finally:
+        http.delete(f"/sessions/{sid}")
+
+
+def test_control_routes_need_the_token(limited):
+    url = limited.url
+    error(httpx.post(f"{url}/sessions", json={}), 401)
+    error(httpx.post(f"{url}/sessions", json={"group_id": "g"}, headers={"Authorization": "Bearer wrong"}), 401)
+
+
+def test_session_calls_need_the_sessions_key_or_the_control_token(http, limited):
+    """Before, anyone who could reach the replica could add calls to any session (and the header route opened
+    sessions for them with unknown_header_id: open)."""
+    r = http.post("/sessions", json={})
+    sid, key = r.json()["session_id"], r.json()["api_key"]
+    other = http.post("/sessions", json={}).json()
+    body = {"prompt": [70, 71], "max_tokens": 2}
+    path = f"{limited.url}/sessions/{sid}/v1/completions"
+    assert "api_key" in error(httpx.post(path, json=body, timeout=30), 401)
+    error(httpx.post(path, json=body, headers={"Authorization": f"Bearer {other['api_key']}"}, timeout=30), 401)
+    error(httpx.post(f"{limited.url}/v1/completions", json=body, headers={"X-Session-ID": sid}, timeout=30), 401)
+    error(httpx.get(f"{limited.url}/sessions/{sid}/v1/models", timeout=30), 401)
+    assert http.get(f"/sessions/{sid}").json()["calls"] == 0  # nothing was recorded
+    own = openai.OpenAI(base_url=f"{limited.url}/sessions/{sid}/v1", api_key=key, timeout=30, max_retries=0)
+    own.completions.create(model="tiny", prompt=[70, 71], max_tokens=2)
+    by_header = httpx.post(f"{limited.url}/v1/completions", json=body, timeout=30,
+                           headers={"X-Session-ID": sid, "Authorization": f"Bearer {key}"})
+    assert by_header.status_code == 200, by_header.text
+    assert http.get(f"/sessions/{sid}").json()["calls"] == 2
+    for s in (sid, other["session_id"]):
+        http.delete(f"/sessions/{s}")
 
 
 @pytest.mark.parametrize("body, says", [

@@ -15,6 +15,7 @@ from services.rollout.agents.chat_tokens import ChatTokens
 from shared import keys
 from shared.codec import decode
 from shared.schemas import Experience
+from tests.rollout.conftest import CONTROL_TOKEN
 from tests.rollout.routes.conftest import AUTH, RUN
 
 
@@ -47,7 +48,7 @@ def tok(session_rollout):
 def test_openai_agent_three_turns_become_one_exact_trajectory(session_rollout, redis_server, tok):
     url = session_rollout.url
     sid = create(url, prompt_id="agent-task-1", group_size=2, index=1, label="42", metadata={"env": "chat"})
-    client = openai.OpenAI(base_url=f"{url}/sessions/{sid}/v1", api_key="unused", timeout=60, max_retries=0)
+    client = openai.OpenAI(base_url=f"{url}/sessions/{sid}/v1", api_key=CONTROL_TOKEN, timeout=60, max_retries=0)
     messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "what is 6*7?"}]
     env_replies = [[{"role": "user", "content": "are you sure?"}],
                    [{"role": "user", "content": "check with a tool"}, {"role": "user", "content": "then answer"}]]
@@ -97,8 +98,8 @@ def test_header_session_on_plain_routes_stitches_completions(session_rollout, re
     """X-Session-ID on /v1/completions (token prompts): the second prompt extends the first by env tokens."""
     url = session_rollout.url
     sid = create(url, prompt_id="header-task")
-    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=60, max_retries=0,
-                           default_headers={"X-Session-ID": sid})
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key=CONTROL_TOKEN, timeout=60, max_retries=0,
+                           default_headers={"X-Session-ID": sid, **AUTH})
     prompt = [72, 105, 33]
     r1 = client.completions.create(model="tiny", prompt=prompt, max_tokens=5, temperature=0.7,
                                    extra_body={"return_token_ids": True, "ignore_eos": True})
@@ -119,8 +120,8 @@ def test_a_call_that_does_not_extend_starts_a_second_trajectory(session_rollout,
     url = session_rollout.url
     sid = create(url, prompt_id="rewritten")
     base = f"{url}/sessions/{sid}/v1/completions"
-    a = httpx.post(base, json={"prompt": [50, 51], "max_tokens": 3, "ignore_eos": True}, timeout=60)
-    b = httpx.post(base, json={"prompt": [60, 61, 62], "max_tokens": 3, "ignore_eos": True}, timeout=60)
+    a = httpx.post(base, json={"prompt": [50, 51], "max_tokens": 3, "ignore_eos": True}, timeout=60, headers=AUTH)
+    b = httpx.post(base, json={"prompt": [60, 61, 62], "max_tokens": 3, "ignore_eos": True}, timeout=60, headers=AUTH)
     assert a.status_code == b.status_code == 200
     state = httpx.get(f"{url}/sessions/{sid}", headers=AUTH, timeout=10).json()
     assert state["calls"] == 2 and state["trajectories"] == 2

@@ -14,11 +14,12 @@ import pytest
 import redis
 
 from deploy.local.ports import free_port
+from services.rollout.sessions.auth import session_key
 from shared import keys
 from shared.codec import decode
 from shared.schemas import Experience
 from tests.procs import starts_processes, stop
-from tests.rollout.conftest import Server, start_rollouts
+from tests.rollout.conftest import CONTROL_TOKEN, Server, start_rollouts
 from tests.rollout.routes.conftest import AUTH, session_config
 
 RUN = "sessions-fleet"
@@ -77,7 +78,7 @@ def test_openai_agent_on_another_replica_trains_the_owners_session(replicas, r):
     sid = create(a.url, prompt_id="fleet-task", label="42")["session_id"]
     before = len(pushed(r))
 
-    client = openai.OpenAI(base_url=f"{b.url}/sessions/{sid}/v1", api_key="unused", timeout=60, max_retries=0)
+    client = openai.OpenAI(base_url=f"{b.url}/sessions/{sid}/v1", api_key=CONTROL_TOKEN, timeout=60, max_retries=0)
     messages = [{"role": "user", "content": "what is 6*7?"}]
     turns = []
     for k in range(3):
@@ -113,7 +114,7 @@ def test_openai_agent_on_another_replica_trains_the_owners_session(replicas, r):
 
     # finished: 409 on both replicas, for calls, the lifecycle, and a second finish (nothing pushed again)
     for url in (a.url, b.url):
-        again = openai.OpenAI(base_url=f"{url}/sessions/{sid}/v1", api_key="unused", timeout=60, max_retries=0)
+        again = openai.OpenAI(base_url=f"{url}/sessions/{sid}/v1", api_key=CONTROL_TOKEN, timeout=60, max_retries=0)
         with pytest.raises(openai.ConflictError):
             again.chat.completions.create(model="tiny", messages=messages, max_tokens=2)
         assert "finished" in status(httpx.get(f"{url}/sessions/{sid}", headers=AUTH, timeout=30), 409)
@@ -124,17 +125,19 @@ def test_openai_agent_on_another_replica_trains_the_owners_session(replicas, r):
 def test_header_calls_on_another_replica_are_redirected_and_recorded_by_the_owner(replicas):
     a, b = replicas
     sid = create(a.url, prompt_id="fleet-header")["session_id"]
-    client = openai.OpenAI(base_url=f"{b.url}/v1", api_key="unused", timeout=60, max_retries=0,
-                           default_headers={"X-Session-ID": sid})
+    client = openai.OpenAI(base_url=f"{b.url}/v1", api_key=CONTROL_TOKEN, timeout=60, max_retries=0,
+                           default_headers={"X-Session-ID": sid, **AUTH})
     client.completions.create(model="tiny", prompt=[72, 105], max_tokens=3, temperature=0.7)
     chunks = list(client.completions.create(model="tiny", prompt=[72, 105, 1], max_tokens=3, temperature=0.7,
                                             stream=True))  # a stream is redirected before its first byte
     assert chunks and chunks[-1].choices[0].finish_reason is not None
-    raw = httpx.post(f"{b.url}/inference/v1/generate", headers={"X-Session-ID": sid}, timeout=60,
+    raw = httpx.post(f"{b.url}/inference/v1/generate", headers={"X-Session-ID": sid, **AUTH}, timeout=60,
                      json={"token_ids": [72, 105, 33], "sampling_params": {"max_tokens": 2, "temperature": 0.7}})
-    assert raw.status_code == 307 and raw.headers["location"] == f"{a.url}/inference/v1/generate"
+    # the owner gets the session's key in the query: clients drop Authorization on a redirect to another host
+    key = session_key(CONTROL_TOKEN, sid)
+    assert raw.status_code == 307 and raw.headers["location"] == f"{a.url}/inference/v1/generate?session_key={key}"
     assert raw.headers["X-Session-Replica"] == a.url and a.url in raw.json()["error"]["message"]
-    followed = httpx.post(f"{b.url}/inference/v1/generate", headers={"X-Session-ID": sid}, timeout=60,
+    followed = httpx.post(f"{b.url}/inference/v1/generate", headers={"X-Session-ID": sid, **AUTH}, timeout=60,
                           follow_redirects=True, json={"token_ids": [72, 105, 33],
                                                        "sampling_params": {"max_tokens": 2, "temperature": 0.7}})
     assert followed.status_code == 200, followed.text
@@ -144,13 +147,13 @@ def test_header_calls_on_another_replica_are_redirected_and_recorded_by_the_owne
     assert gone.status_code == 200 and gone.json()["state"] == "deleted"
     for url in (a.url, b.url):
         with pytest.raises(openai.ConflictError):
-            openai.OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=60, max_retries=0,
-                          default_headers={"X-Session-ID": sid}).completions.create(model="tiny", prompt=[1], max_tokens=1)
+            openai.OpenAI(base_url=f"{url}/v1", api_key=CONTROL_TOKEN, timeout=60, max_retries=0,
+                          default_headers={"X-Session-ID": sid, **AUTH}).completions.create(model="tiny", prompt=[1], max_tokens=1)
 
 
 def test_unknown_lost_and_bad_input_stay_4xx(replicas, r):
     a, b = replicas
-    client = openai.OpenAI(base_url=f"{b.url}/sessions/nobody/v1", api_key="unused", timeout=60, max_retries=0)
+    client = openai.OpenAI(base_url=f"{b.url}/sessions/nobody/v1", api_key=CONTROL_TOKEN, timeout=60, max_retries=0)
     with pytest.raises(openai.NotFoundError, match="no session"):
         client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
     assert "no session" in status(httpx.get(f"{b.url}/sessions/nobody", headers=AUTH, timeout=30), 404)
@@ -159,7 +162,7 @@ def test_unknown_lost_and_bad_input_stay_4xx(replicas, r):
     # registered to a replica that is gone (no heartbeat): 404 saying so, no redirect to nowhere
     r.set(keys.session_owner(RUN, "orphan"), "http://127.0.0.1:9", ex=60)
     msg = status(httpx.post(f"{b.url}/sessions/orphan/v1/completions", json={"prompt": [1], "max_tokens": 1},
-                            timeout=30), 404)
+                            headers=AUTH, timeout=30), 404)
     assert "no longer running" in msg
     status(httpx.delete(f"{b.url}/sessions/orphan", headers=AUTH, timeout=30), 404)
 
@@ -169,12 +172,12 @@ def test_unknown_lost_and_bad_input_stay_4xx(replicas, r):
     r.set(keys.session_owner(RUN, "crashed"), dead, ex=60)
     r.set(keys.rollout_replica(RUN, dead), "1", ex=60)
     msg = status(httpx.post(f"{b.url}/sessions/crashed/v1/completions", json={"prompt": [1], "max_tokens": 1},
-                            timeout=30), 404)
+                            headers=AUTH, timeout=30), 404)
     assert dead in msg and "does not answer" in msg
     status(httpx.get(f"{b.url}/sessions/crashed", headers=AUTH, timeout=30), 404)
 
     sid = create(a.url)["session_id"]
-    on_b = openai.OpenAI(base_url=f"{b.url}/sessions/{sid}/v1", api_key="unused", timeout=60, max_retries=0)
+    on_b = openai.OpenAI(base_url=f"{b.url}/sessions/{sid}/v1", api_key=CONTROL_TOKEN, timeout=60, max_retries=0)
     with pytest.raises(openai.BadRequestError, match="n=2"):  # redirected, refused by the owner as it would be
         on_b.completions.create(model="tiny", prompt=[1, 2], max_tokens=2, n=2)
     status(httpx.post(f"{b.url}/sessions/{sid}/finish", json={"reward": "x"}, headers=AUTH, timeout=30), 400)

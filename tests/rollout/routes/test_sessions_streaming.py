@@ -14,7 +14,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from tests.procs import starts_processes, stop
-from tests.rollout.conftest import Server, start_rollout
+from tests.rollout.conftest import CONTROL_TOKEN, Server, start_rollout
 from tests.rollout.routes.conftest import AUTH, session_config
 from tests.rollout.routes.test_sessions_openai import create, finish, pushed
 from tests.rollout.test_load_and_pause import metric, wait_inflight_zero
@@ -55,7 +55,7 @@ def model_turns(exp) -> list[list[int]]:
 
 def chat_session(url: str, sid: str, stream: bool) -> list[dict]:
     """Two greedy chat turns of an `openai` agent in session ``sid``; each turn's message as the agent has it."""
-    client = openai.OpenAI(base_url=f"{url}/sessions/{sid}/v1", api_key="unused", timeout=60, max_retries=0)
+    client = openai.OpenAI(base_url=f"{url}/sessions/{sid}/v1", api_key=CONTROL_TOKEN, timeout=60, max_retries=0)
     messages = [{"role": "user", "content": "count with me"}]
     got = []
     for k in range(2):
@@ -112,7 +112,7 @@ def test_streamed_completion_and_token_calls_are_recorded(session_rollout, redis
     url = session_rollout.url
     sid = create(url, prompt_id="stream-tokens")
     prompt = [72, 105, 33]
-    with httpx.stream("POST", f"{url}/v1/completions", headers={"X-Session-ID": sid}, timeout=60, json={
+    with httpx.stream("POST", f"{url}/v1/completions", headers={"X-Session-ID": sid, **AUTH}, timeout=60, json={
             "model": "tiny", "prompt": prompt, "max_tokens": 5, "stream": True, "logprobs": 0,
             "return_token_ids": True, "ignore_eos": True}) as r:
         assert r.status_code == 200
@@ -121,7 +121,7 @@ def test_streamed_completion_and_token_calls_are_recorded(session_rollout, redis
     lp1 = [x for c in first for ch in c["choices"] for x in ch["logprobs"]["token_logprobs"]]
     assert len(out1) == 5 and first[-1]["choices"][0]["finish_reason"] == "length"
     env = [40, 41]
-    with httpx.stream("POST", f"{url}/sessions/{sid}/inference/v1/generate", timeout=60, json={
+    with httpx.stream("POST", f"{url}/sessions/{sid}/inference/v1/generate", timeout=60, headers=AUTH, json={
             "token_ids": prompt + out1 + env, "stream": True,
             "sampling_params": {"max_tokens": 3, "logprobs": 0, "ignore_eos": True}}) as r:
         assert r.status_code == 200
@@ -143,7 +143,7 @@ async def test_client_leaving_mid_stream_aborts_and_records_nothing(slow_rollout
     base = f"/sessions/{sid}/v1/chat/completions"
     long = {"model": "tiny", "messages": [{"role": "user", "content": "talk"}], "max_tokens": 6000,
             "ignore_eos": True, "stream": True}
-    async with httpx.AsyncClient(base_url=url, timeout=60) as c:
+    async with httpx.AsyncClient(base_url=url, timeout=60, headers=AUTH) as c:
         aborted = metric((await c.get("/metrics")).text, 'fleetrl_rollout_sequences_total{finish="abort"}')
         async with c.stream("POST", base, json=long) as r:
             assert r.status_code == 200

@@ -148,7 +148,7 @@ async def _episode(url: str, model_dir: Path, prompt_id: str):
     env = vf.SingleAgentEnv(vf.SingleAgentEnvConfig(taskset={"id": "fleetrl_vf_calc"},
                                                     agent={"harness": {"id": "null"},
                                                            "runtime": {"type": "subprocess"}}))
-    client = vf.TrainClientConfig(base_url=f"{url}/v1", renderer_model_name=str(model_dir),
+    client = vf.TrainClientConfig(base_url=f"{url}/v1", renderer_model_name=str(model_dir), headers=AUTH,
                                   renderer=renderers_configs.DefaultRendererConfig(tool_parser="qwen3"))
     ctx = vf.ModelContext(model="tiny", client=client, sampling=vf.SamplingConfig(max_tokens=80, temperature=0.0))
     task = next(iter(env.taskset))
