@@ -3,7 +3,9 @@
 Keeps up to ``rollout.window`` dataset positions in flight (``RunState.in_flight``, saved in checkpoints),
 walking the prompt set epoch by epoch, and issues a position again under a new attempt id
 (``e{epoch}-{index}-r{n}``) when its group timed out, went stale, was dead-lettered or was lost by a restarted
-Redis. What to do with the experiences that come back is the runner's and the group buffer's business.
+Redis. Every task carries the learner's grant for its group (``grants.py``), and the size it was issued with is
+recorded in ``InFlight``: the learner files only experiences of groups it issued. What to do with the
+experiences that come back is the runner's and the group buffer's business.
 """
 
 from __future__ import annotations
@@ -13,8 +15,10 @@ import time
 from collections.abc import Collection
 
 from shared.experience_queue import BackpressureTimeout, StreamQueue
+from shared.schemas import PromptTask
 
 from .data import PromptSet
+from .grants import grant
 from .observability import MetricsSink
 from .queue_watch import prompts_lost_by_redis
 from .run_state import InFlight, RunState
@@ -52,7 +56,7 @@ class PromptFeeder:
             index += 1
             if index >= len(data):
                 epoch, index = epoch + 1, 0
-        tasks = [data.task(e, i, 0, self.s.rollout) for e, i in positions]
+        tasks = [self._task(e, i, 0) for e, i in positions]
         try:
             entries = await self.prompts.produce(tasks, timeout=self.s.queue.produce_timeout_s)
         except BackpressureTimeout as exc:
@@ -60,15 +64,17 @@ class PromptFeeder:
             return
         now = time.time()
         for (e, i), entry in zip(positions, entries):
-            st.in_flight[f"e{e}-{i}"] = InFlight(epoch=e, index=i, attempt=0, issued_at=now, entry=entry)
+            st.in_flight[f"e{e}-{i}"] = InFlight(epoch=e, index=i, attempt=0, issued_at=now, entry=entry,
+                                                 group_size=self.s.rollout.group_size)
         st.epoch, st.next_index = epoch, index
         self._count("prompts_issued", len(tasks))
 
     async def reissue(self, key: str) -> None:
         """Issue in-flight position ``key`` again under its next attempt id."""
         item = self.state.in_flight[key]
-        task = self.data.task(item.epoch, item.index, item.attempt + 1, self.s.rollout)
+        task = self._task(item.epoch, item.index, item.attempt + 1, item.group_size or None)
         [item.entry] = await self.prompts.produce([task], timeout=self.s.queue.produce_timeout_s)
+        item.group_size = task.n
         item.attempt += 1
         item.issued_at = time.time()
         self._count("prompts_issued")
@@ -92,6 +98,14 @@ class PromptFeeder:
                         "re-issuing them", len(lost))
         for key in lost:
             await self.reissue(key)
+
+    def _task(self, epoch: int, index: int, attempt: int, group_size: int | None = None) -> PromptTask:
+        """The prompt task of a position's attempt, with the grant of its group (a re-issue keeps the size the
+        position was first issued with)."""
+        task = self.data.task(epoch, index, attempt, self.s.rollout)
+        if group_size is not None and group_size != task.n:
+            task = task.model_copy(update={"n": group_size})
+        return task.model_copy(update={"grant": grant(self.state.grant_key, task.id, task.n)})
 
     def _count(self, name: str, n: int = 1) -> None:
         self.state.bump(name, n)

@@ -65,11 +65,13 @@ import numpy as np
 from shared import keys
 from shared.experience_queue import Delivery, Lease, ProcessedIds, StreamQueue
 from shared.schemas import Experience, PromptTask
+from shared.signing import signer_for
 
 from .checkpoint import CheckpointManager
 from .commits import Commits
 from .data import PromptSet, epoch_plan, parse_item_id, passes_note
 from .distributed.env import RankInfo
+from .grants import unissued
 from .group_buffer import Filed, GroupBuffer, position_of
 from .observability import MetricsSink
 from .prompt_feeder import PromptFeeder
@@ -98,10 +100,14 @@ class RLRunner:
         self.sink = sink
         q = settings.queue
         run = settings.run_name
-        self.prompts = StreamQueue(redis, keys.prompts_stream(run), "rollout", PromptTask, max_backlog=q.max_backlog)
+        signer = signer_for(settings.run_key)  # prompts go out signed; experiences must come in signed
+        self.prompts = StreamQueue(redis, keys.prompts_stream(run), "rollout", PromptTask, max_backlog=q.max_backlog,
+                                   signer=signer, dead_letter_maxlen=q.dead_letter_maxlen)
         self.experiences = StreamQueue(redis, keys.experiences_stream(run), "learner", Experience,
-                                       max_deliveries=q.max_deliveries, claim_idle_ms=q.claim_idle_ms)
-        self.processed = ProcessedIds(redis, keys.processed_ids(run, "learner"))
+                                       max_deliveries=q.max_deliveries, claim_idle_ms=q.claim_idle_ms,
+                                       signer=signer, dead_letter_maxlen=q.dead_letter_maxlen)
+        self.processed = ProcessedIds(redis, keys.processed_ids(run, "learner"), max_ids=q.processed_ids_max,
+                                      ttl_s=q.processed_ids_ttl_s)
         self.state = RunState()
         self.trainer = None
         self.feeder: PromptFeeder | None = None  # once the prompt set is loaded (start)
@@ -348,8 +354,13 @@ class RLRunner:
     async def _receive(self) -> None:
         if self._wait_started is None:
             self._wait_started = time.perf_counter()
+        before = self.experiences.rejected_signature
         deliveries = await self.experiences.consume(self.s.queue.consumer, count=self.s.queue.consume_count,
                                                     block_ms=self.s.queue.block_ms)
+        unsigned = self.experiences.rejected_signature - before
+        if unsigned:  # dead-lettered by the queue before decoding (shared/signing.py)
+            self.state.bump("experiences_unsigned", unsigned)
+            self.sink.count("experiences_unsigned", unsigned)
         await self._admit(deliveries)
 
     async def _admit(self, deliveries: list[Delivery[Experience]]) -> None:
@@ -363,6 +374,13 @@ class RLRunner:
             self.lease.hold([d.id])
             st.bump("experiences_consumed")
             self.sink.count("experiences_consumed")
+            problem = unissued(e, st.in_flight, st.grant_key, self.s.rollout.group_size)
+            if problem is not None:
+                log.warning("dropping experience %s: %s", e.id, problem)
+                st.bump("experiences_unissued")
+                self.sink.count("experiences_unissued")
+                st.commit_entry_ids.append(d.id)
+                continue
             problem = self._invalid(e)
             if problem is not None:
                 log.warning("rejecting experience %s: %s", e.id, problem)

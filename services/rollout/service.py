@@ -100,7 +100,7 @@ class RolloutService:
                 self.sessions = SessionManager(
                     s.sessions, redis_url=s.redis_url, run_name=s.run_name, reward_url=s.worker.reward_url,
                     tokenizer=self.tokenizer, registry=self.metrics.registry,
-                    url=s.advertise_url or default_url(s.host, s.port), host=s.host)
+                    url=s.advertise_url or default_url(s.host, s.port), host=s.host, run_key=s.run_key)
                 await self._start(self.sessions)
             if self.settings.worker.enabled:
                 from services.rollout.worker.loop import RolloutWorker
