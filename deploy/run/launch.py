@@ -23,15 +23,17 @@ import httpx
 import yaml
 
 from deploy.local.fleet import Fleet, FleetError
+from deploy.private_files import write_private
 from services.learner.data import DataError, check_fields, epoch_plan, read_rows
 from services.learner.run_guard import clear_run, has_checkpoint, stale_run_problem
 from services.learner.start_gate import open_start_gate
 from shared import keys
+from shared.redact import redact_url
 from shared.settings import SettingsError
 
 from .display import Display, headline
 from .heldout import episode_worker, evaluate, heldout_rows
-from .plan import RESOLVED_SPEC, ProcessPlan, plan, run_dir_of
+from .plan import RESOLVED_SPEC, RUN_KEY_FILE, ProcessPlan, plan, run_dir_of
 from .progress import Poller, RunView, first_error
 from .spec import RunSpec
 
@@ -79,8 +81,8 @@ class RunLauncher:
         redis_url = None
         if spec.is_rl:
             redis_url = fleet.start_redis()
-            say(f"run {spec.run_name} in {self.run_dir}; Redis at {redis_url}")
-        procs = plan(spec, self.spec_file, redis_url, secrets.token_urlsafe(16))
+            say(f"run {spec.run_name} in {self.run_dir}; Redis at {redact_url(redis_url)}")
+        procs = plan(spec, self.spec_file, redis_url, secrets.token_urlsafe(16), self._run_key())
         learner = procs[-1]
         if spec.is_rl:
             self._eval_worker = episode_worker(next(p for p in procs if p.kind == "rollout").config)
@@ -125,6 +127,16 @@ class RunLauncher:
             self._plot(learner)
         self._write_summary()
         return 0
+
+    def _run_key(self) -> str:
+        """The run's signing key: read from ``run_dir/run_key`` (a resumed run keeps it: records in flight stay
+        valid), else generated there (0600)."""
+        path = self.run_dir / RUN_KEY_FILE
+        key = path.read_text().strip() if path.is_file() else ""
+        if len(key) < 16:
+            key = secrets.token_hex(32)
+            write_private(path, key + "\n")
+        return key
 
     def _plot(self, learner: ProcessPlan) -> None:
         """The learner's reward curve again, now with the held-out accuracy of every evaluation on it (the
