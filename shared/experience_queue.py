@@ -41,7 +41,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 import redis.asyncio as aioredis
@@ -115,7 +115,6 @@ class _Counters:
     dead_lettered: int = 0
     rejected_signature: int = 0
     produce_wait_s: float = 0.0
-    failures: dict[str, int] = field(default_factory=dict)
 
 
 def _s(x: bytes | str) -> str:
@@ -384,7 +383,6 @@ class StreamQueue(Generic[R]):
         if delivery.deliveries >= self.max_deliveries:
             await self._dead_letter(delivery.id, encode(delivery.record), f"failed {delivery.deliveries} times: {error}")
             return True
-        self._counters.failures[delivery.id] = delivery.deliveries
         return False
 
     async def _dead_letter(self, eid: str, payload: bytes | None, reason: str) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 
 from shared.experience_queue import BackpressureTimeout, StreamQueue
 from shared.schemas import PromptTask
@@ -31,13 +31,15 @@ class PromptFeeder:
     """Issues and re-issues prompt tasks; ``state`` is the run's (positions and counters are written there)."""
 
     def __init__(self, prompts: StreamQueue, data: PromptSet, epochs: int, state: RunState,
-                 settings: LearnerSettings, sink: MetricsSink) -> None:
+                 settings: LearnerSettings, sink: MetricsSink,
+                 give_up: Callable[[str, str], None] | None = None) -> None:
         self.prompts = prompts
         self.data = data
         self.epochs = epochs  # passes over the prompt set (data.epoch_plan: cycled until max_steps)
         self.state = state
         self.s = settings
         self.sink = sink
+        self.give_up = give_up  # (position, reason): the runner abandons a position past rollout.max_attempts
 
     def exhausted(self) -> bool:
         """Every position of every epoch was issued (some may still be in flight)."""
@@ -69,9 +71,18 @@ class PromptFeeder:
         st.epoch, st.next_index = epoch, index
         self._count("prompts_issued", len(tasks))
 
-    async def reissue(self, key: str) -> None:
-        """Issue in-flight position ``key`` again under its next attempt id."""
+    async def reissue(self, key: str, why: str = "re-issued") -> bool:
+        """Issue in-flight position ``key`` again under its next attempt id; False when it had its
+        ``rollout.max_attempts`` already and was given up instead (with ``why`` as the last reason)."""
         item = self.state.in_flight[key]
+        if item.attempt + 1 >= self.s.rollout.max_attempts:
+            reason = f"{item.attempt + 1} attempts (rollout.max_attempts={self.s.rollout.max_attempts}); last: {why}"
+            if self.give_up is not None:
+                self.give_up(key, reason)
+            else:
+                del self.state.in_flight[key]
+                self.state.abandoned[key] = reason
+            return False
         task = self._task(item.epoch, item.index, item.attempt + 1, item.group_size or None)
         [item.entry] = await self.prompts.produce([task], timeout=self.s.queue.produce_timeout_s)
         item.group_size = task.n
@@ -79,6 +90,7 @@ class PromptFeeder:
         item.issued_at = time.time()
         self._count("prompts_issued")
         self._count("prompts_reissued")
+        return True
 
     async def reissue_timeouts(self, completed: Collection[str]) -> None:
         """Re-issue positions issued more than ``rollout.prompt_timeout_s`` ago whose group is not complete
@@ -87,7 +99,8 @@ class PromptFeeder:
         for key, item in list(self.state.in_flight.items()):
             if item.issued_at < limit and key not in completed:
                 log.warning("prompt %s (attempt %d) timed out; re-issuing", key, item.attempt)
-                await self.reissue(key)
+                await self.reissue(key, f"no complete group within rollout.prompt_timeout_s="
+                                        f"{self.s.rollout.prompt_timeout_s:g}s")
 
     async def reissue_lost(self, redis) -> None:
         """Re-issue the in-flight prompts a restarted Redis no longer has (lost before they were persisted)."""
@@ -97,7 +110,7 @@ class PromptFeeder:
             log.warning("Redis lost %d prompt tasks issued just before it went down (not yet persisted); "
                         "re-issuing them", len(lost))
         for key in lost:
-            await self.reissue(key)
+            await self.reissue(key, "Redis lost the prompt task")
 
     def _task(self, epoch: int, index: int, attempt: int, group_size: int | None = None) -> PromptTask:
         """The prompt task of a position's attempt, with the grant of its group (a re-issue keeps the size the

@@ -143,7 +143,7 @@ class RLRunner:
             self.state = RunState.load(latest / "run_state.json")
             log.info("resuming from %s", latest)
         plan = epoch_plan(self.s.data, self.s.train.groups_per_step, self.s.train.max_steps, len(data))
-        self.feeder = PromptFeeder(self.prompts, data, plan.epochs, self.state, self.s, self.sink)
+        self.feeder = PromptFeeder(self.prompts, data, plan.epochs, self.state, self.s, self.sink, self._abandon)
         if plan.note:
             log.warning("%s", plan.note)
         log.info("%s", passes_note(self.s))
@@ -325,17 +325,20 @@ class RLRunner:
             return  # trained, re-issued already, or complete without the dead-lettered copy
         item.dead_letters += 1
         if item.dead_letters > self.s.rollout.dead_letter_retries:
-            reason = f"{dl.stream} entry dead-lettered {item.dead_letters} times; last: {dl.reason}"
-            log.error("giving up dataset position %s: %s", key, reason)
-            del self.state.in_flight[key]
-            self.state.abandoned[key] = reason
-            for gid in self.buffer.groups_of(key):
-                self._drop_group(gid)
-            self.state.bump("prompts_abandoned")
-            self.sink.count("prompts_abandoned")
+            self._abandon(key, f"{dl.stream} entry dead-lettered {item.dead_letters} times; last: {dl.reason}")
             return
         log.warning("prompt %s: its %s entry was dead-lettered (%s); re-issuing it", dl.group_id, dl.stream, dl.reason)
-        await self.feeder.reissue(key)
+        await self.feeder.reissue(key, f"dead-lettered: {dl.reason}")
+
+    def _abandon(self, key: str, reason: str) -> None:
+        """Give dataset position ``key`` up (its retries are spent): out of flight, with the reason, counted."""
+        log.error("giving up dataset position %s: %s", key, reason)
+        self.state.in_flight.pop(key, None)
+        self.state.abandoned[key] = reason
+        for gid in self.buffer.groups_of(key):
+            self._drop_group(gid)
+        self.state.bump("prompts_abandoned")
+        self.sink.count("prompts_abandoned")
 
     def _lease_lost(self, entry_ids: list[str]) -> None:
         log.error("%d experience entries this learner holds were taken by another consumer of group 'learner' "
@@ -422,8 +425,9 @@ class RLRunner:
             self.sink.count("experiences_dropped_stale", len(dropped))
             key, attempt = parse_item_id(gid)
             log.info("dropped stale group %s (version %d < %d); re-issuing", gid, oldest, limit)
-            if self.state.in_flight[key].attempt == attempt:  # not re-issued already
-                await self.feeder.reissue(key)
+            item = self.state.in_flight.get(key)
+            if item is not None and item.attempt == attempt:  # not re-issued (or given up) already
+                await self.feeder.reissue(key, f"stale group (weight version {oldest} < {limit})")
         if self.s.algorithm.dynamic_sampling.enabled:
             self._filter_without_signal()
         return self.buffer.take(self.s.train.groups_per_step, self.state.in_flight, self._exhausted())

@@ -16,7 +16,7 @@ COUNTERS = (
     "experiences_unsigned",  # dead-lettered: no valid run-key signature (written by something outside the fleet)
     "prompts_issued",  # PromptTasks produced (re-issues included)
     "prompts_reissued",  # after a stale drop, a timeout, a dead letter, or a prompt Redis lost in a crash
-    "prompts_abandoned",  # dataset positions given up after rollout.dead_letter_retries dead letters
+    "prompts_abandoned",  # positions given up: rollout.dead_letter_retries dead letters or rollout.max_attempts spent
     "redis_outages",  # times the learner waited for Redis to answer again
     "publishes_failed",  # weight publishes that failed (the next step publishes again)
     "groups_trained",

@@ -163,6 +163,11 @@ class RolloutRequestSettings(_Section):
         default=2, ge=0, description="Re-issues of a prompt whose task or experiences were dead-lettered before "
         "its dataset position is given up (logged with the reason, counted as prompts_abandoned).",
     )
+    max_attempts: int = Field(
+        default=50, ge=1, le=10_000, description="Attempts a dataset position gets in all (its first issue and every "
+        "re-issue: timeouts, stale groups, dead letters, prompts Redis lost) before it is given up with the reason "
+        "(counted as prompts_abandoned), so no position is retried for ever.",
+    )
 
 
 class QueueSettings(_Section):
