@@ -170,6 +170,9 @@ class RLRunner:
             buckets = await asyncio.to_thread(self.publisher.flatten, actor.model)
             log.info("actor weights laid out in %d publish buckets: publishing sends them without a copy", buckets)
         self.dead_letters = DeadLetterWatch(self.redis, self.s.run_name, self.state.dead_letter_cursors)
+        if self.experiences.signer is None:
+            log.warning("run_key is unset: prompts go out unsigned and experiences are trained on without checking who "
+                        "wrote them; give every service of the run the same run_key (docs/security-redis.md)")
         self._published_step = -1
         self.sink.open(self.total_steps, self.trainer.global_step)
 
@@ -579,6 +582,7 @@ class RLRunner:
             "staleness_histogram": {str(k): v for k, v in sorted(self.sink.staleness_counts.items())},
             "version_span_histogram": {str(k): v for k, v in sorted(self.sink.version_span_counts.items())},
             "abandoned": dict(list(st.abandoned.items())[-5:]),
+            "records_signed": self.experiences.signer is not None,  # run_key set: unsigned entries are dead-lettered
             "last_checkpoint": self.commits.last_checkpoint,
             "ranks": self.ranks.world_size,
             "replica_digests": self.link.replica_digests if self.link is not None else [],

@@ -77,6 +77,9 @@ async def test_only_signed_experiences_of_groups_the_learner_issued_are_trained(
     assert status["phase"] == "finished", status
     c = status["counters"]
     assert c["experiences_unissued"] == 5 and c["experiences_unsigned"] == 2, c
+    assert svc.registry.get_sample_value("fleetrl_learner_experiences_unissued_total") == 5  # and in Prometheus
+    assert svc.registry.get_sample_value("fleetrl_learner_experiences_unsigned_total") == 2
+    assert status["records_signed"] is True
     assert c["experiences_deduplicated"] == 0, c  # no real sample was displaced by a forged one
     assert trained_items(tmp_path / "run") == {f"e0-{i}": 4 for i in range(N_PROMPTS)}
     dead = await StreamQueue(redis_client, keys.experiences_stream(run), "learner", Experience).dead_letters()

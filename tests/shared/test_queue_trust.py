@@ -70,3 +70,26 @@ def test_credentials_never_show():
     assert redact_url("redis://127.0.0.1:6379/0") == "redis://127.0.0.1:6379/0"
     assert redact_url(None) is None
     assert "s3cret" not in redact_text("Error connecting to redis://:s3cret@h:1/0 and redis://u:s3cret@h2/1")
+
+
+def test_redis_url_accepts_tls_and_passwords_and_a_bad_one_is_named_without_its_password(monkeypatch):
+    from shared.settings import ServiceSettings, SettingsError, load_settings
+
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    for url in ("rediss://:pw@redis.example:6380/0", "redis://:pw@127.0.0.1:6379/0", "unix:///run/redis.sock"):
+        assert load_settings(ServiceSettings, redis_url=url).redis_url == url
+    with pytest.raises(SettingsError) as err:
+        load_settings(ServiceSettings, redis_url="http://:hunter2hunter2@h:1/0")
+    assert "redis_url" in str(err.value) and "rediss://" in str(err.value) and "hunter2" not in str(err.value)
+    with pytest.raises(SettingsError, match="run_key.*16 characters"):
+        load_settings(ServiceSettings, run_key="short")
+
+
+async def test_a_rediss_url_reaches_redis_py_as_tls():
+    """redis-py takes rediss:// as TLS: our settings pass the URL through as it is (no scheme rewriting)."""
+    import redis.asyncio as aioredis
+
+    client = aioredis.from_url("rediss://:pw@127.0.0.1:1/0")
+    kwargs = client.connection_pool.connection_kwargs
+    assert client.connection_pool.connection_class.__name__ == "SSLConnection" and kwargs["password"] == "pw"
+    await client.aclose()

@@ -77,6 +77,9 @@ class RolloutWorker:
                                    signer=signer)
         self.experiences = StreamQueue(self.redis, keys.experiences_stream(run), "learner", Experience,
                                        max_backlog=self.cfg.max_experience_backlog, signer=signer)
+        if signer is None:
+            log.warning("run_key is unset: prompt tasks are taken without checking who wrote them and experiences go "
+                        "out unsigned; give every service of the run the same run_key (docs/security-redis.md)")
         await self.prompts.ensure_group()
         await self.experiences.ensure_group()
         self.rewards = RewardClient(self.cfg.reward_url, self.cfg.reward_timeout_s, self.cfg.reward_backoff_max_s,
