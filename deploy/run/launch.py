@@ -68,8 +68,9 @@ class RunLauncher:
         plan(self.spec, self.spec_file, "redis://127.0.0.1:1", "check")  # every setting valid before anything starts
         self._check_data()
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / RESOLVED_SPEC).write_text(
-            yaml.safe_dump(self.spec.model_dump(mode="json"), sort_keys=False))
+        resolved = self.spec.model_dump(mode="json")  # what the learner records in TensorBoard / wandb: no password
+        resolved["redis"]["url"] = redact_url(resolved["redis"]["url"])
+        (self.run_dir / RESOLVED_SPEC).write_text(yaml.safe_dump(resolved, sort_keys=False))
         self.fleet = Fleet(run_dir=self.run_dir, redis_url=self.spec.redis.url)
         try:
             return self._run(self.fleet)

@@ -85,3 +85,14 @@ async def test_only_signed_experiences_of_groups_the_learner_issued_are_trained(
     dead = await StreamQueue(redis_client, keys.experiences_stream(run), "learner", Experience).dead_letters()
     assert sorted(d["error"].split(":")[0] for d in dead) == ["signature", "signature"]
     assert any("unsigned" in d["error"] for d in dead) and any("bad signature" in d["error"] for d in dead)
+
+
+def test_the_configuration_recorded_for_tensorboard_and_wandb_shows_no_secret(tiny_model_dir, tmp_path):
+    from services.learner.service import shown_config
+    from tests.learner.helpers import settings
+
+    s = settings(tiny_model_dir, tmp_path, redis_url="redis://:hunter2hunter2@127.0.0.1:1/0", run_key=RUN_KEY,
+                 control_token="tok-tok-tok-tok")
+    shown = str(shown_config(s))
+    assert "hunter2" not in shown and RUN_KEY not in shown and "tok-tok" not in shown
+    assert "redis://:***@127.0.0.1:1/0" in shown
