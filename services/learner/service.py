@@ -13,7 +13,6 @@ from prometheus_client import CollectorRegistry
 from redis.exceptions import RedisError
 
 from shared.redact import redact_url
-
 from shared.service_kit.errors import ServiceError
 
 from .observability import MetricsSink
