@@ -50,7 +50,7 @@ from redis.exceptions import ResponseError
 
 from shared import keys
 from shared.codec import CodecError, decode, encode
-from shared.signing import SIGNATURE_FIELD, RecordSigner
+from shared.signing import SIGNATURE_FIELD, RecordSigner, dead_letter_bytes
 
 log = logging.getLogger(__name__)
 
@@ -386,12 +386,15 @@ class StreamQueue(Generic[R]):
         return False
 
     async def _dead_letter(self, eid: str, payload: bytes | None, reason: str) -> None:
-        pipe = self.redis.pipeline(transaction=True)
-        pipe.xadd(self.dead_stream, {
+        fields = {
             "payload": payload if payload is not None else b"",
             "error": reason, "original_id": eid, "stream": self.stream, "group": self.group,
             "at": str(time.time()),
-        }, maxlen=self.dead_letter_maxlen, approximate=True)
+        }
+        if self.signer is not None:  # whoever acts on dead letters can tell ours from ones written by others
+            fields["s"] = self.signer.sign(self.dead_stream, dead_letter_bytes(payload, reason, eid))
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.xadd(self.dead_stream, fields, maxlen=self.dead_letter_maxlen, approximate=True)
         pipe.xack(self.stream, self.group, eid)
         pipe.xdel(self.stream, eid)
         await pipe.execute()

@@ -8,7 +8,9 @@ to Redis by anyone without the key (or copied from another stream or run) is dea
 counted, and never decoded, trained on or run.
 
 The signature travels beside the payload in the stream entry (field ``s``), so signing costs one HMAC over bytes
-that exist anyway: no second encoding.
+that exist anyway: no second encoding. Dead-letter entries are signed too, over payload, reason and original id
+(:func:`dead_letter_bytes`), by the consumer that dead-letters them: the learner acts on dead letters (it
+re-issues or gives up a position), so one written by anyone else must not count.
 """
 
 from __future__ import annotations
@@ -51,6 +53,11 @@ class RecordSigner:
         if not hmac.compare_digest(sig, self.sign(stream, payload)):
             return "bad signature: not signed with this run's run_key (another run's key, or a forged entry)"
         return None
+
+
+def dead_letter_bytes(payload: bytes | bytearray | memoryview | None, reason: str, original_id: str) -> bytes:
+    """What a dead-letter entry's signature covers."""
+    return b"\x00".join([bytes(payload or b""), reason.encode(), original_id.encode()])
 
 
 def signer_for(run_key) -> RecordSigner | None:

@@ -169,7 +169,8 @@ class RLRunner:
         if self.s.publish.in_place and not actor.owns_parameter_memory and not hasattr(actor.model, "merge_and_unload"):
             buckets = await asyncio.to_thread(self.publisher.flatten, actor.model)
             log.info("actor weights laid out in %d publish buckets: publishing sends them without a copy", buckets)
-        self.dead_letters = DeadLetterWatch(self.redis, self.s.run_name, self.state.dead_letter_cursors)
+        self.dead_letters = DeadLetterWatch(self.redis, self.s.run_name, self.state.dead_letter_cursors,
+                                            signer=self.experiences.signer)
         if self.experiences.signer is None:
             log.warning("run_key is unset: prompts go out unsigned and experiences are trained on without checking who "
                         "wrote them; give every service of the run the same run_key (docs/security-redis.md)")

@@ -60,11 +60,17 @@ async def test_only_signed_experiences_of_groups_the_learner_issued_are_trained(
         await signed.produce([forged("e0-1", i, 4) for i in range(4)])  # full size, chosen group id, no grant
         await unsigned.produce([forged("e0-1", 0, 4, grant_1)])  # right grant, written without the run key
         await other_run.produce([forged("e0-1", 1, 4, grant_1)])  # right grant, another run's key
+        # a dead letter written straight to the dead-letter stream, around a genuine prompt task copied from Redis:
+        # the learner would re-issue (and in the end give up) that position for it
+        genuine = next(f[b"p"] for _, f in await redis_client.xrange(keys.prompts_stream(run)))
+        await redis_client.xadd(keys.dead_letter_stream(keys.prompts_stream(run)), {
+            "payload": genuine, "error": "failed 5 times: made up", "original_id": "1-0"})
 
         async def all_seen() -> bool:
             c = svc.status()["counters"]
             return c.get("experiences_unissued", 0) >= 5 and c.get("experiences_unsigned", 0) >= 2
         await wait_for(all_seen, "the learner to see the forged experiences")
+        await asyncio.sleep(1.5)  # the learner polls dead letters every second
         fleet.hold_keys.clear()  # the real fleet answers e0-0 and e0-1 now
         deadline = asyncio.get_running_loop().time() + 120
         while svc.runner.phase not in ("finished", "failed", "stopped"):
@@ -81,6 +87,7 @@ async def test_only_signed_experiences_of_groups_the_learner_issued_are_trained(
     assert svc.registry.get_sample_value("fleetrl_learner_experiences_unsigned_total") == 2
     assert status["records_signed"] is True
     assert c["experiences_deduplicated"] == 0, c  # no real sample was displaced by a forged one
+    assert c["prompts_reissued"] == 0 and c["prompts_abandoned"] == 0, c  # forged dead letters named no prompt
     assert trained_items(tmp_path / "run") == {f"e0-{i}": 4 for i in range(N_PROMPTS)}
     dead = await StreamQueue(redis_client, keys.experiences_stream(run), "learner", Experience).dead_letters()
     assert sorted(d["error"].split(":")[0] for d in dead) == ["signature", "signature"]
