@@ -1,6 +1,7 @@
 """Experiences/s through FleetRL's queue vs raw redis-py on the same bytes, in one run.
 
 FleetRL path: encode Experience -> StreamQueue.produce -> consume (decode, typed) -> ack (XACK+XDEL).
+Signed path:  the FleetRL path with the run key: HMAC-SHA256 of each payload at produce, checked at consume.
 Raw path:     the same encoded bytes -> XADD (pipelined) -> XREADGROUP -> XACK (pipelined).
 Samples have 1,024 response tokens with logprobs. Target: FleetRL >= 0.5 of raw.
 
@@ -22,6 +23,7 @@ from deploy.local.redis_server import EmbeddedRedis
 from shared.codec import decode, decode_validated, encode
 from shared.experience_queue import StreamQueue
 from shared.schemas import Experience, sample_id
+from shared.signing import RecordSigner
 
 
 def make_samples(n: int, tokens: int) -> list[Experience]:
@@ -38,8 +40,8 @@ def make_samples(n: int, tokens: int) -> list[Experience]:
     return out
 
 
-async def fleetrl_path(client, samples, batch) -> float:
-    q = StreamQueue(client, "bench:fleet", "g", Experience, max_backlog=len(samples) + 1)
+async def fleetrl_path(client, samples, batch, signer: RecordSigner | None = None) -> float:
+    q = StreamQueue(client, "bench:fleet", "g", Experience, max_backlog=len(samples) + 1, signer=signer)
     await q.ensure_group()
     start = time.perf_counter()
 
@@ -96,10 +98,14 @@ def codec_costs(samples: list[Experience], rounds: int = 5) -> dict[str, float]:
         return _packer().pack({"schema": "experience", "v": 1, "data": data})
 
     payloads = [encode(s) for s in samples]
+    signer = RecordSigner("k" * 32)
+    sigs = [signer.sign("bench", p) for p in payloads]
     out = {}
     for name, fn, items in (("encode (compiled)", encode, samples), ("encode (general)", general_encode, samples),
                             ("decode (compiled)", lambda b: decode(b, Experience), payloads),
-                            ("decode (general)", lambda b: decode_validated(b, Experience), payloads)):
+                            ("decode (general)", lambda b: decode_validated(b, Experience), payloads),
+                            ("sign", lambda b: signer.sign("bench", b), payloads),
+                            ("verify", lambda i: signer.problem("bench", payloads[i], sigs[i]), range(len(payloads)))):
         best = float("inf")
         for _ in range(rounds):
             t = time.perf_counter()
@@ -131,22 +137,30 @@ async def main() -> None:
         payloads = [encode(s) for s in samples]
         size = sum(map(len, payloads)) / len(payloads)
         await raw_path(client, payloads[:200], args.batch)  # warm-up
-        raws, fleets = [], []
-        for _ in range(args.repeats):  # alternate, so both paths see the same machine load
+        raws, fleets, signed = [], [], []
+        signer = RecordSigner("a run key of 32 characters......")
+        for _ in range(args.repeats):  # alternate, so all paths see the same machine load
             await client.delete("bench:raw", "bench:fleet")
             raws.append(await raw_path(client, payloads, args.batch))
             await client.delete("bench:raw", "bench:fleet")
             fleets.append(await fleetrl_path(client, samples, args.batch))
+            await client.delete("bench:raw", "bench:fleet")
+            signed.append(await fleetrl_path(client, samples, args.batch, signer))
         ratios = sorted(f / r for f, r in zip(fleets, raws))
         costs = codec_costs(samples[:500])
         print(f"samples: {args.n} x {args.tokens} tokens (+logprobs), {size / 1024:.1f} KiB each, batch {args.batch}, "
               f"{args.repeats} alternating pairs")
-        for i, (r, f) in enumerate(zip(raws, fleets), 1):
-            print(f"  pair {i}: raw {r:8.0f}/s   FleetRL {f:8.0f}/s   ratio {f / r:.2f}")
+        for i, (r, f, s) in enumerate(zip(raws, fleets, signed), 1):
+            print(f"  round {i}: raw {r:8.0f}/s   FleetRL {f:8.0f}/s   signed {s:8.0f}/s   ratio {f / r:.2f}   "
+                  f"signed/unsigned {s / f:.2f}")
         print(f"raw redis-py XADD/XREADGROUP/XACK : {statistics.median(raws):10.0f} experiences/s (median)")
         print(f"FleetRL produce/consume/ack       : {statistics.median(fleets):10.0f} experiences/s (median; encode + decode + "
               "validation included)")
+        print(f"FleetRL signed (run key)          : {statistics.median(signed):10.0f} experiences/s (median; HMAC-SHA256 "
+              "at produce and consume)")
         print(f"ratio FleetRL / raw               : {statistics.median(ratios):10.2f}  (median of pairs; target >= 0.5)")
+        print(f"ratio signed / unsigned           : {statistics.median(s / f for s, f in zip(signed, fleets)):10.2f}  "
+              "(median of rounds)")
         print("codec per record (500 records in a loop, best of 5): " +
               ", ".join(f"{k} {v:.1f} us" for k, v in costs.items()))
     finally:

@@ -66,7 +66,9 @@ def redis_cmd(
     except RedisServerError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from exc
-    typer.echo(f"REDIS_URL={server.url}  (data in {server.data_dir}; Ctrl-C stops it)")
+    # the password stays in its 0600 file; what is printed is a line a shell can use as it is
+    typer.echo(f"REDIS_URL=redis://:$(cat {server.password_file})@{server.host}:{server.port}/0  "
+               f"(password in {server.password_file}; data in {server.data_dir}; Ctrl-C stops it)")
     while not stop.wait(0.5) and server.running:
         pass
     server.stop()
@@ -109,7 +111,9 @@ def _print_from_redis(redis_url: str, collect: Callable[[Any], Awaitable[dict]])
     try:
         typer.echo(json.dumps(asyncio.run(run()), indent=2))
     except (OSError, RedisError) as exc:
-        typer.echo(f"error: cannot read from Redis at {redis_url}: {exc}", err=True)
+        from shared.redact import redact_text, redact_url
+
+        typer.echo(f"error: cannot read from Redis at {redact_url(redis_url)}: {redact_text(str(exc))}", err=True)
         raise typer.Exit(1) from exc
 
 
@@ -146,13 +150,15 @@ def queue_clear(
     from redis.exceptions import RedisError
 
     from services.learner.run_guard import clear_run
+    from shared.redact import redact_text, redact_url
 
-    if not yes and not typer.confirm(f"delete every key of run {run_name!r} at {redis_url}?"):
+    if not yes and not typer.confirm(f"delete every key of run {run_name!r} at {redact_url(redis_url)}?"):
         raise typer.Exit(1)
     try:
         n = clear_run(redis_url, run_name)
     except (OSError, RedisError) as exc:
-        typer.echo(f"error: cannot clear run {run_name!r} at {redis_url}: {exc}", err=True)
+        typer.echo(f"error: cannot clear run {run_name!r} at {redact_url(redis_url)}: {redact_text(str(exc))}",
+                   err=True)
         raise typer.Exit(1) from exc
     typer.echo(f"deleted {n} keys of run {run_name!r}")
 

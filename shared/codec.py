@@ -4,9 +4,10 @@ An encoded record is a msgpack map ``{"schema": <record kind>, "v": <version>, "
 Fields listed in :data:`PACKED_FIELDS` travel as ``{"dtype": "<i4"|"<f4"|"|u1", "n": N, "b": bytes}``
 (little-endian), which is ~4x smaller than msgpack lists and decodes with one ``numpy.frombuffer``.
 
-Versions: v2 (written now) added the trajectory fields of an experience (``action_mask``,
-``version_spans``, ``sampling``); v1 records, which a queue may still hold after an upgrade, decode
-with those fields unset. A record of a version this build does not know is refused with the reason.
+Versions: v2 added the trajectory fields of an experience (``action_mask``, ``version_spans``,
+``sampling``); v3 (written now) added ``grant`` to prompt tasks and experiences (the learner's proof that
+it issued the group). v1 and v2 records, which a queue may still hold after an upgrade, decode with those
+fields unset. A record of a version this build does not know is refused with the reason.
 
 Decoding is strict: anything that is not a well-formed record of a known kind and version raises
 :class:`CodecError` whose message names what is wrong.
@@ -31,8 +32,8 @@ from shared.packed import PackedArray
 from shared.schemas import Experience, PromptTask, SamplingRecord, experience_alignment_problem
 from shared.wire_structs import ExperienceEnvelope
 
-SCHEMA_VERSION = 2
-READABLE_VERSIONS = frozenset({1, 2})  # v1: experiences before the trajectory fields (all optional)
+SCHEMA_VERSION = 3
+READABLE_VERSIONS = frozenset({1, 2, 3})  # v1: before the trajectory fields; v2: before grant (all optional)
 
 RECORD_KINDS: dict[str, type[BaseModel]] = {
     "prompt_task": PromptTask,

@@ -17,6 +17,11 @@ Guarantees
   ``max_deliveries`` times (first delivery plus reclaims from dead consumers), or that a consumer
   ``fail``-ed that often, moves to ``<stream>:dead`` with the error text and original id; the consumer
   goes on.
+- **Signed records.** With a :class:`~shared.signing.RecordSigner` (the run key), ``produce`` signs each
+  payload and ``consume`` verifies it before decoding: an entry without a valid signature is dead-lettered
+  (``signature: ...``) and counted (``rejected_signature``), never handed out.
+- **Bounded dead letters.** A dead-letter stream keeps about its newest ``dead_letter_maxlen`` entries
+  (approximate MAXLEN trim at each write): it is a record for operators, not work anyone waits for.
 - **No trimming of pending work.** Nothing is ever trimmed by length. An entry is deleted (XDEL)
   only when it is acknowledged (or dead-lettered), so the stream length is exactly
   pending (delivered, not yet acknowledged) + backlog (not yet delivered to any consumer).
@@ -36,7 +41,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 import redis.asyncio as aioredis
@@ -45,6 +50,7 @@ from redis.exceptions import ResponseError
 
 from shared import keys
 from shared.codec import CodecError, decode, encode
+from shared.signing import SIGNATURE_FIELD, RecordSigner, dead_letter_bytes
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +102,7 @@ class QueueStats:
     produced: int
     acked: int
     dead_lettered: int
+    rejected_signature: int = 0
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -106,8 +113,8 @@ class _Counters:
     produced: int = 0
     acked: int = 0
     dead_lettered: int = 0
+    rejected_signature: int = 0
     produce_wait_s: float = 0.0
-    failures: dict[str, int] = field(default_factory=dict)
 
 
 def _s(x: bytes | str) -> str:
@@ -132,9 +139,11 @@ class StreamQueue(Generic[R]):
         max_deliveries: int = 5,
         claim_idle_ms: int = 30_000,
         backpressure_poll_s: float = 0.05,
+        signer: RecordSigner | None = None,
+        dead_letter_maxlen: int = 10_000,
     ) -> None:
-        if max_backlog < 1 or max_deliveries < 1 or claim_idle_ms < 1:
-            raise ValueError("max_backlog, max_deliveries and claim_idle_ms must be positive")
+        if max_backlog < 1 or max_deliveries < 1 or claim_idle_ms < 1 or dead_letter_maxlen < 1:
+            raise ValueError("max_backlog, max_deliveries, claim_idle_ms and dead_letter_maxlen must be positive")
         self.redis = redis
         self.stream = stream
         self.group = group
@@ -144,6 +153,8 @@ class StreamQueue(Generic[R]):
         self.claim_idle_ms = claim_idle_ms
         self.backpressure_poll_s = backpressure_poll_s
         self.dead_stream = keys.dead_letter_stream(stream)
+        self.signer = signer
+        self.dead_letter_maxlen = dead_letter_maxlen
         self._counters = _Counters()
         self._history_done: set[str] = set()  # consumers that have re-read their own pending entries
         self._history_cursor: dict[str, str] = {}  # consumer -> last own pending entry id handed out again
@@ -186,7 +197,10 @@ class StreamQueue(Generic[R]):
         await self._wait_for_room(len(payloads), timeout)
         pipe = self.redis.pipeline(transaction=False)
         for p in payloads:
-            pipe.xadd(self.stream, {PAYLOAD: p})
+            fields = {PAYLOAD: p}
+            if self.signer is not None:
+                fields[SIGNATURE_FIELD] = self.signer.sign(self.stream, p)
+            pipe.xadd(self.stream, fields)
         ids = [_s(i) for i in await pipe.execute()]
         self._counters.produced += len(ids)
         return ids
@@ -245,6 +259,14 @@ class StreamQueue(Generic[R]):
             if n > self.max_deliveries:
                 await self._dead_letter(eid, payload, f"delivered {n} times (max_deliveries={self.max_deliveries})")
                 continue
+            if self.signer is not None:
+                sig = fields.get(SIGNATURE_FIELD) if SIGNATURE_FIELD in fields else fields.get(SIGNATURE_FIELD.decode())
+                problem = self.signer.problem(self.stream, payload, sig)
+                if problem is not None:
+                    log.warning("%s: entry %s fails verification and is dead-lettered: %s", self.stream, eid, problem)
+                    self._counters.rejected_signature += 1
+                    await self._dead_letter(eid, payload, f"signature: {problem}")
+                    continue
             try:
                 if payload is None:
                     raise CodecError(f"entry has no {PAYLOAD.decode()!r} field")
@@ -361,16 +383,18 @@ class StreamQueue(Generic[R]):
         if delivery.deliveries >= self.max_deliveries:
             await self._dead_letter(delivery.id, encode(delivery.record), f"failed {delivery.deliveries} times: {error}")
             return True
-        self._counters.failures[delivery.id] = delivery.deliveries
         return False
 
     async def _dead_letter(self, eid: str, payload: bytes | None, reason: str) -> None:
-        pipe = self.redis.pipeline(transaction=True)
-        pipe.xadd(self.dead_stream, {
+        fields = {
             "payload": payload if payload is not None else b"",
             "error": reason, "original_id": eid, "stream": self.stream, "group": self.group,
             "at": str(time.time()),
-        })
+        }
+        if self.signer is not None:  # whoever acts on dead letters can tell ours from ones written by others
+            fields["s"] = self.signer.sign(self.dead_stream, dead_letter_bytes(payload, reason, eid))
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.xadd(self.dead_stream, fields, maxlen=self.dead_letter_maxlen, approximate=True)
         pipe.xack(self.stream, self.group, eid)
         pipe.xdel(self.stream, eid)
         await pipe.execute()
@@ -386,6 +410,11 @@ class StreamQueue(Generic[R]):
         return out
 
     # ---- observing ------------------------------------------------------------------------------
+    @property
+    def rejected_signature(self) -> int:
+        """Entries this queue object dead-lettered for a missing or bad run-key signature."""
+        return self._counters.rejected_signature
+
     async def stats(self) -> QueueStats:
         await self.ensure_group()
         pipe = self.redis.pipeline(transaction=True)
@@ -407,6 +436,7 @@ class StreamQueue(Generic[R]):
             produced=self._counters.produced,
             acked=self._counters.acked,
             dead_lettered=self._counters.dead_lettered,
+            rejected_signature=self._counters.rejected_signature,
         )
 
 
@@ -471,11 +501,28 @@ class Lease:
 
 
 class ProcessedIds:
-    """The set of record ids whose results are durable, for idempotent consumers."""
+    """The set of record ids whose results are durable, for idempotent consumers — bounded.
 
-    def __init__(self, redis: aioredis.Redis, key: str) -> None:
+    Bounds (both settings of the learner's ``queue``): the whole set expires ``ttl_s`` after the last mark (a run
+    left alone for that long takes its record with it), and it holds at most ``max_ids`` ids (past that, the
+    excess is evicted at the next mark). Why that is safe for the learner: this set is the *second* line of its
+    dedupe. A sample id can only come back while its dataset position is still in the learner's in-flight record
+    (``RunState.in_flight``): a trained position leaves that record in the same step, and an experience of a
+    position not in flight is dropped whatever this set says. So an id needs to be here only for as long as its
+    position could still be in flight after a resume, which a checkpoint bounds; ``max_ids`` is set well above
+    ``rollout.window x rollout.group_size x`` the re-issues a position can see. What the set must keep telling is
+    that a run name was used (``run_guard``): evicting never empties it.
+    """
+
+    def __init__(self, redis: aioredis.Redis, key: str, *, max_ids: int = 1_000_000,
+                 ttl_s: float | None = 30 * 86400) -> None:
+        if max_ids < 1:
+            raise ValueError("max_ids must be positive")
         self.redis = redis
         self.key = key
+        self.max_ids = max_ids
+        self.ttl_s = ttl_s
+        self.evicted = 0
 
     async def filter_new(self, ids: list[str]) -> list[str]:
         """The ids (in order) not yet marked processed."""
@@ -488,10 +535,22 @@ class ProcessedIds:
         """Mark ids processed; pass a pipeline to make it atomic with the result's write."""
         if not ids:
             return
-        if pipe is not None:
-            pipe.sadd(self.key, *ids)
-        else:
-            await self.redis.sadd(self.key, *ids)
+        own = pipe is None
+        if own:
+            pipe = self.redis.pipeline(transaction=True)
+        pipe.sadd(self.key, *ids)
+        if self.ttl_s is not None:
+            pipe.expire(self.key, max(1, int(self.ttl_s)))
+        if own:
+            await pipe.execute()
+        await self._trim()
+
+    async def _trim(self) -> None:
+        size = int(await self.redis.scard(self.key))
+        if size > self.max_ids:
+            await self.redis.spop(self.key, size - self.max_ids)
+            self.evicted += size - self.max_ids
+            log.info("%s: evicted %d processed ids past max_ids=%d", self.key, size - self.max_ids, self.max_ids)
 
     async def count(self) -> int:
         return int(await self.redis.scard(self.key))

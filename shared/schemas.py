@@ -58,6 +58,9 @@ class PromptTask(BaseModel):
     label: Any = Field(default=None, description="Ground truth passed to the reward service (JSON value).")
     n: int = Field(default=1, ge=1, le=1024, description="Samples per prompt (group size).")
     sampling: SamplingOverrides = Field(default_factory=SamplingOverrides)
+    grant: str | None = Field(default=None, max_length=128, description=(
+        "The learner's proof that it issued this group (an HMAC under a key only the learner holds); workers copy "
+        "it into every experience of the group and pass it nowhere else (not to programs, not to scorers)."))
     metadata: dict[str, Any] = Field(default_factory=dict, description="Free-form, passed through to experiences.")
     created_at: float = Field(default_factory=time.time, description="Unix time the task was created.")
 
@@ -141,6 +144,9 @@ class Experience(BaseModel):
         "token from weight_version.")
     sampling: SamplingRecord | None = Field(default=None, description="How the sample was sampled (None: unknown, "
                                                                      "written before schema v2).")
+    grant: str | None = Field(default=None, max_length=128, description=(
+        "The grant of the prompt task this sample answers (PromptTask.grant): the learner trains only groups it "
+        "issued. None: not from a learner-issued task (a session opened by hand, schema before v3)."))
 
     @model_validator(mode="after")
     def _aligned(self) -> Experience:

@@ -41,6 +41,9 @@ class SessionCreate(_Strict):
                             description="Run whose experiences stream receives it; default: this service's run_name.")
     label: Any = Field(default=None, description="Ground truth passed to the reward service (JSON value).")
     metadata: dict[str, Any] = Field(default_factory=dict, description="Passed through to the experiences.")
+    grant: str | None = Field(default=None, max_length=128, description=(
+        "The grant of the learner's prompt task this session answers (PromptTask.grant, copied as is): the learner "
+        "trains only groups it issued, so a session without its task's grant is not trained on."))
 
     @model_validator(mode="after")
     def _slot(self) -> SessionCreate:

@@ -24,7 +24,7 @@ from typing import Any, ClassVar, TypeVar
 
 import tomllib
 import yaml
-from pydantic import Field, SecretStr, ValidationError
+from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
@@ -115,14 +115,39 @@ class ServiceSettings(FleetSettings):
     control_token: SecretStr | None = Field(
         default=None, description="Bearer token for control routes; without one, control routes are off."
     )
+    run_key: SecretStr | None = Field(
+        default=None,
+        description="The run's signing key (at least 16 characters): every record this service writes to the queue "
+                    "is signed with it (HMAC-SHA256) and every record it reads must carry a valid signature, else it "
+                    "is dead-lettered. Every service of a run holds the same one (fleetrl run generates it; compose "
+                    "and k8s read it from a secret). Unset: records are neither signed nor checked.",
+    )
     redis_url: str | None = Field(
         default=None,
-        description="Redis URL (redis://host:port/db); also taken from $REDIS_URL when no flag, FLEETRL_<SERVICE>_ "
-                    "variable or file sets it. Unset: no Redis (the learner's entry point then starts a private "
-                    "embedded server under its run_dir).",
+        description="Redis URL (redis://[:password@]host:port/db, rediss:// for TLS); the password of an "
+                    "authenticated server goes in the URL. Also taken from $REDIS_URL when no flag, "
+                    "FLEETRL_<SERVICE>_ variable or file sets it. Unset: no Redis (the learner's entry point then "
+                    "starts a private embedded server under its run_dir).",
     )
     run_name: str = Field(default="default", pattern=r"^[A-Za-z0-9_.-]+$", description="Namespace of Redis keys.")
     log_level: str = Field(default="INFO", description="Python logging level.")
+
+    @field_validator("run_key")
+    @classmethod
+    def _run_key_long_enough(cls, v: SecretStr | None) -> SecretStr | None:
+        if v is not None and len(v.get_secret_value()) < 16:
+            raise ValueError("run_key must hold at least 16 characters; generate one with: openssl rand -hex 32")
+        return v
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url_scheme(cls, v: str | None) -> str | None:
+        if v and not v.startswith(("redis://", "rediss://", "unix://")):
+            from shared.redact import redact_url
+
+            raise ValueError(f"{redact_url(v)!r} is not a Redis URL: use redis://[:password@]host:port/db, "
+                             "rediss://... for TLS, or unix:///path/to/socket")
+        return v
 
 
 def format_validation_error(exc: ValidationError, source: str, cls: type[BaseSettings] | None = None) -> str:

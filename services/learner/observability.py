@@ -43,7 +43,7 @@ class MetricsSink:
         self.counters = {
             name: Counter(f"fleetrl_learner_{name}", f"Learner {name.replace('_', ' ')}", registry=registry)
             for name in ("experiences_consumed", "experiences_deduplicated", "experiences_dropped_stale",
-                         "experiences_rejected", "prompts_issued", "prompts_reissued", "prompts_abandoned",
+                         "experiences_rejected", "experiences_unissued", "experiences_unsigned", "prompts_issued", "prompts_reissued", "prompts_abandoned",
                          "samples_trained", "redis_outages", "publishes_failed", "groups_filtered",
                          "dynamic_sampling_cap_reached")
         }

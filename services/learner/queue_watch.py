@@ -22,6 +22,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from shared import keys
 from shared.codec import CodecError, decode
 from shared.schemas import Experience, PromptTask
+from shared.signing import RecordSigner, dead_letter_bytes
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +44,10 @@ class DeadLetterWatch:
     """Reads the run's two dead-letter streams from a cursor (saved in checkpoints, so a restart re-reads
     what came after its checkpoint; acting on an entry twice is harmless to the owner)."""
 
-    def __init__(self, redis, run: str, cursors: dict[str, str] | None = None, batch: int = 256) -> None:
+    def __init__(self, redis, run: str, cursors: dict[str, str] | None = None, batch: int = 256,
+                 signer: RecordSigner | None = None) -> None:
         self.redis = redis
+        self.signer = signer  # with a run key: only dead letters the fleet signed name a prompt
         self.streams = {
             "prompts": keys.dead_letter_stream(keys.prompts_stream(run)),
             "experiences": keys.dead_letter_stream(keys.experiences_stream(run)),
@@ -62,16 +65,24 @@ class DeadLetterWatch:
             for eid, fields in entries:
                 eid = eid.decode() if isinstance(eid, bytes) else eid
                 self.cursors[name] = eid
-                out.append(_parse(name, eid, fields))
+                out.append(_parse(name, eid, fields, self.streams[name], self.signer))
         return out
 
 
-def _parse(name: str, eid: str, fields: dict) -> DeadLetter:
+def _parse(name: str, eid: str, fields: dict, stream: str = "", signer: RecordSigner | None = None) -> DeadLetter:
     f = {(k.decode() if isinstance(k, bytes) else k): v for k, v in fields.items()}
     reason = f.get("error", b"")
     reason = reason.decode(errors="replace") if isinstance(reason, bytes) else str(reason)
     group_id = None
     payload = f.get("payload") or b""
+    if reason.startswith("signature:"):  # a record the fleet did not write: it names no prompt of ours
+        return DeadLetter(stream=name, entry=eid, group_id=None, reason=reason)
+    if signer is not None:
+        original = f.get("original_id", b"")
+        original = original.decode(errors="replace") if isinstance(original, bytes) else str(original)
+        problem = signer.problem(stream, dead_letter_bytes(payload, reason, original), f.get("s"))
+        if problem is not None:
+            return DeadLetter(stream=name, entry=eid, group_id=None, reason=f"untrusted dead letter ({problem}): {reason}")
     if payload:
         try:
             record = decode(payload, expect=PromptTask if name == "prompts" else Experience)

@@ -68,6 +68,7 @@ from services.learner.checkpoint import CheckpointManager
 from services.learner.commits import Commits
 from services.learner.data import PromptSet, epoch_plan, parse_item_id, passes_note
 from services.learner.distributed.env import RankInfo
+from services.learner.grants import unissued
 from services.learner.group_buffer import Filed, GroupBuffer, position_of
 from services.learner.observability import MetricsSink
 from services.learner.prompt_feeder import PromptFeeder
@@ -79,6 +80,7 @@ from services.learner.weights.transport import PublishFailed
 from shared import keys
 from shared.experience_queue import Delivery, Lease, ProcessedIds, StreamQueue
 from shared.schemas import Experience, PromptTask
+from shared.signing import signer_for
 from shared.training_health import check_health
 
 HEALTH_HISTORY = 100
@@ -105,10 +107,14 @@ class RLRunner:
         self.sink = sink
         q = settings.queue
         run = settings.run_name
-        self.prompts = StreamQueue(redis, keys.prompts_stream(run), "rollout", PromptTask, max_backlog=q.max_backlog)
+        signer = signer_for(settings.run_key)  # prompts go out signed; experiences must come in signed
+        self.prompts = StreamQueue(redis, keys.prompts_stream(run), "rollout", PromptTask, max_backlog=q.max_backlog,
+                                   signer=signer, dead_letter_maxlen=q.dead_letter_maxlen)
         self.experiences = StreamQueue(redis, keys.experiences_stream(run), "learner", Experience,
-                                       max_deliveries=q.max_deliveries, claim_idle_ms=q.claim_idle_ms)
-        self.processed = ProcessedIds(redis, keys.processed_ids(run, "learner"))
+                                       max_deliveries=q.max_deliveries, claim_idle_ms=q.claim_idle_ms,
+                                       signer=signer, dead_letter_maxlen=q.dead_letter_maxlen)
+        self.processed = ProcessedIds(redis, keys.processed_ids(run, "learner"), max_ids=q.processed_ids_max,
+                                      ttl_s=q.processed_ids_ttl_s)
         self.state = RunState()
         self.trainer = None
         self.feeder: PromptFeeder | None = None  # once the prompt set is loaded (start)
@@ -145,7 +151,7 @@ class RLRunner:
             self.state = RunState.load(latest / "run_state.json")
             log.info("resuming from %s", latest)
         plan = epoch_plan(self.s.data, self.s.train.groups_per_step, self.s.train.max_steps, len(data))
-        self.feeder = PromptFeeder(self.prompts, data, plan.epochs, self.state, self.s, self.sink)
+        self.feeder = PromptFeeder(self.prompts, data, plan.epochs, self.state, self.s, self.sink, self._abandon)
         if plan.note:
             log.warning("%s", plan.note)
         log.info("%s", passes_note(self.s))
@@ -171,7 +177,11 @@ class RLRunner:
         if self.s.publish.in_place and not actor.owns_parameter_memory and not hasattr(actor.model, "merge_and_unload"):
             buckets = await asyncio.to_thread(self.publisher.flatten, actor.model)
             log.info("actor weights laid out in %d publish buckets: publishing sends them without a copy", buckets)
-        self.dead_letters = DeadLetterWatch(self.redis, self.s.run_name, self.state.dead_letter_cursors)
+        self.dead_letters = DeadLetterWatch(self.redis, self.s.run_name, self.state.dead_letter_cursors,
+                                            signer=self.experiences.signer)
+        if self.experiences.signer is None:
+            log.warning("run_key is unset: prompts go out unsigned and experiences are trained on without checking who "
+                        "wrote them; give every service of the run the same run_key (docs/security-redis.md)")
         self._published_step = -1
         self.sink.open(self.total_steps, self.trainer.global_step)
 
@@ -327,17 +337,20 @@ class RLRunner:
             return  # trained, re-issued already, or complete without the dead-lettered copy
         item.dead_letters += 1
         if item.dead_letters > self.s.rollout.dead_letter_retries:
-            reason = f"{dl.stream} entry dead-lettered {item.dead_letters} times; last: {dl.reason}"
-            log.error("giving up dataset position %s: %s", key, reason)
-            del self.state.in_flight[key]
-            self.state.abandoned[key] = reason
-            for gid in self.buffer.groups_of(key):
-                self._drop_group(gid)
-            self.state.bump("prompts_abandoned")
-            self.sink.count("prompts_abandoned")
+            self._abandon(key, f"{dl.stream} entry dead-lettered {item.dead_letters} times; last: {dl.reason}")
             return
         log.warning("prompt %s: its %s entry was dead-lettered (%s); re-issuing it", dl.group_id, dl.stream, dl.reason)
-        await self.feeder.reissue(key)
+        await self.feeder.reissue(key, f"dead-lettered: {dl.reason}")
+
+    def _abandon(self, key: str, reason: str) -> None:
+        """Give dataset position ``key`` up (its retries are spent): out of flight, with the reason, counted."""
+        log.error("giving up dataset position %s: %s", key, reason)
+        self.state.in_flight.pop(key, None)
+        self.state.abandoned[key] = reason
+        for gid in self.buffer.groups_of(key):
+            self._drop_group(gid)
+        self.state.bump("prompts_abandoned")
+        self.sink.count("prompts_abandoned")
 
     def _lease_lost(self, entry_ids: list[str]) -> None:
         log.error("%d experience entries this learner holds were taken by another consumer of group 'learner' "
@@ -356,8 +369,13 @@ class RLRunner:
     async def _receive(self) -> None:
         if self._wait_started is None:
             self._wait_started = time.perf_counter()
+        before = self.experiences.rejected_signature
         deliveries = await self.experiences.consume(self.s.queue.consumer, count=self.s.queue.consume_count,
                                                     block_ms=self.s.queue.block_ms)
+        unsigned = self.experiences.rejected_signature - before
+        if unsigned:  # dead-lettered by the queue before decoding (shared/signing.py)
+            self.state.bump("experiences_unsigned", unsigned)
+            self.sink.count("experiences_unsigned", unsigned)
         await self._admit(deliveries)
 
     async def _admit(self, deliveries: list[Delivery[Experience]]) -> None:
@@ -371,6 +389,13 @@ class RLRunner:
             self.lease.hold([d.id])
             st.bump("experiences_consumed")
             self.sink.count("experiences_consumed")
+            problem = unissued(e, st.in_flight, st.grant_key, self.s.rollout.group_size)
+            if problem is not None:
+                log.warning("dropping experience %s: %s", e.id, problem)
+                st.bump("experiences_unissued")
+                self.sink.count("experiences_unissued")
+                st.commit_entry_ids.append(d.id)
+                continue
             problem = self._invalid(e)
             if problem is not None:
                 log.warning("rejecting experience %s: %s", e.id, problem)
@@ -412,8 +437,9 @@ class RLRunner:
             self.sink.count("experiences_dropped_stale", len(dropped))
             key, attempt = parse_item_id(gid)
             log.info("dropped stale group %s (version %d < %d); re-issuing", gid, oldest, limit)
-            if self.state.in_flight[key].attempt == attempt:  # not re-issued already
-                await self.feeder.reissue(key)
+            item = self.state.in_flight.get(key)
+            if item is not None and item.attempt == attempt:  # not re-issued (or given up) already
+                await self.feeder.reissue(key, f"stale group (weight version {oldest} < {limit})")
         if self.s.algorithm.dynamic_sampling.enabled:
             self._filter_without_signal()
         return self.buffer.take(self.s.train.groups_per_step, self.state.in_flight, self._exhausted())
@@ -573,6 +599,7 @@ class RLRunner:
             "staleness_histogram": {str(k): v for k, v in sorted(self.sink.staleness_counts.items())},
             "version_span_histogram": {str(k): v for k, v in sorted(self.sink.version_span_counts.items())},
             "abandoned": dict(list(st.abandoned.items())[-5:]),
+            "records_signed": self.experiences.signer is not None,  # run_key set: unsigned entries are dead-lettered
             "last_checkpoint": self.commits.last_checkpoint,
             "ranks": self.ranks.world_size,
             "replica_digests": self.link.replica_digests if self.link is not None else [],

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from services.learner.checkpoint import MARKER
 from shared import keys
+from shared.redact import redact_url
 
 
 def has_checkpoint(checkpoint_dir: Path) -> bool:
@@ -41,10 +42,11 @@ def stale_run_problem(redis_url: str, run_name: str, checkpoint_dir: Path, resum
     if not done:
         return None
     why = "checkpoint.resume is off" if resume is False else f"no checkpoint in {checkpoint_dir}"
-    return (f"run_name {run_name!r} was used before: Redis at {redis_url} holds {done} sample ids that run "
+    shown = redact_url(redis_url)  # a password in the URL is never shown
+    return (f"run_name {run_name!r} was used before: Redis at {shown} holds {done} sample ids that run "
             f"trained on, and this learner starts fresh ({why}), so every new experience would be dropped as "
             f"already trained. Resume that run (point checkpoint.dir / run_dir at its checkpoints), pick a new "
-            f"run_name, or clear the old run's keys first: {reset_hint.format(run=run_name, url=redis_url)}")
+            f"run_name, or clear the old run's keys first: {reset_hint.format(run=run_name, url=shown)}")
 
 
 def clear_run(redis_url: str, run_name: str, timeout_s: float = 10.0) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import secrets
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -11,9 +12,11 @@ COUNTERS = (
     "experiences_deduplicated",  # dropped: sample already trained, already held, or its prompt is finished
     "experiences_dropped_stale",  # dropped: weight_version < current - max_staleness
     "experiences_rejected",  # dropped: token ids outside the vocabulary or longer than the model's context
+    "experiences_unissued",  # dropped: group, size or position not what this learner issued (no or a wrong grant)
+    "experiences_unsigned",  # dead-lettered: no valid run-key signature (written by something outside the fleet)
     "prompts_issued",  # PromptTasks produced (re-issues included)
     "prompts_reissued",  # after a stale drop, a timeout, a dead letter, or a prompt Redis lost in a crash
-    "prompts_abandoned",  # dataset positions given up after rollout.dead_letter_retries dead letters
+    "prompts_abandoned",  # positions given up: rollout.dead_letter_retries dead letters or rollout.max_attempts spent
     "redis_outages",  # times the learner waited for Redis to answer again
     "publishes_failed",  # weight publishes that failed (the next step publishes again)
     "groups_trained",
@@ -32,6 +35,7 @@ class InFlight:
     attempt: int
     issued_at: float
     entry: str = ""  # prompt stream entry id of the current attempt (tells a prompt Redis lost in a crash)
+    group_size: int = 0  # samples issued per attempt (0: written before it was recorded; the settings' then)
     dead_letters: int = 0  # times this position's prompt or experiences were dead-lettered
 
 
@@ -44,6 +48,9 @@ class RunState:
     dead_letter_cursors: dict[str, str] = field(default_factory=dict)  # DeadLetterWatch position per stream
     abandoned: dict[str, str] = field(default_factory=dict)  # item key -> why it was given up (dead letters)
     counters: dict[str, int] = field(default_factory=lambda: {k: 0 for k in COUNTERS})
+    # the learner's own key for the grants of the prompt tasks it issues (never leaves the learner but in grants);
+    # saved with the run so that prompts re-issued after a resume carry the grants their experiences will bear
+    grant_key: str = field(default_factory=lambda: secrets.token_hex(32))
     # settled (marked processed + acked) right after this checkpoint is written, and again at a resume
     commit_sample_ids: list[str] = field(default_factory=list)
     commit_entry_ids: list[str] = field(default_factory=list)

@@ -17,6 +17,7 @@ from services.learner.rl_runner import RLRunner
 from services.learner.rollout_watch import RolloutWatch
 from services.learner.settings import LearnerSettings
 from services.learner.sft_runner import SFTRunner
+from shared.redact import redact_url
 from shared.service_kit.errors import ServiceError
 
 log = logging.getLogger(__name__)
@@ -33,13 +34,21 @@ class ControlError(ServiceError):
         self.detail = detail
 
 
+def shown_config(settings: LearnerSettings) -> dict[str, Any]:
+    """The settings as TensorBoard / wandb record them: secrets masked (SecretStr dumps as ``**********``; the
+    password in ``redis_url`` is masked here)."""
+    config = settings.model_dump(mode="json")
+    config["redis_url"] = redact_url(config.get("redis_url"))
+    return config
+
+
 class LearnerService:
     def __init__(self, settings: LearnerSettings, on_exit: Callable[[int], None] | None = None) -> None:
         self.settings = settings
         self.on_exit = on_exit
         self.registry = CollectorRegistry()
         self.sink = MetricsSink(settings.observability, Path(settings.run_dir), self.registry,
-                                run_name=settings.run_name, config=settings.model_dump(mode="json"))
+                                run_name=settings.run_name, config=shown_config(settings))
         self.runner: RLRunner | SFTRunner | None = None
         self.redis = None
         self._stop = asyncio.Event()

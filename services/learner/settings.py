@@ -163,6 +163,11 @@ class RolloutRequestSettings(_Section):
         default=2, ge=0, description="Re-issues of a prompt whose task or experiences were dead-lettered before "
         "its dataset position is given up (logged with the reason, counted as prompts_abandoned).",
     )
+    max_attempts: int = Field(
+        default=50, ge=1, le=10_000, description="Attempts a dataset position gets in all (its first issue and every "
+        "re-issue: timeouts, stale groups, dead letters, prompts Redis lost) before it is given up with the reason "
+        "(counted as prompts_abandoned), so no position is retried for ever.",
+    )
 
 
 class QueueSettings(_Section):
@@ -182,6 +187,20 @@ class QueueSettings(_Section):
     redis_outage_max_s: float = Field(
         default=3600.0, gt=0.0, description="How long the learner waits for an unreachable Redis (retrying with "
         "backoff, phase 'waiting_for_redis' in /status) before the run fails.",
+    )
+    dead_letter_maxlen: int = Field(
+        default=10_000, ge=100, le=10_000_000,
+        description="Each dead-letter stream of the run keeps about its newest N entries (approximate MAXLEN trim).",
+    )
+    processed_ids_max: int = Field(
+        default=1_000_000, ge=10_000,
+        description="Most sample ids kept in the processed-ids record (the second line of dedupe: see "
+        "docs/security-redis.md); keep it well above rollout.window x rollout.group_size.",
+    )
+    processed_ids_ttl_s: float = Field(
+        default=30 * 86400.0, ge=3600.0,
+        description="The processed-ids record expires this long after the run's last commit (an abandoned run's "
+        "record does not stay in Redis for ever).",
     )
 
 

@@ -44,6 +44,13 @@ def main(
     except SettingsError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
+    if settings.redis_url:
+        from shared.redis_auth import redis_auth_problem
+
+        problem = redis_auth_problem(settings.redis_url)
+        if problem is not None:
+            typer.echo(f"error: {problem}", err=True)
+            raise typer.Exit(2)
 
     import uvicorn
 

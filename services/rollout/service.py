@@ -105,7 +105,8 @@ class RolloutService:
                     s.sessions, redis_url=s.redis_url, run_name=s.run_name, reward_url=s.worker.reward_url,
                     tokenizer=self.tokenizer, registry=self.metrics.registry,
                     url=s.advertise_url or default_url(s.host, s.port), host=s.host,
-                    control_token=s.control_token.get_secret_value() if s.control_token else None)
+                    control_token=s.control_token.get_secret_value() if s.control_token else None,
+                    run_key=s.run_key)
                 await self._start(self.sessions)
             if self.settings.worker.enabled:
                 from services.rollout.worker.loop import RolloutWorker

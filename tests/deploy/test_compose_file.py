@@ -268,3 +268,26 @@ def test_every_project_module_the_image_code_imports_is_in_the_image(path):
     missing = sorted({f"{name} (imported by {f.relative_to(REPO)})" for f in files for name in project_imports(f)
                       if (m := module_file(name)) is not None and not inside(m)})
     assert not missing, f"{path.name} does not copy: {missing}"
+
+
+def test_redis_requires_a_password_that_has_no_default_and_every_client_uses_it():
+    """Redis is authenticated (issue 26): the server requires ${REDIS_PASSWORD:?...}, its health check looks for the
+    PONG an unauthenticated ping does not get, and every service that reaches it carries the password in its URL."""
+    redis = SERVICES["redis"]
+    cmd = redis["command"]
+    assert "--requirepass" in cmd and re.fullmatch(r"\$\{REDIS_PASSWORD:\?[^}]+\}", cmd[cmd.index("--requirepass") + 1])
+    assert "PONG" in " ".join(redis["healthcheck"]["test"]) and "REDIS_PASSWORD" in redis["environment"]["REDISCLI_AUTH"]
+    urls = {(name, key): value for name, svc in SERVICES.items() if name != "redis"
+            for key, value in (svc.get("environment") or {}).items() if key.endswith("REDIS_URL")}
+    assert urls and all(re.fullmatch(r"redis://:\$\{REDIS_PASSWORD:\?[^}]+\}@redis:6379/0", v) for v in urls.values()), urls
+    text = (REPO / "docker-compose.yml").read_text()
+    assert "REDIS_PASSWORD:-" not in text and "redis://redis:" not in text
+    override = (REPO / "deploy" / "compose" / "podman-local.yml").read_text()
+    assert '--requirepass "${REDIS_PASSWORD:?' in override  # make compose-test's Redis requires it too
+
+
+@pytest.mark.parametrize("name", sorted(set(HTTP_PORTS) - {"reward"}))
+def test_services_that_use_the_queue_hold_the_run_key_from_the_environment(name):
+    env = SERVICES[name]["environment"]
+    keys = [v for k, v in env.items() if k.endswith("_RUN_KEY")]
+    assert len(keys) == 1 and re.fullmatch(r"\$\{FLEETRL_RUN_KEY:\?[^}]+\}", keys[0]), env

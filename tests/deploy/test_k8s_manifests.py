@@ -99,3 +99,40 @@ def test_learner_declares_the_configured_rendezvous_port_and_listens_on_its_pod_
     assert sync.rendezvous_port > 0 and sync.listen_addr == "10.0.0.7"  # a fixed port, on the pod IP only
     assert {"name": "weight-sync", "containerPort": sync.rendezvous_port} in c["ports"]
     assert not any("BIND_ADDR" in e["name"] for e in c["env"])  # no wider bind than the pod IP
+
+
+def _env(container: dict) -> dict[str, dict]:
+    return {e["name"]: e for e in container.get("env", [])}
+
+
+def test_redis_requires_the_password_from_the_secret_and_every_pod_connects_with_it():
+    """Redis is authenticated (issue 26): started with --requirepass from the Secret, probed with it; every pod
+    that reaches Redis takes the same Secret key before the URLs that expand it; the reward pod gets no Redis."""
+    ref = {"secretKeyRef": {"name": "fleetrl-token", "key": "redis-password"}}
+    redis = next(d for d in workloads() if d["metadata"]["name"] == "fleetrl-redis")
+    (c,) = redis["spec"]["template"]["spec"]["containers"]
+    assert c["args"][:2] == ["--requirepass", "$(REDIS_PASSWORD)"] and _env(c)["REDIS_PASSWORD"]["valueFrom"] == ref
+    assert _env(c)["REDISCLI_AUTH"]["valueFrom"] == ref
+    assert all("PONG" in " ".join(c[p]["exec"]["command"]) for p in ("readinessProbe", "livenessProbe"))
+    for doc in workloads():
+        if doc["metadata"]["name"] == "fleetrl-redis":
+            continue
+        (c,) = doc["spec"]["template"]["spec"]["containers"]
+        names = [e["name"] for e in c.get("env", [])]
+        urls = [e for e in c.get("env", []) if e["name"].endswith("REDIS_URL")]
+        if doc["metadata"]["name"] == "fleetrl-reward":
+            assert not urls, "the reward service does not use Redis"
+            continue
+        assert urls, doc["metadata"]["name"]
+        assert _env(c)["REDIS_PASSWORD"]["valueFrom"] == ref
+        for e in urls:
+            assert e["value"] == "redis://:$(REDIS_PASSWORD)@fleetrl-redis:6379/0", e
+            assert names.index("REDIS_PASSWORD") < names.index(e["name"])  # $(VAR) expands earlier variables only
+
+
+@pytest.mark.parametrize("name,var", [("fleetrl-rollout", "FLEETRL_ROLLOUT_RUN_KEY"),
+                                      ("fleetrl-learner", "FLEETRL_LEARNER_RUN_KEY")])
+def test_queue_services_take_the_run_key_from_the_secret(name, var):
+    doc = next(d for d in workloads() if d["metadata"]["name"] == name)
+    (c,) = doc["spec"]["template"]["spec"]["containers"]
+    assert _env(c)[var]["valueFrom"] == {"secretKeyRef": {"name": "fleetrl-token", "key": "run-key"}}

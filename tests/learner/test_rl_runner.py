@@ -204,6 +204,20 @@ async def test_dead_lettered_prompts_are_reissued_at_once_then_given_up_with_the
     assert trained_items(tmp_path / "run") == {f"e0-{i}": 4 for i in range(N_PROMPTS) if i != 3}
 
 
+async def test_a_prompt_that_never_completes_is_given_up_after_max_attempts_with_the_reason(
+        tiny_model_dir, tmp_path, redis_server, redis_client, prompts_file):
+    """Every retry has a limit (issue 26): the fleet never answers one prompt. Its timeouts re-issue it until
+    rollout.max_attempts, then the position is given up with the reason and the run finishes (it re-issued the
+    prompt for ever before, and the run never ended)."""
+    s = learner_settings(tiny_model_dir, tmp_path, redis_server, rollout={"prompt_timeout_s": 1.0, "max_attempts": 2})
+    status, _, _ = await run_with_fleet(s, redis_client, hold_keys={"e0-3"})
+    assert status["phase"] == "finished", status
+    c = status["counters"]
+    assert c["prompts_abandoned"] == 1 and c["prompts_reissued"] == 1 and c["samples_trained"] == (N_PROMPTS - 1) * 4
+    assert "rollout.max_attempts=2" in status["abandoned"]["e0-3"] and "prompt_timeout_s" in status["abandoned"]["e0-3"]
+    assert trained_items(tmp_path / "run") == {f"e0-{i}": 4 for i in range(N_PROMPTS) if i != 3}
+
+
 async def test_one_step_never_takes_two_attempts_of_the_same_prompt(tiny_model_dir, tmp_path, redis_server):
     """A prompt re-issued (timeout, stale drop, restart) can complete twice: the late first attempt and the
     re-issue. One step must take at most one group per dataset position (else it trains it twice, and the

@@ -61,6 +61,7 @@ from shared.experience_queue import BackpressureTimeout, StreamQueue
 from shared.reward_api import ScoreItem
 from shared.schemas import Experience
 from shared.session_api import SessionCreate, SessionFinish, SessionFinished, SessionInfo
+from shared.signing import signer_for
 
 log = logging.getLogger(__name__)
 
@@ -76,9 +77,10 @@ class SessionUnavailable(RequestError):
 class SessionManager:
     def __init__(self, cfg: SessionSettings, *, redis_url: str | None, run_name: str, reward_url: str | None,
                  tokenizer: Any, registry: CollectorRegistry, url: str | None = None, host: str = "127.0.0.1",
-                 control_token: str | None = None) -> None:
+                 control_token: str | None = None, run_key: Any = None) -> None:
         self.cfg = cfg
         self.control_token = control_token  # session keys derive from it (auth.py)
+        self.signer = signer_for(run_key)  # the experiences a finished session pushes are signed as the fleet's
         self.url = url  # what other replicas and clients reach this one at (None until known: port 0)
         self.host = host
         self.redis_url = redis_url
@@ -176,7 +178,8 @@ class SessionManager:
         sid = body.session_id or new_session_id()
         prompt_id = body.prompt_id or sid
         who = SessionIdentity(session_id=sid, prompt_id=prompt_id, group_id=body.group_id or prompt_id,
-                              group_size=body.group_size, index=body.index, label=body.label, metadata=body.metadata)
+                              group_size=body.group_size, index=body.index, label=body.label, metadata=body.metadata,
+                              grant=body.grant)
         try:
             session = self.store.create(who, body.run or self.run_name)
             await self._claim(sid)
@@ -407,7 +410,7 @@ class SessionManager:
         if q is None:
             assert self.redis is not None
             q = self._queues[run] = StreamQueue(self.redis, keys.experiences_stream(run), "learner", Experience,
-                                                max_backlog=self.cfg.max_experience_backlog)
+                                                max_backlog=self.cfg.max_experience_backlog, signer=self.signer)
         return q
 
     async def _push(self, run: str, group: list[Experience]) -> str:

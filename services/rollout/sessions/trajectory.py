@@ -133,6 +133,7 @@ class SessionIdentity:
     label: Any = None
     metadata: dict[str, Any] = field(default_factory=dict)
     created_at: float = field(default_factory=time.time)
+    grant: str | None = None  # the learner's grant of the task (PromptTask.grant), copied into each experience
 
 
 def experience_id(who: SessionIdentity, k: int) -> str:
@@ -156,7 +157,7 @@ def experiences(who: SessionIdentity, trajectories: list[Trajectory], rewards: l
             metadata={**who.metadata, "session_id": who.session_id, "turns": t.turns, "trajectory": k,
                       "trajectories": len(trajectories)},
             created_at=who.created_at, generated_at=now, action_mask=t.mask, version_spans=spans,
-            sampling=sampling_of(t),
+            sampling=sampling_of(t), grant=who.grant,
         ))
     return out
 

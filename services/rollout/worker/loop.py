@@ -39,6 +39,7 @@ from services.rollout.worker.trajectory import Trajectory
 from shared import keys
 from shared.experience_queue import BackpressureTimeout, Delivery, Lease, StreamQueue
 from shared.schemas import Experience, PromptTask
+from shared.signing import signer_for
 
 log = logging.getLogger(__name__)
 
@@ -70,10 +71,15 @@ class RolloutWorker:
                                "config file, or $REDIS_URL)")
         self.redis = aioredis.from_url(self.settings.redis_url, socket_timeout=30, socket_connect_timeout=5)
         run = self.settings.run_name
+        signer = signer_for(self.settings.run_key)  # prompts must be the learner's; experiences are signed as ours
         self.prompts = StreamQueue(self.redis, keys.prompts_stream(run), "rollout", PromptTask,
-                                   max_deliveries=self.cfg.prompts_max_deliveries, claim_idle_ms=self.cfg.claim_idle_ms)
+                                   max_deliveries=self.cfg.prompts_max_deliveries, claim_idle_ms=self.cfg.claim_idle_ms,
+                                   signer=signer)
         self.experiences = StreamQueue(self.redis, keys.experiences_stream(run), "learner", Experience,
-                                       max_backlog=self.cfg.max_experience_backlog)
+                                       max_backlog=self.cfg.max_experience_backlog, signer=signer)
+        if signer is None:
+            log.warning("run_key is unset: prompt tasks are taken without checking who wrote them and experiences go "
+                        "out unsigned; give every service of the run the same run_key (docs/security-redis.md)")
         await self.prompts.ensure_group()
         await self.experiences.ensure_group()
         self.rewards = RewardClient(self.cfg.reward_url, self.cfg.reward_timeout_s, self.cfg.reward_backoff_max_s,

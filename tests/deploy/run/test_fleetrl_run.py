@@ -12,6 +12,7 @@ import time
 
 import pytest
 import redis
+import yaml
 
 from shared import keys
 from tests.procs import REPO
@@ -47,6 +48,18 @@ def test_a_tiny_run_trains_and_the_same_command_resumes(spec_file):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == 2 and [e["step"] for e in summary["heldout"]] == [0, 2]
     assert summary["heldout"][-1]["weight_version"] == "2"  # measured on the learner's last version
+    # Redis required a generated password and every record was signed with the run's key (issue 26): both in 0600
+    # files, both given to every service that reaches Redis, neither shown anywhere
+    password = (run_dir / "redis" / "password").read_text().strip()
+    run_key = (run_dir / "run_key").read_text().strip()
+    assert all((run_dir / f).stat().st_mode & 0o777 == 0o600 for f in ("redis/password", "run_key"))
+    for name in ("rollout-0", "learner"):
+        cfg = yaml.safe_load((run_dir / "configs" / f"{name}.yaml").read_text())
+        assert f":{password}@" in cfg["redis_url"] and cfg["run_key"] == run_key, name
+    shown = first.stdout + first.stderr + "".join(p.read_text() for p in (run_dir / "logs").glob("*.log"))
+    assert password not in shown and run_key not in shown and "redis://:***@127.0.0.1" in first.stdout
+    last = metrics(run_dir)[-1]
+    assert last["experiences_unsigned"] == 0 and last["experiences_unissued"] == 0 and last["samples_trained"] > 0
 
     again = fleetrl_run(spec_file, "train.max_steps=3")
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]

@@ -42,3 +42,14 @@ def test_sampling_change_inside_a_trajectory_is_refused_but_a_new_one_may_differ
         append(ts, call([1, 2, 3], [4], params=SamplingParams(temperature=0.5)))
     assert append(ts, call([9], [4], params=SamplingParams(temperature=0.5))) is False
     assert len(ts) == 2
+
+
+def test_a_sessions_experiences_bear_the_grant_it_was_opened_with():
+    """An orchestrator passes the learner's task grant to POST /sessions; without one the experiences bear none,
+    and the learner does not train them (services/learner/grants.py)."""
+    ts = []
+    append(ts, call([1, 2], [3, 4], version=0))
+    granted = SessionIdentity(session_id="s", prompt_id="e0-1", group_id="e0-1", group_size=1, index=0, grant="g" * 40)
+    assert [e.grant for e in experiences(granted, ts, [1.0], [{}], [("a", "b")])] == ["g" * 40]
+    chosen = SessionIdentity(session_id="s", prompt_id="e0-1", group_id="e0-1", group_size=1, index=0)
+    assert [e.grant for e in experiences(chosen, ts, [1.0], [{}], [("a", "b")])] == [None]

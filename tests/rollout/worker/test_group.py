@@ -39,3 +39,14 @@ def test_every_single_turn_experience_carries_sampling_and_version_spans(version
         back = decode(encode(e), Experience)
         assert back.sampling == e.sampling and back.version_spans == e.version_spans
         assert back.token_versions() == [v] * len(e.response_token_ids)
+
+
+def test_the_tasks_grant_goes_into_every_experience_and_through_the_codec():
+    """The learner trains only groups it issued: a worker copies the task's grant into each experience (and the
+    codec carries it, schema v3), and passes it nowhere else."""
+    task = PromptTask(id="e0-1", prompt="hi", n=2, grant="f" * 40)
+    params = task_sampling(WorkerSampling(max_new_tokens=7, temperature=0.0), task)
+    trajectories = [single_turn_trajectory([1, 2], "hi", _out([5], 0), 1.0, {}, params) for _ in range(2)]
+    group = experiences(task, trajectories)
+    assert [decode(encode(e), Experience).grant for e in group] == ["f" * 40] * 2
+    assert "grant" not in group[0].metadata and decode(encode(task), PromptTask).grant == "f" * 40

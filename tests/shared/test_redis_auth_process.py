@@ -1,0 +1,60 @@
+"""Services against a Redis that requires a password (issue 26): started without it, or with a wrong one, each
+exits at once with a one-line error that names the setting — not a hang, not a traceback — and shows no
+password. Real processes, the real (authenticated) test Redis."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from urllib.parse import urlsplit
+
+import pytest
+
+from tests.learner.test_process import write_config
+from tests.procs import REPO
+
+ENV_KEYS = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(REPO)}
+
+
+def without_password(url: str) -> str:
+    parts = urlsplit(url)
+    return f"redis://{parts.hostname}:{parts.port}/0"
+
+
+def run_service(args: list[str], tmp_path) -> tuple[subprocess.CompletedProcess, float]:
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETRL_") and k != "REDIS_URL"}
+    t0 = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", *args], cwd=tmp_path, env={**env, **ENV_KEYS}, capture_output=True,
+                          text=True, timeout=120, check=False)
+    return done, time.monotonic() - t0
+
+
+def assert_one_line_error(done: subprocess.CompletedProcess, password: str) -> str:
+    out = done.stdout + done.stderr
+    assert done.returncode == 2, out[-3000:]
+    assert "Traceback" not in out and password not in out, out[-3000:]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "redis_url" in errors[0] and "password" in errors[0], done.stderr[-3000:]
+    return errors[0]
+
+
+@pytest.mark.parametrize("wrong", [False, True], ids=["no-password", "wrong-password"])
+def test_a_service_without_the_password_fails_fast_naming_the_setting(redis_server, tiny_model_dir, tmp_path, wrong):
+    password = redis_server.password
+    assert password, "the test Redis requires a password"
+    url = without_password(redis_server.url)
+    if wrong:
+        url = url.replace("redis://", "redis://:not-the-password@")
+    rollout, took = run_service(["services.rollout", "--model", str(tiny_model_dir), "--redis-url", url,
+                                 "--port", "0"], tmp_path)
+    line = assert_one_line_error(rollout, password)
+    assert took < 60 and ("gives none" in line) != wrong, line
+    cfg, _ = write_config(tmp_path, tiny_model_dir, url, n_prompts=4)
+    learner, took = run_service(["services.learner", "--config", str(cfg)], tmp_path)
+    assert_one_line_error(learner, password)
+    assert took < 90
+    if wrong:
+        assert "not-the-password" not in learner.stderr + rollout.stderr  # a wrong password is not shown either
