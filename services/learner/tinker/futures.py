@@ -103,6 +103,12 @@ class OrderedWorker:
         heapq.heappush(self._heap, (order, next(self._counter), request_id, job))
         self._wake.set()
 
+    def skip(self, seq_id: int | None) -> None:
+        """A request refused at the door (400) still used its seq_id: the ones after it must not wait for it."""
+        if seq_id is not None:
+            heapq.heappush(self._heap, (seq_id, next(self._counter), "", lambda: None))
+            self._wake.set()
+
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
@@ -122,6 +128,8 @@ class OrderedWorker:
                                 self.next_seq, self.gap_timeout_s, head)
             order, _, request_id, job = heapq.heappop(self._heap)
             self.next_seq = order + 1
+            if not request_id:  # a skipped seq_id
+                continue
             self.running = request_id
             try:
                 value = await loop.run_in_executor(self.executor, _capture, job)

@@ -9,9 +9,12 @@ import re
 import shutil
 import time
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from shared.service_kit.errors import ServiceError
 
 from . import api
 from .errors import BadRequest, Full, NotFound
@@ -170,7 +173,29 @@ class TinkerService:
         slot.worker.submit(request_id, seq_id, job)
         return request_id
 
+    @contextmanager
+    def _door(self, model_id: str | None, seq_id: int | None):
+        """Checks before a request is queued: one refused (4xx) still uses its seq_id on a known model."""
+        try:
+            yield
+        except ServiceError:
+            slot = self.models.get(model_id or "")
+            if slot is not None:
+                slot.worker.skip(seq_id)
+            raise
+
     def forward_backward(self, call: ForwardBackwardCall) -> str:
+        with self._door(call.model_id, call.seq_id):
+            self._check_forward_backward(call)
+
+        def fn(slot: ModelSlot) -> bytes:
+            outputs, metrics = slot.model.forward_backward(call.data, call.loss_fn, call.loss_fn_config,
+                                                           call.forward_only)
+            return encode_forward_backward_output(outputs, metrics)
+
+        return self._run(call.model_id, call.seq_id, fn)
+
+    def _check_forward_backward(self, call: ForwardBackwardCall) -> None:
         from .losses import lookup
 
         if not call.data:
@@ -179,13 +204,6 @@ class TinkerService:
             raise BadRequest(f"{len(call.data)} datums in one request; at most {self.settings.max_datums} "
                              "(max_datums)", status=413)
         lookup(call.loss_fn, call.loss_fn_config)  # a bad loss name is a 400 now, not a failed future
-
-        def fn(slot: ModelSlot) -> bytes:
-            outputs, metrics = slot.model.forward_backward(call.data, call.loss_fn, call.loss_fn_config,
-                                                           call.forward_only)
-            return encode_forward_backward_output(outputs, metrics)
-
-        return self._run(call.model_id, call.seq_id, fn)
 
     def optim_step(self, req: api.OptimStep) -> str:
         from .trainer import AdamStep
@@ -218,10 +236,11 @@ class TinkerService:
         return name
 
     def save_state(self, req: api.SaveWeights) -> str:
-        name = self._name(req.path if req.path is not None else f"state-{req.seq_id}")
-        out = self._dir(req.model_id, "weights", name)
-        if out.exists():
-            raise BadRequest(f"checkpoint {name!r} exists already for this model; pick another name")
+        with self._door(req.model_id, req.seq_id):
+            name = self._name(req.path if req.path is not None else f"state-{req.seq_id}")
+            out = self._dir(req.model_id, "weights", name)
+            if out.exists():
+                raise BadRequest(f"checkpoint {name!r} exists already for this model; pick another name")
 
         def fn(slot: ModelSlot) -> dict:
             slot.model.save_state(out)
@@ -232,7 +251,8 @@ class TinkerService:
     def load_state(self, req: api.LoadWeights) -> tuple[str, str]:
         from .trainer import read_spec
 
-        src = self._resolve(req.path, "weights")
+        with self._door(req.model_id, req.seq_id):
+            src = self._resolve(req.path, "weights")
         if req.model_id is not None:  # onto an existing model
             def fn(slot: ModelSlot) -> dict:
                 slot.model.load_state(src, req.optimizer)
@@ -261,12 +281,13 @@ class TinkerService:
 
     def save_for_sampler(self, req: api.SaveWeights) -> str:
         named = req.path is not None
-        name = self._name(req.path if named else f"ephemeral-{req.seq_id}-{uuid.uuid4().hex[:8]}")
-        out = self._dir(req.model_id, "sampler_weights", name)
-        if named and out.exists():
-            raise BadRequest(f"sampler checkpoint {name!r} exists already for this model; pick another name")
-        if not named and req.sampling_session_seq_id is None:
-            raise BadRequest("save_weights_for_sampler: give a path (name) or a sampling_session_seq_id")
+        with self._door(req.model_id, req.seq_id):
+            name = self._name(req.path if named else f"ephemeral-{req.seq_id}-{uuid.uuid4().hex[:8]}")
+            out = self._dir(req.model_id, "sampler_weights", name)
+            if named and out.exists():
+                raise BadRequest(f"sampler checkpoint {name!r} exists already for this model; pick another name")
+            if not named and req.sampling_session_seq_id is None:
+                raise BadRequest("save_weights_for_sampler: give a path (name) or a sampling_session_seq_id")
 
         def fn(slot: ModelSlot) -> dict:
             slot.model.export_for_sampler(out, self.settings.base_model)
