@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import sys
 import time
 
 import tinker
@@ -78,10 +79,13 @@ def main(argv: list[str] | None = None) -> dict:
                                                    seed=args.seed).result()
     tok = training.get_tokenizer()
 
-    for _ in range(args.sl_steps):  # supervised warm-up
+    for step in range(args.sl_steps):  # supervised warm-up
         batch = [sl_datum(tok, p, a) for p, a in rng.sample(train, args.sl_batch)]
-        training.forward_backward(batch, "cross_entropy")
+        fb = training.forward_backward(batch, "cross_entropy")
         training.optim_step(types.AdamParams(learning_rate=args.sl_lr))
+        if step % 10 == 0 or step == args.sl_steps - 1:
+            tokens = sum(sum(d.loss_fn_inputs["weights"].tolist()) for d in batch)
+            print(f"warm-up step {step}: loss/token {fb.result().metrics['loss:sum'] / tokens:.3f}", file=sys.stderr)
     sampler = training.save_weights_and_get_sampling_client().result()
     warm = accuracy(sampler, tok, held)
 

@@ -141,6 +141,12 @@ class OrderedWorker:
         """The next seq_id this worker waits for (after create_model: 1)."""
         self.next_seq = seq_id
 
+    def queued(self) -> int:
+        return len(self._heap)
+
+    def close_nowait(self) -> None:
+        self._task.cancel()
+
     async def close(self) -> None:
         self._task.cancel()
         self.executor.shutdown(wait=False, cancel_futures=True)

@@ -83,6 +83,21 @@ class TinkerService:
             raise NotFound(f"session {session_id!r} is unknown (the server restarted?); create a new ServiceClient")
         self.sessions[session_id] = time.monotonic()
 
+    def _reap(self) -> None:
+        """End the sessions whose client stopped beating: drop their models and sampling sessions."""
+        now = time.monotonic()
+        for session in [s for s, seen in self.sessions.items() if now - seen > self.settings.session_timeout_s]:
+            del self.sessions[session]
+            for model_id in [m for m in self.models if m.startswith(f"{session}:")]:
+                slot = self.models.pop(model_id)
+                if slot.worker.running is None and not slot.worker.queued():
+                    slot.worker.executor.shutdown(wait=False)
+                    slot.worker.close_nowait()
+                log.info("session %s ended (no heartbeat for %.0fs): dropped %s", session,
+                         self.settings.session_timeout_s, model_id)
+            for sid in [s for s in self.sampling_sessions if s.startswith(f"{session}:")]:
+                del self.sampling_sessions[sid]
+
     def capabilities(self) -> dict:
         from transformers import AutoConfig
 
@@ -110,6 +125,8 @@ class TinkerService:
     def _new_slot(self, model_id: str, spec: Any) -> ModelSlot:
         if model_id in self.models:
             raise BadRequest(f"model {model_id!r} exists already (model_seq_id reused)")
+        if len(self.models) >= self.settings.max_models:
+            self._reap()
         if len(self.models) >= self.settings.max_models:
             raise Full(f"this server holds {self.settings.max_models} training models (max_models); "
                        "end another session's models first")

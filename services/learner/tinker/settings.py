@@ -39,6 +39,9 @@ class TinkerSettings(ServiceSettings):
     future_ttl_s: float = Field(default=3600.0, gt=0.0, description="Results are kept this long for retrieval.")
     seq_gap_timeout_s: float = Field(default=30.0, gt=0.0, description="How long a model waits for a missing seq_id "
                                                                        "before it runs the next request it holds.")
+    session_timeout_s: float = Field(default=120.0, ge=15.0, description="A session without a heartbeat this long "
+                                                                        "ends: its models are dropped (the client "
+                                                                        "beats every 10 s).")
     torch_threads: int | None = Field(default=None, ge=1, description="torch.set_num_threads; default: torch's.")
     seed: int = Field(default=0, description="Seed of model creation when the client gives none.")
 
