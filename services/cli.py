@@ -34,6 +34,7 @@ def _add_service(name: str, module: str, help_text: str) -> None:
 _add_service("rollout", "services.rollout.cli", "Run the rollout (generation) service and its worker.")
 _add_service("reward", "services.reward.cli", "Run the reward service (/score, /get_reward).")
 _add_service("learner", "services.learner.cli", "Run the learner (PPO / GRPO / REINFORCE++ / RLOO / SFT).")
+_add_service("tinker", "services.learner.tinker.cli", "Serve the Tinker API (tinker client programs) from the learner.")
 
 
 def _add_run_commands() -> None:

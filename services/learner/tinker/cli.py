@@ -1,0 +1,45 @@
+"""``fleetrl tinker --config FILE`` / ``python -m services.learner.tinker``: the Tinker API on the learner (settings
+first, then torch). Prints the TINKER_BASE_URL / TINKER_API_KEY lines a client exports."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+app = typer.Typer(add_completion=False, help="FleetRL learner, Tinker mode: serve the Tinker API.")
+
+
+@app.callback(invoke_without_command=True)
+def main(
+    config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML/TOML Tinker settings.")] = None,
+    host: Annotated[str | None, typer.Option(help="Bind address (default 127.0.0.1).")] = None,
+    port: Annotated[int | None, typer.Option(help="HTTP port (default 8010).")] = None,
+    base_model: Annotated[str | None, typer.Option(help="Local HF model directory to serve.")] = None,
+    run_dir: Annotated[str | None, typer.Option(help="Where checkpoints go.")] = None,
+    log_level: Annotated[str | None, typer.Option(help="Python logging level.")] = None,
+) -> None:
+    """Serve until SIGTERM / Ctrl-C."""
+    from services.learner.tinker.settings import TinkerSettings
+    from shared.settings import SettingsError, load_settings
+
+    try:
+        settings = load_settings(TinkerSettings, config_file=config, host=host, port=port, base_model=base_model,
+                                 run_dir=run_dir, log_level=log_level)
+    except SettingsError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+
+    import uvicorn
+
+    from services.learner.tinker.app import create_app
+    from shared.telemetry import setup_logging
+
+    setup_logging(settings.log_level, service="tinker")
+    if settings.port:
+        typer.echo(f"export TINKER_BASE_URL=http://{settings.host}:{settings.port}")
+        typer.echo(f"export TINKER_API_KEY={settings.api_key.get_secret_value()}")
+        typer.echo(f"# base_model for create_lora_training_client: {settings.public_name()}")
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
+                timeout_graceful_shutdown=10)

@@ -1,0 +1,115 @@
+"""Thin routes of the Tinker API (``/api/v1/...``, as the ``tinker`` client calls them): one call on the
+TinkerService each. Mutating calls answer ``{request_id, model_id}``; ``retrieve_future`` gives the result."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+
+from . import api
+from .deps import ApiKeyDep, ServiceDep
+from .service import run_blocking
+from .wire import decode_forward_backward, decompress
+
+PROTO = "application/x-protobuf"
+open_router = APIRouter()
+router = APIRouter(prefix="/api/v1", dependencies=[ApiKeyDep])
+
+
+@open_router.get("/health")
+@open_router.get("/api/v1/healthz")
+async def health() -> dict:
+    return {"status": "ok"}
+
+
+@open_router.get("/status")
+async def status(svc: ServiceDep) -> dict:
+    return svc.status()
+
+
+@router.post("/client/config")
+async def client_config(svc: ServiceDep) -> dict:
+    return svc.client_config()
+
+
+@router.post("/create_session")
+async def create_session(body: api.CreateSession, svc: ServiceDep) -> dict:
+    return {"type": "create_session", "session_id": svc.create_session()}
+
+
+@router.post("/session_heartbeat")
+async def session_heartbeat(body: api.SessionRef, svc: ServiceDep) -> dict:
+    svc.heartbeat(body.session_id)
+    return {"type": "session_heartbeat"}
+
+
+@router.post("/telemetry")
+async def telemetry() -> dict:
+    return {"status": "accepted"}
+
+
+@router.get("/get_server_capabilities")
+async def capabilities(svc: ServiceDep) -> dict:
+    return await run_blocking(svc.capabilities)
+
+
+@router.post("/create_model")
+async def create_model(body: api.CreateModel, svc: ServiceDep) -> dict:
+    request_id, model_id = svc.create_model(body)
+    return {"request_id": request_id, "model_id": model_id}
+
+
+@router.post("/get_info")
+async def get_info(body: api.ModelRef, svc: ServiceDep) -> dict:
+    return svc.get_info(body.model_id)
+
+
+@router.post("/forward_backward")
+async def forward_backward(request: Request, svc: ServiceDep) -> dict:
+    raw = await request.body()
+    call = await run_blocking(lambda: decode_forward_backward(decompress(raw, request.headers.get("content-encoding"))))
+    return {"request_id": svc.forward_backward(call), "model_id": call.model_id}
+
+
+@router.post("/optim_step")
+async def optim_step(body: api.OptimStep, svc: ServiceDep) -> dict:
+    return {"request_id": svc.optim_step(body), "model_id": body.model_id}
+
+
+@router.post("/save_weights")
+async def save_weights(body: api.SaveWeights, svc: ServiceDep) -> dict:
+    return {"request_id": svc.save_state(body), "model_id": body.model_id}
+
+
+@router.post("/load_weights")
+async def load_weights(body: api.LoadWeights, svc: ServiceDep) -> dict:
+    request_id, model_id = svc.load_state(body)
+    return {"request_id": request_id, "model_id": model_id}
+
+
+@router.post("/save_weights_for_sampler")
+async def save_weights_for_sampler(body: api.SaveWeights, svc: ServiceDep) -> dict:
+    return {"request_id": svc.save_for_sampler(body), "model_id": body.model_id}
+
+
+@router.post("/create_sampling_session")
+async def create_sampling_session(body: api.CreateSamplingSession, svc: ServiceDep) -> dict:
+    return {"type": "create_sampling_session", "sampling_session_id": svc.create_sampling_session(body)}
+
+
+@router.post("/asample")
+async def asample(body: api.Sample, svc: ServiceDep) -> dict:
+    request_id, sequence_ids = svc.sample(body)
+    return {"request_id": request_id, "sample_sequence_ids": sequence_ids}
+
+
+@router.post("/retrieve_future")
+async def retrieve_future(body: api.RetrieveFuture, svc: ServiceDep) -> Response:
+    entry = await svc.retrieve(body.request_id)
+    if entry is None:
+        return JSONResponse({"type": "try_again", "request_id": body.request_id, "queue_state": "active"})
+    if entry.error is not None:
+        return JSONResponse({"error": entry.error, "category": entry.category})
+    if isinstance(entry.result, bytes):
+        return Response(entry.result, media_type=PROTO)
+    return JSONResponse(entry.result)

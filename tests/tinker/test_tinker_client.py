@@ -1,0 +1,182 @@
+"""The real ``tinker`` client (PyPI, 0.38.0) against the learner's Tinker mode in its own process, on a tiny
+model: a supervised loop whose loss falls, save_state / load_state that resumes exactly, the API key, sampling
+with logprobs the trainer agrees with, the RL losses, and bad input answered with a clear error."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+
+tinker = pytest.importorskip("tinker")
+from tinker import types
+
+from deploy.local.ports import free_port
+from tests.procs import spawn, stop, wait_http_ok
+
+os.environ["TINKER_TELEMETRY"] = "0"
+KEY = "tml-fleetrl-test-key-0123456789"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    from deploy.local.tiny_model import build_tiny_causal_lm
+
+    root = tmp_path_factory.mktemp("tinker")
+    model = build_tiny_causal_lm(root / "model", hidden_size=64, layers=2, heads=4, max_positions=64, seed=0)
+    port = free_port()
+    log = root / "server.log"
+    env = {"FLEETRL_TINKER_API_KEY": KEY, "FLEETRL_TINKER_BASE_MODEL": str(model),
+           "FLEETRL_TINKER_RUN_DIR": str(root / "run"), "FLEETRL_TINKER_TORCH_THREADS": "1",
+           "FLEETRL_TINKER_LONG_POLL_S": "5", "FLEETRL_TINKER_MAX_MODELS": "8",
+           # a request waiting on a seq_id that never comes would hang the test, not pass late
+           "FLEETRL_TINKER_SEQ_GAP_TIMEOUT_S": "600"}
+    proc = spawn(["-m", "services.learner.tinker", "--port", str(port)], log, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_http_ok(f"{url}/health", proc, timeout=120, log=log)
+        yield {"url": url, "model": str(model), "log": log}
+    finally:
+        stop(proc)
+
+
+@pytest.fixture(scope="module")
+def service(server):
+    return tinker.ServiceClient(base_url=server["url"], api_key=KEY)
+
+
+@pytest.fixture(scope="module")
+def tok(server):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(server["model"])
+
+
+def sl_datum(tok, prompt: str, answer: str) -> types.Datum:
+    p, a = tok.encode(prompt), tok.encode(answer) + [tok.eos_token_id]
+    ids = p + a
+    return types.Datum(model_input=types.ModelInput.from_ints(ids[:-1]),
+                       loss_fn_inputs={"target_tokens": ids[1:], "weights": [0.0] * (len(p) - 1) + [1.0] * len(a)})
+
+
+def batch(tok, n: int = 16) -> list[types.Datum]:
+    return [sl_datum(tok, f"sort {d:04d}=", "".join(sorted(f"{d:04d}"))) for d in range(1000, 1000 + 37 * n, 37)]
+
+
+def test_supervised_loop_loss_falls_and_state_resumes_exactly(server, service, tok):
+    training = service.create_lora_training_client(base_model=server["model"], rank=16, seed=1).result()
+    assert training.get_info().lora_rank == 16
+    data = batch(tok)
+    losses = []
+    for _ in range(6):
+        fb = training.forward_backward(data, "cross_entropy")
+        training.optim_step(types.AdamParams(learning_rate=1e-2))
+        out = fb.result()
+        losses.append(out.metrics["loss:sum"])
+        assert len(out.loss_fn_outputs) == len(data)
+        # the loss is the weighted sum of the logprobs the server hands back
+        recomputed = -sum(float((o["logprobs"].to_numpy() * d.loss_fn_inputs["weights"].to_numpy()).sum())
+                          for o, d in zip(out.loss_fn_outputs, data, strict=True))
+        assert recomputed == pytest.approx(losses[-1], rel=1e-4)
+    assert losses[-1] < 0.7 * losses[0], losses
+
+    path = training.save_state("resume-me").result().path
+    assert path.startswith("tinker://") and path.endswith("/weights/resume-me")
+    expected = training.forward(data, "cross_entropy").result().metrics["loss:sum"]
+    # the next step from the saved state, twice: on this model after more training, and on a fresh model
+    training.forward_backward(data, "cross_entropy")
+    training.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+    training.load_state_with_optimizer(path).result()
+    assert training.forward(data, "cross_entropy").result().metrics["loss:sum"] == pytest.approx(expected, rel=1e-6)
+    after_a = _one_step(training, data)
+    fresh = service.create_training_client_from_state_with_optimizer(path).result()
+    assert fresh.forward(data, "cross_entropy").result().metrics["loss:sum"] == pytest.approx(expected, rel=1e-6)
+    after_b = _one_step(fresh, data)
+    assert after_a == pytest.approx(after_b, rel=1e-5)
+    # without the optimizer state Adam restarts: the same step lands elsewhere
+    plain = service.create_training_client_from_state(path).result()
+    assert _one_step(plain, data) != pytest.approx(after_b, rel=1e-3)
+
+
+def _one_step(training, data) -> float:
+    training.forward_backward(data, "cross_entropy")
+    training.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+    return training.forward(data, "cross_entropy").result().metrics["loss:sum"]
+
+
+def test_sampling_logprobs_match_the_trainer_and_rl_losses_train(server, service, tok):
+    training = service.create_lora_training_client(base_model=server["model"], rank=8, seed=2).result()
+    sampler = training.save_weights_and_get_sampling_client().result()
+    prompt = tok.encode("sort 4213=")
+    params = types.SamplingParams(max_tokens=6, temperature=1.0, seed=7)
+    out = sampler.sample(types.ModelInput.from_ints(prompt), 4, params).result()
+    assert len(out.sequences) == 4
+    again = sampler.sample(types.ModelInput.from_ints(prompt), 4, params).result()
+    assert [s.tokens for s in again.sequences] == [s.tokens for s in out.sequences]  # the seed decides
+    seq = out.sequences[0]
+    assert len(seq.logprobs) == len(seq.tokens) and all(lp <= 0 for lp in seq.logprobs)
+    # the trainer's logprobs of the sampled tokens are the sampler's (same weights: the ratio is 1)
+    ids = prompt + list(seq.tokens)
+    n = len(prompt) - 1
+    datum = types.Datum(model_input=types.ModelInput.from_ints(ids[:-1]),
+                        loss_fn_inputs={"target_tokens": ids[1:], "logprobs": [0.0] * n + list(seq.logprobs),
+                                        "advantages": [0.0] * n + [1.0] * len(seq.tokens)})
+    trainer_lp = training.forward([datum], "importance_sampling").result().loss_fn_outputs[0]["logprobs"].tolist()
+    assert trainer_lp[n:] == pytest.approx(list(seq.logprobs), abs=1e-4)
+    # compute_logprobs agrees too (None for the first token)
+    prompt_lp = sampler.compute_logprobs(types.ModelInput.from_ints(ids)).result()
+    assert prompt_lp[0] is None and prompt_lp[1:] == pytest.approx(trainer_lp, abs=1e-4)
+    # each RL loss takes a step that raises the logprob of a positively-advantaged sample
+    for loss_fn in ("importance_sampling", "ppo", "cispo", "dro"):
+        before = training.forward([datum], loss_fn).result().loss_fn_outputs[0]["logprobs"].tolist()
+        training.forward_backward([datum], loss_fn)
+        training.optim_step(types.AdamParams(learning_rate=5e-3)).result()
+        after = training.forward([datum], loss_fn).result().loss_fn_outputs[0]["logprobs"].tolist()
+        assert sum(after[n:]) > sum(before[n:]), loss_fn
+        datum = types.Datum(model_input=datum.model_input,
+                            loss_fn_inputs={**datum.loss_fn_inputs, "logprobs": [0.0] * n + after[n:]})
+
+
+def test_bad_requests_fail_clearly(server, service, tok):
+    training = service.create_lora_training_client(base_model=server["model"], rank=4).result()
+    data = batch(tok, 2)
+    with pytest.raises(tinker.BadRequestError, match="not served"):
+        training.forward_backward(data, "no_such_loss").result()
+    ragged = types.Datum(model_input=types.ModelInput.from_ints([5, 6, 7]),
+                         loss_fn_inputs={"target_tokens": [6, 7], "weights": [1.0, 1.0]})
+    with pytest.raises(Exception, match="shape"):
+        training.forward_backward([ragged], "cross_entropy").result()
+    with pytest.raises(tinker.BadRequestError, match="not served here"):
+        service.create_lora_training_client(base_model="Qwen/Qwen3-8B", rank=4).result()
+    # the refused requests used their seq_ids: the client's next requests run (no wait for a missing seq_id)
+    assert training.forward(data, "cross_entropy").result(timeout=120).metrics["loss:sum"] > 0
+    with pytest.raises(tinker.BadRequestError, match="checkpoint name"):
+        training.save_state("../escape").result()
+    assert training.forward(data, "cross_entropy").result(timeout=120).metrics["loss:sum"] > 0
+
+
+def test_without_the_api_key_every_route_is_401(server):
+    import httpx
+
+    wrong = tinker.ServiceClient(base_url=server["url"], api_key="tml-not-the-key-000000")  # connects lazily
+    with pytest.raises(tinker.AuthenticationError, match="wrong X-API-Key"):
+        wrong.create_lora_training_client(base_model=server["model"], rank=4).result()
+    for path in ("/api/v1/client/config", "/api/v1/create_session", "/api/v1/retrieve_future",
+                 "/api/v1/forward_backward"):
+        r = httpx.post(server["url"] + path, json={}, timeout=10)
+        assert r.status_code == 401, path
+        assert "X-API-Key" in r.text
+    assert httpx.get(server["url"] + "/api/v1/get_server_capabilities", timeout=10).status_code == 401
+    assert httpx.get(server["url"] + "/health", timeout=10).status_code == 200
+
+
+def test_retrieve_future_semantics(server):
+    import httpx
+
+    h = {"X-API-Key": KEY}
+    r = httpx.post(server["url"] + "/api/v1/retrieve_future", json={"request_id": "nope"}, headers=h, timeout=30)
+    assert r.status_code == 410  # unknown or expired: the client resubmits
+    caps = httpx.get(server["url"] + "/api/v1/get_server_capabilities", headers=h, timeout=30).json()
+    assert caps["supported_models"][0]["trainable"] is True
+    assert not math.isnan(caps["supported_models"][0]["max_context_length"])
