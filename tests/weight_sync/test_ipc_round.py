@@ -16,8 +16,8 @@ from shared.weight_sync import keys as wkeys
 from shared.weight_sync.registry import ReplicaRegistry
 from shared.weight_sync.wire import IpcHandle, IpcRound, MemberReport, ReplicaInfo
 
-HANDLE = dict(device_uuid="GPU-1234", handle="aGFuZGxl", storage_nbytes=4096, storage_offset=0,
-              ref_counter_handle="cmVm", ref_counter_offset=0, offset=1024, nbytes=2048)
+HANDLE = {"device_uuid": "GPU-1234", "handle": "aGFuZGxl", "storage_nbytes": 4096, "storage_offset": 0,
+              "ref_counter_handle": "cmVm", "ref_counter_offset": 0, "offset": 1024, "nbytes": 2048}
 
 
 def ipc_round(members: tuple[str, ...], round_id: int = 7) -> IpcRound:
