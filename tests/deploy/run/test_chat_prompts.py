@@ -59,7 +59,8 @@ def _three_renderings(spec, tok) -> tuple[list, list, list]:
     heldout = [row["input_ids"] for row in heldout_rows(spec)]
     prompts = PromptSet.load(spec.data, 0, tok, need_output=True)
     sft = [prompts.sft_pair(0, i)[0] for i in range(len(prompts))]
-    rollout_side = SimpleNamespace(tokenizer=tok, settings=SimpleNamespace(model_name="bos-model"))
+    rollout_side = SimpleNamespace(tokenizer=tok, settings=SimpleNamespace(model_name="bos-model"),
+                                   check_template_kwargs=lambda extra: False)  # no request kwargs here
     training = []
     for i in range(len(prompts)):
         task = prompts.task(0, i, 0, RolloutRequestSettings())
