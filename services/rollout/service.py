@@ -198,6 +198,7 @@ class RolloutService:
 
     async def encode_all(self, texts: Sequence[str | Sequence[int]]) -> list[list[int]]:
         """Prompts given as text tokenised (off the event loop), prompts given as ids as they are."""
+        self.check_batch(len(texts))  # before tokenising any of them
         if all(not isinstance(t, str) for t in texts):
             return [list(t) for t in texts]
         return await self.off_loop(lambda: [self.encode(t) if isinstance(t, str) else list(t) for t in texts])
@@ -240,6 +241,11 @@ class RolloutService:
         if bad is not None:
             raise RequestError(f"stop_token_ids holds {bad}, outside the vocabulary (size {self.vocab_size})")
 
+    def check_batch(self, prompts: int) -> None:
+        if prompts > self.limits.max_prompts_per_request:
+            raise RequestError(f"{prompts} prompts in one request; the limit is "
+                               f"{self.limits.max_prompts_per_request} (limits.max_prompts_per_request)")
+
     def check_stops(self, stop: Sequence[str]) -> None:
         """Stop strings within ``limits.max_stop_strings`` and ``limits.max_stop_string_chars`` (each is checked
         on every generated token, on the decode thread every request shares)."""
@@ -257,9 +263,7 @@ class RolloutService:
                   request_id: str) -> list[SequenceRequest]:
         """``len(prompts) * n`` sequence requests, prompt-major; sample j of a seeded prompt uses seed + j
         (modulo 2**63, so that every seed stays in the int64 range the engines hold)."""
-        if len(prompts) > self.limits.max_prompts_per_request:
-            raise RequestError(f"{len(prompts)} prompts in one request; the limit is "
-                               f"{self.limits.max_prompts_per_request} (limits.max_prompts_per_request)")
+        self.check_batch(len(prompts))
         if n > self.limits.max_n:
             raise RequestError(f"n={n} is over this server's limit of {self.limits.max_n} (limits.max_n)")
         for p in {id(p): p for p in params}.values():

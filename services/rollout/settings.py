@@ -198,6 +198,9 @@ class RolloutSettings(ServiceSettings):
         if self.worker.enabled and self.worker.rollout_function == "openai_agent" and not self.sessions.enabled:
             raise ValueError("worker.rollout_function openai_agent records the program's model calls in sessions: "
                              "set sessions.enabled: true")
+        if self.worker.enabled and self.worker.rollout_function == "openai_agent" and self.control_token is None:
+            raise ValueError("worker.rollout_function openai_agent needs control_token: the program calls its "
+                             "session with that session's key, which derives from it (fleetrl run sets one)")
         return self
 
     @property

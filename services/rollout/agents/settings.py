@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 
 class AgentSettings(BaseModel):
@@ -12,13 +12,13 @@ class AgentSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    environment: str = Field(
-        default="echo", description="The environment of tasks that name none: a registered name (see "
-        "services/rollout/agents/environments.py), a name in `environments`, or 'package.module:factory'.")
     environments: dict[str, str] = Field(
         default_factory=dict, description="More environments a prompt task may pick by name (its "
         "metadata.environment): {name: 'package.module:factory' or a registered name}. A task picks only among "
         "these, the registered names and `environment`; an import path in a task is refused, never imported.")
+    environment: str = Field(
+        default="echo", description="The environment of tasks that name none: a registered name (see "
+        "services/rollout/agents/environments.py), a name in `environments`, or 'package.module:factory'.")
     environment_args: dict[str, Any] = Field(
         default_factory=dict, description="Keyword arguments of the environment's factory (a task's "
         "metadata.environment_args are merged over them).")
@@ -46,16 +46,24 @@ class AgentSettings(BaseModel):
             raise ValueError(f"unknown tool_call_format {v!r}; known: {', '.join(sorted(TOOL_CALL_FORMATS))}")
         return v
 
-    @model_validator(mode="after")
-    def _loadable(self) -> AgentSettings:
+    @field_validator("environments")
+    @classmethod
+    def _named_loadable(cls, v: dict[str, str]) -> dict[str, str]:
         from services.rollout.agents.environments import load_environment
 
-        for name, path in self.environments.items():
+        for name, path in v.items():
             if not name or ":" in name:
-                raise ValueError(f"environments: the name {name!r} must be a plain name (no ':'), e.g. my_env")
+                raise ValueError(f"the name {name!r} must be a plain name (no ':'), e.g. my_env")
             load_environment(path)  # a LoadError (a ValueError) names the path and what is wrong
-        load_environment(self.environments.get(self.environment, self.environment))
-        return self
+        return v
+
+    @field_validator("environment")
+    @classmethod
+    def _loadable(cls, v: str, info: ValidationInfo) -> str:
+        from services.rollout.agents.environments import load_environment
+
+        load_environment((info.data.get("environments") or {}).get(v, v))
+        return v
 
 
 class ProgramSettings(BaseModel):

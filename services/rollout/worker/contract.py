@@ -112,6 +112,7 @@ class RolloutContext:
         try:
             max_new = self._service.check_prompt(prompt_ids, params.max_new_tokens)
             self._service.check_stop_ids(params.stop_token_ids)
+            self._service.check_stops(params.stop)  # a task's sampling overrides are bounded as a request's
         except RequestError as exc:
             raise GroupFailed(f"bad prompt task: {exc}") from exc
         params = replace(params, max_new_tokens=max_new)

@@ -228,7 +228,10 @@ def test_openai_agent_needs_a_command_and_sessions(tiny_model_dir):
         RolloutSettings(**base, worker=worker)
     with pytest.raises(ValueError, match="set sessions.enabled: true"):
         RolloutSettings(**base, worker={**worker, "program": {"command": PROGRAM}})
-    RolloutSettings(**base, worker={**worker, "program": {"command": PROGRAM}}, sessions={"enabled": True})
+    with pytest.raises(ValueError, match="needs control_token"):
+        RolloutSettings(**base, worker={**worker, "program": {"command": PROGRAM}}, sessions={"enabled": True})
+    RolloutSettings(**base, worker={**worker, "program": {"command": PROGRAM}}, sessions={"enabled": True},
+                    control_token="t")
 
 
 async def test_the_program_gets_a_clean_environment(monkeypatch):
