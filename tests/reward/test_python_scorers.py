@@ -110,6 +110,7 @@ def _sleeper(sleep_s: float) -> ScoreItem:
     return ScoreItem(prompt="p", response="r", metadata={"extra_info": {"sleep_s": sleep_s}})
 
 
+@pytest.mark.process
 async def test_a_call_past_its_timeout_frees_its_worker():
     """One worker; a call that would block for 10 minutes is cancelled at its timeout: its process is killed
     and replaced, so the next call is answered (a thread would have stayed blocked, and so would the scorer)."""
@@ -130,6 +131,7 @@ async def test_a_call_past_its_timeout_frees_its_worker():
         await scorer.close()
 
 
+@pytest.mark.process
 async def test_a_worker_that_dies_fails_its_call_and_is_replaced():
     scorer = PythonScorer(PythonScorerConfig(name="dies", function="tests.reward.plugins:verl_dies", signature="verl",
                                              max_workers=1), RewardMetrics())

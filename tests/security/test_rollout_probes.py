@@ -23,6 +23,8 @@ from shared.schemas import PromptTask
 from tests.procs import stop
 from tests.rollout.conftest import start_rollouts
 
+pytestmark = pytest.mark.process  # starts service processes (tests/procs.py)
+
 TOKEN = "probe-control-token"
 RUN = "probes"
 PROBE_S = 10.0  # every probe is answered within this

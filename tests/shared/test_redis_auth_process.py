@@ -14,6 +14,8 @@ import pytest
 from tests.learner.test_process import write_config
 from tests.procs import REPO
 
+pytestmark = pytest.mark.process  # starts service processes (tests/procs.py)
+
 ENV_KEYS = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(REPO)}
 
 

@@ -28,6 +28,7 @@ def spec_with_reward(tmp_path: Path, model: Path, **scorer) -> Path:
     return tmp_path / "run.yaml"
 
 
+@pytest.mark.process
 def test_a_reward_file_beside_the_spec_imports_with_sys_path_dot_or_none(tmp_path, tiny_model_dir, monkeypatch):
     (tmp_path / "add_reward.py").write_text(REWARD)
     monkeypatch.chdir(tiny_model_dir)  # not the spec's directory: paths are the spec file's, not the shell's
@@ -38,6 +39,7 @@ def test_a_reward_file_beside_the_spec_imports_with_sys_path_dot_or_none(tmp_pat
         assert path_problems(spec, file) == [] and import_problems(spec, file) == []
 
 
+@pytest.mark.process
 def test_a_reward_module_that_does_not_import_is_one_line_naming_the_setting(tmp_path, tiny_model_dir):
     file = spec_with_reward(tmp_path, tiny_model_dir)
     spec = load_spec(file)
