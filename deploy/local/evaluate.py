@@ -17,13 +17,15 @@ def one_version(versions: set[str], mixed_ok: bool = False) -> str:
 
 
 def greedy_accuracy(rollout_url: str, reward_url: str, rows: list[dict], *, max_new_tokens: int = 8,
-                    batch: int = 100, timeout: float = 300.0, mixed_ok: bool = False) -> tuple[float, str]:
+                    batch: int = 100, timeout: float = 300.0, mixed_ok: bool = False,
+                    reward_token: str | None = None) -> tuple[float, str]:
     """Generate greedily for each row's ``input`` through /generate, score against ``label`` with /score.
 
     Returns (accuracy, weight_version the answers came from; see :func:`one_version` for ``mixed_ok``).
     """
     correct = 0.0
     versions: set[str] = set()
+    auth = {"Authorization": f"Bearer {reward_token}"} if reward_token else {}  # the reward's auth_token
     with httpx.Client(timeout=timeout) as client:
         for i in range(0, len(rows), batch):
             chunk = rows[i:i + batch]
@@ -34,7 +36,7 @@ def greedy_accuracy(rollout_url: str, reward_url: str, rows: list[dict], *, max_
             r.raise_for_status()
             outs = r.json()
             versions.update(str(o["meta_info"]["weight_version"]) for o in outs)
-            s = client.post(f"{reward_url}/score", json={"items": [
+            s = client.post(f"{reward_url}/score", headers=auth, json={"items": [
                 {"prompt": row["input"], "response": o["text"], "label": row["label"],
                  "metadata": row.get("metadata", {})} for row, o in zip(chunk, outs)
             ]})

@@ -100,7 +100,8 @@ class RolloutService:
                 self.sessions = SessionManager(
                     s.sessions, redis_url=s.redis_url, run_name=s.run_name, reward_url=s.worker.reward_url,
                     tokenizer=self.tokenizer, registry=self.metrics.registry,
-                    url=s.advertise_url or default_url(s.host, s.port), host=s.host)
+                    url=s.advertise_url or default_url(s.host, s.port), host=s.host,
+                    reward_token=s.worker.reward_token.get_secret_value() if s.worker.reward_token else None)
                 await self._start(self.sessions)
             if self.settings.worker.enabled:
                 from services.rollout.worker.loop import RolloutWorker

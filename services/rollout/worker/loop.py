@@ -76,8 +76,9 @@ class RolloutWorker:
                                        max_backlog=self.cfg.max_experience_backlog)
         await self.prompts.ensure_group()
         await self.experiences.ensure_group()
+        token = self.cfg.reward_token.get_secret_value() if self.cfg.reward_token else None
         self.rewards = RewardClient(self.cfg.reward_url, self.cfg.reward_timeout_s, self.cfg.reward_backoff_max_s,
-                                    on_retry=lambda _: self.m_reward_retries.inc())
+                                    on_retry=lambda _: self.m_reward_retries.inc(), token=token)
         self.lease = Lease(self.prompts, self.consumer, on_lost=self._lost)
         self.lease.start()
         self._task = asyncio.create_task(self._run(), name="rollout-worker")
