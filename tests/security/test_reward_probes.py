@@ -15,6 +15,7 @@ import time
 import httpx
 import pytest
 
+from services.reward.scorers.base import strip_tokens
 from services.reward.service import RewardService
 from services.reward.settings import RewardSettings
 from services.rollout.worker.reward_client import RewardClient, RewardRejected
@@ -104,11 +105,14 @@ def test_health_answers_while_attacks_are_in_flight(reward):
 
 
 def test_special_tokens_strip_in_linear_time():
-    """/get_reward strips <pad> and friends from both ends of a query; once per token it re-sliced the whole
-    query: quadratic, on the event loop."""
+    """/get_reward strips <pad> and friends from both ends of a query (once per token it re-sliced the whole
+    query), and the hf_rm scorer strips trailing pad/eos before its own eos (``(<pad>|</s>)+$`` backtracks
+    over a run that does not end the text): both were quadratic, on the event loop."""
     svc = RewardService(RewardSettings(scorers=[{"name": "m", "kind": "rule", "check": {"type": "math"}}]))
     start = time.monotonic()
     assert svc._strip("<pad>" * 200_000 + "</s>x<pad></s>" + "<|im_end|></s>" * 50_000) == "x"
+    assert strip_tokens("<pad>" * 200_000 + "x", ["<pad>", "</s>"], head=False) == "<pad>" * 200_000 + "x"
+    assert strip_tokens("a<pad>b" + "</s><pad>" * 100_000, ["<pad>", "</s>"], head=False) == "a<pad>b"
     assert time.monotonic() - start < 2.0
 
 
