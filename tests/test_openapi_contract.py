@@ -97,7 +97,7 @@ def reward_app(model_dir: Path, tmp: Path, monkeypatch):
     settings = RewardSettings(scorers=[
         {"name": "len", "kind": "rule", "check": {"type": "length", "max_length": 50}},
         {"name": "math", "kind": "rule", "check": {"type": "math"}, "on_error": "mark"},
-    ])
+    ], auth_token=TOKEN)
     return create_app(settings)
 
 

@@ -42,7 +42,8 @@ def reward_prompt(row: dict):
 
 
 def greedy_accuracy(rollout_url: str, reward_url: str, rows: list[dict], *, max_new_tokens: int = 8,
-                    batch: int = 100, timeout: float = 300.0, mixed_ok: bool = False) -> tuple[float, str]:
+                    batch: int = 100, timeout: float = 300.0, mixed_ok: bool = False,
+                    reward_token: str | None = None) -> tuple[float, str]:
     """Generate greedily for each row (its ``input_ids``, else its ``input`` text) through /generate, score
     against ``label`` with /score.
 
@@ -50,12 +51,13 @@ def greedy_accuracy(rollout_url: str, reward_url: str, rows: list[dict], *, max_
     """
     correct = 0.0
     versions: set[str] = set()
+    auth = {"Authorization": f"Bearer {reward_token}"} if reward_token else {}  # the reward's auth_token
     with httpx.Client(timeout=timeout) as client:
         for i in range(0, len(rows), batch):
             chunk = rows[i:i + batch]
             outs = generate(client, rollout_url, chunk, {"temperature": 0.0, "max_new_tokens": max_new_tokens})
             versions.update(str(o["meta_info"]["weight_version"]) for o in outs)
-            s = client.post(f"{reward_url}/score", json={"items": [
+            s = client.post(f"{reward_url}/score", headers=auth, json={"items": [
                 {"prompt": reward_prompt(row), "response": o["text"], "label": row["label"],
                  "metadata": row.get("metadata", {})} for row, o in zip(chunk, outs)
             ]})

@@ -100,7 +100,8 @@ async def _greedy_success(rollout_url, reward_url, rows, worker, max_new_tokens,
     fn = load_rollout_function(worker.rollout_function)
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, stop=tuple(worker.sampling.stop),
                             stop_token_ids=tuple(worker.sampling.stop_token_ids))
-    rewards = RewardClient(reward_url, timeout_s=timeout, backoff_max_s=2.0)
+    token = worker.reward_token.get_secret_value() if worker.reward_token else None  # as the run's workers send
+    rewards = RewardClient(reward_url, timeout_s=timeout, backoff_max_s=2.0, token=token)
     gate = asyncio.Semaphore(concurrency)
     async with httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(max_connections=concurrency)) as client:
         info = (await client.get(f"{rollout_url.rstrip('/')}/model_info")).raise_for_status().json()

@@ -53,8 +53,8 @@ FLEET_OWNED: dict[str, tuple[str, ...]] = {
     "learner": ("host", "port", "redis_url", "control_token", "run_key", "run_dir", "checkpoint.dir", "exit_when_done",
                 "observability.run_config"),
     "rollout": ("host", "port", "redis_url", "control_token", "run_key", "worker.enabled", "worker.reward_url",
-                "worker.consumer_name"),
-    "reward": ("host", "port"),
+                "worker.consumer_name", "worker.reward_token"),
+    "reward": ("host", "port", "auth_token"),
 }
 """Settings ``fleetrl run`` gives each process itself (where it listens, where Redis and the reward are)."""
 

@@ -73,7 +73,8 @@ def episode_worker(rollout_config: dict) -> Any | None:
 
 
 def evaluate(rollout_url: str, reward_url: str, rows: list[dict], step: int, max_new_tokens: int,
-             log_path: Path | None = None, attempts: int = 3, worker: Any | None = None) -> EvalPoint:
+             log_path: Path | None = None, attempts: int = 3, worker: Any | None = None,
+             reward_token: str | None = None) -> EvalPoint:
     """Greedy accuracy at ``step``; a pass whose answers span a weight update is taken again, and the last of
     ``attempts`` is kept anyway, its weight version said as the range (``"83-84"``: under async RL the learner
     can publish faster than a pass takes, and a missing point would hide the curve). With ``worker``
@@ -85,7 +86,7 @@ def evaluate(rollout_url: str, reward_url: str, rows: list[dict], step: int, max
         try:
             if worker is None:
                 acc, version = greedy_accuracy(rollout_url, reward_url, rows, max_new_tokens=max_new_tokens,
-                                               mixed_ok=attempt == attempts - 1)
+                                               mixed_ok=attempt == attempts - 1, reward_token=reward_token)
             else:
                 from deploy.local.evaluate_agent import greedy_success
 

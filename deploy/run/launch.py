@@ -77,6 +77,7 @@ class RunLauncher:
         self._t0 = time.monotonic()
         self._said_health: set[str] = set()
         self._health_seen: dict[str, str] = {}  # every warning of the run, for summary.json
+        self._reward_token: str | None = None  # the auth_token of the reward services this run started
 
     # ---- the run ----------------------------------------------------------------------------------------
     def run(self) -> int:
@@ -145,7 +146,9 @@ class RunLauncher:
         if spec.is_rl:
             redis_url = fleet.start_redis()
             say(f"run {spec.run_name} in {self.run_dir}; Redis at {redact_url(redis_url)}")
-        procs = plan(spec, self.spec_file, redis_url, secrets.token_urlsafe(16), self._run_key())
+        token = secrets.token_urlsafe(16)
+        procs = plan(spec, self.spec_file, redis_url, token, self._run_key())
+        self._reward_token = token if any(p.kind == "reward" for p in procs) else None  # held-out /score calls
         learner = procs[-1]
         if spec.is_rl:
             self._eval_worker = episode_worker(next(p for p in procs if p.kind == "rollout").config)
@@ -293,7 +296,7 @@ class RunLauncher:
         rollout, reward = self._urls()
         try:
             point = evaluate(rollout, reward, rows, step, self.spec.sampling.max_new_tokens,
-                             self.run_dir / "eval.jsonl", worker=self._eval_worker)
+                             self.run_dir / "eval.jsonl", worker=self._eval_worker, reward_token=self._reward_token)
         except (httpx.HTTPError, RuntimeError) as exc:
             self.display.event(f"held-out evaluation at step {step} failed: {exc}")
             return

@@ -1,5 +1,6 @@
 """The processes of a run: which service, under which name, with which settings — derived from the run spec,
-completed with what only the launcher knows (ports, Redis, the reward URL, the control token, the run key), and validated
+completed with what only the launcher knows (ports, Redis, the reward URL, the run key, the control token — which
+is also the auth_token of the reward services it starts, and what their rollout workers send them), and validated
 by each service's own settings class before anything starts."""
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ def plan(spec: RunSpec, spec_file: str | Path, redis_url: str | None, token: str
     if spec.is_rl and spec.reward.scorers is not None:
         base = service_config(spec, "reward", spec_file)
         for i in range(spec.replicas.reward):
-            p = ProcessPlan(f"reward-{i}", "reward", {**base, "port": free_port()})
+            p = ProcessPlan(f"reward-{i}", "reward", {**base, "port": free_port(), "auth_token": token})
             reward_urls.append(p.url)
             out.append(p)
     elif spec.is_rl:
@@ -87,6 +88,8 @@ def plan(spec: RunSpec, spec_file: str | Path, redis_url: str | None, token: str
             fleet = {"port": free_port(), "redis_url": redis_url, "control_token": token, "run_key": run_key,
                      "worker": {"enabled": True, "reward_url": reward_urls[i % len(reward_urls)],
                                 "consumer_name": f"rollout-{i}"}}
+            if spec.reward.scorers is not None:  # ours: it takes the run's token (never sent to reward.url's)
+                fleet["worker"]["reward_token"] = token
             out.append(ProcessPlan(f"rollout-{i}", "rollout", deep_merge(base, fleet)))
     learner = deep_merge(LEARNER_DEFAULTS, service_config(spec, "learner", spec_file))
     fleet = {"port": free_port(), "control_token": token, "run_dir": str(run_dir_of(spec) / "learner"),

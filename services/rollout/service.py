@@ -106,7 +106,8 @@ class RolloutService:
                     tokenizer=self.tokenizer, registry=self.metrics.registry,
                     url=s.advertise_url or default_url(s.host, s.port), host=s.host,
                     control_token=s.control_token.get_secret_value() if s.control_token else None,
-                    run_key=s.run_key)
+                    run_key=s.run_key,
+                    reward_token=s.worker.reward_token.get_secret_value() if s.worker.reward_token else None)
                 await self._start(self.sessions)
             if self.settings.worker.enabled:
                 from services.rollout.worker.loop import RolloutWorker

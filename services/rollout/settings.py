@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from services.rollout.agents.settings import AgentSettings, ProgramSettings
 from services.rollout.engines.settings import EngineSettings, HFEngineSettings
@@ -63,6 +63,8 @@ class WorkerSettings(BaseModel):
 
     enabled: bool = Field(default=False, description="Run the worker loop inside the service process.")
     reward_url: str | None = Field(default=None, description="Base URL of the reward service (POST {url}/score).")
+    reward_token: SecretStr | None = Field(default=None, description="The reward service's auth_token, sent as "
+                                           "Authorization: Bearer (fleetrl run sets it); unset: none sent.")
     consumer_name: str | None = Field(default=None, description="Consumer name in the 'rollout' group; default host-pid.")
     concurrency: int = Field(default=8, ge=1, le=1024, description="Prompt groups generated at the same time.")
     max_staleness: int = Field(

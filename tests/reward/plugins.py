@@ -51,3 +51,9 @@ def verl_dies(data_source, solution_str, ground_truth, extra_info=None):
     import os
 
     os._exit(3)
+
+
+def verl_keyed(data_source, solution_str, ground_truth, extra_info=None, api_key: str = ""):
+    """Like verl_blocking, with a keyword argument from the config's kwargs (a secret GET /scorers must not show)."""
+    assert api_key, "kwargs did not reach the function"
+    return verl_blocking(data_source, solution_str, ground_truth, extra_info)

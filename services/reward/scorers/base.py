@@ -46,6 +46,22 @@ def render_prompt(prompt: Prompt) -> str:
     return turns + "<|im_start|>assistant\n"
 
 
+def strip_tokens(text: str, tokens: Sequence[str], *, head: bool = True, tail: bool = True) -> str:
+    """``text`` without any run of ``tokens`` at its start (``head``) and end (``tail``). By index, so linear in
+    the text: re-slicing once per token, or a regex like ``(<pad>|</s>)+$``, is quadratic in a run of them."""
+    tokens = [t for t in tokens if t]
+    start, end = 0, len(text)
+    changed = True
+    while changed and tokens:
+        changed = False
+        for t in tokens:  # a run of one token in a tight loop: one call per token, not one per token kind
+            while head and end - start >= len(t) and text.startswith(t, start, end):
+                start, changed = start + len(t), True
+            while tail and end - start >= len(t) and text.endswith(t, start, end):
+                end, changed = end - len(t), True
+    return text[start:end]
+
+
 def query_text(item: ScoreItem) -> str:
     """OpenRLHF's `query`: prompt text followed by the response."""
     return render_prompt(item.prompt) + item.response

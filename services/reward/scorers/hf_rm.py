@@ -9,10 +9,10 @@ unbatched pass.
 
 from __future__ import annotations
 
-import re
+import asyncio
 from collections.abc import Sequence
 
-from services.reward.scorers.base import Scorer, render_prompt
+from services.reward.scorers.base import Scorer, render_prompt, strip_tokens
 from services.reward.scorers.batcher import DynamicBatcher
 from shared.reward_api import ScoreItem
 
@@ -64,8 +64,7 @@ class RewardModel:
         normalize = config.normalize if config.normalize is not None else bool(getattr(mcfg, "normalize_reward", False))
         self.mean = float(getattr(mcfg, "mean", 0.0)) if normalize else 0.0
         self.std = float(getattr(mcfg, "std", 1.0)) if normalize else 1.0
-        specials = [t for t in (self.tokenizer.pad_token, self.tokenizer.eos_token) if t]
-        self._trailing = re.compile("(" + "|".join(re.escape(t) for t in specials) + r")+$") if specials else None
+        self._specials = [t for t in (self.tokenizer.pad_token, self.tokenizer.eos_token) if t]
 
     def text(self, item: ScoreItem) -> str:
         """The sequence the model reads: chat template for messages (when the tokenizer has one), else prompt + response."""
@@ -75,9 +74,7 @@ class RewardModel:
         else:
             text = render_prompt(item.prompt) + item.response
         if self.config.append_eos and self.tokenizer.eos_token:
-            if self._trailing is not None:
-                text = self._trailing.sub("", text)
-            text += self.tokenizer.eos_token
+            text = strip_tokens(text, self._specials, head=False) + self.tokenizer.eos_token
         return text
 
     def forward(self, texts: list[str]) -> list[float]:
@@ -108,8 +105,6 @@ class HfRmScorer(Scorer):
         self._batcher: DynamicBatcher[str] | None = None
 
     async def start(self) -> None:
-        import asyncio
-
         self.rm = await asyncio.to_thread(RewardModel, self.config)
         self._batcher = DynamicBatcher(
             self.rm.forward,
@@ -128,4 +123,6 @@ class HfRmScorer(Scorer):
         await self._batcher.submit(["health check"])
 
     async def score(self, items: Sequence[ScoreItem]) -> list[float]:
-        return await self._batcher.submit([self.rm.text(item) for item in items])
+        # the texts (chat template, special tokens) are built in a thread: their cost grows with the response
+        texts = await asyncio.to_thread(lambda: [self.rm.text(item) for item in items])
+        return await self._batcher.submit(texts)

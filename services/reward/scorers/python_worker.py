@@ -2,8 +2,7 @@
 
     python -m services.reward.scorers.python_worker      (started by ``WorkerPool``, never by hand)
 
-Frames both ways on the worker's stdin / stdout: a 4-byte big-endian length, then that many bytes of JSON
-(no pickle: what crosses is items and floats). The first frame names the function and the scorer's settings
+Frames (``frames.py``: length-prefixed JSON, no pickle) both ways on the worker's stdin / stdout. The first frame names the function and the scorer's settings
 (``{"config": ..., "sys_path": [...]}``) and is answered ``{"ready": true}`` or ``{"error": ...}``; each later
 frame ``{"items": [...], "offset": k}`` is answered ``{"values": [...]}`` or ``{"error": ...}``. The
 function's own prints go to stderr (the service's log), so they cannot corrupt a frame. The worker ends at
@@ -12,31 +11,12 @@ end of input, and with the service (Linux: the parent-death signal).
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import struct
 import sys
-from typing import Any, BinaryIO
+from typing import Any
 
-HEADER = struct.Struct(">I")
-MAX_FRAME = 1 << 30
-
-
-def read_frame(stream: BinaryIO) -> Any | None:
-    """The next frame's JSON value, or None at end of input."""
-    head = stream.read(HEADER.size)
-    if len(head) < HEADER.size:
-        return None
-    (size,) = HEADER.unpack(head)
-    if size > MAX_FRAME:
-        raise ValueError(f"frame of {size} bytes")
-    return json.loads(stream.read(size))
-
-
-def encode_frame(value: Any) -> bytes:
-    data = json.dumps(value, separators=(",", ":")).encode()
-    return HEADER.pack(len(data)) + data
+from services.reward.scorers.frames import encode_frame, read_frame
 
 
 def _die_with_parent() -> None:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from services.reward.errors import ScorerFailure
-from services.reward.scorers.python_worker import HEADER, MAX_FRAME, encode_frame
+from services.reward.scorers.frames import HEADER, MAX_FRAME, encode_frame
 from shared.service_kit.loader import LoadError
 
 log = logging.getLogger("fleetrl.reward")

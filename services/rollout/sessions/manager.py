@@ -77,7 +77,7 @@ class SessionUnavailable(RequestError):
 class SessionManager:
     def __init__(self, cfg: SessionSettings, *, redis_url: str | None, run_name: str, reward_url: str | None,
                  tokenizer: Any, registry: CollectorRegistry, url: str | None = None, host: str = "127.0.0.1",
-                 control_token: str | None = None, run_key: Any = None) -> None:
+                 control_token: str | None = None, run_key: Any = None, reward_token: str | None = None) -> None:
         self.cfg = cfg
         self.control_token = control_token  # session keys derive from it (auth.py)
         self.signer = signer_for(run_key)  # the experiences a finished session pushes are signed as the fleet's
@@ -86,6 +86,8 @@ class SessionManager:
         self.redis_url = redis_url
         self.run_name = run_name
         self.reward_url = cfg.reward_url or reward_url
+        own = cfg.reward_token.get_secret_value() if cfg.reward_token else None
+        self.reward_token = own or (None if cfg.reward_url else reward_token)  # the worker's, for the worker's URL
         self.tokenizer = tokenizer
         self.store = SessionStore(cfg)
         self.chat_tokens = ChatTokensCache(tokenizer)
@@ -120,7 +122,8 @@ class SessionManager:
             except (aioredis.RedisError, OSError) as exc:  # the first create tries again (and answers 503 if it fails)
                 log.warning("session registry: could not announce this replica yet: %s", exc)
         if self.reward_url:
-            self.rewards = RewardClient(self.reward_url, self.cfg.reward_timeout_s, backoff_max_s=2.0)
+            self.rewards = RewardClient(self.reward_url, self.cfg.reward_timeout_s, backoff_max_s=2.0,
+                                        token=self.reward_token)
         self._sweeper = asyncio.create_task(self._sweep(), name="session-sweeper")
 
     async def stop(self) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 
 class SessionSettings(BaseModel):
@@ -29,6 +29,8 @@ class SessionSettings(BaseModel):
                                       "only, as vLLM treats it), or open a session with that id (defaults, group of one).")
     reward_url: str | None = Field(default=None, description="Reward service base URL for finish with score=true; "
                                                              "default: worker.reward_url.")
+    reward_token: SecretStr | None = Field(default=None, description="The reward service's auth_token; default: "
+                                           "worker.reward_token when reward_url is unset (the same service).")
     reward_timeout_s: float = Field(default=60.0, gt=0, description="Finish waits this long for the reward service.")
     push_timeout_s: float = Field(default=30.0, gt=0, description="Finish waits this long for room in the experiences "
                                                                  "stream (backpressure), then answers 503.")

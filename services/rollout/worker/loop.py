@@ -82,8 +82,9 @@ class RolloutWorker:
                         "out unsigned; give every service of the run the same run_key (docs/security-redis.md)")
         await self.prompts.ensure_group()
         await self.experiences.ensure_group()
+        token = self.cfg.reward_token.get_secret_value() if self.cfg.reward_token else None
         self.rewards = RewardClient(self.cfg.reward_url, self.cfg.reward_timeout_s, self.cfg.reward_backoff_max_s,
-                                    on_retry=lambda _: self.m_reward_retries.inc(),
+                                    on_retry=lambda _: self.m_reward_retries.inc(), token=token,
                                     max_attempts=self.cfg.reward_max_attempts, max_retry_s=self.cfg.reward_max_retry_s)
         self.lease = Lease(self.prompts, self.consumer, on_lost=self._lost)
         self.lease.start()

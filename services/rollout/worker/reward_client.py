@@ -42,11 +42,13 @@ def _retryable(exc: BaseException) -> bool:
 class RewardClient:
     def __init__(self, base_url: str, timeout_s: float, backoff_max_s: float,
                  on_retry: Callable[[BaseException], None] | None = None, max_attempts: int = 20,
-                 max_retry_s: float = 300.0) -> None:
+                 max_retry_s: float = 300.0, token: str | None = None) -> None:
         self.url = base_url.rstrip("/") + "/score"
         self.max_attempts = max_attempts
         self.max_retry_s = max_retry_s
-        self._client = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=min(5.0, timeout_s)))
+        headers = {"Authorization": f"Bearer {token}"} if token else {}  # the reward service's auth_token
+        self._client = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=min(5.0, timeout_s)),
+                                         headers=headers)
         self._backoff_max = backoff_max_s
         self._on_retry = on_retry
 

@@ -21,7 +21,7 @@ def test_one_version_is_the_single_version_or_the_range_when_mixed_is_allowed():
 def test_a_pass_spanning_updates_is_retried_then_kept_with_its_range(monkeypatch, tmp_path):
     calls = []
 
-    def passes(rollout_url, reward_url, rows, *, max_new_tokens, mixed_ok=False):
+    def passes(rollout_url, reward_url, rows, *, max_new_tokens, mixed_ok=False, reward_token=None):
         calls.append(mixed_ok)
         return 0.5, one_version({"83", "84"}, mixed_ok)  # the fleet updates during every pass
 

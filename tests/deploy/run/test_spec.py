@@ -99,3 +99,14 @@ def test_fleetrl_settings_prints_each_process_and_run_refuses_bad_input_in_one_l
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     assert bad.stderr.strip() == ("error: --set train.max_stepz: unknown setting train.max_stepz "
                                   "(did you mean train.max_steps?)")
+
+
+def test_the_run_token_guards_the_reward_services_it_starts_and_only_those(spec_file):
+    """The reward services fleetrl run starts take the run's token as auth_token, and its workers send it; a
+    reward service of the user's (reward.url) never receives it."""
+    cfg = by_name(plan(load_spec(spec_file, ["replicas.rollout=2"]), spec_file, "redis://127.0.0.1:1/0", "tok"))
+    assert cfg["reward-0"]["auth_token"] == "tok"
+    assert [cfg[r]["worker"]["reward_token"] for r in ("rollout-0", "rollout-1")] == ["tok", "tok"]
+    spec = load_spec(spec_file, ["reward.scorers=null", "reward.url=http://rm.example:8002"])
+    external = by_name(plan(spec, spec_file, "redis://127.0.0.1:1/0", "tok"))
+    assert "reward-0" not in external and "reward_token" not in external["rollout-0"]["worker"]
