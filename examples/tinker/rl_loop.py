@@ -4,7 +4,7 @@ advantages -> ``forward_backward(loss_fn="importance_sampling")`` -> ``optim_ste
 ``save_weights_and_get_sampling_client`` -> sample again. Held-out accuracy (greedy) is measured after the
 warm-up and at the end. Written only against the ``tinker`` client: point it at any Tinker endpoint.
 
-    export TINKER_BASE_URL=http://127.0.0.1:8010 TINKER_API_KEY=tml-...
+    fleetrl run examples/tinker/fleetrl.yaml      # prints: export TINKER_BASE_URL=... TINKER_API_KEY=tml-...
     python examples/tinker/rl_loop.py --base-model examples/sort-digits/base-model
 
 Prints one JSON line: held-out accuracy after the warm-up and after RL (greedy, and sampled at temperature 1),

@@ -112,7 +112,8 @@ class TinkerService:
             raise NotFound(f"session {session_id!r} is unknown; create a session first")
 
     def _base(self, base_model: str) -> None:
-        if base_model not in self.settings.served_names():
+        names = self.settings.served_names()
+        if base_model not in names and str(Path(base_model).resolve()) not in names:
             raise BadRequest(f"base_model {base_model!r} is not served here; this server trains "
                              f"{self.settings.public_name()!r} (see get_server_capabilities)")
 
