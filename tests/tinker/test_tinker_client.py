@@ -131,6 +131,14 @@ def test_sampling_logprobs_match_the_trainer_and_rl_losses_train(server, service
     # compute_logprobs agrees too (None for the first token)
     prompt_lp = sampler.compute_logprobs(types.ModelInput.from_ints(ids)).result()
     assert prompt_lp[0] is None and prompt_lp[1:] == pytest.approx(trainer_lp, abs=1e-4)
+    # the cookbook's way: a named sampler checkpoint, then a sampling client from its path (and one on the base)
+    path = training.save_weights_for_sampler("step-000").result().path
+    assert path.endswith("/sampler_weights/step-000")
+    by_path = service.create_sampling_client(model_path=path).result()
+    same = by_path.sample(types.ModelInput.from_ints(prompt), 4, params).result()
+    assert [s.tokens for s in same.sequences] == [s.tokens for s in out.sequences]
+    base = service.create_sampling_client(base_model=server["model"]).result()
+    assert len(base.sample(types.ModelInput.from_ints(prompt), 2, params).result().sequences) == 2
     # each RL loss takes a step that raises the logprob of a positively-advantaged sample
     for loss_fn in ("importance_sampling", "ppo", "cispo", "dro"):
         before = training.forward([datum], loss_fn).result().loss_fn_outputs[0]["logprobs"].tolist()

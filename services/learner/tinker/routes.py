@@ -97,6 +97,11 @@ async def create_sampling_session(body: api.CreateSamplingSession, svc: ServiceD
     return {"type": "create_sampling_session", "sampling_session_id": svc.create_sampling_session(body)}
 
 
+@router.get("/samplers/{sampler_id}")
+async def get_sampler(sampler_id: str, svc: ServiceDep) -> dict:
+    return svc.get_sampler(sampler_id)
+
+
 @router.post("/asample")
 async def asample(body: api.Sample, svc: ServiceDep) -> dict:
     request_id, sequence_ids = svc.sample(body)

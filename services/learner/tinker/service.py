@@ -45,6 +45,7 @@ class TinkerService:
         self.sessions: dict[str, float] = {}
         self.models: dict[str, ModelSlot] = {}
         self.sampling_sessions: dict[str, Path] = {}
+        self.sampler_paths: dict[str, str | None] = {}
         self.sampler_worker: OrderedWorker | None = None
         self.samplers = None
         self.started = time.time()
@@ -97,6 +98,7 @@ class TinkerService:
                          self.settings.session_timeout_s, model_id)
             for sid in [s for s in self.sampling_sessions if s.startswith(f"{session}:")]:
                 del self.sampling_sessions[sid]
+                self.sampler_paths.pop(sid, None)
 
     def capabilities(self) -> dict:
         from transformers import AutoConfig
@@ -314,6 +316,7 @@ class TinkerService:
                 session = req.model_id.split(":train:")[0]
                 sid = f"{session}:sample:{req.sampling_session_seq_id}:{uuid.uuid4().hex[:8]}"
                 self.sampling_sessions[sid] = out
+                self.sampler_paths[sid] = reply["path"]
                 reply["sampling_session_id"] = sid
                 slot.ephemeral.append(out)
                 while len(slot.ephemeral) > 2 * self.settings.samplers_cached:
@@ -336,7 +339,14 @@ class TinkerService:
         where = self._sampler_dir(req.model_path, req.base_model)
         sid = f"{req.session_id}:sample:{req.sampling_session_seq_id}:{uuid.uuid4().hex[:8]}"
         self.sampling_sessions[sid] = where
+        self.sampler_paths[sid] = req.model_path
         return sid
+
+    def get_sampler(self, sampler_id: str) -> dict:
+        if sampler_id not in self.sampling_sessions:
+            raise NotFound(f"sampler {sampler_id!r} is unknown")
+        return {"sampler_id": sampler_id, "base_model": self.settings.public_name(),
+                "model_path": self.sampler_paths.get(sampler_id)}
 
     def sample(self, req: api.Sample) -> tuple[str, list[str]]:
         from .sampler import SampleCall
