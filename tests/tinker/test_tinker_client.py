@@ -87,6 +87,8 @@ def test_supervised_loop_loss_falls_and_state_resumes_exactly(server, service, t
 
     path = training.save_state("resume-me").result().path
     assert path.startswith("tinker://") and path.endswith("/weights/resume-me")
+    info = service.create_rest_client().get_weights_info_by_tinker_path(path).result()
+    assert (info.is_lora, info.lora_rank, info.base_model) == (True, 16, server["model"])
     expected = training.forward(data, "cross_entropy").result().metrics["loss:sum"]
     # the next step from the saved state, twice: on this model after more training, and on a fresh model
     training.forward_backward(data, "cross_entropy")

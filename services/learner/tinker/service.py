@@ -299,6 +299,15 @@ class TinkerService:
         slot.worker.submit(request_id, 0, job)
         return request_id, model_id
 
+    def weights_info(self, tinker_path: str) -> dict:
+        """What a save_state checkpoint was made from (the cookbook reads it before resuming)."""
+        from .trainer import read_spec
+
+        spec = read_spec(self._resolve(tinker_path, "weights"))
+        return {"base_model": self.settings.public_name(), "is_lora": spec.lora_rank is not None,
+                "lora_rank": spec.lora_rank, "train_unembed": spec.train_unembed, "train_mlp": spec.train_mlp,
+                "train_attn": spec.train_attn}
+
     def save_for_sampler(self, req: api.SaveWeights) -> str:
         named = req.path is not None
         with self._door(req.model_id, req.seq_id):
