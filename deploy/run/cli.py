@@ -25,6 +25,17 @@ def _load(file: Path, sets: list[str] | None):
         raise typer.Exit(2) from exc
 
 
+def _mode(file: Path) -> str | None:
+    """A spec file's top-level ``mode`` (``tinker``), or None; an unreadable file is left to the spec loader."""
+    from shared.settings import SettingsError, read_config_file
+
+    try:
+        mode = read_config_file(file).get("mode")
+    except SettingsError:
+        return None
+    return mode if isinstance(mode, str) else None
+
+
 def run_cmd(
     file: SpecFile,
     set_: Sets = None,
@@ -38,6 +49,13 @@ def run_cmd(
     from .display import make_display
     from .launch import run_spec
 
+    if _mode(file) == "tinker":  # serve the Tinker API instead of driving a loop (docs/tinker.md)
+        if set_ or reset:
+            typer.echo("error: --set and --reset are for run specs; a mode: tinker file is served as it is", err=True)
+            raise typer.Exit(2)
+        from services.learner.tinker.cli import serve_run_file
+
+        raise typer.Exit(serve_run_file(file.resolve()))
     spec = _load(file, set_)
     raise typer.Exit(run_spec(spec, file.resolve(), make_display(live), reset=reset))
 

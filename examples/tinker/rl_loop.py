@@ -4,10 +4,11 @@ advantages -> ``forward_backward(loss_fn="importance_sampling")`` -> ``optim_ste
 ``save_weights_and_get_sampling_client`` -> sample again. Held-out accuracy (greedy) is measured after the
 warm-up and at the end. Written only against the ``tinker`` client: point it at any Tinker endpoint.
 
-    export TINKER_BASE_URL=http://127.0.0.1:8010 TINKER_API_KEY=tml-...
+    fleetrl run examples/tinker/fleetrl.yaml      # prints: export TINKER_BASE_URL=... TINKER_API_KEY=tml-...
     python examples/tinker/rl_loop.py --base-model examples/sort-digits/base-model
 
-Prints one JSON line: accuracy after the warm-up and after RL, and seconds per RL step.
+Prints one JSON line: held-out accuracy after the warm-up and after RL (greedy, and sampled at temperature 1),
+and seconds per RL step.
 """
 
 from __future__ import annotations
@@ -50,9 +51,11 @@ def answer_of(tok, seq: types.SampledSequence) -> str:
     return tok.decode([t for t in seq.tokens if t != tok.eos_token_id]).strip()
 
 
-def accuracy(sampler: tinker.SamplingClient, tok, rows: list[tuple[str, str]]) -> float:
-    params = types.SamplingParams(max_tokens=6, temperature=0.0)
-    futures = [sampler.sample(types.ModelInput.from_ints(tok.encode(p)), 1, params) for p, _ in rows]
+def accuracy(sampler: tinker.SamplingClient, tok, rows: list[tuple[str, str]], temperature: float = 0.0) -> float:
+    """Exact answers on ``rows``: greedy (temperature 0, as ``make demo`` measures) or sampled (what RL raises)."""
+    futures = [sampler.sample(types.ModelInput.from_ints(tok.encode(p)), 1,
+                              types.SamplingParams(max_tokens=6, temperature=temperature, seed=i))
+               for i, (p, _) in enumerate(rows)]
     hits = sum(answer_of(tok, f.result().sequences[0]) == a for f, (_, a) in zip(futures, rows, strict=True))
     return hits / len(rows)
 
@@ -88,14 +91,16 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"warm-up step {step}: loss/token {fb.result().metrics['loss:sum'] / tokens:.3f}", file=sys.stderr)
     sampler = training.save_weights_and_get_sampling_client().result()
     warm = accuracy(sampler, tok, held)
+    warm_sampled = accuracy(sampler, tok, held, temperature=1.0)
 
-    params = types.SamplingParams(max_tokens=6, temperature=1.0)
     start = time.monotonic()
     rewards = []
-    for _ in range(args.rl_steps):
+    for step in range(args.rl_steps):
         rows = rng.sample(train, args.groups)
         prompts = [tok.encode(p) for p, _ in rows]
-        futures = [sampler.sample(types.ModelInput.from_ints(ids), args.group_size, params) for ids in prompts]
+        futures = [sampler.sample(types.ModelInput.from_ints(ids), args.group_size,  # seeded: a run repeats
+                                  types.SamplingParams(max_tokens=6, temperature=1.0, seed=step * 10_000 + i))
+                   for i, ids in enumerate(prompts)]
         batch = []
         for ids, (_, answer), fut in zip(prompts, rows, futures, strict=True):
             seqs = fut.result().sequences
@@ -109,6 +114,7 @@ def main(argv: list[str] | None = None) -> dict:
         sampler = training.save_weights_and_get_sampling_client().result()
     rl_s = time.monotonic() - start
     result = {"warmup_accuracy": warm, "final_accuracy": accuracy(sampler, tok, held),
+              "warmup_sampled_accuracy": warm_sampled, "final_sampled_accuracy": accuracy(sampler, tok, held, 1.0),
               "train_reward_mean": sum(rewards) / max(1, len(rewards)), "rl_steps": args.rl_steps,
               "s_per_rl_step": round(rl_s / max(1, args.rl_steps), 3)}
     print(json.dumps(result))

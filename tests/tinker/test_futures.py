@@ -69,3 +69,24 @@ async def test_a_running_request_answers_try_again_after_the_long_poll():
     release.set()
     assert (await store.retrieve(rid, 30)).result == {"ok": True}
     await worker.close()
+
+
+async def test_fetched_results_go_after_a_minute_unfetched_ones_after_the_ttl():
+    now = [1000.0]
+    store = FutureStore(ttl_s=3600, clock=lambda: now[0])
+    fetched, unfetched = store.create(), store.create()
+    for rid in (fetched, unfetched):
+        store.settle(rid, lambda: {"ok": True})
+    assert (await store.retrieve(fetched, 1)).result == {"ok": True}
+    now[0] += 30
+    store.create()  # creating expires
+    assert (await store.retrieve(fetched, 1)).result == {"ok": True}  # a re-poll within the minute
+    now[0] += 61
+    store.create()
+    with pytest.raises(Gone):
+        await store.retrieve(fetched, 1)
+    assert (await store.retrieve(unfetched, 1)) is not None
+    now[0] += 3601
+    store.create()
+    with pytest.raises(Gone):
+        await store.retrieve(unfetched, 1)

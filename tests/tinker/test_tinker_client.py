@@ -19,6 +19,9 @@ pytestmark = pytest.mark.process  # starts service processes (tests/procs.py)
 
 os.environ["TINKER_TELEMETRY"] = "0"
 KEY = "tml-fleetrl-test-key-0123456789"
+RL_WARMUP_STEPS = 10
+RL_STEPS = 20
+RL_LR = 3e-3
 
 
 @pytest.fixture(scope="module")
@@ -26,11 +29,12 @@ def server(tmp_path_factory):
     from deploy.local.tiny_model import build_tiny_causal_lm
 
     root = tmp_path_factory.mktemp("tinker")
-    model = build_tiny_causal_lm(root / "model", hidden_size=64, layers=2, heads=4, max_positions=64, seed=0)
+    # the sort-digits demo's model shape (deploy/local/sort_task.py)
+    model = build_tiny_causal_lm(root / "model", hidden_size=128, layers=2, heads=4, max_positions=64, seed=0)
     port = free_port()
     log = root / "server.log"
     env = {"FLEETRL_TINKER_API_KEY": KEY, "FLEETRL_TINKER_BASE_MODEL": str(model),
-           "FLEETRL_TINKER_RUN_DIR": str(root / "run"), "FLEETRL_TINKER_TORCH_THREADS": "1",
+           "FLEETRL_TINKER_RUN_DIR": str(root / "run"), "FLEETRL_TINKER_TORCH_THREADS": "2",
            "FLEETRL_TINKER_LONG_POLL_S": "5", "FLEETRL_TINKER_MAX_MODELS": "8",
            # a request waiting on a seq_id that never comes would hang the test, not pass late
            "FLEETRL_TINKER_SEQ_GAP_TIMEOUT_S": "600"}
@@ -85,6 +89,8 @@ def test_supervised_loop_loss_falls_and_state_resumes_exactly(server, service, t
 
     path = training.save_state("resume-me").result().path
     assert path.startswith("tinker://") and path.endswith("/weights/resume-me")
+    info = service.create_rest_client().get_weights_info_by_tinker_path(path).result()
+    assert (info.is_lora, info.lora_rank, info.base_model) == (True, 16, server["model"])
     expected = training.forward(data, "cross_entropy").result().metrics["loss:sum"]
     # the next step from the saved state, twice: on this model after more training, and on a fresh model
     training.forward_backward(data, "cross_entropy")
@@ -129,6 +135,14 @@ def test_sampling_logprobs_match_the_trainer_and_rl_losses_train(server, service
     # compute_logprobs agrees too (None for the first token)
     prompt_lp = sampler.compute_logprobs(types.ModelInput.from_ints(ids)).result()
     assert prompt_lp[0] is None and prompt_lp[1:] == pytest.approx(trainer_lp, abs=1e-4)
+    # the cookbook's way: a named sampler checkpoint, then a sampling client from its path (and one on the base)
+    path = training.save_weights_for_sampler("step-000").result().path
+    assert path.endswith("/sampler_weights/step-000")
+    by_path = service.create_sampling_client(model_path=path).result()
+    same = by_path.sample(types.ModelInput.from_ints(prompt), 4, params).result()
+    assert [s.tokens for s in same.sequences] == [s.tokens for s in out.sequences]
+    base = service.create_sampling_client(base_model=server["model"]).result()
+    assert len(base.sample(types.ModelInput.from_ints(prompt), 2, params).result().sequences) == 2
     # each RL loss takes a step that raises the logprob of a positively-advantaged sample
     for loss_fn in ("importance_sampling", "ppo", "cispo", "dro"):
         before = training.forward([datum], loss_fn).result().loss_fn_outputs[0]["logprobs"].tolist()
@@ -182,3 +196,61 @@ def test_retrieve_future_semantics(server):
     caps = httpx.get(server["url"] + "/api/v1/get_server_capabilities", headers=h, timeout=30).json()
     assert caps["supported_models"][0]["trainable"] is True
     assert not math.isnan(caps["supported_models"][0]["max_context_length"])
+
+
+
+def test_rl_loop_learns_the_first_digit_of_sort_digits(server, service, tok):
+    """tinker-cookbook's rl_loop shape on sort-digits, sized for the suite: after a short supervised warm-up,
+    sample a group per prompt -> reward (the answer's first digit is the smallest one) -> group-centred advantages
+    -> forward_backward(importance_sampling) -> optim_step -> save_weights_and_get_sampling_client -> sample
+    again. Held-out accuracy at temperature 1 (what RL raises) must rise by 20 points. The whole task
+    (exact sorted answer, greedy) is examples/tinker/rl_loop.py: figures in docs/tinker.md."""
+    import random
+
+    every = [f"{i:04d}" for i in range(10_000)]
+    random.Random(0).shuffle(every)
+    held, train = every[:64], every[64:]
+    rng = random.Random(1)
+    training = service.create_lora_training_client(base_model=server["model"], rank=32, seed=3).result()
+    for _ in range(RL_WARMUP_STEPS):
+        data = [sl_datum(tok, f"sort {d}=", "".join(sorted(d))) for d in rng.sample(train, 32)]
+        training.forward_backward(data, "cross_entropy")
+        training.optim_step(types.AdamParams(learning_rate=3e-3))
+
+    def first_digit_ok(digits: str, seq) -> float:
+        return 1.0 if tok.decode(list(seq.tokens)) == min(digits) else 0.0
+
+    def accuracy(sampler) -> float:
+        futures = [(d, sampler.sample(types.ModelInput.from_ints(tok.encode(f"sort {d}=")), 4,
+                                      types.SamplingParams(max_tokens=1, temperature=1.0, seed=i)))
+                   for i, d in enumerate(held)]
+        return sum(first_digit_ok(d, s) for d, f in futures for s in f.result().sequences) / (4 * len(held))
+
+    sampler = training.save_weights_and_get_sampling_client().result()
+    before = accuracy(sampler)
+    for step in range(RL_STEPS):
+        rows = rng.sample(train, 8)
+        prompts = [tok.encode(f"sort {d}=") for d in rows]
+        futures = [sampler.sample(types.ModelInput.from_ints(ids), 8,
+                                  types.SamplingParams(max_tokens=1, temperature=1.0, seed=step * 100 + i))
+                   for i, ids in enumerate(prompts)]
+        batch = []
+        for d, ids, fut in zip(rows, prompts, futures, strict=True):
+            seqs = fut.result().sequences
+            rewards = [first_digit_ok(d, s) for s in seqs]
+            mean = sum(rewards) / len(rewards)
+            for seq, r in zip(seqs, rewards, strict=True):
+                if r != mean:
+                    n = len(ids) - 1
+                    batch.append(types.Datum(
+                        model_input=types.ModelInput.from_ints((ids + list(seq.tokens))[:-1]),
+                        loss_fn_inputs={"target_tokens": (ids + list(seq.tokens))[1:],
+                                        "logprobs": [0.0] * n + list(seq.logprobs),
+                                        "advantages": [0.0] * n + [r - mean] * len(seq.tokens)}))
+        if batch:
+            training.forward_backward(batch, "importance_sampling")
+            training.optim_step(types.AdamParams(learning_rate=RL_LR))
+        sampler = training.save_weights_and_get_sampling_client().result()
+    after = accuracy(sampler)
+    print(f"first-digit accuracy at temperature 1: {before:.3f} -> {after:.3f} in {RL_STEPS} RL steps")
+    assert after >= before + 0.2, (before, after)

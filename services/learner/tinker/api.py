@@ -114,6 +114,10 @@ class Sample(_Body):
     target_prompt_logprobs: Any = None
 
 
+class WeightsInfo(_Body):
+    tinker_path: str = Field(max_length=1024)
+
+
 class RetrieveFuture(_Body):
     request_id: str = Field(max_length=200)
     allow_metadata_only: bool = False

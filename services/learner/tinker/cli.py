@@ -1,12 +1,17 @@
-"""``fleetrl tinker --config FILE`` / ``python -m services.learner.tinker``: the Tinker API on the learner (settings
-first, then torch). Prints the TINKER_BASE_URL / TINKER_API_KEY lines a client exports."""
+"""``fleetrl tinker --config FILE`` / ``python -m services.learner.tinker``, and ``fleetrl run FILE`` of a file with
+``mode: tinker``: the Tinker API on the learner (settings first, then torch). Prints the TINKER_BASE_URL /
+TINKER_API_KEY lines a client exports."""
 
 from __future__ import annotations
 
+import secrets
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+if TYPE_CHECKING:
+    from services.learner.tinker.settings import TinkerSettings
 
 app = typer.Typer(add_completion=False, help="FleetRL learner, Tinker mode: serve the Tinker API.")
 
@@ -30,7 +35,37 @@ def main(
     except SettingsError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
+    serve(settings)
 
+
+def serve_run_file(file: Path) -> int:
+    """``fleetrl run FILE`` with ``mode: tinker``: the file's other keys are Tinker settings, paths relative to the
+    file; without an api_key (file or FLEETRL_TINKER_API_KEY) a fresh one is made and printed."""
+    import os
+
+    from services.learner.tinker.settings import TinkerSettings
+    from shared.settings import SettingsError, load_settings, read_config_file
+
+    try:
+        raw = {k: v for k, v in read_config_file(file).items() if k != "mode"}
+    except SettingsError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        return 2
+    for key in ("base_model", "run_dir"):
+        if isinstance(raw.get(key), str) and not Path(raw[key]).is_absolute():
+            raw[key] = str((file.parent / raw[key]).resolve())
+    if "api_key" not in raw and not os.environ.get("FLEETRL_TINKER_API_KEY"):
+        raw["api_key"] = f"tml-{secrets.token_hex(16)}"
+    try:
+        settings = load_settings(TinkerSettings, **raw)
+    except SettingsError as exc:
+        typer.echo(f"error: {file}: {exc}", err=True)
+        return 2
+    serve(settings)
+    return 0
+
+
+def serve(settings: TinkerSettings) -> None:
     import uvicorn
 
     from services.learner.tinker.app import create_app

@@ -24,6 +24,7 @@ from services.learner.tinker.errors import Gone
 from shared.service_kit.errors import ServiceError
 
 log = logging.getLogger(__name__)
+RETRIEVED_KEEP_S = 60.0
 
 
 @dataclass
@@ -34,17 +35,19 @@ class Entry:
     error: str | None = None
     category: str = "server"
     finished: float | None = None
+    retrieved: float | None = None
 
 
 class FutureStore:
-    def __init__(self, ttl_s: float) -> None:
+    def __init__(self, ttl_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.ttl_s = ttl_s
+        self._clock = clock
         self._entries: dict[str, Entry] = {}
 
     def create(self) -> str:
         self._expire()
         request_id = uuid.uuid4().hex
-        self._entries[request_id] = Entry(created=time.monotonic())
+        self._entries[request_id] = Entry(created=self._clock())
         return request_id
 
     def settle(self, request_id: str, outcome: Callable[[], Any]) -> None:
@@ -59,7 +62,7 @@ class FutureStore:
         except Exception as exc:  # a bug or a broken model: logged with its traceback, said in one line
             log.exception("request %s failed", request_id)
             entry.error, entry.category = f"{type(exc).__name__}: {exc}", "server"
-        entry.finished = time.monotonic()
+        entry.finished = self._clock()
         entry.done.set()
 
     async def retrieve(self, request_id: str, wait_s: float) -> Entry | None:
@@ -71,14 +74,19 @@ class FutureStore:
             await asyncio.wait_for(entry.done.wait(), wait_s)
         except TimeoutError:
             return None
+        entry.retrieved = self._clock()
         return entry
 
     def pending(self) -> int:
         return sum(1 for e in self._entries.values() if not e.done.is_set())
 
     def _expire(self) -> None:
-        now = time.monotonic()
-        for rid in [r for r, e in self._entries.items() if e.finished is not None and now - e.finished > self.ttl_s]:
+        """Results go ``ttl_s`` after they finished, or a minute after the client fetched them (a re-poll after a
+        dropped connection still finds them)."""
+        now = self._clock()
+        for rid in [r for r, e in self._entries.items()
+                    if (e.finished is not None and now - e.finished > self.ttl_s)
+                    or (e.retrieved is not None and now - e.retrieved > RETRIEVED_KEEP_S)]:
             del self._entries[rid]
 
 

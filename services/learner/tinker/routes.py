@@ -87,6 +87,11 @@ async def load_weights(body: api.LoadWeights, svc: ServiceDep) -> dict:
     return {"request_id": request_id, "model_id": model_id}
 
 
+@router.post("/weights_info")
+async def weights_info(body: api.WeightsInfo, svc: ServiceDep) -> dict:
+    return await run_blocking(svc.weights_info, body.tinker_path)
+
+
 @router.post("/save_weights_for_sampler")
 async def save_weights_for_sampler(body: api.SaveWeights, svc: ServiceDep) -> dict:
     return {"request_id": svc.save_for_sampler(body), "model_id": body.model_id}
@@ -95,6 +100,11 @@ async def save_weights_for_sampler(body: api.SaveWeights, svc: ServiceDep) -> di
 @router.post("/create_sampling_session")
 async def create_sampling_session(body: api.CreateSamplingSession, svc: ServiceDep) -> dict:
     return {"type": "create_sampling_session", "sampling_session_id": svc.create_sampling_session(body)}
+
+
+@router.get("/samplers/{sampler_id}")
+async def get_sampler(sampler_id: str, svc: ServiceDep) -> dict:
+    return svc.get_sampler(sampler_id)
 
 
 @router.post("/asample")

@@ -48,6 +48,7 @@ class TinkerService:
         self.sessions: dict[str, float] = {}
         self.models: dict[str, ModelSlot] = {}
         self.sampling_sessions: dict[str, Path] = {}
+        self.sampler_paths: dict[str, str | None] = {}
         self.sampler_worker: OrderedWorker | None = None
         self.samplers = None
         self.started = time.time()
@@ -100,6 +101,7 @@ class TinkerService:
                          self.settings.session_timeout_s, model_id)
             for sid in [s for s in self.sampling_sessions if s.startswith(f"{session}:")]:
                 del self.sampling_sessions[sid]
+                self.sampler_paths.pop(sid, None)
 
     def capabilities(self) -> dict:
         from transformers import AutoConfig
@@ -115,7 +117,8 @@ class TinkerService:
             raise NotFound(f"session {session_id!r} is unknown; create a session first")
 
     def _base(self, base_model: str) -> None:
-        if base_model not in self.settings.served_names():
+        names = self.settings.served_names()
+        if base_model not in names and str(Path(base_model).resolve()) not in names:
             raise BadRequest(f"base_model {base_model!r} is not served here; this server trains "
                              f"{self.settings.public_name()!r} (see get_server_capabilities)")
 
@@ -299,6 +302,15 @@ class TinkerService:
         slot.worker.submit(request_id, 0, job)
         return request_id, model_id
 
+    def weights_info(self, tinker_path: str) -> dict:
+        """What a save_state checkpoint was made from (the cookbook reads it before resuming)."""
+        from .trainer import read_spec
+
+        spec = read_spec(self._resolve(tinker_path, "weights"))
+        return {"base_model": self.settings.public_name(), "is_lora": spec.lora_rank is not None,
+                "lora_rank": spec.lora_rank, "train_unembed": spec.train_unembed, "train_mlp": spec.train_mlp,
+                "train_attn": spec.train_attn}
+
     def save_for_sampler(self, req: api.SaveWeights) -> str:
         named = req.path is not None
         with self._door(req.model_id, req.seq_id):
@@ -316,6 +328,7 @@ class TinkerService:
                 session = req.model_id.split(":train:")[0]
                 sid = f"{session}:sample:{req.sampling_session_seq_id}:{uuid.uuid4().hex[:8]}"
                 self.sampling_sessions[sid] = out
+                self.sampler_paths[sid] = reply["path"]
                 reply["sampling_session_id"] = sid
                 slot.ephemeral.append(out)
                 while len(slot.ephemeral) > 2 * self.settings.samplers_cached:
@@ -338,7 +351,14 @@ class TinkerService:
         where = self._sampler_dir(req.model_path, req.base_model)
         sid = f"{req.session_id}:sample:{req.sampling_session_seq_id}:{uuid.uuid4().hex[:8]}"
         self.sampling_sessions[sid] = where
+        self.sampler_paths[sid] = req.model_path
         return sid
+
+    def get_sampler(self, sampler_id: str) -> dict:
+        if sampler_id not in self.sampling_sessions:
+            raise NotFound(f"sampler {sampler_id!r} is unknown")
+        return {"sampler_id": sampler_id, "base_model": self.settings.public_name(),
+                "model_path": self.sampler_paths.get(sampler_id)}
 
     def sample(self, req: api.Sample) -> tuple[str, list[str]]:
         from services.learner.tinker.sampler import SampleCall
