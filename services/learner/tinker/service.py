@@ -304,7 +304,7 @@ class TinkerService:
 
     def weights_info(self, tinker_path: str) -> dict:
         """What a save_state checkpoint was made from (the cookbook reads it before resuming)."""
-        from .trainer import read_spec
+        from services.learner.tinker.trainer import read_spec
 
         spec = read_spec(self._resolve(tinker_path, "weights"))
         return {"base_model": self.settings.public_name(), "is_lora": spec.lora_rank is not None,
