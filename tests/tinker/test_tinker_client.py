@@ -15,6 +15,8 @@ from tinker import types
 from deploy.local.ports import free_port
 from tests.procs import spawn, stop, wait_http_ok
 
+pytestmark = pytest.mark.process  # starts service processes (tests/procs.py)
+
 os.environ["TINKER_TELEMETRY"] = "0"
 KEY = "tml-fleetrl-test-key-0123456789"
 RL_WARMUP_STEPS = 10

@@ -1,3 +1,3 @@
-from .cli import app
+from services.learner.tinker.cli import app
 
 app()

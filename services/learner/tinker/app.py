@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
+from services.learner.tinker.routes import open_router, router
+from services.learner.tinker.service import TinkerService
+from services.learner.tinker.settings import TinkerSettings
 from shared.service_kit.app import create_service_app
-
-from .routes import open_router, router
-from .service import TinkerService
-from .settings import TinkerSettings
 
 
 def create_app(settings: TinkerSettings, service: TinkerService | None = None) -> FastAPI:

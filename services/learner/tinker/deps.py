@@ -7,10 +7,9 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
+from services.learner.tinker.errors import Unauthorized
+from services.learner.tinker.service import TinkerService
 from shared.service_kit.deps import get_service
-
-from .errors import Unauthorized
-from .service import TinkerService
 
 ServiceDep = Annotated[TinkerService, Depends(get_service)]
 

@@ -20,9 +20,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from services.learner.tinker.errors import Gone
 from shared.service_kit.errors import ServiceError
-
-from .errors import Gone
 
 log = logging.getLogger(__name__)
 RETRIEVED_KEEP_S = 60.0

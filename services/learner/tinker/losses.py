@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .errors import BadRequest
+from services.learner.tinker.errors import BadRequest
 
 Config = Mapping[str, float | str]
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
-from . import api
-from .deps import ApiKeyDep, ServiceDep
-from .service import run_blocking
-from .wire import decode_forward_backward, decompress
+from services.learner.tinker import api
+from services.learner.tinker.deps import ApiKeyDep, ServiceDep
+from services.learner.tinker.service import run_blocking
+from services.learner.tinker.wire import decode_forward_backward, decompress
 
 PROTO = "application/x-protobuf"
 open_router = APIRouter()

@@ -14,10 +14,9 @@ from pathlib import Path
 import torch
 
 from services.learner.settings import ModelSettings
+from services.learner.tinker.errors import BadRequest
+from services.learner.tinker.wire import SampledOut
 from services.learner.training.models import load_causal_lm, resolve_device
-
-from .errors import BadRequest
-from .wire import SampledOut
 
 
 @dataclass(frozen=True)

@@ -14,13 +14,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from services.learner.tinker import api
+from services.learner.tinker.errors import BadRequest, Full, NotFound
+from services.learner.tinker.futures import FutureStore, OrderedWorker
+from services.learner.tinker.settings import TinkerSettings
+from services.learner.tinker.wire import (
+    ForwardBackwardCall,
+    encode_forward_backward_output,
+    encode_sample_response,
+)
 from shared.service_kit.errors import ServiceError
-
-from . import api
-from .errors import BadRequest, Full, NotFound
-from .futures import FutureStore, OrderedWorker
-from .settings import TinkerSettings
-from .wire import ForwardBackwardCall, encode_forward_backward_output, encode_sample_response
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +58,7 @@ class TinkerService:
             import torch
 
             torch.set_num_threads(self.settings.torch_threads)
-        from .sampler import SamplerCache
+        from services.learner.tinker.sampler import SamplerCache
 
         self.samplers = SamplerCache(self.settings.samplers_cached, self.settings.device, self.settings.dtype)
         self.sampler_worker = OrderedWorker("sampler", self.futures, self.settings.seq_gap_timeout_s)
@@ -138,14 +141,14 @@ class TinkerService:
         return slot
 
     def _build(self, spec: Any) -> Any:
-        from .trainer import TinkerModel
+        from services.learner.tinker.trainer import TinkerModel
 
         s = self.settings
         return TinkerModel(spec, s.base_model, device=s.device, dtype=s.dtype, lora_alpha=s.lora_alpha,
                            micro_batch_size=s.micro_batch_size)
 
     def create_model(self, req: api.CreateModel) -> tuple[str, str]:
-        from .trainer import ModelSpec
+        from services.learner.tinker.trainer import ModelSpec
 
         self._session(req.session_id)
         self._base(req.base_model)
@@ -216,7 +219,7 @@ class TinkerService:
         return self._run(call.model_id, call.seq_id, fn)
 
     def _check_forward_backward(self, call: ForwardBackwardCall) -> None:
-        from .losses import lookup
+        from services.learner.tinker.losses import lookup
 
         if not call.data:
             raise BadRequest("forward_backward: no data")
@@ -226,7 +229,7 @@ class TinkerService:
         lookup(call.loss_fn, call.loss_fn_config)  # a bad loss name is a 400 now, not a failed future
 
     def optim_step(self, req: api.OptimStep) -> str:
-        from .trainer import AdamStep
+        from services.learner.tinker.trainer import AdamStep
 
         p = req.adam_params
         step = AdamStep(p.learning_rate, p.beta1, p.beta2, p.eps, p.weight_decay, p.grad_clip_norm)
@@ -269,7 +272,7 @@ class TinkerService:
         return self._run(req.model_id, req.seq_id, fn)
 
     def load_state(self, req: api.LoadWeights) -> tuple[str, str]:
-        from .trainer import read_spec
+        from services.learner.tinker.trainer import read_spec
 
         with self._door(req.model_id, req.seq_id):
             src = self._resolve(req.path, "weights")
@@ -301,7 +304,7 @@ class TinkerService:
 
     def weights_info(self, tinker_path: str) -> dict:
         """What a save_state checkpoint was made from (the cookbook reads it before resuming)."""
-        from .trainer import read_spec
+        from services.learner.tinker.trainer import read_spec
 
         spec = read_spec(self._resolve(tinker_path, "weights"))
         return {"base_model": self.settings.public_name(), "is_lora": spec.lora_rank is not None,
@@ -358,7 +361,7 @@ class TinkerService:
                 "model_path": self.sampler_paths.get(sampler_id)}
 
     def sample(self, req: api.Sample) -> tuple[str, list[str]]:
-        from .sampler import SampleCall
+        from services.learner.tinker.sampler import SampleCall
 
         s = self.settings
         if req.sampling_session_id is not None:

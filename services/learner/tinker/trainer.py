@@ -14,11 +14,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from services.learner.settings import LoraSettings, ModelSettings
+from services.learner.tinker.errors import BadRequest
+from services.learner.tinker.losses import lookup
+from services.learner.tinker.wire import DatumIn
 from services.learner.training.models import apply_lora, load_causal_lm, resolve_device, save_actor_export
-
-from .errors import BadRequest
-from .losses import lookup
-from .wire import DatumIn
 
 log = logging.getLogger(__name__)
 

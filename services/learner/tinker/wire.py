@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from tinker.proto import tinker_public_pb2 as pb
 
-from .errors import BadRequest
+from services.learner.tinker.errors import BadRequest
 
 _NP = {pb.DTYPE_FLOAT32: np.float32, pb.DTYPE_INT64: np.int64, pb.DTYPE_INT32: np.int32}
 MAX_DECOMPRESSED = 1 << 30
