@@ -13,6 +13,7 @@ from shared.settings import SettingsError, load_settings
 from tests.procs import REPO
 
 
+@pytest.mark.process
 def test_fleetrl_run_of_a_mode_tinker_file_serves_and_prints_the_exports(tiny_model_dir, tmp_path):
     """``fleetrl run FILE`` with ``mode: tinker`` (examples/tinker/fleetrl.yaml's shape, paths relative to the
     file): prints TINKER_BASE_URL / TINKER_API_KEY, and the key it made is the one the server wants."""
@@ -71,6 +72,7 @@ def test_the_api_key_is_required_and_tinker_shaped(tiny_model_dir, monkeypatch, 
         load_settings(TinkerSettings, base_model=str(tiny_model_dir), **overrides)
 
 
+@pytest.mark.process
 def test_cli_says_what_is_wrong_in_one_line(tmp_path):
     out = subprocess.run([sys.executable, "-m", "services.learner.tinker", "--base-model", str(tmp_path)],
                          cwd=REPO, capture_output=True, text=True, timeout=120, check=False,
