@@ -53,7 +53,7 @@ class FleetLauncher:
     # ---- specs -----------------------------------------------------------------------------------
     def _spec(self, service: str, group: ServiceGroup, index: int, extra: dict[str, Any],
               env: dict[str, str] | None = None) -> dict[str, Any]:
-        common: dict[str, Any] = {}  # the reward service has no control routes and no Redis
+        common: dict[str, Any] = {"auth_token": self.token}  # the reward service: the token guards /score; no Redis
         if service != "reward":
             common = {"control_token": self.token, "redis_url": self.s.redis_url, "run_name": self.s.run_name,
                       "run_key": self.run_key}
@@ -94,7 +94,8 @@ class FleetLauncher:
             self._start("reward", s.reward, i, self._spec("reward", s.reward, i, {}))
         reward_urls = self._wait_healthy("reward", s.reward)
         for i in range(s.rollout.replicas):
-            worker = {"worker": {"reward_url": reward_urls[i % len(reward_urls)]}}  # replicas share the scorers
+            worker = {"worker": {"reward_url": reward_urls[i % len(reward_urls)],  # replicas share the scorers
+                                 "reward_token": self.token}}
             self._start("rollout", s.rollout, i, self._spec("rollout", s.rollout, i, worker))
 
         # the learner starts while the rollout replicas load (it needs only Redis; its prompts wait for them)

@@ -87,6 +87,8 @@ def test_fleet_on_ray_survives_a_killed_rollout_actor(tmp_path, tiny_model_dir, 
         urls = launcher.start()
         learner_url = urls["learner"][0]
         assert httpx.get(f"{urls['reward'][0]}/health", timeout=5).status_code == 200
+        item = {"prompt": "p", "response": "1", "label": "1"}  # scoring needs the run's token (the workers send it)
+        assert httpx.post(f"{urls['reward'][0]}/score", json={"items": [item]}, timeout=10).status_code == 401
 
         wait_for("learner step >= 2", lambda: learner_step(learner_url) >= 2, 90, launcher)
         before = ray.get(launcher.actors["rollout"][0].info.remote())
