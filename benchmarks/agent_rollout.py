@@ -40,8 +40,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from deploy.local.redis_server import EmbeddedRedis
 from deploy.local.tiny_model import build_tiny_causal_lm
+from shared.redis_server import EmbeddedRedis
 
 
 async def bench(args, model_dir: Path, redis_url: str) -> None:

@@ -35,8 +35,8 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from deploy.local.ports import free_port
 from deploy.local.tiny_model import build_tiny_causal_lm
+from shared.ports import free_port
 from tests.procs import spawn, stop, wait_http_ok
 
 

@@ -19,9 +19,9 @@ import time
 
 import redis.asyncio as aioredis
 
-from deploy.local.redis_server import EmbeddedRedis
 from shared.codec import decode, decode_validated, encode
 from shared.experience_queue import StreamQueue
+from shared.redis_server import EmbeddedRedis
 from shared.schemas import Experience, sample_id
 from shared.signing import RecordSigner
 

@@ -26,7 +26,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from deploy.local.ports import free_port
+from shared.ports import free_port
 
 
 def start_service(workdir: Path, name: str, scorers: list[dict]) -> tuple[subprocess.Popen, str]:

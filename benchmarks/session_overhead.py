@@ -26,9 +26,9 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from deploy.local.ports import free_port
-from deploy.local.redis_server import EmbeddedRedis
 from deploy.local.tiny_model import build_tiny_causal_lm
+from shared.ports import free_port
+from shared.redis_server import EmbeddedRedis
 from tests.procs import spawn, stop, wait_http_ok
 
 TOKEN = "bench-token"

@@ -202,9 +202,9 @@ async def driver(args) -> None:
     import redis.asyncio as aioredis
     import torch
 
-    from deploy.local.redis_server import EmbeddedRedis
     from services.learner.weights import WeightPublisher
     from services.learner.weights import packing as T
+    from shared.redis_server import EmbeddedRedis
     from shared.weight_sync import WeightSyncSettings, net
     from shared.weight_sync.group import CollectiveGroup
     from shared.weight_sync.registry import ReplicaRegistry

@@ -103,3 +103,31 @@ def test_no_import_cycles():
         " <-> ".join(c) + "\n    " + "\n    ".join(f"{m} -> {sorted(graph[m] & set(c))}" for m in c) for c in found
     )
     assert not found, f"import cycles:\n{detail}"
+
+
+def layer_violations(graph: dict[str, set[str]]) -> list[str]:
+    """Imports against the layers ``shared`` <- ``services`` <- ``deploy``: shared imports neither services nor
+    deploy, a service imports no deploy module and no other service (they meet only in shared)."""
+    out = []
+    for mod, targets in graph.items():
+        top = mod.split(".")[:2]
+        for t in sorted(targets):
+            head = t.split(".")[:2]
+            if top[0] == "shared" and head[0] in ("services", "deploy"):
+                out.append(f"{mod} -> {t} (shared holds contracts: it imports no service and no launcher)")
+            elif top[0] == "services" and head[0] == "deploy":
+                out.append(f"{mod} -> {t} (a service takes what it needs as settings, never from deploy)")
+            elif top[0] == "services" and head[0] == "services" and len(top) > 1 and len(head) > 1 and top[1] != head[1]:
+                out.append(f"{mod} -> {t} (no service imports another: they meet in shared)")
+    return out
+
+
+def test_layers_point_one_way():
+    assert not layer_violations(import_graph(modules()))
+
+
+def test_the_layer_check_catches_each_kind_of_back_arrow():
+    graph = {"shared.a": {"services.learner.x"}, "services.rollout.y": {"deploy.run.z", "services.learner.x"},
+             "deploy.run.z": {"services.rollout.y", "shared.a"}, "services.learner.x": {"shared.a"}}
+    found = layer_violations(graph)
+    assert len(found) == 3 and all("deploy.run.z ->" not in f for f in found)

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import httpx
 
-from deploy.local.ports import free_port
+from shared.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 STAGE = REPO / "deploy" / "docker" / "stage"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 
-from deploy.local.ports import free_port
+from shared.ports import free_port
 
 BATCH, NEW, PROMPT = 128, 48, "sort 3721="  # the recipe model's context is 64 tokens
 

@@ -194,7 +194,7 @@ def stage_recipe() -> bool:
         say(f"preparing the task failed (exit {code}): {text[-500:]}")
         return False
     write_specs(d)
-    fleetrl = [sys.executable, "-m", "services.cli", "run"]
+    fleetrl = [sys.executable, "-m", "deploy.cli", "run"]
     t0 = time.monotonic()
     code, text = sh([*fleetrl, str(d / "sft.yaml")], 400, OUT / "sft.log")
     sft_s = time.monotonic() - t0

@@ -18,9 +18,9 @@ from pathlib import Path
 import httpx
 import yaml
 
-from deploy.local.ports import free_port
-from deploy.local.redis_server import EmbeddedRedis, resolve_redis_url
 from deploy.private_files import private_dir, write_private
+from shared.ports import free_port
+from shared.redis_server import EmbeddedRedis, resolve_redis_url
 
 REPO = Path(__file__).resolve().parents[2]
 

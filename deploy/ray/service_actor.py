@@ -25,8 +25,8 @@ import httpx
 import ray
 import yaml
 
-from deploy.local.ports import free_port
 from deploy.private_files import write_private
+from shared.ports import free_port
 
 log = logging.getLogger(__name__)
 _PR_SET_PDEATHSIG = 1

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from deploy.local.fleet import Fleet, FleetError
-from deploy.local.ports import free_port
+from shared.ports import free_port
 
 from .derive import deep_merge, service_config, validate
 from .heldout import episode_worker, evaluate, heldout_rows

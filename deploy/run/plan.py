@@ -11,10 +11,10 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from deploy.local.ports import free_port
 from services.learner.settings import LearnerSettings
 from services.reward.settings import RewardSettings
 from services.rollout.settings import RolloutSettings
+from shared.ports import free_port
 
 from .derive import deep_merge, service_config, validate
 from .placement import gpu_count, place

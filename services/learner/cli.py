@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 if TYPE_CHECKING:
-    from deploy.local.redis_server import EmbeddedRedis
     from services.learner.settings import LearnerSettings
+    from shared.redis_server import EmbeddedRedis
 
 app = typer.Typer(add_completion=False, help="FleetRL learner: consumes experiences, trains, publishes weights.")
 
@@ -126,7 +126,7 @@ def _embedded_redis_if_needed(settings: LearnerSettings) -> tuple[LearnerSetting
 
     if settings.redis_url or not RUNNERS[settings.algorithm.name].needs_redis:
         return settings, None
-    from deploy.local.redis_server import EmbeddedRedis, RedisServerError
+    from shared.redis_server import EmbeddedRedis, RedisServerError
 
     try:
         server = EmbeddedRedis(data_dir=Path(settings.run_dir) / "redis").start()

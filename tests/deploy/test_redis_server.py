@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from deploy.local.redis_server import EmbeddedRedis, RedisServerError, find_server_binary, resolve_redis_url
+from shared.redis_server import EmbeddedRedis, RedisServerError, find_server_binary, resolve_redis_url
 
 
 def _port_open(port: int) -> bool:
@@ -93,10 +93,10 @@ def test_cli_redis_runs_and_stops_on_sigterm(tmp_path):
     import sys
     import time
 
-    from deploy.local.ports import free_port
+    from shared.ports import free_port
 
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "services.cli", "redis", "--data-dir", str(tmp_path), "--port", str(port)],
+    proc = subprocess.Popen([sys.executable, "-m", "deploy.cli", "redis", "--data-dir", str(tmp_path), "--port", str(port)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
         deadline = time.monotonic() + 30
@@ -121,12 +121,12 @@ def test_cli_redis_with_its_default_relative_data_dir(tmp_path):
     import sys
     import time
 
-    from deploy.local.ports import free_port
+    from shared.ports import free_port
     from tests.procs import REPO
 
     port = free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, "-m", "services.cli", "redis", "--data-dir", "runs/redis", "--port",
+    proc = subprocess.Popen([sys.executable, "-m", "deploy.cli", "redis", "--data-dir", "runs/redis", "--port",
                              str(port)], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
     try:
         deadline = time.monotonic() + 30
@@ -158,12 +158,12 @@ def test_server_dies_with_a_sigkilled_owner(tmp_path):
     import sys
     import time
 
-    from deploy.local.ports import free_port
+    from shared.ports import free_port
 
     port = free_port()
     script = (
         "import sys, time\n"
-        "from deploy.local.redis_server import EmbeddedRedis\n"
+        "from shared.redis_server import EmbeddedRedis\n"
         f"EmbeddedRedis(data_dir={str(tmp_path)!r}, port={port}).start()\n"
         "print('up', flush=True)\n"
         "time.sleep(600)\n"

@@ -42,7 +42,7 @@ def test_tiny_reward_model_scores(tiny_reward_model_dir):
 @pytest.mark.process
 def test_cli_tiny_model_writes_a_loadable_checkpoint(tmp_path):
     out = tmp_path / "m"
-    r = subprocess.run([sys.executable, "-m", "services.cli", "tiny-model", str(out), "--hidden-size", "32",
+    r = subprocess.run([sys.executable, "-m", "deploy.cli", "tiny-model", str(out), "--hidden-size", "32",
                         "--layers", "1", "--heads", "2"], capture_output=True, text=True, timeout=120, check=False)
     assert r.returncode == 0, r.stderr
     model = AutoModelForCausalLM.from_pretrained(out)

@@ -219,7 +219,7 @@ def test_gsm8k_recipe_reads_what_prepare_writes(tmp_path):
 # ---- remote reward model --------------------------------------------------------------------------------------
 @pytest.mark.process
 def test_the_http_scorer_of_the_remote_rm_recipe_scores_through_the_standin_rm(tmp_path):
-    from deploy.local.ports import free_port
+    from shared.ports import free_port
 
     port = free_port()
     log = tmp_path / "standin-rm.log"

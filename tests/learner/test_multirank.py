@@ -12,11 +12,11 @@ import pytest
 import yaml
 from safetensors.torch import load_file
 
-from deploy.local.ports import free_port
 from services.learner.checkpoint import CheckpointManager
 from services.learner.observability import read_history
 from shared import keys
 from shared.experience_queue import StreamQueue
+from shared.ports import free_port
 from shared.schemas import Experience
 from tests.learner.fake_rollout import FakeFleet
 from tests.learner.test_process import ENV, status, wait_exit, wait_for

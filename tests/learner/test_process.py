@@ -10,10 +10,10 @@ import httpx
 import pytest
 import yaml
 
-from deploy.local.ports import free_port
 from services.learner.observability import read_history
 from shared import keys
 from shared.experience_queue import ProcessedIds, StreamQueue
+from shared.ports import free_port
 from shared.schemas import Experience
 from tests.learner.fake_rollout import FakeFleet
 from tests.procs import REPO, kill9, spawn, stop, wait_http_ok
@@ -245,7 +245,7 @@ async def test_redis_restart_mid_run_is_waited_out(tmp_path, tiny_model_dir):
 
     import redis.asyncio as aioredis
 
-    from deploy.local.redis_server import EmbeddedRedis
+    from shared.redis_server import EmbeddedRedis
 
     n_prompts, group = 12, 4
     server = EmbeddedRedis(data_dir=tmp_path / "redis").start()

@@ -55,7 +55,7 @@ def test_fleetrl_queue_clear_lets_the_name_start_afresh(tmp_path, redis_server, 
     client.sadd(keys.processed_ids("old", "learner"), "e0-0-0")
     client.xadd(keys.prompts_stream("old"), {"a": "1"})
     client.sadd(keys.processed_ids("other", "learner"), "e0-0-0")
-    out = run("-m", "services.cli", "queue", "clear", "--run-name", "old", "--redis-url", redis_server.url, "--yes",
+    out = run("-m", "deploy.cli", "queue", "clear", "--run-name", "old", "--redis-url", redis_server.url, "--yes",
               timeout=60)
     assert out.returncode == 0 and "deleted 2 keys" in out.stdout, out.stderr
     assert stale_run_problem(redis_server.url, "old", tmp_path / "none", resume=True) is None

@@ -11,13 +11,13 @@ import time
 import httpx
 import pytest
 
-from deploy.local.ports import free_port
 from services.reward.errors import RewardRequestError
 from services.reward.metrics import RewardMetrics
 from services.reward.scorer_config import HttpScorerConfig
 from services.reward.scorers.http_remote import HttpScorer
 from services.reward.service import RewardService
 from services.reward.settings import RewardSettings
+from shared.ports import free_port
 from shared.reward_api import ScoreItem
 from tests.reward.conftest import metric_value
 

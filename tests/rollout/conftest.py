@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from deploy.local.ports import free_port
+from shared.ports import free_port
 from tests.procs import spawn, starts_processes, stop, wait_http_ok
 
 CONTROL_TOKEN = "test-control-token"

@@ -9,7 +9,7 @@ import time
 import httpx
 import pytest
 
-from deploy.local.ports import free_port
+from shared.ports import free_port
 from tests.procs import spawn, starts_processes, stop, wait_http_ok
 from tests.rollout.conftest import THREAD_ENV, start_rollout
 from tests.rollout.standin_engine import tokens_for

@@ -11,9 +11,9 @@ import httpx
 import pytest
 import yaml
 
-from deploy.local.ports import free_port
 from shared import keys
 from shared.experience_queue import StreamQueue
+from shared.ports import free_port
 from shared.schemas import Experience, PromptTask, SamplingOverrides, SamplingRecord, sample_id
 from tests.procs import kill9, spawn, starts_processes, stop, wait_http_ok
 from tests.rollout.conftest import THREAD_ENV, start_rollout, start_rollouts

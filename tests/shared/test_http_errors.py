@@ -18,7 +18,7 @@ import pytest
 import uvicorn
 from fastapi import FastAPI, Request
 
-from deploy.local.ports import free_port
+from shared.ports import free_port
 from shared.service_kit.internal_errors import InternalErrorGuard
 
 

@@ -22,7 +22,7 @@ def test_fleetrl_run_of_a_mode_tinker_file_serves_and_prints_the_exports(tiny_mo
     import httpx
     import yaml
 
-    from deploy.local.ports import free_port
+    from shared.ports import free_port
     from tests.procs import spawn, stop
 
     example = yaml.safe_load((REPO / "examples/tinker/fleetrl.yaml").read_text())
@@ -33,7 +33,7 @@ def test_fleetrl_run_of_a_mode_tinker_file_serves_and_prints_the_exports(tiny_mo
                                     "torch_threads": 1}))
     (tmp_path / "model").symlink_to(tiny_model_dir)
     log = tmp_path / "out.log"
-    proc = spawn(["-m", "services.cli", "run", str(spec)], log)
+    proc = spawn(["-m", "deploy.cli", "run", str(spec)], log)
     try:
         deadline = time.monotonic() + 120
         while "TINKER_API_KEY=" not in log.read_text() and time.monotonic() < deadline and proc.poll() is None:

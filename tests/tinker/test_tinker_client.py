@@ -12,7 +12,7 @@ import pytest
 tinker = pytest.importorskip("tinker")
 from tinker import types
 
-from deploy.local.ports import free_port
+from shared.ports import free_port
 from tests.procs import spawn, stop, wait_http_ok
 
 pytestmark = pytest.mark.process  # starts service processes (tests/procs.py)

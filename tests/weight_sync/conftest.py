@@ -12,7 +12,7 @@ from subprocess import Popen
 import httpx
 import pytest
 
-from deploy.local.ports import free_port
+from shared.ports import free_port
 from tests.procs import kill9, spawn, starts_processes, stop, wait_http_ok
 
 TOKEN = "weights-test-token"

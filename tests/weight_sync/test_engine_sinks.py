@@ -10,11 +10,11 @@ import httpx
 import pytest
 import torch
 
-from deploy.local.ports import free_port
 from services.learner.weights import WeightPublisher
 from services.rollout.engines.base import engine_class
 from services.rollout.weights.settings import SidecarSettings
 from services.rollout.weights.sidecar import WeightSidecar
+from shared.ports import free_port
 from shared.weight_sync import WeightSyncSettings
 from tests.procs import spawn, stop, wait_http_ok
 from tests.weight_sync.conftest import wait_registered

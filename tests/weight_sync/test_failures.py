@@ -135,7 +135,7 @@ def test_joining_a_round_whose_publisher_is_gone_fails_fast():
     timeout (twice over, in torch's client), while the restarted learner's rounds wait for it."""
     import time
 
-    from deploy.local.ports import free_port
+    from shared.ports import free_port
     from shared.weight_sync.group import CollectiveError, open_group
 
     port = free_port()  # nothing listens there any more

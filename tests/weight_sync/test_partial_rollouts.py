@@ -12,9 +12,9 @@ import httpx
 import pytest
 import torch
 
-from deploy.local.ports import free_port
 from deploy.local.tiny_model import build_tiny_causal_lm
 from services.learner.weights import WeightPublisher
+from shared.ports import free_port
 from shared.weight_sync import WeightSyncSettings
 from tests.procs import spawn, stop, wait_http_ok
 from tests.weight_sync.conftest import TOKEN, new_weights, wait_registered

@@ -13,7 +13,7 @@ import importlib.util
 import httpx
 import pytest
 
-from deploy.local.ports import free_port
+from shared.ports import free_port
 from tests.procs import spawn, stop, wait_http_ok
 from tests.rollout.conftest import start_rollout
 from tests.rollout.test_real_engines_gpu import ENGINE_SERVERS, forward_logprobs, gpu_model_dir  # noqa: F401

@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from deploy.local.ports import free_port
 from services.rollout.weights.receiver import RoundWatcher
 from shared import keys
+from shared.ports import free_port
 from shared.weight_sync import keys as wkeys
 from shared.weight_sync.registry import ReplicaRegistry
 from shared.weight_sync.status import weight_sync_status
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.process  # runs `fleetrl weights status` as a process
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "services.cli", "weights", "status", *args], cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "deploy.cli", "weights", "status", *args], cwd=REPO,
                           capture_output=True, text=True, timeout=60, check=False)
 
 

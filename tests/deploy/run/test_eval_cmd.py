@@ -18,7 +18,7 @@ pytestmark = pytest.mark.process  # runs `fleetrl eval` as a process
 
 
 def fleetrl_eval(spec_file, *args: str, cwd=REPO, timeout: float = 180) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "services.cli", "eval", str(spec_file), *args], cwd=cwd,
+    return subprocess.run([sys.executable, "-m", "deploy.cli", "eval", str(spec_file), *args], cwd=cwd,
                           env={**ENV, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=timeout,
                           check=False)
 

@@ -23,7 +23,7 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS
 
 
 def fleetrl_run(spec_file, *sets: str, timeout: float = 180, flags: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
-    args = [sys.executable, "-m", "services.cli", "run", str(spec_file), "--lines", *flags]
+    args = [sys.executable, "-m", "deploy.cli", "run", str(spec_file), "--lines", *flags]
     for s in sets:
         args += ["--set", s]
     return subprocess.run(args, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=timeout, check=False)
@@ -95,7 +95,7 @@ def test_a_tiny_run_trains_and_the_same_command_resumes(spec_file):
 
 def test_ctrl_c_stops_every_process_and_a_used_run_name_is_refused(spec_file, redis_server):
     run_dir = spec_file.parent / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "services.cli", "run", str(spec_file), "--lines", "--set",
+    proc = subprocess.Popen([sys.executable, "-m", "deploy.cli", "run", str(spec_file), "--lines", "--set",
                              "train.max_steps=1000", "--set", "eval.data=null"], cwd=REPO, env=ENV,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:

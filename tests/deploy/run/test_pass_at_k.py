@@ -49,7 +49,7 @@ def served(tmp_path, tiny_model_dir):
 
 
 def _eval(spec_file, rollout_url: str, reward_url: str, *extra: str) -> dict:
-    out = subprocess.run([sys.executable, "-m", "services.cli", "eval", str(spec_file), "--rollout-url", rollout_url,
+    out = subprocess.run([sys.executable, "-m", "deploy.cli", "eval", str(spec_file), "--rollout-url", rollout_url,
                           "--set", f"reward={json.dumps({'url': reward_url})}", *extra],
                          cwd=REPO, env=ENV, capture_output=True, text=True, timeout=180, check=False)
     assert out.returncode == 0, out.stderr[-3000:]

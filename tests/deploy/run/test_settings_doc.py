@@ -40,7 +40,7 @@ def test_the_listing_shows_type_default_and_bounds_from_the_class():
 
 @pytest.mark.process
 def test_fleetrl_settings_prints_a_service_or_one_section_and_refuses_bad_names_in_one_line():
-    cli = [sys.executable, "-m", "services.cli", "settings"]
+    cli = [sys.executable, "-m", "deploy.cli", "settings"]
     out = subprocess.run([*cli, "rollout", "worker"], cwd=REPO, capture_output=True, text=True, timeout=60,
                          check=False)
     assert out.returncode == 0, out.stderr

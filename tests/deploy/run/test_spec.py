@@ -89,12 +89,12 @@ def test_a_service_setting_its_own_class_refuses_is_named(spec_file):
 
 @pytest.mark.process
 def test_fleetrl_settings_prints_each_process_and_run_refuses_bad_input_in_one_line(spec_file):
-    out = subprocess.run([sys.executable, "-m", "services.cli", "settings", str(spec_file), "--service", "learner"],
+    out = subprocess.run([sys.executable, "-m", "deploy.cli", "settings", str(spec_file), "--service", "learner"],
                          cwd=REPO, capture_output=True, text=True, timeout=60, check=False)
     assert out.returncode == 0, out.stderr
     learner = yaml.safe_load(out.stdout)
     assert leaves(learner)["rollout.max_staleness"] == 1 and learner["run_name"] == "tiny"
-    bad = subprocess.run([sys.executable, "-m", "services.cli", "run", str(spec_file), "--set", "train.max_stepz=3"],
+    bad = subprocess.run([sys.executable, "-m", "deploy.cli", "run", str(spec_file), "--set", "train.max_stepz=3"],
                          cwd=REPO, capture_output=True, text=True, timeout=60, check=False)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     assert bad.stderr.strip() == ("error: --set train.max_stepz: unknown setting train.max_stepz "

@@ -7,8 +7,8 @@ import msgpack
 import pytest
 import torch.multiprocessing as mp
 
-from deploy.local.ports import free_port
 from services.learner.distributed.channel import shard_groups
+from shared.ports import free_port
 from tests.learner.helpers import group
 
 pytestmark = pytest.mark.process  # multi-rank: torch.multiprocessing ranks

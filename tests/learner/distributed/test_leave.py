@@ -10,7 +10,7 @@ import msgpack
 import pytest
 import torch.multiprocessing as mp
 
-from deploy.local.ports import free_port
+from shared.ports import free_port
 
 # multi-rank: torch.multiprocessing ranks
 pytestmark = [pytest.mark.process, pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads thread names from /proc")]

@@ -27,9 +27,9 @@ def test_deepspeed_zero_trains_and_checkpoints(stage, tiny_model_dir, tmp_path, 
     torch = pytest.importorskip("torch")
     if importlib.util.find_spec("deepspeed") is None or not torch.cuda.is_available():
         pytest.skip("needs deepspeed and a CUDA GPU")
-    from deploy.local.ports import free_port
     from services.learner.checkpoint import CheckpointManager
     from services.learner.training.rl_trainer import RLTrainer
+    from shared.ports import free_port
     from tests.learner.helpers import GOOD, good_bad_batch, response_logprob, settings
 
     for k, v in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0", "LOCAL_RANK": "0",
@@ -56,8 +56,8 @@ def test_zero3_policy_weights_are_gathered_in_full(tiny_model_dir, tmp_path, mon
         pytest.skip("needs deepspeed and a CUDA GPU")
     from safetensors.torch import load_file
 
-    from deploy.local.ports import free_port
     from services.learner.training.rl_trainer import RLTrainer
+    from shared.ports import free_port
     from tests.learner.helpers import good_bad_batch, settings
 
     for k, v in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0", "LOCAL_RANK": "0",

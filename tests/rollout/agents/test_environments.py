@@ -10,13 +10,13 @@ import time
 
 import pytest
 
-from deploy.local.ports import free_port
 from services.rollout.agents.envs.reasoning_gym import dataset, reasoning_gym_tasks
 from services.rollout.service import RolloutService
 from services.rollout.settings import RolloutSettings
 from services.rollout.worker.contract import GroupFailed
 from shared import keys
 from shared.experience_queue import StreamQueue
+from shared.ports import free_port
 from shared.schemas import Experience, PromptTask
 from tests.procs import spawn, starts_processes, stop, wait_http_ok
 from tests.rollout.agents.test_multi_turn import RecordingRewards, run

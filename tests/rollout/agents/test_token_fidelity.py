@@ -13,13 +13,13 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from deploy.local.ports import free_port
 from services.learner.training.batch import action_logprobs, build_rl_batch
 from services.rollout.agents.chat_tokens import ChatTokens
 from services.rollout.service import RolloutService
 from services.rollout.settings import RolloutSettings
 from shared import keys
 from shared.experience_queue import StreamQueue
+from shared.ports import free_port
 from shared.schemas import Experience, PromptTask, sample_id
 from tests.procs import stop
 from tests.rollout.test_worker import start_reward

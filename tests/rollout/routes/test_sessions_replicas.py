@@ -13,10 +13,10 @@ import openai
 import pytest
 import redis
 
-from deploy.local.ports import free_port
 from services.rollout.sessions.auth import session_key
 from shared import keys
 from shared.codec import decode
+from shared.ports import free_port
 from shared.schemas import Experience
 from tests.procs import starts_processes, stop
 from tests.rollout.conftest import CONTROL_TOKEN, Server, start_rollouts

@@ -56,7 +56,7 @@ def redis_cmd(
     host: Annotated[str, typer.Option(help="Bind address.")] = "127.0.0.1",
 ) -> None:
     """Run the embedded Redis-compatible server in the foreground until Ctrl-C."""
-    from deploy.local.redis_server import EmbeddedRedis, RedisServerError
+    from shared.redis_server import EmbeddedRedis, RedisServerError
 
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):  # before the server starts, so no signal can orphan it

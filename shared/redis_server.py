@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from deploy.local.ports import free_port
+from shared.ports import free_port
 from shared.redact import redact_url
 
 PASSWORD_FILE = "password"
