@@ -46,7 +46,7 @@ def test_control_token_is_required_never_defaulted(name):
     assert re.fullmatch(r"\$\{FLEETRL_TOKEN:\?[^}]+\}", next(iter(token_vars.values())))
 
 
-def test_reward_takes_no_control_token():  # it has no control routes (the setting is deprecated there)
+def test_reward_takes_no_control_token():  # it has no control routes: its bearer check is auth_token
     assert not [k for k in SERVICES["reward"]["environment"] if k.endswith("_CONTROL_TOKEN")]
 
 
@@ -291,3 +291,10 @@ def test_services_that_use_the_queue_hold_the_run_key_from_the_environment(name)
     env = SERVICES[name]["environment"]
     keys = [v for k, v in env.items() if k.endswith("_RUN_KEY")]
     assert len(keys) == 1 and re.fullmatch(r"\$\{FLEETRL_RUN_KEY:\?[^}]+\}", keys[0]), env
+
+
+def test_the_reward_service_needs_the_token_and_every_rollout_sends_it():
+    token = re.compile(r"\$\{FLEETRL_TOKEN:\?[^}]+\}")
+    assert token.fullmatch(SERVICES["reward"]["environment"]["FLEETRL_REWARD_AUTH_TOKEN"])
+    for name in ("rollout", "rollout-vllm", "rollout-sglang"):
+        assert token.fullmatch(SERVICES[name]["environment"]["FLEETRL_ROLLOUT_WORKER__REWARD_TOKEN"]), name

@@ -136,3 +136,11 @@ def test_queue_services_take_the_run_key_from_the_secret(name, var):
     doc = next(d for d in workloads() if d["metadata"]["name"] == name)
     (c,) = doc["spec"]["template"]["spec"]["containers"]
     assert _env(c)[var]["valueFrom"] == {"secretKeyRef": {"name": "fleetrl-token", "key": "run-key"}}
+
+
+@pytest.mark.parametrize("name,var", [("fleetrl-reward", "FLEETRL_REWARD_AUTH_TOKEN"),
+                                      ("fleetrl-rollout", "FLEETRL_ROLLOUT_WORKER__REWARD_TOKEN")])
+def test_the_reward_service_needs_the_token_and_the_rollout_workers_send_it(name, var):
+    doc = next(d for d in workloads() if d["metadata"]["name"] == name)
+    (c,) = doc["spec"]["template"]["spec"]["containers"]
+    assert _env(c)[var]["valueFrom"] == {"secretKeyRef": {"name": "fleetrl-token", "key": "token"}}
