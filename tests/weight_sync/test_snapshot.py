@@ -33,7 +33,7 @@ async def test_snapshot_transport_matches_broadcast(replicas, redis_client, tiny
 
     broadcast = replicas(run, wait=False)
     by_path = replicas(run, wait=False, transport="snapshot")
-    by_http = replicas(run, transport="snapshot", snapshot_prefer_url="true")
+    by_http = replicas(run, transport="snapshot", snapshot_prefer_url="true", snapshot_trusted_urls=f'["{url}"]')
     for rep in (broadcast, by_path):
         await wait_ready(rep)
     await wait_registered(redis_client, run, 3)

@@ -171,9 +171,12 @@ class Received:
     buffers: list[Any]
     digests: list[int | None]
 
-    def verify(self, sums: Checksums | None) -> None:
-        """Raise :class:`UpdateRefused` unless every bucket matches the publisher's digest."""
+    def verify(self, sums: Checksums | None, required: bool = False) -> None:
+        """Raise :class:`UpdateRefused` unless every bucket matches the publisher's digest (or, unless
+        ``required``, the version carries none)."""
         if sums is None:
+            if required:
+                raise UpdateRefused(f"version {self.manifest.version} carries no checksums (weights.require_checksums)")
             return
         bad = [i for i, (mine, theirs) in enumerate(zip(self.digests, sums.values)) if mine != theirs]
         if bad:

@@ -81,6 +81,22 @@ class SidecarSettings(BaseModel):
     )
     snapshot_timeout_s: float = Field(default=300.0, gt=0, description="Bound on fetching one snapshot file.")
     snapshot_prefer_url: bool = Field(default=False, description="Fetch snapshots over HTTP even if the path is visible.")
+    snapshot_trusted_urls: list[str] = Field(
+        default_factory=list,
+        description="URL prefixes this replica fetches snapshot files from (the learner's snapshot_url): a manifest "
+                    "in Redis naming any other URL is refused, so whoever can write to Redis cannot point replicas "
+                    "at a server of theirs. Empty: snapshots are read from the shared path only.",
+    )
+    snapshot_root: str | None = Field(
+        default=None,
+        description="The directory snapshot paths must lie under (the learner's snapshot_dir as this host sees it); "
+                    "unset: any path the manifest names (file names are always bucket-NNNNN.safetensors).",
+    )
+    require_checksums: bool = Field(
+        default=True,
+        description="Refuse a version that carries no per-bucket digests (a manifest with checksum null, as a "
+                    "publisher with checksum: false writes; or one forged in Redis to skip verification).",
+    )
 
     @field_validator("bind_addr")
     @classmethod

@@ -100,7 +100,7 @@ class HFSink(WeightSink):
                        clock: PhaseClock) -> None:
         """Verify a received version against the publisher's digests, then switch the model to it (paused)."""
         try:
-            got.verify(await watcher.checksums(rdv, manifest))
+            got.verify(await watcher.checksums(rdv, manifest), required=self.settings.require_checksums)
         except BaseException:
             receiver.recycle(got.buffers)
             raise
@@ -135,7 +135,8 @@ class HFSink(WeightSink):
 
         def fetch() -> list[dict]:
             return list(read_snapshot(manifest.snapshot, self.settings.snapshot_timeout_s,
-                                      self.settings.snapshot_prefer_url))
+                                      self.settings.snapshot_prefer_url, self.settings.snapshot_trusted_urls,
+                                      self.settings.snapshot_root))
 
         try:
             files = await asyncio.to_thread(fetch)
