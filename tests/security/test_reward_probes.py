@@ -23,6 +23,8 @@ from shared.reward_api import ScoreItem
 from tests.procs import stop
 from tests.reward.conftest import metric_value, start_reward_service
 
+pytestmark = pytest.mark.process  # starts a reward service process
+
 TOKEN = "probe-token-4f1c"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 KW_SECRET = "kw-secret-value-31"
