@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from services.learner.observability import read_history
+from shared.group_id import GroupId
 
 
 @dataclass
@@ -46,7 +47,10 @@ class Accounting:
 
 def position_of(sample_or_group_id: str) -> str:
     """Dataset position ``e{epoch}-{index}`` of a sample id (``e0-3-r1#2``) or group id (``e0-3-r1``)."""
-    return "-".join(sample_or_group_id.split("#")[0].split("-")[:2])
+    gid = GroupId.parse(sample_or_group_id)
+    if gid is None:
+        raise ValueError(f"{sample_or_group_id!r} is not a FleetRL group or sample id")
+    return gid.position
 
 
 def committed_samples(metrics_jsonl: Path) -> list[str]:

@@ -21,6 +21,7 @@ import numpy as np
 
 from services.learner.settings import DataSettings, RolloutRequestSettings
 from shared.chat_prompt import ChatPromptError, chat_prompt_ids, text_prompt_ids
+from shared.group_id import GroupId
 from shared.schemas import ChatMessage, PromptTask
 
 
@@ -146,23 +147,14 @@ def check_fields(rows: list[dict], settings: DataSettings, need_output: bool = F
 
 
 def item_id(epoch: int, index: int, attempt: int = 0) -> str:
-    """PromptTask id of dataset position (epoch, index); re-issues get an attempt suffix."""
-    return f"e{epoch}-{index}" if attempt == 0 else f"e{epoch}-{index}-r{attempt}"
+    """PromptTask id of dataset position (epoch, index); re-issues get an attempt suffix (:class:`GroupId`)."""
+    return str(GroupId(epoch, index, attempt))
 
 
 def parse_item_id(prompt_id: str) -> tuple[str, int] | None:
-    """``(item key "e{epoch}-{index}", attempt)`` of a PromptTask id, or None if it is not one of ours."""
-    parts = prompt_id.split("-")
-    if len(parts) not in (2, 3) or not parts[0].startswith("e") or not parts[1].isdigit():
-        return None
-    if not parts[0][1:].isdigit():
-        return None
-    attempt = 0
-    if len(parts) == 3:
-        if not parts[2].startswith("r") or not parts[2][1:].isdigit():
-            return None
-        attempt = int(parts[2][1:])
-    return f"{parts[0]}-{parts[1]}", attempt
+    """``(position "e{epoch}-{index}", attempt)`` of a PromptTask id, or None if it is not one of ours."""
+    gid = GroupId.parse(prompt_id)
+    return None if gid is None or "#" in prompt_id else (gid.position, gid.attempt)
 
 
 @dataclass

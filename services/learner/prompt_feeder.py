@@ -21,6 +21,7 @@ from services.learner.queue_watch import prompts_lost_by_redis
 from services.learner.run_state import InFlight, RunState
 from services.learner.settings import LearnerSettings
 from shared.experience_queue import BackpressureTimeout, StreamQueue
+from shared.group_id import GroupId
 from shared.schemas import PromptTask
 
 log = logging.getLogger(__name__)
@@ -65,7 +66,7 @@ class PromptFeeder:
             return
         now = time.time()
         for (e, i), entry in zip(positions, entries):
-            st.in_flight[f"e{e}-{i}"] = InFlight(epoch=e, index=i, attempt=0, issued_at=now, entry=entry,
+            st.in_flight[GroupId(e, i).position] = InFlight(epoch=e, index=i, attempt=0, issued_at=now, entry=entry,
                                                  group_size=self.s.rollout.group_size)
         st.epoch, st.next_index = epoch, index
         self._count("prompts_issued", len(tasks))
