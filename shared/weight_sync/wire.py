@@ -252,7 +252,3 @@ def plan_buckets(specs: Iterable[tuple[str, str, Sequence[int]]], bucket_bytes: 
     if current:
         close()
     return buckets
-
-
-def decode_json(raw: str | bytes | None) -> dict | None:
-    return None if raw is None else json.loads(raw)
