@@ -51,7 +51,10 @@ class HttpReplica:
         return room if max_new_tokens is None else min(max_new_tokens, room)
 
     def check_stop_ids(self, ids) -> None:
-        return None
+        return None  # the rollout service bounds them when the request reaches it
+
+    def check_stops(self, stop) -> None:
+        return None  # likewise
 
     async def generate(self, seqs: list[SequenceRequest]) -> list[SequenceOutput]:
         return list(await asyncio.gather(*(self._one(s) for s in seqs)))
