@@ -70,6 +70,8 @@ def prepare(task: str, root: Path, sft_steps: int, heldout: int) -> tuple[Path, 
     train, held = importlib.import_module(TASKS[task]).make_splits(0, heldout)
     data = write_jsonl(train, root / "data" / "train.jsonl")
     base = build_tiny_causal_lm(root / "base-model", hidden_size=128, layers=2, heads=4, max_positions=64, seed=0)
+    if sft_steps == 0:  # --quick: RL from the random model (the timings, not the learning, are what it checks)
+        return data, base, held
     shutil.copy(RECIPE / "sft.yaml", root / "sft.yaml")
     sets = [f"run_name=vs-trl-{task}-sft", f"run_dir={root / 'sft'}", f"model={base}", f"data.path={data}",
             f"algorithm.max_steps={sft_steps}", f"export={root / 'sft-model'}"]
@@ -167,8 +169,6 @@ def time_to(result: dict, acc: float) -> float | None:
 
 
 def bench_task(task: str, root: Path, args) -> list[dict]:
-    from benchmarks.vs_trl_trace import fleet_trace, print_trace
-
     print(f"[vs-trl] {task}: data, tiny model and a {args.sft_steps}-step SFT warm-up (not timed)", flush=True)
     data, model, held = prepare(task, root, args.sft_steps, args.heldout)
     start_acc = accuracy(model, held)
@@ -189,10 +189,11 @@ def bench_task(task: str, root: Path, args) -> list[dict]:
         s = summarise(r, start_acc, held, args.thresholds)
         results.append({**{k: r[k] for k in ("task", "seed", "mode", "load", "dir", "launch")}, **s})
     print_table(task, results, args.thresholds, start_acc)
-    for r in results:
-        if r["mode"] != "trl":
-            print_trace(fleet_trace(r["dir"], r["launch"]), r["mode"], r["seed"])
-            break
+    from benchmarks.vs_trl_trace import print_traces
+
+    print_traces([(r["mode"], r["seed"], r["dir"], r["launch"]) for r in results if r["mode"] != "trl"])
+    (root / "runs.json").write_text(json.dumps([{k: v for k, v in r.items() if k != "dir"} | {"dir": str(r["dir"])}
+                                                for r in results], indent=2, default=str))
     return results
 
 
@@ -219,7 +220,10 @@ def print_table(task: str, results: list[dict], thresholds: list[float], start_a
         line = (f"  {mode:<9} s/step {med(r['s_per_step'] for r in xs):.3f}, launch -> step 1 "
                 f"{med(r['first_step_s'] for r in xs):.2f} s, launch -> last step {med(r['last_step_s'] for r in xs):.1f} s, "
                 f"final {med(r['final_acc'] for r in xs):.1%}")
-        if mode != "trl" and trl:
+        if mode != "trl" and trl and med(r["final_acc"] for r in trl.values()) <= start_acc:
+            line += f"; s/step {med(r['s_per_step'] / trl[r['seed']]['s_per_step'] for r in xs):.2f}x TRL's; " \
+                "TRL ended at or below the start accuracy (no time to its final accuracy)"
+        elif mode != "trl" and trl:
             ratio = med(r["s_per_step"] / trl[r["seed"]]["s_per_step"] for r in xs if r["seed"] in trl)
             sooner = [time_to(trl[r["seed"]], trl[r["seed"]]["final_acc"]) / t for r in xs if r["seed"] in trl
                       and (t := time_to(r, trl[r["seed"]]["final_acc"]))]
@@ -244,7 +248,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if args.quick:
         args.tasks, args.seeds, args.modes, args.steps, args.save_every = "sort", "0", "trl,fleet-s1", 6, 3
-        args.sft_steps, args.heldout = 5, 50
+        args.sft_steps, args.heldout = 0, 50
     args.thresholds = [float(x) for x in args.thresholds.split(",")]
     for t in args.tasks.split(","):
         if t not in TASKS:
@@ -258,8 +262,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import torch
+    from transformers.utils import logging as hf_logging
 
     torch.set_num_threads(1)
+    hf_logging.disable_progress_bar()
     print(f"[vs-trl] load average {load()} on {os.cpu_count()} cores; trl {_version('trl')}, torch {torch.__version__}",
           flush=True)
     tmp = None
