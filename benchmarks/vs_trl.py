@@ -91,7 +91,7 @@ def run_trl(out: Path, data: Path, model: Path, seed: int, args) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     launch = time.time()
     with (out.parent / f"{out.name}.log").open("w") as log:
-        code = subprocess.run(cmd, env=env(args.trl_threads), stdout=log, stderr=subprocess.STDOUT).returncode
+        code = subprocess.run(cmd, check=False, env=env(args.trl_threads), stdout=log, stderr=subprocess.STDOUT).returncode
     end = time.time()
     if code != 0:
         raise SystemExit(f"trl run failed (exit {code}); log: {out.parent / f'{out.name}.log'}")
@@ -114,14 +114,16 @@ def fleet_sets(mode: str, run_dir: Path, data: Path, model: Path, seed: int, arg
             "services.learner.observability.log_samples=true"]
 
 
-def run_fleet(mode: str, run_dir: Path, data: Path, model: Path, seed: int, args) -> dict:
+def run_fleet(mode: str, run_dir: Path, data: Path, model: Path, seed: int, args, **extra_env: str) -> dict:
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
     shutil.copy(RECIPE / "fleetrl.yaml", run_dir.parent / "fleetrl.yaml")
     cmd = [sys.executable, "-m", "services.cli", "run", str(run_dir.parent / "fleetrl.yaml"), "--lines"]
     for s in fleet_sets(mode, run_dir, data, model, seed, args):
         cmd += ["--set", s]
     launch = time.time()
     with (run_dir.parent / f"{run_dir.name}.log").open("w") as log:
-        code = subprocess.run(cmd, env=env(1), cwd=REPO, stdout=log, stderr=subprocess.STDOUT).returncode
+        code = subprocess.run(cmd, check=False, env={**env(1), **extra_env}, cwd=REPO, stdout=log,
+                              stderr=subprocess.STDOUT).returncode
     end = time.time()
     if code != 0:
         raise SystemExit(f"{mode} run failed (exit {code}); log: {run_dir.parent / f'{run_dir.name}.log'}")
@@ -192,9 +194,23 @@ def bench_task(task: str, root: Path, args) -> list[dict]:
     from benchmarks.vs_trl_trace import print_traces
 
     print_traces([(r["mode"], r["seed"], r["dir"], r["launch"]) for r in results if r["mode"] != "trl"])
+    if args.startup_profile:
+        profile_startup(root / "startup-profile", data, model, args)
     (root / "runs.json").write_text(json.dumps([{k: v for k, v in r.items() if k != "dir"} | {"dir": str(r["dir"])}
                                                 for r in results], indent=2, default=str))
     return results
+
+
+def profile_startup(run_dir: Path, data: Path, model: Path, args) -> None:
+    """One more short fleet-s1 run with every process's imports profiled: its start-up and imports."""
+    from benchmarks.vs_trl_trace import print_imports, print_traces
+
+    short = argparse.Namespace(**{**vars(args), "steps": 4, "save_every": 4})
+    print(f"\n[vs-trl] start-up profile: a 4-step fleet-s1 run under PYTHONPROFILEIMPORTTIME (load {load()})",
+          flush=True)
+    raw = run_fleet("fleet-s1", run_dir / "run", data, model, 0, short, PYTHONPROFILEIMPORTTIME="1")
+    print_traces([("profiled", 0, run_dir / "run", raw["launch"])])
+    print_imports(run_dir / "run", run_dir / "run.log")
 
 
 def fmt(x: float | None, spec: str = ".1f") -> str:
@@ -243,6 +259,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--heldout", type=int, default=200)
     ap.add_argument("--thresholds", default="0.5,0.6", help="held-out accuracies to time, comma-separated")
     ap.add_argument("--trl-threads", type=int, default=1, help="torch threads of the TRL process")
+    ap.add_argument("--startup-profile", action="store_true",
+                    help="after each task, one short fleet run with its processes' imports profiled")
     ap.add_argument("--run-dir", type=Path, default=None, help="keep everything here (default: a temp dir, removed)")
     ap.add_argument("--quick", action="store_true", help="smoke run: sort, seed 0, 6 steps, trl and fleet-s1")
     args = ap.parse_args(argv)

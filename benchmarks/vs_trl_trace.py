@@ -16,6 +16,7 @@ admission).
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import statistics
@@ -31,6 +32,10 @@ STARTUP_LINES = [  # (log, text in the line, what it marks): the first such line
     ("rollout-0", "rollout worker", "rollout: worker started"),
     ("learner", "published version 1 ", "learner: first weights published (after step 1)"),
 ]
+REDIS_STAMP = re.compile(r"^\d+:\w (\d+ \w+ \d{4} \d\d:\d\d:\d\d\.\d{3}) ")
+REDIS_LINES = [("Redis is starting", "redis: starting (the launcher's imports and checks done)"),
+               ("Ready to accept connections", "redis: ready")]
+IMPORT = re.compile(r"^import time:\s+\d+ \|\s+(\d+) \| (\S.*)$")
 PUBLISH = re.compile(r"published version (\d+) .* in ([\d.]+)s \(([^)]*)\)")
 
 
@@ -53,6 +58,13 @@ def startup(run_dir: Path, launch: float) -> list[tuple[float, str]]:
         at = next((t for x in lines if text in x and (t := _stamp(x)) is not None), None)
         if at is not None:
             events.append((at - launch, label))
+    redis_log = run_dir / "redis" / "redis.log"
+    for text, label in REDIS_LINES:
+        for line in (redis_log.read_text(errors="replace").splitlines() if redis_log.exists() else []):
+            m = REDIS_STAMP.match(line)
+            if m and text in line:
+                events.append((datetime.strptime(m.group(1), "%d %b %Y %H:%M:%S.%f").timestamp() - launch, label))
+                break
     samples = [s for s in _rows(run_dir / "learner" / "samples.jsonl") if s.get("step") == 1]
     if samples:
         events.append((min(s["created_at"] for s in samples) - launch, "learner: first prompts issued"))
@@ -64,6 +76,27 @@ def startup(run_dir: Path, launch: float) -> list[tuple[float, str]]:
     return sorted(events)
 
 
+def import_profile(log: Path, top: int = 4) -> tuple[float, list[tuple[str, float]]]:
+    """From a process's stderr under ``PYTHONPROFILEIMPORTTIME=1``: its seconds of imports (the sum of the top-level
+    ones, inflated by the profiling itself) and the ``top`` biggest top-level imports."""
+    total, big = 0.0, {}
+    for line in (log.read_text(errors="replace").splitlines() if log.exists() else []):
+        m = IMPORT.match(line)
+        if m:  # a top-level import: its cumulative time counts its children
+            total += int(m.group(1)) / 1e6
+            big[m.group(2)] = big.get(m.group(2), 0.0) + int(m.group(1)) / 1e6
+    return total, sorted(big.items(), key=lambda kv: -kv[1])[:top]
+
+
+def print_imports(run_dir: Path, launcher_log: Path) -> None:
+    """Per process of a run made with ``PYTHONPROFILEIMPORTTIME=1``: its import seconds and the biggest imports."""
+    print("imports per process (PYTHONPROFILEIMPORTTIME, which inflates them; CPU-bound, so load inflates them too):")
+    logs = [("launcher", launcher_log)] + [(p.stem, p) for p in sorted((run_dir / "logs").glob("*.log"))]
+    for name, path in logs:
+        total, big = import_profile(path)
+        print(f"  {name:<10} {total:5.2f} s: " + ", ".join(f"{n} {s:.2f}" for n, s in big))
+
+
 def step_trace(run_dir: Path, skip: int = 2) -> dict[str, float]:
     """Medians (seconds) of a step's parts over steps after the first ``skip``."""
     med = statistics.median
@@ -71,7 +104,7 @@ def step_trace(run_dir: Path, skip: int = 2) -> dict[str, float]:
     timed = metrics[skip:]
     if len(timed) < 2:
         return {}
-    gaps = [b["time"] - a["time"] for a, b in zip(timed, timed[1:])]
+    gaps = [b["time"] - a["time"] for a, b in itertools.pairwise(timed)]
     out = {"step": med(gaps), "train": med(r["step_time_s"] for r in timed[1:]),
            "wait": med(r["wait_time_s"] for r in timed[1:]), "publish": med(r.get("publish_s", 0.0) for r in timed[1:])}
     out["rest"] = max(out["step"] - out["train"] - out["wait"] - out["publish"], 0.0)
