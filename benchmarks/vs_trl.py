@@ -50,6 +50,7 @@ sys.path.insert(0, str(REPO))
 PROMPTS, SAMPLES, NEW_TOKENS, LR = 8, 8, 4, 1e-4
 RECIPE = REPO / "examples" / "sort-digits"
 TASKS = {"sort": "deploy.local.sort_task", "add": "deploy.local.add_task"}
+SFT_STEPS = {"sort": 40, "add": 200}  # warm-ups that leave each task room (sort ~30 %, add ~20 % held-out)
 FLEET_MODES = {"fleet-s1": (1, 2 * PROMPTS), "fleet-s0": (0, PROMPTS)}
 
 
@@ -171,8 +172,9 @@ def time_to(result: dict, acc: float) -> float | None:
 
 
 def bench_task(task: str, root: Path, args) -> list[dict]:
-    print(f"[vs-trl] {task}: data, tiny model and a {args.sft_steps}-step SFT warm-up (not timed)", flush=True)
-    data, model, held = prepare(task, root, args.sft_steps, args.heldout)
+    sft_steps = SFT_STEPS[task] if args.sft_steps is None else args.sft_steps
+    print(f"[vs-trl] {task}: data, tiny model and a {sft_steps}-step SFT warm-up (not timed)", flush=True)
+    data, model, held = prepare(task, root, sft_steps, args.heldout)
     start_acc = accuracy(model, held)
     print(f"[vs-trl] {task}: start checkpoint held-out accuracy {start_acc:.1%} ({len(held)} prompts)", flush=True)
     modes = args.modes.split(",")
@@ -255,7 +257,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--modes", default="trl,fleet-s1,fleet-s0", help="trl, fleet-s1, fleet-s0 (run order alternates)")
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--save-every", type=int, default=25, help="checkpoint (and so held-out point) every N steps")
-    ap.add_argument("--sft-steps", type=int, default=40)
+    ap.add_argument("--sft-steps", type=int, default=None, help=f"SFT warm-up steps (default per task: {SFT_STEPS})")
     ap.add_argument("--heldout", type=int, default=200)
     ap.add_argument("--thresholds", default="0.5,0.6", help="held-out accuracies to time, comma-separated")
     ap.add_argument("--trl-threads", type=int, default=1, help="torch threads of the TRL process")
