@@ -2,8 +2,9 @@
 ``benchmarks/vs_trl.py``; runs on its own over a kept run dir: ``python benchmarks/vs_trl_trace.py RUN_DIR``).
 
 Start-up, seconds from launch (the benchmark's clock before it spawned ``fleetrl run``): the millisecond-stamped
-lines of each service's log (reward's scorer up, the learner's trainer built, the rollout engine's model loaded,
-the rollout worker started, the first weight publish), the first prompts issued and the first samples generated
+lines of each service's log (Redis started and ready, reward's scorer up, the learner's prompts loaded and its
+trainer built, the rollout engine's model loaded, the rollout worker started, the first weight publish), the first
+prompts issued and the first samples generated
 (``samples.jsonl``: ``created_at`` / ``generated_at``), and step 1 trained (``metrics.jsonl``).
 
 A step, medians over steps 3..N (``metrics.jsonl`` and ``samples.jsonl`` of the learner): the learner's training
@@ -27,7 +28,8 @@ from pathlib import Path
 STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
 STARTUP_LINES = [  # (log, text in the line, what it marks): the first such line of each
     ("reward-0", "starting scorer", "reward: scorer up"),
-    ("learner", "train: a step of", "learner: model, optimizer and data loaded"),
+    ("learner", "train: a step of", "learner: tokenizer and prompts loaded (the trainer loads next)"),
+    ("learner", "actor weights laid out", "learner: trainer built (model, optimizer, publish buckets)"),
     ("rollout-0", "hf engine:", "rollout: engine's model loaded"),
     ("rollout-0", "rollout worker", "rollout: worker started"),
     ("learner", "published version 1 ", "learner: first weights published (after step 1)"),
