@@ -142,7 +142,6 @@ class RLRunner:
     # ---- start -----------------------------------------------------------------------------------
     async def _start(self) -> None:
         from services.learner.training.models import load_tokenizer
-        from services.learner.training.rl_trainer import RLTrainer
 
         tokenizer = await asyncio.to_thread(load_tokenizer, self.s.model)
         data = await asyncio.to_thread(PromptSet.load, self.s.data, self.s.train.seed, tokenizer)
@@ -160,6 +159,41 @@ class RLRunner:
         if self.s.train.max_steps:
             self.total_steps = min(self.total_steps, self.s.train.max_steps)
         resume_dir = latest / "trainer" if latest is not None else None
+        # a fresh run's first prompts need nothing of the trainer: they go out while it loads, so the rollout fleet
+        # generates them with the start weights it serves meanwhile (launch -> first step overlaps the two)
+        early = asyncio.create_task(self._feed_early()) if self._may_feed_early(latest) else None
+        try:
+            await self._load_trainer(latest, resume_dir)
+        except BaseException:
+            if early is not None:
+                early.cancel()
+            raise
+        if early is not None:
+            await early
+            now = time.time()  # their rollout.prompt_timeout_s counts from when the learner can train on them
+            for item in self.state.in_flight.values():
+                item.issued_at = max(item.issued_at, now)
+
+    def _may_feed_early(self, latest: Path | None) -> bool:
+        """Prompts before the trainer exists only for a fresh, single-rank run with no start gate (the gate holds
+        the fleet's held-out evaluation of the start policy first; a resumed run first settles its checkpoint)."""
+        return latest is None and not self.s.train.start_gate and not self.ranks.multi
+
+    async def _feed_early(self) -> None:
+        """Best effort: the first window of prompts while the trainer loads, where no weights were published yet
+        (else the loop issues them after ``_connect`` publishes ours); a Redis problem leaves them to the loop."""
+        try:
+            if int(await self.redis.get(keys.weights_version(self.s.run_name)) or 0) != 0:
+                return
+            await self.experiences.ensure_group()
+            await self.prompts.ensure_group()
+            await self.feeder.feed()
+        except REDIS_DOWN as exc:
+            log.info("first prompts wait until the trainer is loaded (Redis: %s)", exc)
+
+    async def _load_trainer(self, latest: Path | None, resume_dir: Path | None) -> None:
+        from services.learner.training.rl_trainer import RLTrainer
+
         if self.ranks.multi:
             from services.learner.distributed.ranks import OwnerLink
 

@@ -2,6 +2,7 @@
 
 import asyncio
 import json
+import time
 
 import pytest
 
@@ -102,6 +103,42 @@ async def test_trains_every_prompt_once_and_acks_everything(tiny_model_dir, tmp_
     assert (run_dir / "reward_curve.png").stat().st_size > 1000
     assert sorted(p.name for p in (run_dir / "checkpoints").glob("step-*")) == ["step-00000002", "step-00000004"]
     assert sum(status["staleness_histogram"].values()) == N_PROMPTS * 4
+
+
+async def test_a_fresh_runs_first_prompts_go_out_while_the_trainer_loads(tiny_model_dir, tmp_path, redis_server,
+                                                                          redis_client, prompts_file, monkeypatch):
+    """Launch -> first step: the rollout fleet generates the first window while the learner builds its trainer
+    (the trainer, built for real, looks at the prompt stream first; before the overlap it stayed empty)."""
+    import redis as sync_redis
+
+    from services.learner.training import rl_trainer
+
+    s = learner_settings(tiny_model_dir, tmp_path, redis_server)
+    stream = keys.prompts_stream(s.run_name)
+    seen: list[int] = []
+
+    class Observed(rl_trainer.RLTrainer):
+        def __init__(self, *args, **kwargs) -> None:  # runs in the learner's loading thread
+            client = sync_redis.Redis.from_url(redis_server.url)
+
+            def added() -> int:  # prompts ever added (the fake fleet deletes what it took)
+                try:
+                    return int(client.xinfo_stream(stream)["entries-added"])
+                except sync_redis.ResponseError:  # no stream yet
+                    return 0
+
+            deadline = time.monotonic() + 30.0
+            while added() == 0 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            seen.append(added())
+            client.close()
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(rl_trainer, "RLTrainer", Observed)
+    status, _, _ = await run_with_fleet(s, redis_client)
+    assert status["phase"] == "finished", status
+    assert status["step"] == status["total_steps"] == N_PROMPTS // 2
+    assert len(seen) == 1 and seen[0] >= 1, seen  # prompts were out before the trainer existed
 
 
 async def test_window_bounds_prompts_in_flight(tiny_model_dir, tmp_path, redis_server, redis_client, prompts_file):

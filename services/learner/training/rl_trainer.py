@@ -53,6 +53,7 @@ class RLTrainer(TrainerBase):
         temp = settings.rollout.sampling.temperature
         self.temperature = temp if temp else 1.0  # greedy sampling: logprobs of the untempered policy
         self.reward_stats = RunningMeanStd()
+        self._dropout_free: bool | None = None  # the actor has no dropout (known after the first step)
         self.correction = build_correction(self.algo_settings.correction)
         self.policy_loss = build_policy_loss(self.algo_settings.policy_loss)
         self.loss_agg = self.algo_settings.policy_loss.aggregation or self.algo_settings.loss_agg
@@ -101,6 +102,22 @@ class RLTrainer(TrainerBase):
                 mb = batch.select(idx)
                 out[idx, : mb.action_mask.shape[1]] = fn(mb).float()
         return out
+
+    def _one_pass(self, chunks: list[torch.Tensor], lengths: torch.Tensor, train_actor: bool) -> bool:
+        """True where a step is one update of one forward/backward over the whole batch on this rank,
+        the actor alone and without dropout: then the old log-probs are that pass's own values, and a separate
+        no-grad forward would compute the same numbers again."""
+        a = self.algo_settings
+        if not (train_actor and a.ppo_epochs == 1 and len(chunks) == 1 and self.reference is None
+                and self.critic is None and len(self._micro_batches(chunks[0], lengths)) == 1):
+            return False
+        if self._dropout_free is None:
+            model = self.actor.model
+            config = vars(getattr(model, "config", None) or object())
+            rates = [v for k, v in config.items() if "dropout" in k and isinstance(v, (int, float))]
+            self._dropout_free = all(r == 0 for r in rates) and not any(
+                isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules())
+        return self._dropout_free
 
     def _scores(self, raw: torch.Tensor, batch_scores: torch.Tensor) -> torch.Tensor:
         a = self.algo_settings
@@ -160,8 +177,21 @@ class RLTrainer(TrainerBase):
         lengths = batch.attention_mask.sum(-1)
         actor = self.actor.model
 
-        actor.eval()
-        old_lp = self._no_grad_pass(lambda mb: action_logprobs(actor, mb, mb.temperatures)[0], batch, lengths)
+        train_actor = self.global_step >= train.freeze_actor_steps
+        size = batch.size
+        first_chunks = self._chunks(size, total)  # epoch 0's mini-batches (the RNG draws as before)
+        fused = self._one_pass(first_chunks, lengths, train_actor)
+        if fused:
+            # one update of one pass over the whole batch: the pass that trains gives the old log-probs too (its
+            # values detached, as TRL does for one iteration) instead of a forward of its own before it
+            actor.train()
+            pre = action_logprobs(actor, batch, batch.temperatures, with_entropy=True,
+                                  entropy_grad=a.entropy_coef > 0)
+            old_lp = torch.zeros_like(batch.action_mask)
+            old_lp[:, : pre[0].shape[1]] = pre[0].detach().float()
+        else:
+            actor.eval()
+            old_lp = self._no_grad_pass(lambda mb: action_logprobs(actor, mb, mb.temperatures)[0], batch, lengths)
         ref_lp = None
         if self.reference is not None:
             ref_lp = self._no_grad_pass(lambda mb: action_logprobs(self.reference, mb, mb.temperatures)[0], batch,
@@ -189,14 +219,12 @@ class RLTrainer(TrainerBase):
         mask = correction.keep  # the tokens this step trains on
         stats = {**mismatch_metrics(old_lp, batch.engine_logprobs, action_mask), **correction.stats(action_mask)}
 
-        train_actor = self.global_step >= train.freeze_actor_steps
         acc = _Accumulator()
-        size = batch.size
         actor.train()
         if self.critic is not None:
             self.critic.model.train()
-        for _epoch in range(a.ppo_epochs):
-            for m_idx in self._chunks(size, total):
+        for epoch in range(a.ppo_epochs):
+            for m_idx in first_chunks if epoch == 0 else self._chunks(size, total):
                 local = torch.stack([mask[m_idx].sum().double(), (mask[m_idx].sum(-1) > 0).sum().double(),
                                      action_mask[m_idx].sum().double(),
                                      torch.tensor(float(len(m_idx)), dtype=torch.float64, device=mask.device)])
@@ -207,7 +235,9 @@ class RLTrainer(TrainerBase):
                     mb = batch.select(idx)
                     cols = functools.partial(_rows_cols, idx=idx, width=mb.action_mask.shape[1])
                     if train_actor:
-                        self._actor_micro(mb, cols, old_lp, adv, correction.weights, mask, ref_lp, n_tok, n_seq, acc)
+                        w = mb.action_mask.shape[1]
+                        self._actor_micro(mb, cols, old_lp, adv, correction.weights, mask, ref_lp, n_tok, n_seq, acc,
+                                          pre=(pre[0][idx][:, :w], pre[1][idx][:, :w]) if fused else None)
                     if self.critic is not None:
                         v = action_values(self.critic.model, mb)
                         vl = aggregate(value_loss(v, cols(values), cols(returns), a.value_clip), mb.action_mask,
@@ -250,10 +280,12 @@ class RLTrainer(TrainerBase):
             metrics["value_mean"] = float(masked_mean(values, action_mask))
         return metrics
 
-    def _actor_micro(self, mb: SequenceBatch, cols, old_lp, adv, weights, mask, ref_lp, n_tok, n_seq, acc) -> None:
+    def _actor_micro(self, mb: SequenceBatch, cols, old_lp, adv, weights, mask, ref_lp, n_tok, n_seq, acc,
+                     pre: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+        """One micro-batch's actor loss and backward (``pre``: its log-probs and entropy from the fused pass)."""
         a = self.algo_settings
-        logp, entropy = action_logprobs(self.actor.model, mb, mb.temperatures, with_entropy=True,
-                                        entropy_grad=a.entropy_coef > 0)
+        logp, entropy = pre if pre is not None else action_logprobs(
+            self.actor.model, mb, mb.temperatures, with_entropy=True, entropy_grad=a.entropy_coef > 0)
         m = cols(mask)
         out = self.policy_loss(PolicyLossInputs(logp=logp, old_logp=cols(old_lp), advantages=cols(adv), mask=m,
                                                 weights=cols(weights)))

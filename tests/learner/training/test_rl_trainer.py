@@ -150,3 +150,30 @@ def test_policy_weights_of_a_plain_actor_are_the_module_itself(tiny_model_dir, t
     state = model.state_dict()
     assert [n for n, _ in named] == [n for n, _ in packing.named_tensors(state)]
     assert all(t.data_ptr() == state[n].data_ptr() for n, t in named)
+
+
+def _forwards(trainer) -> list[int]:
+    calls = [0]
+    trainer.actor.model.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+    return calls
+
+
+def test_a_one_update_step_runs_the_actor_forward_once_and_trains_as_two_passes_did(tiny_model_dir, tmp_path):
+    """A step that is one update of one pass (the whole batch in one micro-batch, one epoch, no reference, no critic)
+    takes its old log-probs from the pass that trains (one actor forward, not a no-grad one first); the weights it
+    reaches are those of the two-pass path (here: two micro-batches of 4)."""
+    algo = {"name": "grpo", "correction": {"kind": "tis", "cap": 2.0}}
+    fused = RLTrainer(settings(tiny_model_dir, tmp_path / "a", algorithm=algo, train={"micro_batch_size": 8}),
+                      total_steps=3)
+    split = RLTrainer(settings(tiny_model_dir, tmp_path / "b", algorithm=algo, train={"micro_batch_size": 4}),
+                      total_steps=3)
+    calls = _forwards(fused), _forwards(split)
+    for step in range(3):
+        m_fused, m_split = fused.train_step(good_bad_batch(step)), split.train_step(good_bad_batch(step))
+        assert m_fused["policy_loss"] == pytest.approx(m_split["policy_loss"], abs=1e-5)
+        assert m_fused["mismatch_abs_mean"] == pytest.approx(m_split["mismatch_abs_mean"], abs=1e-5)
+        assert m_fused["ratio_mean"] == pytest.approx(1.0, abs=1e-6)
+    assert calls[0][0] == 3  # one forward per step
+    assert calls[1][0] == 3 * (2 + 2)  # a no-grad pass and a training pass, each in two micro-batches
+    for (name, p), (_, q) in zip(fused.actor.model.named_parameters(), split.actor.model.named_parameters()):
+        assert torch.allclose(p, q, atol=1e-5), name

@@ -1,0 +1,172 @@
+"""Where a ``fleetrl run`` spends its start-up and its steps, from what the services already record (for
+``benchmarks/vs_trl.py``; runs on its own over a kept run dir: ``python benchmarks/vs_trl_trace.py RUN_DIR``).
+
+Start-up, seconds from launch (the benchmark's clock before it spawned ``fleetrl run``): the millisecond-stamped
+lines of each service's log (Redis started and ready, reward's scorer up, the learner's prompts loaded and its
+trainer built, the rollout engine's model loaded, the rollout worker started, the first weight publish), the first
+prompts issued and the first samples generated
+(``samples.jsonl``: ``created_at`` / ``generated_at``), and step 1 trained (``metrics.jsonl``).
+
+A step, medians over steps 3..N (``metrics.jsonl`` and ``samples.jsonl`` of the learner): the learner's training
+(``step_time_s``), its wait for experiences (``wait_time_s``), the weight publish (``publish_s``) with its phases
+from the publisher's log line (plan, announce, send, settle, ...), and the rest (bookkeeping, Redis commits); and the
+rollout side of the samples the step trained: prompts issued -> last sample generated and scored (the worker's
+Redis read, scheduling, generation, the reward call) -> training starts (the push to Redis, the learner's read and
+admission).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import statistics
+import sys
+from datetime import datetime
+from pathlib import Path
+
+STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
+STARTUP_LINES = [  # (log, text in the line, what it marks): the first such line of each
+    ("reward-0", "starting scorer", "reward: scorer up"),
+    ("learner", "train: a step of", "learner: tokenizer and prompts loaded (the trainer loads next)"),
+    ("learner", "actor weights laid out", "learner: trainer built (model, optimizer, publish buckets)"),
+    ("rollout-0", "hf engine:", "rollout: engine's model loaded"),
+    ("rollout-0", "rollout worker", "rollout: worker started"),
+    ("learner", "published version 1 ", "learner: first weights published (after step 1)"),
+]
+REDIS_STAMP = re.compile(r"^\d+:\w (\d+ \w+ \d{4} \d\d:\d\d:\d\d\.\d{3}) ")
+REDIS_LINES = [("Redis is starting", "redis: starting (the launcher's imports and checks done)"),
+               ("Ready to accept connections", "redis: ready")]
+IMPORT = re.compile(r"^import time:\s+\d+ \|\s+(\d+) \| (\S.*)$")
+PUBLISH = re.compile(r"published version (\d+) .* in ([\d.]+)s \(([^)]*)\)")
+
+
+def _stamp(line: str) -> float | None:
+    m = STAMP.match(line)
+    return datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp() if m else None
+
+
+def _rows(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+
+
+def startup(run_dir: Path, launch: float) -> list[tuple[float, str]]:
+    """(seconds from launch, event) in time order."""
+    events: list[tuple[float, str]] = []
+    logs = run_dir / "logs"
+    for name, text, label in STARTUP_LINES:
+        path = logs / f"{name}.log"
+        lines = path.read_text(errors="replace").splitlines() if path.exists() else []
+        at = next((t for x in lines if text in x and (t := _stamp(x)) is not None), None)
+        if at is not None:
+            events.append((at - launch, label))
+    redis_log = run_dir / "redis" / "redis.log"
+    for text, label in REDIS_LINES:
+        for line in (redis_log.read_text(errors="replace").splitlines() if redis_log.exists() else []):
+            m = REDIS_STAMP.match(line)
+            if m and text in line:
+                events.append((datetime.strptime(m.group(1), "%d %b %Y %H:%M:%S.%f").timestamp() - launch, label))
+                break
+    samples = [s for s in _rows(run_dir / "learner" / "samples.jsonl") if s.get("step") == 1]
+    if samples:
+        events.append((min(s["created_at"] for s in samples) - launch, "learner: first prompts issued"))
+        events.append((min(s["generated_at"] for s in samples) - launch, "rollout: first sample generated + scored"))
+        events.append((max(s["generated_at"] for s in samples) - launch, "rollout: step 1's last sample"))
+    metrics = [r for r in _rows(run_dir / "learner" / "metrics.jsonl") if "step" in r]
+    if metrics:
+        events.append((metrics[0]["time"] - launch, "learner: step 1 trained"))
+    return sorted(events)
+
+
+def import_profile(log: Path, top: int = 4) -> tuple[float, list[tuple[str, float]]]:
+    """From a process's stderr under ``PYTHONPROFILEIMPORTTIME=1``: its seconds of imports (the sum of the top-level
+    ones, inflated by the profiling itself) and the ``top`` biggest top-level imports."""
+    total, big = 0.0, {}
+    for line in (log.read_text(errors="replace").splitlines() if log.exists() else []):
+        m = IMPORT.match(line)
+        if m:  # a top-level import: its cumulative time counts its children
+            total += int(m.group(1)) / 1e6
+            big[m.group(2)] = big.get(m.group(2), 0.0) + int(m.group(1)) / 1e6
+    return total, sorted(big.items(), key=lambda kv: -kv[1])[:top]
+
+
+def print_imports(run_dir: Path, launcher_log: Path) -> None:
+    """Per process of a run made with ``PYTHONPROFILEIMPORTTIME=1``: its import seconds and the biggest imports."""
+    print("imports per process (PYTHONPROFILEIMPORTTIME, which inflates them; CPU-bound, so load inflates them too):")
+    logs = [("launcher", launcher_log)] + [(p.stem, p) for p in sorted((run_dir / "logs").glob("*.log"))]
+    for name, path in logs:
+        total, big = import_profile(path)
+        print(f"  {name:<10} {total:5.2f} s: " + ", ".join(f"{n} {s:.2f}" for n, s in big))
+
+
+def step_trace(run_dir: Path, skip: int = 2) -> dict[str, float]:
+    """Medians (seconds) of a step's parts over steps after the first ``skip``."""
+    med = statistics.median
+    metrics = [r for r in _rows(run_dir / "learner" / "metrics.jsonl") if "step" in r and "time" in r]
+    timed = metrics[skip:]
+    if len(timed) < 2:
+        return {}
+    gaps = [b["time"] - a["time"] for a, b in itertools.pairwise(timed)]
+    out = {"step": med(gaps), "train": med(r["step_time_s"] for r in timed[1:]),
+           "wait": med(r["wait_time_s"] for r in timed[1:]), "publish": med(r.get("publish_s", 0.0) for r in timed[1:])}
+    out["rest"] = max(out["step"] - out["train"] - out["wait"] - out["publish"], 0.0)
+    by_step: dict[int, list[dict]] = {}
+    for s in _rows(run_dir / "learner" / "samples.jsonl"):
+        by_step.setdefault(s["step"], []).append(s)
+    issued_scored, scored_train = [], []
+    for r in timed[1:]:
+        xs = by_step.get(r["step"])
+        if not xs:
+            continue
+        generated = max(x["generated_at"] for x in xs)
+        issued_scored.append(generated - min(x["created_at"] for x in xs))
+        scored_train.append(r["time"] - r["step_time_s"] - r.get("publish_s", 0.0) - generated)
+    if issued_scored:
+        out["issued_to_scored"] = med(issued_scored)
+        out["scored_to_train"] = med(scored_train)
+    phases: dict[str, list[float]] = {}
+    log = run_dir / "logs" / "learner.log"
+    for line in (log.read_text(errors="replace").splitlines() if log.exists() else []):
+        m = PUBLISH.search(line)
+        if m and int(m.group(1)) > skip:
+            for name, ms in re.findall(r"(\w+) (\d+)ms", m.group(3)):
+                phases.setdefault(name, []).append(float(ms) / 1000)
+    for name, xs in phases.items():
+        out[f"publish.{name}"] = med(xs)
+    return out
+
+
+def print_traces(runs: list[tuple[str, int, Path, float]]) -> None:
+    """Per fleet run: its start-up events and its step trace."""
+    for mode, seed, run_dir, launch in runs:
+        run_dir = Path(run_dir)
+        print(f"\n{mode} seed {seed}: start-up, s from launch")
+        for at, what in startup(run_dir, launch):
+            print(f"  {at:7.2f}  {what}")
+        t = step_trace(run_dir)
+        if not t:
+            continue
+        ms = {k: v * 1000 for k, v in t.items()}
+        print(f"{mode} seed {seed}: a step (medians, ms): {ms['step']:.0f} = train {ms['train']:.0f} + wait for "
+              f"experiences {ms['wait']:.0f} + weight publish {ms['publish']:.0f} + rest {ms['rest']:.0f}")
+        if "issued_to_scored" in ms:
+            print(f"  its samples: prompts issued -> last sample generated and scored {ms['issued_to_scored']:.0f} ms "
+                  f"(worker's Redis read, scheduling, generation, /score); -> training starts "
+                  f"{ms['scored_to_train']:.0f} ms (push to Redis, the learner's read and admission)")
+        pub = {k.split(".", 1)[1]: v for k, v in ms.items() if k.startswith("publish.")}
+        if pub:
+            print("  publish phases: " + ", ".join(f"{k} {v:.0f}" for k, v in pub.items()) + " ms")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python benchmarks/vs_trl_trace.py RUN_DIR``: the traces of the fleet runs a kept vs_trl run dir holds."""
+    root = Path((argv or sys.argv[1:])[0])
+    for runs_json in sorted(root.glob("*/runs.json")):
+        runs = [r for r in json.loads(runs_json.read_text()) if r["mode"] != "trl"]
+        print(f"== {runs_json.parent.name}")
+        print_traces([(r["mode"], r["seed"], Path(r["dir"]), r["launch"]) for r in runs])
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
