@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from deploy.run.derive import leaves
+
 RECORD = "spec.json"
 """The spec the run was started (or last continued) with, under run_dir."""
 LOCK = ".fleetrl-run.lock"
@@ -27,16 +29,6 @@ BUDGETS = ("train.max_steps", "algorithm.max_steps", "data.epochs", "algorithm.e
 """Settings a run may continue under when they grew: it trains further."""
 FREE = ("eval.", "replicas.", "placement.", "checkpoint_every", "export", "run_dir")
 """Settings (or prefixes) that change how a run is watched or where it is written, not what it trains."""
-
-
-def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
-    """Dotted path -> leaf value (lists are leaves)."""
-    if not isinstance(tree, dict) or not tree:
-        return {prefix: tree} if prefix else {}
-    out: dict[str, Any] = {}
-    for key, value in tree.items():
-        out.update(flatten(value, f"{prefix}.{key}" if prefix else str(key)))
-    return out
 
 
 def fingerprint(spec_json: dict[str, Any]) -> str:
@@ -68,7 +60,7 @@ def _budget(value: Any) -> float:
 
 def compare(old: dict[str, Any], new: dict[str, Any], spec_file: str) -> Verdict:
     """May a run started with spec ``old`` continue under spec ``new`` (both ``model_dump(mode="json")``)?"""
-    a, b = flatten(old), flatten(new)
+    a, b = leaves(old), leaves(new)
     changed = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
     notes, refused = [], []
     for key in changed:

@@ -5,30 +5,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.rollout.weights.receiver import Received, UpdateRefused
+from services.rollout.weights.receiver import Received, StagingSets, UpdateRefused
 from shared.weight_sync.cuda_ipc import IpcError, IpcOpener
 from shared.weight_sync.digest import digest
-from shared.weight_sync.tensors import staging_buffers
 from shared.weight_sync.wire import IpcRound, Manifest
 
 
-class IpcReceiver:
+class IpcReceiver(StagingSets):
     """Copies an :class:`IpcRound`'s buckets into staging buffers on ``device`` (the model's GPU), with the
     same spare-set handling as :class:`~services.rollout.weights.receiver.BucketReceiver`."""
 
     def __init__(self, device: Any, keep_staging: bool = True) -> None:
-        self.device = device
-        self.keep_staging = keep_staging
+        super().__init__(device, keep_staging)
         self.opener = IpcOpener()
-        self._spare: list[Any] | None = None
-
-    def recycle(self, buffers: list[Any]) -> None:
-        if self.keep_staging:
-            self._spare = buffers
-
-    def ensure_spare(self, sizes: list[int]) -> None:
-        if self.keep_staging and (self._spare is None or [b.numel() for b in self._spare] != sizes):
-            self._spare = staging_buffers(sizes, self.device)
 
     def receive(self, rnd: IpcRound, manifest: Manifest) -> Received:
         """Open (once per allocation), copy and digest every bucket. Blocking: run it in a thread."""
@@ -42,9 +31,7 @@ class IpcReceiver:
             sources = [self.opener.open(h) for h in rnd.handles]
         except IpcError as exc:
             raise UpdateRefused(str(exc)) from exc
-        spare, self._spare = self._spare, None
-        buffers = spare if spare is not None and [b.numel() for b in spare] == sizes else \
-            staging_buffers(sizes, self.device)
+        buffers = self.take(sizes)
         for dst, src in zip(buffers, sources):
             dst.copy_(src, non_blocking=True)
         torch.cuda.synchronize(self.device)

@@ -183,27 +183,15 @@ class Received:
             raise UpdateRefused(f"version {self.manifest.version}: bucket(s) {bad} failed the checksum")
 
 
-class BucketReceiver:
-    """Receives a version's buckets into staging buffers over the round's group, digesting each bucket
-    as it lands (while the next is still on the wire).
+class StagingSets:
+    """The receive side's flat staging buffers (one flat copy of the weights): a spare set kept between updates
+    (``keep_staging``) so that a receive faults in no fresh pages; :meth:`take` hands it out when its sizes fit,
+    :meth:`recycle` takes a set back once nothing reads it."""
 
-    Holds the group between rounds so that the publisher can reuse it; a round with a new group name
-    closes the old group and forms the new one. A receive takes the spare staging set (one flat copy of
-    the weights, pages touched when allocated) when its sizes fit, else allocates one; the caller hands a
-    set back with :meth:`recycle` once nothing reads it. Without ``keep_staging`` nothing is kept (less
-    memory; each update then faults in fresh pages, which costs more than the transfer's copies)."""
-
-    def __init__(self, device: Any = "cpu", keep_staging: bool = True, bind_addr: str | None = None) -> None:
+    def __init__(self, device: Any = "cpu", keep_staging: bool = True) -> None:
         self.device = device
-        self.group: Any = None
         self.keep_staging = keep_staging
-        self.bind_addr = bind_addr  # where this replica's gloo sockets listen (None: see gloo_addr)
         self._spare: list[Any] | None = None
-
-    def gloo_addr(self, rdv: Rendezvous) -> str | None:
-        """The address this replica's gloo sockets listen on and advertise: ``bind_addr``, else this host's
-        address on the route to the publisher (127.0.0.1 when the publisher is on this host)."""
-        return self.bind_addr or net.route_addr(rdv.master_addr)
 
     def recycle(self, buffers: list[Any]) -> None:
         """``buffers`` are free again (applied by copy, refused, or no longer the model's storage)."""
@@ -214,6 +202,32 @@ class BucketReceiver:
         """Allocate (and touch) a spare set of these sizes now, off the update path."""
         if self.keep_staging and (self._spare is None or [b.numel() for b in self._spare] != sizes):
             self._spare = staging_buffers(sizes, self.device)
+
+    def take(self, sizes: list[int]) -> list[Any]:
+        """A set of these sizes: the spare one when it fits, else a new one."""
+        spare, self._spare = self._spare, None
+        return spare if spare is not None and [b.numel() for b in spare] == sizes else staging_buffers(sizes, self.device)
+
+
+class BucketReceiver(StagingSets):
+    """Receives a version's buckets into staging buffers over the round's group, digesting each bucket
+    as it lands (while the next is still on the wire).
+
+    Holds the group between rounds so that the publisher can reuse it; a round with a new group name
+    closes the old group and forms the new one. A receive takes the spare staging set (one flat copy of
+    the weights, pages touched when allocated) when its sizes fit, else allocates one; the caller hands a
+    set back with :meth:`recycle` once nothing reads it. Without ``keep_staging`` nothing is kept (less
+    memory; each update then faults in fresh pages, which costs more than the transfer's copies)."""
+
+    def __init__(self, device: Any = "cpu", keep_staging: bool = True, bind_addr: str | None = None) -> None:
+        super().__init__(device, keep_staging)
+        self.group: Any = None
+        self.bind_addr = bind_addr  # where this replica's gloo sockets listen (None: see gloo_addr)
+
+    def gloo_addr(self, rdv: Rendezvous) -> str | None:
+        """The address this replica's gloo sockets listen on and advertise: ``bind_addr``, else this host's
+        address on the route to the publisher (127.0.0.1 when the publisher is on this host)."""
+        return self.bind_addr or net.route_addr(rdv.master_addr)
 
     def receive(self, rdv: Rendezvous, member: Member, manifest: Manifest) -> Received:
         """Join (or reuse) the group, receive every bucket and digest it. Blocking.
@@ -234,10 +248,7 @@ class BucketReceiver:
                 raise RoundFailed(str(exc)) from exc
         group = self.group
         try:
-            sizes = [b.nbytes for b in manifest.buckets]
-            spare, self._spare = self._spare, None
-            buffers = spare if spare is not None and [b.numel() for b in spare] == sizes else \
-                staging_buffers(sizes, self.device)
+            buffers = self.take([b.nbytes for b in manifest.buckets])
             works = [group.broadcast(buf, src=0) for buf in buffers]
             digests: list[int | None] = []
             for buf, work in zip(buffers, works):
