@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import signal
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -71,6 +73,7 @@ class RolloutService:
         self.worker: RolloutWorker | None = None
         self.sessions: SessionManager | None = None
         self._running: list[Component] = []
+        self._drain_task: asyncio.Task | None = None
         self._tokenizing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-tokenize")
 
     # ---- lifecycle ---------------------------------------------------------------------------------
@@ -138,6 +141,27 @@ class RolloutService:
 
     async def health_generate(self) -> bool:
         return await self.engine.health_generate()
+
+    # ---- leaving the pool ---------------------------------------------------------------------------
+    def drain(self, timeout_s: float | None = None) -> None:
+        """Leave the pool (``POST /drain``): the worker drains (``RolloutWorker.drain``), then the process exits
+        through its ordinary shutdown (SIGTERM to itself), where the weight sidecar deregisters. Idempotent."""
+        if self._drain_task is None:
+            self._drain_task = asyncio.get_running_loop().create_task(self._drain(timeout_s), name="drain")
+
+    async def _drain(self, timeout_s: float | None) -> None:
+        try:
+            if self.worker is not None:
+                await self.worker.drain(timeout_s)
+        finally:
+            log.info("drained; exiting")
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    def drain_state(self) -> dict[str, Any]:
+        done = self._drain_task is not None and self._drain_task.done()
+        counts = self.worker.drained if self.worker is not None and self.worker.drained else {}
+        return {"draining": self._drain_task is not None or bool(self.worker and self.worker.draining),
+                "done": done, **counts}
 
     async def pause(self, mode: PauseMode, timeout: float | None = None) -> None:
         await self.engine.pause(mode, timeout)
