@@ -61,6 +61,11 @@ async def _stop_quietly(component: Component) -> None:
         log.exception("stopping the %s failed", type(component).__name__)
 
 
+def exit_process() -> None:
+    """End this process the way SIGTERM does (the server shuts down, components stop, the sidecar deregisters)."""
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
 class RolloutService:
     def __init__(self, settings: RolloutSettings, engine: Engine | None = None) -> None:
         self.settings = settings
@@ -74,6 +79,7 @@ class RolloutService:
         self.sessions: SessionManager | None = None
         self._running: list[Component] = []
         self._drain_task: asyncio.Task | None = None
+        self.on_drained: Callable[[], None] | None = None  # the CLI's: end the process once drained
         self._tokenizing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-tokenize")
 
     # ---- lifecycle ---------------------------------------------------------------------------------
@@ -154,8 +160,11 @@ class RolloutService:
             if self.worker is not None:
                 await self.worker.drain(timeout_s)
         finally:
-            log.info("drained; exiting")
-            os.kill(os.getpid(), signal.SIGTERM)
+            if self.on_drained is not None:
+                log.info("drained; exiting")
+                self.on_drained()
+            else:
+                log.info("drained (embedded: the process that runs this app decides when it ends)")
 
     def drain_state(self) -> dict[str, Any]:
         done = self._drain_task is not None and self._drain_task.done()
