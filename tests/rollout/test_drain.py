@@ -35,54 +35,58 @@ async def _pending_on(redis_client, run: str) -> dict[str, int]:
 async def test_drained_and_sigtermed_replicas_lose_nothing_and_repeat_nothing(redis_server, redis_client,
                                                                              tiny_model_dir, tmp_path, reward_service):  # noqa: F811
     run = "drain"
-    common = {"claim_idle_ms": CLAIM_IDLE_MS, "concurrency": 2, "prompts_max_deliveries": 1,
-              "sampling": {"max_new_tokens": 160, "temperature": 1.0, "ignore_eos": True}}
+    common = {"claim_idle_ms": CLAIM_IDLE_MS, "prompts_max_deliveries": 1, "drain_timeout_s": 120.0,
+              "sampling": {"max_new_tokens": 400, "temperature": 1.0, "ignore_eos": True}}
     configs = {name: {**worker_config(tiny_model_dir, redis_server.url, run, reward_service, consumer_name=name,
-                                      drain_timeout_s=120.0, **common), "control_token": CONTROL_TOKEN}
-               for name in ("leaver", "stayer")}
+                                      concurrency=conc, **common), "control_token": CONTROL_TOKEN}
+               for name, conc in (("leaver", 2), ("stayer", 1))}
     (proc_a, url_a, _), (proc_b, _, log_b) = start_rollouts(tmp_path, configs)
     registry = ReplicaRegistry(redis_client, run)
+    auth = {"Authorization": f"Bearer {CONTROL_TOKEN}"}
     try:
         assert len(await registry.alive()) == 2
         prompts = StreamQueue(redis_client, keys.prompts_stream(run), "rollout", PromptTask)
-        tasks = [PromptTask(id=f"g{i}", prompt=f"tell {i}", n=3) for i in range(4)]
+        tasks = [PromptTask(id=f"g{i}", prompt=f"tell {i}", n=3) for i in range(3)]
         await prompts.produce(tasks)
 
         async def both_busy():
             held = await _pending_on(redis_client, run)
-            return held.get("leaver", 0) == 2 and held.get("stayer", 0) == 2
+            return held.get("leaver", 0) == 2 and held.get("stayer", 0) == 1
 
-        await wait_for(both_busy, 60, "each replica to take two prompts")
+        await wait_for(both_busy, 60, "the leaver to take two prompts and the stayer one")
         async with httpx.AsyncClient(timeout=10) as c:
             assert (await c.post(f"{url_a}/drain")).status_code == 401  # a control route
-            bad = await c.post(f"{url_a}/drain", json={"timeout_s": -1}, headers={"Authorization": f"Bearer {CONTROL_TOKEN}"})
+            bad = await c.post(f"{url_a}/drain", json={"timeout_s": -1}, headers=auth)
             assert bad.status_code == 400 and "timeout_s" in bad.text
             t0 = time.monotonic()
-            r = await c.post(f"{url_a}/drain", json={"timeout_s": 0}, headers={"Authorization": f"Bearer {CONTROL_TOKEN}"})
+            r = await c.post(f"{url_a}/drain", json={"timeout_s": 0}, headers=auth)  # no time: hand everything back
             assert r.status_code == 202 and r.json()["draining"] is True
         await asyncio.to_thread(proc_a.wait, 60)
         assert proc_a.returncode in (0, -signal.SIGTERM)  # uvicorn re-raises the signal it shut down on
-        left_after = time.monotonic() - t0
+        assert time.monotonic() - t0 < 30
         assert len(await registry.alive()) == 1, "the drained replica must deregister"
-        assert (await _pending_on(redis_client, run)).get("leaver", 0) == 0, "its prompts handed back"
 
-        async def stayer_took_them():  # its own two done, the two handed back in progress
-            left = await redis_client.xlen(keys.prompts_stream(run))
-            assert left > 0, "the stayer finished everything already: make the groups longer"
-            return left <= 2 and (await _pending_on(redis_client, run)).get("stayer", 0) == left
+        async def stayer_on_a_handed_back_one():  # its own group done, one of the leaver's in progress
+            return await redis_client.xlen(keys.prompts_stream(run)) == 2 and \
+                (await _pending_on(redis_client, run)).get("stayer", 0) == 1
 
-        await wait_for(stayer_took_them, 60, "the staying replica to take the handed-back prompts")
+        await wait_for(stayer_on_a_handed_back_one, 60, "the stayer to take a handed-back prompt")
         os.killpg(proc_b.pid, signal.SIGTERM)  # leaves too, with time to finish what it holds
         await asyncio.to_thread(proc_b.wait, 120)
         assert proc_b.returncode in (0, -signal.SIGTERM), log_b.read_text()[-2000:]
-        assert time.monotonic() - t0 < CLAIM_IDLE_MS / 1000, "nothing may have waited for claim_idle_ms"
-        assert await redis_client.xlen(keys.prompts_stream(run)) == 0, "every prompt acknowledged"
-        assert await redis_client.xlen(keys.dead_letter_stream(keys.prompts_stream(run))) == 0
+        assert "1 finished, 0 handed back" in log_b.read_text(), "the SIGTERMed replica finishes what it holds"
         assert await registry.alive() == []
+        assert await redis_client.xlen(keys.dead_letter_stream(keys.prompts_stream(run))) == 0
+        # the one prompt nobody finished is still there, and a newcomer takes it at once, as its first delivery
+        newcomer = StreamQueue(redis_client, keys.prompts_stream(run), "rollout", PromptTask,
+                               claim_idle_ms=CLAIM_IDLE_MS)
+        rest = await newcomer.consume("newcomer", count=3, block_ms=10)
+        assert len(rest) == 1 and rest[0].deliveries == 1
+        assert time.monotonic() - t0 < CLAIM_IDLE_MS / 1000, "nothing may have waited for claim_idle_ms"
         exps = await read_experiences(redis_client, run)
-        assert sorted(e.id for e in exps) == sorted(sample_id(t.id, i) for t in tasks for i in range(3)), \
-            "each group generated exactly once"
-        assert left_after < 30
+        done = [t for t in tasks if t.id != rest[0].record.id]
+        assert sorted(e.id for e in exps) == sorted(sample_id(t.id, i) for t in done for i in range(3)), \
+            "each finished group generated exactly once, nothing of the unfinished one"
     finally:
         for p in (proc_a, proc_b):
             if p.poll() is None:
