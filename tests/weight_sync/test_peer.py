@@ -46,6 +46,7 @@ async def test_a_joiner_loads_the_current_version_from_a_peer_not_the_learner(re
         status = joiner.weights_status()
         assert status["weight_version"] == 1
         assert status["last_update"]["source"] == "peer" and status["last_update"]["peer"] == a.url, status
+        assert status["first_update"] == status["last_update"]
         assert joiner.generate()["output_ids"] == expected
         assert int(await redis_client.get(wkeys.round_counter(run))) == rounds, "the learner ran a catch-up round"
         assert pub.replicas_waiting == []

@@ -69,34 +69,42 @@ class PeerCatchUp:
         self.last_peer: str | None = None
 
     async def peers(self, version: int) -> list[ReplicaInfo]:
+        """Live peers that serve weights and hold a version newer than ours and at most ``version``, the newest
+        first (shuffled within a version, so joiners spread over the peers)."""
         sc = self.sidecar
-        found = [i for i in await sc.registry.alive()
-                 if i.replica_id != sc.replica_id and i.peer_url and i.weight_version == version]
-        random.shuffle(found)  # joiners spread over the peers
-        return found
+        found = [i for i in await sc.registry.alive() if i.replica_id != sc.replica_id and i.peer_url
+                 and sc.weight_version < i.weight_version <= version]
+        random.shuffle(found)
+        return sorted(found, key=lambda i: -i.weight_version)
 
     async def run(self, version: int) -> bool:
-        """True once the engine serves ``version``, loaded from a peer; False if no peer could serve it."""
+        """Load the newest version up to ``version`` that a peer holds (``version`` itself where one does: a peer
+        in the middle of a round may still be one behind); True if the engine moved to a newer version."""
         sc = self.sidecar
         if version < 1 or not hasattr(sc.sink, "load_buckets"):
             return False
-        records = await version_records(sc.redis, sc.run, version)
-        if records is None:
-            return False
-        manifest, sums = records
+        records: dict[int, tuple[Manifest, Checksums] | None] = {}
         for peer in await self.peers(version):
+            v = peer.weight_version
+            if v <= sc.weight_version:
+                continue
+            if v not in records:
+                records[v] = await version_records(sc.redis, sc.run, v)
+            if records[v] is None:
+                continue
+            manifest, sums = records[v]
             t0 = time.perf_counter()
             try:
                 buffers = await self._fetch(peer, manifest, sums)
                 fetched = time.perf_counter() - t0
                 await sc.sink.load_buckets(manifest, buffers)
             except PeerUnavailable as exc:
-                log.warning("peer %s could not serve version %d: %s", peer.name, version, exc)
+                log.warning("peer %s could not serve version %d: %s", peer.name, v, exc)
                 continue
             self.last_peer = peer.peer_url
-            sc.note_peer_update(version, peer.peer_url, time.perf_counter() - t0,
+            sc.note_peer_update(v, peer.peer_url, time.perf_counter() - t0,
                                 {"fetch": round(fetched, 4), "apply": round(time.perf_counter() - t0 - fetched, 4)})
-            log.info("weight version %d loaded from peer %s (%d buckets, %d bytes, %.2fs)", version, peer.name,
+            log.info("weight version %d loaded from peer %s (%d buckets, %d bytes, %.2fs)", v, peer.name,
                      len(manifest.buckets), manifest.total_bytes, time.perf_counter() - t0)
             return True
         return False

@@ -45,6 +45,8 @@ class WeightsStatus(BaseModel):
     backend: Literal["gloo", "nccl"] = Field(description="Collective backend the replica joins.")
     updating: bool = Field(description="An update is running now.")
     last_update: LastUpdate | None = Field(description="The last update this replica ran (None: none yet).")
+    first_update: LastUpdate | None = Field(default=None, description="The first version it loaded: how it joined "
+                                            "(source peer: from another replica, docs/elastic.md).")
     last_error: str = Field(description="Why the last update did not load ('' when it did).")
 
 

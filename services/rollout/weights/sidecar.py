@@ -70,7 +70,8 @@ class WeightSidecar:
         self.watcher = RoundWatcher(redis, run, self.replica_id, self.settings.poll_s)
         self.wants_version = 0
         self.last_error = ""
-        self.last_update: LastUpdate | None = None
+        self._last_update: LastUpdate | None = None
+        self.first_update: LastUpdate | None = None  # the first version loaded: how this replica joined
         self.busy = asyncio.Lock()  # held while an update runs
         self.transport: ReplicaTransport = TRANSPORTS[self.settings.transport](self)
         self._changed = asyncio.Condition()
@@ -83,6 +84,16 @@ class WeightSidecar:
         self._peer_serving = asyncio.Semaphore(1)  # one bucket packed at a time: a request cannot make us do more
 
     # ---- lifecycle ---------------------------------------------------------------------------------
+    @property
+    def last_update(self) -> LastUpdate | None:
+        return self._last_update
+
+    @last_update.setter
+    def last_update(self, update: LastUpdate | None) -> None:
+        self._last_update = update
+        if self.first_update is None and update is not None and update.state == "loaded":
+            self.first_update = update
+
     @property
     def weight_version(self) -> int:
         return self.sink.weight_version
@@ -101,9 +112,12 @@ class WeightSidecar:
         loops = [self._heartbeat_loop(), self._latest_loop(), *self.transport.loops()]
         self._tasks = [loop.create_task(c) for c in loops]
         latest = await self.latest()
-        if latest > self.weight_version:
-            await self.from_peer(latest)
-        if latest > self.weight_version and self.settings.join_timeout_s > 0:
+        from_peer = latest > self.weight_version and await self.from_peer(latest)
+        if from_peer and (latest := await self.latest()) > self.weight_version:
+            await self.from_peer(latest)  # a peer was one behind, or the learner published meanwhile: once more
+        # brought (close) to the latest by a peer: the ordinary rounds (this replica is registered) do the rest,
+        # so the publisher runs no catch-up round for it; with no peer to serve it, ask the publisher
+        if not from_peer and latest > self.weight_version and self.settings.join_timeout_s > 0:
             reached = await self.ensure(latest, self.settings.join_timeout_s)
             if not reached:
                 log.warning("not at the latest weight version %d after %.0fs; serving version %d meanwhile",
@@ -145,12 +159,13 @@ class WeightSidecar:
         return True
 
     async def from_peer(self, version: int) -> bool:
-        """Load ``version`` from a peer replica (before asking the publisher); True if the engine serves it now."""
+        """Load ``version`` (or the newest below it a peer holds) from a peer replica, before asking the
+        publisher; True if the engine moved to a newer version."""
         if self.peer is None or self.busy.locked():
             return False
         async with self.busy:
             if self.weight_version >= version:
-                return True
+                return False
             try:
                 loaded = await self.peer.run(version)
             except Exception as exc:  # noqa: BLE001 - Redis away, a bad record: the publisher is asked instead
@@ -197,7 +212,8 @@ class WeightSidecar:
     def status(self) -> dict[str, Any]:
         return {"replica_id": self.replica_id, "weight_version": self.weight_version,
                 "transport": self.settings.transport, "backend": self.settings.backend,
-                "updating": self.busy.locked(), "last_update": self.last_update, "last_error": self.last_error}
+                "updating": self.busy.locked(), "last_update": self.last_update, "first_update": self.first_update,
+                "last_error": self.last_error}
 
     # ---- loops -------------------------------------------------------------------------------------
     @property
