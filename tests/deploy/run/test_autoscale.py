@@ -77,3 +77,20 @@ def test_no_stale_or_premature_signal_moves_the_pool():
 def test_a_replica_that_died_is_replaced_first():
     d = decide(POOL, running=1, died=["rollout-1 (exit code -9)"], signal=sig(1), now=1000.0, memory=PoolMemory())
     assert (d.action, d.count) == ("replace", 1) and "rollout-1 (exit code -9) died" in d.reason
+
+
+def test_an_elastic_pool_plans_max_replicas_and_gives_them_its_drain_time(tmp_path, tiny_model_dir):
+    from deploy.run.load import load_spec
+    from deploy.run.plan import plan
+    from tests.deploy.run.conftest import tiny_spec
+
+    path = tiny_spec(tmp_path, tiny_model_dir, replicas={"rollout": {"min": 1, "max": 3, "drain_timeout_s": 7}})
+    spec = load_spec(path, [])
+    procs = plan(spec, path, "redis://127.0.0.1:1/0", "tok")
+    rollouts = [p for p in procs if p.kind == "rollout"]
+    assert [p.name for p in rollouts] == ["rollout-0", "rollout-1", "rollout-2"]
+    assert len({p.config["port"] for p in rollouts}) == 3
+    assert all(p.config["worker"]["drain_timeout_s"] == 7 for p in rollouts)
+    assert spec.replicas.rollout_start == 1
+    fixed = load_spec(tiny_spec(tmp_path, tiny_model_dir, replicas={"rollout": 2}), [])
+    assert "drain_timeout_s" not in plan(fixed, path, "redis://127.0.0.1:1/0", "tok")[1].config["worker"]
