@@ -22,7 +22,9 @@ async def test_a_joiner_loads_the_current_version_from_a_peer_not_the_learner(re
     await wait_registered(redis_client, run, 1)
     model = new_weights(tiny_model_dir)
     expected = reference_ids(model, tiny_model_dir)
-    async with WeightPublisher(redis_client, run, WeightSyncSettings(bucket_bytes=64 << 10, **FAST)) as pub:
+    # retain none: the publisher keeps no copy of a version, so it could not serve a late joiner at all; a peer can
+    settings = WeightSyncSettings(bucket_bytes=64 << 10, retain="none", **FAST)
+    async with WeightPublisher(redis_client, run, settings) as pub:
         assert await pub.publish(model) == 1
         sent = pub.last_report.total_bytes
         rounds = int(await redis_client.get(wkeys.round_counter(run)))
@@ -40,6 +42,7 @@ async def test_a_joiner_loads_the_current_version_from_a_peer_not_the_learner(re
             assert (await c.get("/weights/peer/0/0", headers=AUTH)).status_code == 400
             r = await c.get("/weights/peer/1/0", headers=AUTH)
             assert r.status_code == 200 and len(r.content) == pub.outbox.manifest.buckets[0].nbytes
+        assert all(x is None for x in pub.outbox.buffers)
 
         joiner = replicas(run, wait=False)
         await wait_ready(joiner)  # healthy only once its sidecar caught up (or gave up)
