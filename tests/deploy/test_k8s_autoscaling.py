@@ -70,3 +70,11 @@ def test_rollout_pods_get_the_time_a_drain_needs():
     pod = rollout_deployment()["spec"]["template"]["spec"]
     drain = WorkerSettings.model_fields["drain_timeout_s"].default
     assert pod["terminationGracePeriodSeconds"] >= drain + 20, "SIGTERM drains: the grace period must cover it"
+
+
+def test_compose_gives_rollout_containers_the_time_a_drain_needs():
+    compose = yaml.safe_load((REPO / "docker-compose.yml").read_text())
+    drain = WorkerSettings.model_fields["drain_timeout_s"].default
+    for name, svc in compose["services"].items():
+        if name.startswith("rollout"):
+            assert int(svc["stop_grace_period"].rstrip("s")) >= drain + 20, name
