@@ -240,7 +240,10 @@ class WeightSidecar:
         while await self.sleep(self.settings.heartbeat_s):
             try:
                 latest = await self.latest()
-                if latest > self.weight_version and not self.busy.locked() and not await self.from_peer(latest):
+                # behind: a peer first where this loop is a catch-up (collective, ipc: versions come in rounds);
+                # for a snapshot replica this loop is how every version comes, from the files, as published
+                if latest > self.weight_version and not self.busy.locked() and \
+                        (self.transport.name == "snapshot" or not await self.from_peer(latest)):
                     await self.transport.request(latest)
             except Exception as exc:  # noqa: BLE001 - the loop outlives a failed check (Redis away)
                 log.warning("checking the latest weight version failed: %s", exc)
