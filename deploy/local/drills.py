@@ -10,9 +10,10 @@ over 64 prompts, one epoch), breaks one thing mid-run, and lets the run finish:
 - ``reward-outage``: stop the reward service for 30 s (killed, then started again on its port).
 - ``redis-restart``: SIGKILL Redis (AOF, ``appendfsync everysec``), start it again on its data 5 s later.
 - ``replica-stop``: SIGSTOP a replica (a hang) while the learner publishes every step, SIGCONT it 10 s later.
-- ``elastic``: the pool goes 1 -> 2 -> 1 mid-run (issue 30): a second replica joins, gets its weights from the
-  first (a peer, not the learner) and reaches the learner's version within 2 publishes, then is drained
-  (``POST /drain``): it finishes what it holds (0 handed back, so 0 regenerated), deregisters and exits.
+- ``elastic``: the pool goes 1 -> 2 -> 1 mid-run (issue 30): the learner's demand signal asks for more, a
+  second replica joins, gets its weights from the first (a peer, not the learner) and reaches the learner's
+  version within 2 publishes, then is drained (``POST /drain``): it finishes what it holds (0 handed back, so
+  0 regenerated), deregisters and exits.
 
 Every drill has a bound on its wall time. Afterwards it accounts for every dataset position (issued,
 trained exactly once, given up with a reason, lost), counts dead-lettered entries (all of them valid
@@ -179,7 +180,13 @@ def _control(ctx: Ctx, name: str, path: str, body: dict | None = None) -> httpx.
 
 
 def elastic(ctx: Ctx) -> None:
-    step = ctx.wait_step(2)
+    step = ctx.wait_step(3)
+    # one replica taking one group at a time keeps the learner waiting: its demand signal asks for more
+    pool = (ctx.status() or {}).get("pool") or {}
+    ctx.notes.append(f"signal at step {step}: desired_replicas {pool.get('desired_replicas')} "
+                     f"(replicas {pool.get('replicas')}, wait share {pool.get('wait_share')})")
+    if pool.get("replicas") != 1 or (pool.get("desired_replicas") or 0) < 2:
+        raise DrillFailed(f"a starved learner's signal should ask for more than its 1 replica: {pool}")
     base = ctx.fleet.services["rollout-0"]
     config = yaml.safe_load(base.config_path.read_text())
     config.pop("port", None)
@@ -231,6 +238,7 @@ class Drill:
     replicas: tuple[str, ...] = REPLICAS  # started with the fleet
     prompts: int = PROMPTS  # dataset rows (one epoch): a longer run where the drill needs the time
     worker: dict = field(default_factory=dict)  # the replicas' worker settings the drill changes
+    learner: dict = field(default_factory=dict)  # the learner's settings the drill changes
 
 
 DRILLS = {d.name: d for d in (
@@ -240,7 +248,9 @@ DRILLS = {d.name: d for d in (
     Drill("redis-restart", redis_restart, 240),
     Drill("replica-stop", replica_stop, 270),
     # one group at a time per replica: a pool of one keeps the learner waiting, and the run lasts past the join
-    Drill("elastic", elastic, 180, replicas=("rollout-0",), prompts=6 * PROMPTS, worker={"concurrency": 1}),
+    # (the learner's wait share is ~0.25-0.4 then on a 2-core machine: wait_high 0.1 makes the up rule's answer certain)
+    Drill("elastic", elastic, 180, replicas=("rollout-0",), prompts=6 * PROMPTS, worker={"concurrency": 1},
+          learner={"pool": {"wait_high": 0.1, "wait_low": 0.02}}),
 )}
 
 
@@ -322,7 +332,7 @@ def run_drill(drill: Drill, root: Path, model: Path, rows: list[dict], redis_url
             cfg = _rollout_config(model, reward.url, f"rollout-{i}")
             cfg["worker"].update(drill.worker)
             fleet.start(name, "services.rollout", {**cfg, **key, "control_token": CONTROL_TOKEN}, wait=False)
-        fleet.start("learner", "services.learner", {**_learner_config(run, model), **key}, wait=False)
+        fleet.start("learner", "services.learner", {**_learner_config(run, model), **drill.learner, **key}, wait=False)
         for name in ("reward", *drill.replicas, "learner"):
             fleet.wait_healthy(name)
         ctx = Ctx(fleet=fleet, deadline=t0 + drill.bound_s)
