@@ -110,6 +110,8 @@ class Autoscaler:
     memory: PoolMemory = field(default_factory=PoolMemory)
     draining: dict[str, float] = field(default_factory=dict)  # name -> when its drain was asked for
     starting: set[str] = field(default_factory=set)
+    replaced: dict[str, int] = field(default_factory=dict)  # name -> times it died and was started again
+    given_up: set[str] = field(default_factory=set)  # died more than max_replacements times: left out of the pool
     changes: list[dict[str, Any]] = field(default_factory=list)  # every change, for the run's record and tests
     _redis: Any = None
 
@@ -130,6 +132,23 @@ class Autoscaler:
     def _running(self) -> list[str]:
         return [p.name for p in self.plans if p.name in self.fleet.services and p.name not in self.draining
                 and self.fleet.services[p.name].alive]
+
+    def _give_up_on_crash_loops(self, now: float) -> None:
+        """A replica that died again after ``max_replacements`` restarts is stopped and left out (a crash loop
+        would otherwise restart it forever): said once, with the reason in its log."""
+        for p in self.plans:
+            svc = self.fleet.services.get(p.name)
+            if svc is None or svc.alive or p.name in self.draining or \
+                    self.replaced.get(p.name, 0) < self.pool.max_replacements:
+                continue
+            from .progress import first_error
+
+            reason = first_error(svc.log_tail(20_000))
+            self.fleet.stop(p.name)
+            self.starting.discard(p.name)
+            self.given_up.add(p.name)
+            self._record("give up", p.name, f"died {self.replaced[p.name] + 1} times (max_replacements "
+                                            f"{self.pool.max_replacements}): {reason} (log: {svc.log_path})", now)
 
     def _died(self) -> list[str]:
         out = []
@@ -166,25 +185,31 @@ class Autoscaler:
                 self.starting.discard(name)
                 self.memory.last_change_at = now
                 self._record("joined", name, "healthy, taking prompts", now)
+        self._give_up_on_crash_loops(now)
         died = self._died()
         decision = decide(self.pool, running=len(self._running()), died=died, signal=self._signal(), now=now,
                           memory=self.memory)
+        acted = False
         if decision.action == "replace":
             for entry in died:
                 name = entry.split(" ", 1)[0]
+                self.replaced[name] = self.replaced.get(name, 0) + 1
                 self.fleet.restart(name, wait=False)
                 self.starting.add(name)
                 self._record("replace", name, decision.reason, now)
+                acted = True
         elif decision.action == "up":
-            idle = [p for p in self.plans if p.name not in self.fleet.services]
+            idle = [p for p in self.plans if p.name not in self.fleet.services and p.name not in self.given_up]
             for p in idle[:decision.count]:
                 self.fleet.start(p.name, p.module, p.config, wait=False)
                 self.starting.add(p.name)
                 self._record("start", p.name, decision.reason, now)
+                acted = True
         elif decision.action == "down":
             for name in list(reversed(self._running()))[:decision.count]:  # the newest first
                 self._drain(name, decision.reason, now)
-        if decision.action != "hold":
+                acted = True
+        if acted:
             self.memory.last_change_at = now
         return decision
 

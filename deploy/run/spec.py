@@ -72,6 +72,9 @@ class RolloutPoolSpec(_Strict):
                                     description="A demand signal older than this is ignored (the pool holds).")
     drain_timeout_s: float = Field(default=30.0, ge=0, le=3600,
                                    description="Time a drained replica's groups get to finish before it hands them back.")
+    max_replacements: int = Field(default=3, ge=0, le=1000,
+                                  description="Times one replica that keeps dying is replaced before the pool gives up "
+                                              "on it (and says why).")
 
     @model_validator(mode="after")
     def _bounds(self) -> RolloutPoolSpec:

@@ -75,3 +75,26 @@ def test_the_controller_grows_drains_and_replaces(tmp_path, redis_server, tiny_m
             assert all(line.startswith("pool: ") for line in said) and len(said) == len(scaler.changes)
         finally:
             scaler.close()
+
+
+def test_a_replica_that_keeps_dying_is_replaced_max_replacements_times_then_left_out(tmp_path, redis_server):
+    """A replica that cannot start (a model directory that does not exist) would be restarted forever: the
+    controller restarts it max_replacements times, then stops, leaves it out, and says why."""
+    plans = [ProcessPlan("rollout-0", "rollout", {"model": str(tmp_path / "no-such-model"), "port": free_port(),
+                                                  "redis_url": redis_server.url, "run_name": "crashloop",
+                                                  "engine": {"kind": "hf", "device": "cpu"}})]
+    pool = RolloutPoolSpec(min=1, max=1, max_replacements=2)
+    said: list[str] = []
+    with Fleet(run_dir=tmp_path, redis_url=redis_server.url) as fleet:
+        fleet.start("rollout-0", "services.rollout", plans[0].config, wait=False)
+        scaler = Autoscaler(pool, plans, fleet, redis_server.url, "crashloop", TOKEN, said.append)
+        try:
+            until("the controller to give up", lambda: "rollout-0" in scaler.given_up, scaler, timeout=180)
+            assert [c["action"] for c in scaler.changes] == ["replace", "replace", "give up"]
+            assert "died 3 times (max_replacements 2)" in scaler.changes[-1]["reason"]
+            assert "rollout-0" not in fleet.services
+            for _ in range(3):  # nothing is started again, however the pool asks
+                scaler.tick()
+            assert "rollout-0" not in fleet.services and len(scaler.changes) == 3
+        finally:
+            scaler.close()
