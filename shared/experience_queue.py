@@ -75,6 +75,22 @@ end
 return lost
 """
 
+# KEYS[1] stream; ARGV: group, consumer, idle ms, ids... -> the ids handed back. For each entry still pending on
+# this consumer: XCLAIM to itself with IDLE (it reads as idle past claim_idle_ms, so the next XAUTOCLAIM of any
+# consumer takes it) and RETRYCOUNT one less (that XAUTOCLAIM adds the one back: a hand-back is not a delivery).
+_HAND_BACK_LUA = """
+local back = {}
+for i = 4, #ARGV do
+  local row = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1)
+  if #row > 0 and row[1][2] == ARGV[2] then
+    local n = math.max(tonumber(row[1][4]) - 1, 0)
+    redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[i], 'IDLE', ARGV[3], 'RETRYCOUNT', n, 'JUSTID')
+    back[#back + 1] = ARGV[i]
+  end
+end
+return back
+"""
+
 
 class BackpressureTimeout(TimeoutError):
     """``produce`` waited longer than its timeout for the backlog to drain."""
@@ -161,6 +177,7 @@ class StreamQueue(Generic[R]):
         self._group_ready = False
         self._next_claim_at = 0.0  # monotonic time of the next XAUTOCLAIM scan
         self._renew_script = None
+        self._hand_back_script = None
 
     # ---- set-up -------------------------------------------------------------------------------
     async def ensure_group(self, force: bool = False) -> None:
@@ -359,6 +376,24 @@ class StreamQueue(Generic[R]):
             raw = await self._renew_script(keys=[self.stream], args=[self.group, consumer, *chunk])
             lost += [_s(x) for x in raw]
         return lost
+
+    async def hand_back(self, consumer: str, ids: list[str]) -> list[str]:
+        """Give up ``consumer``'s lease on ``ids`` at once (a replica leaving the pool): each entry still pending on
+        it is made claimable now, not after ``claim_idle_ms``, by the next XAUTOCLAIM of any consumer (which
+        ``consume`` runs at least once a second), and handing back does not count as a delivery, so a prompt
+        handed back is never dead-lettered for it. Returns the ids handed back (the others were settled or
+        reclaimed meanwhile)."""
+        if not ids:
+            return []
+        if self._hand_back_script is None:
+            self._hand_back_script = self.redis.register_script(_HAND_BACK_LUA)
+        idle_ms = self.claim_idle_ms + 3_600_000  # past any claim_idle_ms a consumer of this group uses
+        back: list[str] = []
+        for i in range(0, len(ids), _RENEW_CHUNK):
+            chunk = ids[i:i + _RENEW_CHUNK]
+            raw = await self._hand_back_script(keys=[self.stream], args=[self.group, consumer, idle_ms, *chunk])
+            back += [_s(x) for x in raw]
+        return back
 
     # ---- settling -------------------------------------------------------------------------------
     async def ack(self, ids: list[str]) -> int:

@@ -43,6 +43,12 @@ def weights_version(run: str) -> str:
     return f"{_prefix(run)}:weights:version"
 
 
+def pool_signal(run: str) -> str:
+    """The learner's demand signal for the rollout pool, rewritten every step (JSON: desired_replicas, replicas,
+    prompts_waiting, groups_in_flight, wait_share, tokens_per_s_per_replica, reason, step, at; docs/elastic.md)."""
+    return f"{_prefix(run)}:pool:signal"
+
+
 def weights_prefix(run: str) -> str:
     """Prefix for the weight-sync protocol's own keys (rendezvous, manifests, replica registry)."""
     return f"{_prefix(run)}:weights"

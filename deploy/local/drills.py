@@ -10,6 +10,10 @@ over 64 prompts, one epoch), breaks one thing mid-run, and lets the run finish:
 - ``reward-outage``: stop the reward service for 30 s (killed, then started again on its port).
 - ``redis-restart``: SIGKILL Redis (AOF, ``appendfsync everysec``), start it again on its data 5 s later.
 - ``replica-stop``: SIGSTOP a replica (a hang) while the learner publishes every step, SIGCONT it 10 s later.
+- ``elastic``: the pool goes 1 -> 2 -> 1 mid-run (issue 30): the learner's demand signal asks for more, a
+  second replica joins, gets its weights from the first (a peer, not the learner) and reaches the learner's
+  version within 2 publishes, then is drained (``POST /drain``): it finishes what it holds (0 handed back, so
+  0 regenerated), deregisters and exits.
 
 Every drill has a bound on its wall time. Afterwards it accounts for every dataset position (issued,
 trained exactly once, given up with a reason, lost), counts dead-lettered entries (all of them valid
@@ -33,6 +37,7 @@ from pathlib import Path
 
 import httpx
 import redis
+import yaml
 
 from deploy.local.drill_accounting import Accounting, account
 from deploy.local.fleet import Fleet, FleetError
@@ -54,6 +59,13 @@ def say(msg: str) -> None:
 
 class DrillTimeout(RuntimeError):
     """A drill's wait passed its bound."""
+
+
+class DrillFailed(RuntimeError):
+    """What a drill checks mid-run did not hold."""
+
+
+CONTROL_TOKEN = "drill-" + secrets.token_hex(8)  # the fleet's control routes (/drain, /weights/*)
 
 
 @dataclass
@@ -155,11 +167,78 @@ def replica_stop(ctx: Ctx) -> None:
         ctx.fleet.signal("rollout-0", signal.SIGCONT)
 
 
+def _weights(ctx: Ctx, name: str) -> dict:
+    r = httpx.get(f"{ctx.fleet.services[name].url}/weights/version",
+                  headers={"Authorization": f"Bearer {CONTROL_TOKEN}"}, timeout=5)
+    r.raise_for_status()
+    return r.json()
+
+
+def _control(ctx: Ctx, name: str, path: str, body: dict | None = None) -> httpx.Response:
+    return httpx.post(f"{ctx.fleet.services[name].url}{path}", json=body or {},
+                      headers={"Authorization": f"Bearer {CONTROL_TOKEN}"}, timeout=10)
+
+
+def elastic(ctx: Ctx) -> None:
+    step = ctx.wait_step(3)
+    # one replica taking one group at a time keeps the learner waiting: its demand signal asks for more
+    pool = (ctx.status() or {}).get("pool") or {}
+    ctx.notes.append(f"signal at step {step}: desired_replicas {pool.get('desired_replicas')} "
+                     f"(replicas {pool.get('replicas')}, wait share {pool.get('wait_share')})")
+    if pool.get("replicas") != 1 or (pool.get("desired_replicas") or 0) < 2:
+        raise DrillFailed(f"a starved learner's signal should ask for more than its 1 replica: {pool}")
+    base = ctx.fleet.services["rollout-0"]
+    config = yaml.safe_load(base.config_path.read_text())
+    config.pop("port", None)
+    config["worker"] = {**config["worker"], "consumer_name": "rollout-1"}
+    t0 = time.monotonic()
+    ctx.fleet.start("rollout-1", "services.rollout", config, wait=False)
+    ctx.fleet.wait_healthy("rollout-1", timeout=max(5.0, ctx.deadline - time.monotonic()))
+    st = ctx.status()
+    if st is None or st.get("phase") != "running":
+        raise DrillFailed(f"the run ended before rollout-1 joined (learner: {st and st.get('phase')}): make it longer")
+    at_join = st.get("weight_version", 0)
+    first = _weights(ctx, "rollout-1")["first_update"]
+    ctx.notes.append(f"1 -> 2 at step {step}: rollout-1 healthy {time.monotonic() - t0:.1f}s after its start, "
+                     f"weights v{first and first['version']} from {first and first['source']} {first and first['peer']}")
+    if not first or first["source"] != "peer" or first["peer"] != base.url:
+        raise DrillFailed(f"rollout-1's first weights did not come from rollout-0: {first}")
+    reached: dict = {}
+
+    def caught_up() -> bool:
+        learner = (ctx.status() or {}).get("weight_version", 0)
+        mine = _weights(ctx, "rollout-1")["weight_version"]
+        reached.update(learner=learner, mine=mine)
+        return mine >= learner
+
+    ctx.wait_until("rollout-1 to reach the learner's version", caught_up, poll_s=0.05)
+    if reached["learner"] - at_join > 2:  # publishes the learner made after the join before rollout-1 was level
+        raise DrillFailed(f"rollout-1 took more than 2 publishes to reach the learner's version: {reached}, "
+                          f"learner at v{at_join} when it joined")
+    ctx.notes.append(f"rollout-1 on v{reached['mine']} with the learner on v{reached['learner']} "
+                     f"(v{at_join} when it joined)")
+    step = ctx.wait_step(step + 3)
+    r = _control(ctx, "rollout-1", "/drain")
+    if r.status_code != 202:
+        raise DrillFailed(f"POST /drain answered {r.status_code}: {r.text[:200]}")
+    leaver = ctx.fleet.services["rollout-1"]
+    ctx.wait_until("rollout-1 to drain and exit", lambda: not leaver.alive, poll_s=0.1)
+    line = next((x for x in leaver.log_tail(20_000).splitlines() if "drained:" in x), "")
+    ctx.notes.append(f"2 -> 1 at step {step}: {line.split('drained: ', 1)[-1] or 'no drain line in its log'}")
+    if " 0 handed back" not in line:
+        raise DrillFailed(f"rollout-1 handed prompts back (they would be regenerated): {line!r}")
+    ctx.fleet.stop("rollout-1")
+
+
 @dataclass(frozen=True)
 class Drill:
     name: str
     action: Callable[[Ctx], None]
     bound_s: float  # the whole drill, fleet start-up included
+    replicas: tuple[str, ...] = REPLICAS  # started with the fleet
+    prompts: int = PROMPTS  # dataset rows (one epoch): a longer run where the drill needs the time
+    worker: dict = field(default_factory=dict)  # the replicas' worker settings the drill changes
+    learner: dict = field(default_factory=dict)  # the learner's settings the drill changes
 
 
 DRILLS = {d.name: d for d in (
@@ -168,6 +247,10 @@ DRILLS = {d.name: d for d in (
     Drill("reward-outage", reward_outage, 270),
     Drill("redis-restart", redis_restart, 240),
     Drill("replica-stop", replica_stop, 270),
+    # one group at a time per replica: a pool of one keeps the learner waiting, and the run lasts past the join
+    # (the learner's wait share is ~0.25-0.4 then on a 2-core machine: wait_high 0.1 makes the up rule's answer certain)
+    Drill("elastic", elastic, 180, replicas=("rollout-0",), prompts=6 * PROMPTS, worker={"concurrency": 1},
+          learner={"pool": {"wait_high": 0.1, "wait_low": 0.02}}),
 )}
 
 
@@ -232,6 +315,7 @@ class DrillResult:
 
 
 def run_drill(drill: Drill, root: Path, model: Path, rows: list[dict], redis_url: str | None = None) -> DrillResult:
+    rows = rows[:drill.prompts]
     run = root / drill.name
     (run / "data").mkdir(parents=True, exist_ok=True)
     (run / "data" / "drill.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -244,11 +328,12 @@ def run_drill(drill: Drill, root: Path, model: Path, rows: list[dict], redis_url
         # every service starts side by side (start-up is mostly imports and model loading); then all healthy
         reward = fleet.start("reward", "services.reward", REWARD_CONFIG, wait=False)
         key = {"run_key": secrets.token_hex(32)}  # the fleet signs its queue records, as fleetrl run's does
-        for i, name in enumerate(REPLICAS):
-            fleet.start(name, "services.rollout", {**_rollout_config(model, reward.url, f"rollout-{i}"), **key},
-                        wait=False)
-        fleet.start("learner", "services.learner", {**_learner_config(run, model), **key}, wait=False)
-        for name in ("reward", *REPLICAS, "learner"):
+        for i, name in enumerate(drill.replicas):
+            cfg = _rollout_config(model, reward.url, f"rollout-{i}")
+            cfg["worker"].update(drill.worker)
+            fleet.start(name, "services.rollout", {**cfg, **key, "control_token": CONTROL_TOKEN}, wait=False)
+        fleet.start("learner", "services.learner", {**_learner_config(run, model), **drill.learner, **key}, wait=False)
+        for name in ("reward", *drill.replicas, "learner"):
             fleet.wait_healthy(name)
         ctx = Ctx(fleet=fleet, deadline=t0 + drill.bound_s)
         say(f"{drill.name}: fleet up in {time.monotonic() - t0:.0f}s")
@@ -257,7 +342,7 @@ def run_drill(drill: Drill, root: Path, model: Path, rows: list[dict], redis_url
         ctx.wait_until("the learner to finish", lambda: not learner.alive, poll_s=0.2)
         if learner.proc.returncode != 0:
             error = f"learner exited {learner.proc.returncode}: {learner.log_tail(600)}"
-    except (DrillTimeout, FleetError) as exc:
+    except (DrillTimeout, DrillFailed, FleetError, httpx.HTTPError) as exc:
         error = f"{type(exc).__name__}: {exc}"[:800]
     wall = time.monotonic() - t0
     accounting = None
@@ -317,8 +402,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     root = (args.run_dir or Path("runs") / time.strftime("drills-%Y%m%d-%H%M%S")).resolve()
     root.mkdir(parents=True, exist_ok=True)
-    _, _, model = prepare_run(root, seed=0, heldout=PROMPTS, hidden_size=64, layers=2)
-    rows = [json.loads(x) for x in (root / "data" / "heldout.jsonl").read_text().splitlines()][:PROMPTS]
+    _, _, model = prepare_run(root, seed=0, heldout=max(d.prompts for d in DRILLS.values()), hidden_size=64, layers=2)
+    rows = [json.loads(x) for x in (root / "data" / "heldout.jsonl").read_text().splitlines()]
     results = []
     for name in args.only or list(DRILLS):
         say(f"drill {name} (bound {DRILLS[name].bound_s:.0f}s)")

@@ -12,6 +12,7 @@ Everything still speaks HTTP, Redis and the weight-sync group, exactly as under 
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import secrets
@@ -19,12 +20,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from deploy.ray.service_actor import ServiceProcessActor
 from deploy.ray.settings import LaunchSettings, ServiceGroup, merge
+from deploy.run.autoscale import Decision, PoolMemory, decide
+from shared import keys
 
 log = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parents[2]
@@ -49,6 +53,13 @@ class FleetLauncher:
         self.actors: dict[str, list[Any]] = {"reward": [], "rollout": [], "learner": []}
         self.pg = None
         self._actor_cls = ray.remote(ServiceProcessActor)
+        # an elastic rollout pool (settings.rollout_pool): deploy/run/autoscale.py's decide() on the learner's signal
+        self.pool_memory = PoolMemory()
+        self.draining: dict[Any, float] = {}  # rollout actor -> when its drain was asked for
+        self.pool_changes: list[dict[str, Any]] = []
+        self._next_rollout = settings.rollout.replicas
+        self._reward_urls: list[str] = []
+        self._redis: Any = None
 
     # ---- specs -----------------------------------------------------------------------------------
     def _spec(self, service: str, group: ServiceGroup, index: int, extra: dict[str, Any],
@@ -92,7 +103,7 @@ class FleetLauncher:
         s = self.s
         for i in range(s.reward.replicas):
             self._start("reward", s.reward, i, self._spec("reward", s.reward, i, {}))
-        reward_urls = self._wait_healthy("reward", s.reward)
+        reward_urls = self._reward_urls = self._wait_healthy("reward", s.reward)
         for i in range(s.rollout.replicas):
             worker = {"worker": {"reward_url": reward_urls[i % len(reward_urls)],  # replicas share the scorers
                                  "reward_token": self.token}}
@@ -134,13 +145,81 @@ class FleetLauncher:
                 return code
             if deadline is not None and time.monotonic() > deadline:
                 raise LaunchError(f"learner still running after {timeout_s:.0f}s")
+            if self.s.rollout_pool is not None:
+                self.tick_pool()
             time.sleep(poll_s)
+
+    # ---- an elastic rollout pool -----------------------------------------------------------------
+    def _pool_signal(self) -> dict[str, Any] | None:
+        import redis
+
+        if self._redis is None:
+            self._redis = redis.Redis.from_url(self.s.redis_url, socket_timeout=2, socket_connect_timeout=2)
+        try:
+            raw = self._redis.get(keys.pool_signal(self.s.run_name))
+            return json.loads(raw) if raw else None
+        except (redis.RedisError, ValueError):
+            return None
+
+    def _pool_change(self, action: str, name: str, reason: str, now: float) -> None:
+        self.pool_changes.append({"at": now, "action": action, "replica": name, "reason": reason})
+        log.info("pool: %s %s: %s", action, name, reason)
+
+    def tick_pool(self, now: float | None = None) -> Decision:
+        """One look at the elastic rollout pool: reap drained actors, decide (deploy/run/autoscale.py), act. Ray
+        restarts an actor whose service died (max_restarts), so the decision sees no dead replica."""
+        pool = self.s.rollout_pool
+        assert pool is not None, "tick_pool needs settings.rollout_pool"
+        now = time.time() if now is None else now
+        for actor, asked in list(self.draining.items()):
+            try:
+                code = ray.get(actor.returncode.remote(), timeout=10)
+            except (ray.exceptions.RayError, TimeoutError):
+                code = -1  # the actor is gone: nothing left to drain
+            if code is not None:
+                ray.kill(actor, no_restart=True)
+                self.actors["rollout"].remove(actor)
+                del self.draining[actor]
+                self.pool_memory.last_change_at = now
+                self._pool_change("left", "rollout", f"drained and exited after {now - asked:.1f}s", now)
+        running = [a for a in self.actors["rollout"] if a not in self.draining]
+        decision = decide(pool, running=len(running), died=[], signal=self._pool_signal(), now=now,
+                          memory=self.pool_memory)
+        if decision.action == "up":
+            group = self.s.rollout
+            for _ in range(decision.count):
+                i = self._next_rollout
+                self._next_rollout += 1
+                extra = {"worker": {"reward_url": self._reward_urls[i % len(self._reward_urls)]}} \
+                    if self._reward_urls else {}
+                self._start("rollout", group, i, self._spec("rollout", group, i, extra))
+                self._pool_change("start", f"rollout-{i}", decision.reason, now)
+            self.pool_memory.last_change_at = now
+        elif decision.action == "down":
+            for actor in list(reversed(running))[:decision.count]:  # the newest first
+                ray.get(actor.leave.remote(), timeout=10)
+                url = ray.get(actor.url.remote(), timeout=10)
+                try:
+                    httpx.post(f"{url}/drain", json={"timeout_s": pool.drain_timeout_s},
+                               headers={"Authorization": f"Bearer {self.token}"}, timeout=10).raise_for_status()
+                except httpx.HTTPError:  # cannot be asked: SIGTERM drains as well
+                    ray.get(actor.stop.remote(pool.drain_timeout_s + 30), timeout=pool.drain_timeout_s + 60)
+                self.draining[actor] = now
+                self._pool_change("drain", url, decision.reason, now)
+            self.pool_memory.last_change_at = now
+        return decision
 
     def info(self) -> dict[str, list[dict]]:
         return {svc: ray.get([a.info.remote() for a in actors]) for svc, actors in self.actors.items()}
 
     def stop(self) -> None:
         """Stop the services (learner first, so it checkpoints), then the actors and the placement group."""
+        if self._redis is not None:
+            self._redis.close()
+            self._redis = None
+        self._stop()
+
+    def _stop(self) -> None:
         for svc in ("learner", "rollout", "reward"):
             refs = [a.stop.remote() for a in self.actors[svc]]
             try:

@@ -103,6 +103,11 @@ class ServiceProcessActor:
     def log_tail(self, chars: int = 3000) -> str:
         return self.log_path.read_text(errors="replace")[-chars:] if self.log_path.exists() else ""
 
+    def leave(self) -> None:
+        """The replica is about to be drained out of an elastic pool: its exit ends neither the actor nor starts a
+        new one (the launcher kills the actor once the process has exited)."""
+        self.stopping = True
+
     def stop(self, timeout_s: float = 20.0) -> int | None:
         """SIGTERM, then SIGKILL after ``timeout_s``; the actor itself stays (the launcher kills it)."""
         self.stopping = True

@@ -12,6 +12,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from deploy.run.spec import RolloutPoolSpec
+
 
 class ServiceGroup(BaseModel):
     """Replicas of one service: what each asks Ray for and the service's own settings."""
@@ -61,6 +63,9 @@ class LaunchSettings(BaseModel):
     reward: ServiceGroup = Field(default_factory=lambda: ServiceGroup(port=8002))
     rollout: ServiceGroup = Field(default_factory=lambda: ServiceGroup(port=8001))
     learner: LearnerGroup = Field(default_factory=lambda: LearnerGroup(port=8003))
+    rollout_pool: RolloutPoolSpec | None = Field(
+        default=None, description="An elastic rollout pool (docs/elastic.md): rollout.replicas start, then the pool "
+        "grows and shrinks between min and max on the learner's demand signal; unset: a fixed pool.")
 
     @model_validator(mode="after")
     def _check(self) -> LaunchSettings:
@@ -68,6 +73,10 @@ class LaunchSettings(BaseModel):
             raise ValueError("learner.replicas (its ranks) must be at least 1")
         if self.rollout.replicas and not self.reward.replicas:
             raise ValueError("rollout replicas score through the reward service: set reward.replicas >= 1")
+        pool = self.rollout_pool
+        if pool is not None and not pool.min <= self.rollout.replicas <= pool.max:
+            raise ValueError(f"rollout.replicas ({self.rollout.replicas}) starts the elastic pool: it must be between "
+                             f"rollout_pool.min ({pool.min}) and rollout_pool.max ({pool.max})")
         return self
 
     @classmethod

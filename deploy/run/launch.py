@@ -32,6 +32,7 @@ from shared.redact import redact_url
 from shared.settings import SettingsError
 from shared.training_health import check_health
 
+from .autoscale import Autoscaler
 from .display import Display, headline
 from .heldout import episode_worker, evaluate, heldout_rows
 from .plan import RESOLVED_SPEC, RUN_KEY_FILE, ProcessPlan, plan, run_dir_of
@@ -69,6 +70,7 @@ class RunLauncher:
         self.view = RunView(spec.run_name, algorithm=spec.algorithm.name)
         self._eval_thread: threading.Thread | None = None
         self._next_eval = 0
+        self._autoscaler: Autoscaler | None = None  # an elastic rollout pool's controller (deploy/run/autoscale.py)
         self._eval_worker = None  # the rollout workers' settings when held-out prompts are agent episodes
         self._lock = RunLock(self.run_dir)
         self._resumed_step: int | None = None  # the checkpoint step a resumed run starts from
@@ -180,12 +182,19 @@ class RunLauncher:
         gate = secrets.token_hex(8) if rows and not resuming else None
         if gate is not None:
             learner.config.setdefault("train", {})["start_gate"] = gate
-        for p in procs:
+        pool = spec.replicas.pool
+        standby = [p for p in procs if p.kind == "rollout" and int(p.name.rsplit("-", 1)[1]) >= spec.replicas.rollout_start]
+        started = [p for p in procs if p not in standby]
+        for p in started:
             say(f"starting {p.name} ({p.url})")
             fleet.start(p.name, p.module, p.config, wait=False)
             self._learner_started |= p.kind == "learner"
-        for p in procs[:-1]:
+        for p in started[:-1]:
             fleet.wait_healthy(p.name)
+        if pool is not None and redis_url is not None:
+            self._autoscaler = Autoscaler(pool, [p for p in procs if p.kind == "rollout"], fleet, redis_url,
+                                          spec.run_name, learner.config["control_token"], say)
+            say(f"elastic rollout pool: {pool.min} to {pool.max} replicas, on the learner's demand signal")
         if gate is not None:
             self._evaluate(rows, step=0)
             open_start_gate(redis_url, keys.learner_start_gate(spec.run_name), gate)
@@ -224,10 +233,14 @@ class RunLauncher:
 
     def _follow(self, fleet: Fleet, rows: list[dict]) -> None:
         poller = Poller(fleet, self.spec.run_name)
+        if self._autoscaler is not None:  # it replaces and drains rollout replicas: their exits are not the run's
+            poller.managed = {p.name for p in self._autoscaler.plans}
         poller.view = self.view
         self._next_eval = self.spec.eval.every or 0
         try:
             while True:
+                if self._autoscaler is not None:
+                    self._autoscaler.tick()
                 view = poller.poll()
                 self._health(view)
                 self.display.update(view)
@@ -252,6 +265,8 @@ class RunLauncher:
                 time.sleep(0.5)
         finally:
             poller.close()
+            if self._autoscaler is not None:
+                self._autoscaler.close()
             if self._eval_thread is not None:
                 self._eval_thread.join(timeout=300)
 

@@ -84,12 +84,14 @@ def plan(spec: RunSpec, spec_file: str | Path, redis_url: str | None, token: str
         reward_urls.append(spec.reward.url.rstrip("/"))
     if spec.is_rl:
         base = service_config(spec, "rollout", spec_file)
-        for i in range(spec.replicas.rollout):
+        for i in range(spec.replicas.rollout_max):  # an elastic pool's beyond min start on demand
             fleet = {"port": free_port(), "redis_url": redis_url, "control_token": token, "run_key": run_key,
                      "worker": {"enabled": True, "reward_url": reward_urls[i % len(reward_urls)],
                                 "consumer_name": f"rollout-{i}"}}
             if spec.reward.scorers is not None:  # ours: it takes the run's token (never sent to reward.url's)
                 fleet["worker"]["reward_token"] = token
+            if spec.replicas.pool is not None:  # a drained replica's groups get this long to finish
+                fleet["worker"]["drain_timeout_s"] = spec.replicas.pool.drain_timeout_s
             out.append(ProcessPlan(f"rollout-{i}", "rollout", deep_merge(base, fleet)))
     learner = deep_merge(LEARNER_DEFAULTS, service_config(spec, "learner", spec_file))
     fleet = {"port": free_port(), "control_token": token, "run_dir": str(run_dir_of(spec) / "learner"),

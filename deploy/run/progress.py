@@ -83,6 +83,7 @@ class Poller:
         self.learner: dict[str, Any] = {}
         self._first: tuple[float, int] | None = None
         self._client = httpx.Client(timeout=2.0)
+        self.managed: set[str] = set()  # services a controller restarts or drains: their exits are not an error
 
     def close(self) -> None:
         self._client.close()
@@ -99,7 +100,7 @@ class Poller:
         for name, svc in list(self.fleet.services.items()):
             if not svc.alive:
                 views.append(ServiceView(name, f"exited {svc.proc.returncode}", first_error(svc.log_tail(20_000))))
-                if self.view.error is None and svc.proc.returncode not in (0, None):
+                if self.view.error is None and svc.proc.returncode not in (0, None) and name not in self.managed:
                     self.view.error = f"{name} exited with code {svc.proc.returncode}: " \
                                       f"{first_error(svc.log_tail(20_000))}  (log: {svc.log_path})"
                 continue

@@ -56,11 +56,61 @@ class SamplingSpec(_Strict):
     stop: list[str] = Field(default_factory=list, description="Stop strings.")
 
 
+class RolloutPoolSpec(_Strict):
+    """An elastic rollout pool: ``fleetrl run`` starts ``min`` replicas and grows or shrinks the pool between
+    ``min`` and ``max`` on the learner's demand signal (docs/elastic.md); a replica that dies is replaced."""
+
+    min: int = Field(default=1, ge=1, le=64, description="Replicas the pool never goes below (started first).")
+    max: int = Field(default=4, ge=1, le=64, description="Replicas the pool never goes above.")
+    cooldown_up_s: float = Field(default=20.0, ge=0, le=3600,
+                                 description="Seconds after any change before the pool grows again.")
+    cooldown_down_s: float = Field(default=30.0, ge=0, le=3600,
+                                   description="Seconds after any change before the pool shrinks again.")
+    down_stable_s: float = Field(default=20.0, ge=0, le=3600,
+                                 description="The signal must ask for fewer replicas this long before one is drained.")
+    signal_max_age_s: float = Field(default=60.0, gt=0, le=3600,
+                                    description="A demand signal older than this is ignored (the pool holds).")
+    drain_timeout_s: float = Field(default=30.0, ge=0, le=3600,
+                                   description="Time a drained replica's groups get to finish before it hands them back.")
+    max_replacements: int = Field(default=3, ge=0, le=1000,
+                                  description="Times one replica that keeps dying is replaced before the pool gives up "
+                                              "on it (and says why).")
+
+    @model_validator(mode="after")
+    def _bounds(self) -> RolloutPoolSpec:
+        if self.min > self.max:
+            raise ValueError(f"replicas.rollout: min ({self.min}) is above max ({self.max})")
+        return self
+
+
 class ReplicasSpec(_Strict):
     """Processes per service on this machine."""
 
-    rollout: int = Field(default=1, ge=1, le=64, description="Rollout replicas (each with its worker and sidecar).")
+    rollout: int | RolloutPoolSpec = Field(
+        default=1, description="Rollout replicas (each with its worker and sidecar): a number (fixed), or "
+        "{min: 1, max: 4} for an elastic pool driven by the learner's demand signal (docs/elastic.md).")
     reward: int = Field(default=1, ge=1, le=64, description="Reward replicas (rollout replica i uses i mod n).")
+
+    @model_validator(mode="after")
+    def _rollout_count(self) -> ReplicasSpec:
+        if isinstance(self.rollout, int) and not 1 <= self.rollout <= 64:
+            raise ValueError(f"replicas.rollout: {self.rollout} replicas; a number from 1 to 64, or {{min: 1, max: 4}}")
+        return self
+
+    @property
+    def pool(self) -> RolloutPoolSpec | None:
+        """The elastic pool's settings, or None for a fixed number of replicas."""
+        return self.rollout if isinstance(self.rollout, RolloutPoolSpec) else None
+
+    @property
+    def rollout_max(self) -> int:
+        """Rollout replicas planned (ports, devices): all of a fixed pool, ``max`` of an elastic one."""
+        return self.pool.max if self.pool else int(self.rollout)
+
+    @property
+    def rollout_start(self) -> int:
+        """Rollout replicas started with the run."""
+        return self.pool.min if self.pool else int(self.rollout)
 
 
 class RedisSpec(_Strict):

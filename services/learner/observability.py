@@ -60,6 +60,9 @@ class MetricsSink:
         self.version_span = Histogram("fleetrl_learner_version_span", "Weight versions one trained sample's tokens "
                                       "span (partial rollouts; 0 = one version made it)", buckets=STALENESS_BUCKETS,
                                       registry=registry)
+        self.pool = Gauge("fleetrl_learner_pool", "The rollout pool's demand signal (docs/elastic.md): "
+                          "desired_replicas, replicas, prompts_waiting, groups_in_flight, wait_share, "
+                          "tokens_per_s_per_replica", ["field"], registry=registry)
         self.staleness_counts: dict[int, int] = {}
         self.version_span_counts: dict[int, int] = {}
         self._bar = None
@@ -143,6 +146,12 @@ class MetricsSink:
         for v in values:
             self.version_span.observe(v)
             self.version_span_counts[v] = self.version_span_counts.get(v, 0) + 1
+
+    def observe_pool(self, signal: Any) -> None:
+        """The pool signal's numbers as gauges (``fleetrl_learner_pool{field="desired_replicas"}`` ...)."""
+        for name in ("desired_replicas", "replicas", "prompts_waiting", "groups_in_flight", "wait_share",
+                     "tokens_per_s_per_replica", "learner_tokens_per_s"):
+            self.pool.labels(name).set(float(getattr(signal, name)))
 
     def observe_publish(self, report: Any) -> dict[str, float]:
         """Record one publish (a :class:`~services.learner.weights.PublishReport`); the step metrics it adds."""

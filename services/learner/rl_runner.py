@@ -71,6 +71,7 @@ from services.learner.distributed.env import RankInfo
 from services.learner.grants import unissued
 from services.learner.group_buffer import Filed, GroupBuffer, position_of
 from services.learner.observability import MetricsSink
+from services.learner.pool_watch import PoolWatch
 from services.learner.prompt_feeder import PromptFeeder
 from services.learner.queue_watch import REDIS_DOWN, DeadLetter, DeadLetterWatch
 from services.learner.run_state import RunState
@@ -136,6 +137,7 @@ class RLRunner:
         self._published_step = -1
         self._wait_started: float | None = None
         self._wait_s = 0.0
+        self.pool = PoolWatch(redis, run, settings.pool)  # the elastic pool's demand signal, every step
         self.ranks = RankInfo.from_env()
         self.link = None  # OwnerLink to the follower ranks when WORLD_SIZE > 1
 
@@ -540,6 +542,7 @@ class RLRunner:
         if self.s.observability.log_sample_ids:
             metrics["sample_ids"] = [e.id for e in exps]
         self.sink.log_samples(step, exps)
+        await self._publish_pool_signal(step, int(sum(len(e.response_token_ids) for e in exps)))
         self._wait_s = 0.0
         self.sink.in_flight.set(len(st.in_flight))
         self.last_metrics = metrics
@@ -547,6 +550,17 @@ class RLRunner:
         self.sink.log_step(step, metrics)
         if self.commits.due(step, self.s.checkpoint.every):
             await self._commit()
+
+    async def _publish_pool_signal(self, step: int, tokens: int) -> None:
+        """This step's demand signal for the rollout pool (Redis key, gauges, /status); a Redis error costs the
+        signal of this step only."""
+        self.pool.step_done(self._wait_s, tokens)
+        try:
+            sig = await self.pool.publish(step)
+        except REDIS_DOWN as exc:
+            log.warning("pool signal of step %d not published (%s: %s)", step, type(exc).__name__, exc)
+            return
+        self.sink.observe_pool(sig)
 
     async def _publish(self, strict: bool = False) -> bool:
         """Publish the actor as a new version. A publish that fails on Redis fails this round, not the run
@@ -640,6 +654,7 @@ class RLRunner:
             "last_metrics": {k: v for k, v in self.last_metrics.items() if k != "sample_ids"},
             "health": [asdict(w) for w in check_health(list(self.recent))],
             "last_publish": self._publish_status(),
+            "pool": self.pool.last.to_dict() if self.pool.last is not None else None,
         }
 
     def _publish_status(self) -> dict[str, Any] | None:

@@ -14,6 +14,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from services.learner.algorithms.config import AlgorithmSettings, GRPOSettings
+from services.learner.pool_signal import PoolSignalSettings
 from shared.schemas import SamplingOverrides
 from shared.settings import ServiceSettings, service_config
 from shared.weight_sync.settings import WeightSyncSettings
@@ -281,6 +282,8 @@ class LearnerSettings(ServiceSettings):
     checkpoint: CheckpointSettings = Field(default_factory=CheckpointSettings)
     observability: ObservabilitySettings = Field(default_factory=ObservabilitySettings)
     distributed: DistributedSettings = Field(default_factory=DistributedSettings)
+    pool: PoolSignalSettings = Field(default_factory=PoolSignalSettings,
+                                     description="The elastic rollout pool's demand signal (docs/elastic.md).")
     exit_when_done: bool = Field(default=True, description="Exit the process once training has finished.")
     max_body_bytes: int = Field(default=64 * 1024, ge=1024, description="Larger request bodies get 413.")
 

@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse
 
 from services.rollout.errors import ENGINE_ERRORS
 from services.rollout.metrics import RolloutMetrics
-from services.rollout.routes import control, generate, inference, info, openai, sessions
+from services.rollout.routes import control, drain, generate, inference, info, openai, sessions
 from services.rollout.service import RolloutService
 from services.rollout.sessions.auth import KEY_PARAM, control_token_of, session_key
 from services.rollout.sessions.registry import SessionElsewhere
@@ -59,7 +59,7 @@ def request_metrics(metrics: RolloutMetrics) -> Observer:
 def create_app(settings: RolloutSettings, *, service: RolloutService | None = None,
                extra_routers: Sequence[APIRouter] = ()) -> FastAPI:
     service = service or RolloutService(settings)
-    routers = [generate.router, openai.router, inference.router, info.router, control.router, sessions.control,
+    routers = [generate.router, openai.router, inference.router, info.router, control.router, drain.router, sessions.control,
                sessions.scoped]
     if settings.sidecar_on:
         from services.rollout.weights.routes import router as weight_routes

@@ -58,5 +58,9 @@ def main(
     from shared.telemetry import setup_logging
 
     setup_logging(settings.log_level, "rollout")
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
+    from services.rollout.service import RolloutService, exit_process
+
+    service = RolloutService(settings)
+    service.on_drained = exit_process  # POST /drain ends this process (through uvicorn's own shutdown)
+    uvicorn.run(create_app(settings, service=service), host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
                 access_log=False, timeout_graceful_shutdown=10)

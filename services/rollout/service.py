@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import signal
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -59,6 +61,11 @@ async def _stop_quietly(component: Component) -> None:
         log.exception("stopping the %s failed", type(component).__name__)
 
 
+def exit_process() -> None:
+    """End this process the way SIGTERM does (the server shuts down, components stop, the sidecar deregisters)."""
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
 class RolloutService:
     def __init__(self, settings: RolloutSettings, engine: Engine | None = None) -> None:
         self.settings = settings
@@ -71,6 +78,8 @@ class RolloutService:
         self.worker: RolloutWorker | None = None
         self.sessions: SessionManager | None = None
         self._running: list[Component] = []
+        self._drain_task: asyncio.Task | None = None
+        self.on_drained: Callable[[], None] | None = None  # the CLI's: end the process once drained
         self._tokenizing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-tokenize")
 
     # ---- lifecycle ---------------------------------------------------------------------------------
@@ -139,6 +148,30 @@ class RolloutService:
 
     async def health_generate(self) -> bool:
         return await self.engine.health_generate()
+
+    # ---- leaving the pool ---------------------------------------------------------------------------
+    def drain(self, timeout_s: float | None = None) -> None:
+        """Leave the pool (``POST /drain``): the worker drains (``RolloutWorker.drain``), then the process exits
+        through its ordinary shutdown (SIGTERM to itself), where the weight sidecar deregisters. Idempotent."""
+        if self._drain_task is None:
+            self._drain_task = asyncio.get_running_loop().create_task(self._drain(timeout_s), name="drain")
+
+    async def _drain(self, timeout_s: float | None) -> None:
+        try:
+            if self.worker is not None:
+                await self.worker.drain(timeout_s)
+        finally:
+            if self.on_drained is not None:
+                log.info("drained; exiting")
+                self.on_drained()
+            else:
+                log.info("drained (embedded: the process that runs this app decides when it ends)")
+
+    def drain_state(self) -> dict[str, Any]:
+        done = self._drain_task is not None and self._drain_task.done()
+        counts = self.worker.drained if self.worker is not None and self.worker.drained else {}
+        return {"draining": self._drain_task is not None or bool(self.worker and self.worker.draining),
+                "done": done, **counts}
 
     async def pause(self, mode: PauseMode, timeout: float | None = None) -> None:
         await self.engine.pause(mode, timeout)

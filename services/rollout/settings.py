@@ -83,6 +83,9 @@ class WorkerSettings(BaseModel):
                                       "then the prompt is failed with the reason.")
     group_retries: int = Field(default=3, ge=0, description="Regenerations of a group whose samples were aborted.")
     poll_interval_s: float = Field(default=0.5, gt=0, description="Re-check period while the worker holds back.")
+    drain_timeout_s: float = Field(default=20.0, ge=0, le=3600,
+                                   description="Leaving the pool (SIGTERM, POST /drain): time the groups in progress "
+                                   "get to finish; the rest are handed back at once (docs/elastic.md).")
     sampling: WorkerSampling = Field(default_factory=WorkerSampling)
     rollout_function: str = Field(
         default="single_turn", description="What the worker does with a prompt task: single_turn (n samples, one "

@@ -222,6 +222,8 @@ class ReplicaInfo(_Record):
     engine: str = ""
     weight_version: int = 0
     wants_version: int = Field(default=0, description="Version the replica asks to be brought to (catch-up).")
+    peer_url: str = Field(default="", description="Where joining replicas fetch this replica's verified weights "
+                                                  "(GET {peer_url}/weights/peer/...); '' when it serves none.")
     updated_at: float = Field(default_factory=time.time)
 
 

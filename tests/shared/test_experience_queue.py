@@ -188,3 +188,24 @@ async def test_a_lease_keeps_a_live_consumers_entries_and_lets_a_stopped_ones_go
     assert resumed.held == set()
     owners = {r["consumer"] for r in await redis_client.xpending_range("s", "g", "-", "+", 10)}
     assert owners == {b"thief"}, "a consumer that was stopped must not take back what another reclaimed"
+
+
+async def test_entries_handed_back_are_taken_by_another_consumer_at_once_and_not_counted(redis_client):
+    """A replica leaving the pool hands its prompts back: another consumer takes them on its next consume, long
+    before claim_idle_ms, with the delivery count they had (a hand-back is not a failed delivery); entries the
+    leaving consumer does not hold (settled, or another's) are left alone."""
+    q = StreamQueue(redis_client, "hb", "g", PromptTask, claim_idle_ms=60_000)
+    await q.produce(tasks(4))
+    mine = await q.consume("leaving", count=3, block_ms=10)
+    theirs = await q.consume("staying", count=1, block_ms=10)
+    await q.ack([mine[2].id])  # finished before leaving
+    back = await q.hand_back("leaving", [d.id for d in mine] + [theirs[0].id])
+    assert sorted(back) == sorted(d.id for d in mine[:2])
+    other = StreamQueue(redis_client, "hb", "g", PromptTask, claim_idle_ms=60_000)
+    t0 = time.monotonic()
+    taken = await other.consume("joiner", count=4, block_ms=10)
+    assert time.monotonic() - t0 < 5.0
+    assert sorted(d.id for d in taken) == sorted(back), "handed-back entries must be claimable at once"
+    assert {d.deliveries for d in taken} == {1}, "a hand-back must not count as a delivery"
+    owners = {r["message_id"].decode(): r["consumer"] for r in await redis_client.xpending_range("hb", "g", "-", "+", 10)}
+    assert owners == {**{d.id: b"joiner" for d in taken}, theirs[0].id: b"staying"}

@@ -134,8 +134,9 @@ async def test_pooled_publish_keeps_no_copy_and_late_joiners_get_the_next_versio
             out = rep.generate()
             assert out["output_ids"] == expected and out["meta_info"]["weight_version"] == "1"
 
-        # nothing was kept of version 1: a replica that joins now serves what it has, then gets version 2
-        c = replicas(run, wait=False, join_timeout_s="1")
+        # nothing was kept of version 1: a replica that joins now (and does not ask its peers, which would serve
+        # it version 1: tests/weight_sync/test_peer.py) serves what it has, then gets version 2
+        c = replicas(run, wait=False, join_timeout_s="1", peer="false")
         await wait_ready(c)
         assert c.weight_version() == 0
         c_id = c.weights_status()["replica_id"]

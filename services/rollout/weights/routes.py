@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Path, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from services.rollout.deps import ControlDep
@@ -45,6 +45,8 @@ class WeightsStatus(BaseModel):
     backend: Literal["gloo", "nccl"] = Field(description="Collective backend the replica joins.")
     updating: bool = Field(description="An update is running now.")
     last_update: LastUpdate | None = Field(description="The last update this replica ran (None: none yet).")
+    first_update: LastUpdate | None = Field(default=None, description="The first version it loaded: how it joined "
+                                            "(source peer: from another replica, docs/elastic.md).")
     last_error: str = Field(description="Why the last update did not load ('' when it did).")
 
 
@@ -67,6 +69,13 @@ class VersionConflict(ServiceError):
 
     status = 409
     type = "version_conflict"
+
+
+class BucketNotFound(ServiceError):
+    """The version has no such bucket: 404."""
+
+    status = 404
+    type = "bucket_not_found"
 
 
 class UpdateTimeout(ServiceError):
@@ -92,6 +101,25 @@ router = APIRouter(tags=["weights"])
             responses=error_responses(503))  # 503: no sidecar here
 async def weights_version(sidecar: SidecarDep) -> WeightsStatus:
     return WeightsStatus(**sidecar.status(), latest_version=await sidecar.latest())
+
+
+@router.get("/weights/peer/{version}/{bucket}", dependencies=[ControlDep], response_class=Response,
+            responses={**error_responses(404, 409, 503),
+                       200: {"content": {"application/octet-stream": {}}, "description": "The bucket's raw bytes."}})
+async def peer_bucket(sidecar: SidecarDep, version: Annotated[int, Path(ge=1, le=INT64_MAX)],
+                      bucket: Annotated[int, Path(ge=0, le=1_000_000)]) -> Response:
+    """Bucket ``bucket`` of ``version`` as this replica's engine holds it (raw bytes in the learner's layout), for
+    a replica joining the pool (services/rollout/weights/peer.py); it checks them against the learner's digests.
+    409 unless this replica holds exactly ``version``."""
+    try:
+        data = await sidecar.peer_bucket(version, bucket)
+    except LookupError as exc:
+        raise BucketNotFound(str(exc)) from None
+    except ValueError as exc:
+        raise VersionConflict(str(exc)) from None
+    except RuntimeError as exc:
+        raise WeightSyncOff(str(exc)) from None
+    return Response(content=data, media_type="application/octet-stream", headers={"X-Weight-Version": str(version)})
 
 
 @router.post("/weights/update", dependencies=[ControlDep], response_model=UpdateWeightsResponse,

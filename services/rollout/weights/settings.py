@@ -80,6 +80,10 @@ class SidecarSettings(BaseModel):
                     "(its responses then report the older weight_version).",
     )
     snapshot_timeout_s: float = Field(default=300.0, gt=0, description="Bound on fetching one snapshot file.")
+    peer: bool = Field(default=True, description="Elastic pool: serve this replica's verified weights to joining "
+                       "peers (GET /weights/peer/*, control token) and, when joining behind, load the latest version "
+                       "from a peer before asking the publisher (docs/elastic.md).")
+    peer_timeout_s: float = Field(default=60.0, gt=0, le=3600, description="Bound on fetching one bucket from a peer.")
     snapshot_prefer_url: bool = Field(default=False, description="Fetch snapshots over HTTP even if the path is visible.")
     snapshot_trusted_urls: list[str] = Field(
         default_factory=list,

@@ -26,6 +26,7 @@ import time
 import uuid
 from typing import Any
 
+from services.rollout.weights.peer import PeerCatchUp
 from services.rollout.weights.receiver import RoundWatcher
 from services.rollout.weights.settings import SidecarSettings
 from services.rollout.weights.sinks import WeightSink, create_sink
@@ -48,15 +49,18 @@ def create_sidecar(engine: Any, settings: Any) -> WeightSidecar | None:
     import redis.asyncio as aioredis
 
     redis = aioredis.from_url(settings.redis_url, socket_connect_timeout=5, socket_timeout=30)
+    token = settings.control_token.get_secret_value() if settings.control_token else None
+    peer_url = (settings.advertise_url or f"http://{settings.host}:{settings.port}").rstrip("/")
     return WeightSidecar(engine, redis, settings.run_name, section, name=f"{settings.host}:{settings.port}",
-                         owns_redis=True)
+                         owns_redis=True, peer_url=peer_url if section.peer else "", peer_token=token)
 
 
 class WeightSidecar:
     """``redis``: a ``redis.asyncio`` client (closed by :meth:`stop` when ``owns_redis``)."""
 
     def __init__(self, engine: Any, redis: Any, run: str, settings: SidecarSettings | None = None,
-                 name: str = "", sink: WeightSink | None = None, owns_redis: bool = False) -> None:
+                 name: str = "", sink: WeightSink | None = None, owns_redis: bool = False, peer_url: str = "",
+                 peer_token: str | None = None) -> None:
         self.engine, self.redis, self.run, self.owns_redis = engine, redis, run, owns_redis
         self.settings = settings or SidecarSettings()
         self.name = name or f"{socket.gethostname()}:{os.getpid()}"
@@ -66,14 +70,30 @@ class WeightSidecar:
         self.watcher = RoundWatcher(redis, run, self.replica_id, self.settings.poll_s)
         self.wants_version = 0
         self.last_error = ""
-        self.last_update: LastUpdate | None = None
+        self._last_update: LastUpdate | None = None
+        self.first_update: LastUpdate | None = None  # the first version loaded: how this replica joined
         self.busy = asyncio.Lock()  # held while an update runs
         self.transport: ReplicaTransport = TRANSPORTS[self.settings.transport](self)
         self._changed = asyncio.Condition()
         self._tasks: list[asyncio.Task] = []
         self._stopping = asyncio.Event()
+        # elastic pool: serve our verified weights to joiners, and join from a peer (services/rollout/weights/peer.py)
+        self.peer_url = peer_url if self.settings.peer and hasattr(self.sink, "peer_bucket") else ""
+        self.peer = PeerCatchUp(self, peer_token) if self.settings.peer else None
+        self._peer_manifest: Any = None
+        self._peer_serving = asyncio.Semaphore(1)  # one bucket packed at a time: a request cannot make us do more
 
     # ---- lifecycle ---------------------------------------------------------------------------------
+    @property
+    def last_update(self) -> LastUpdate | None:
+        return self._last_update
+
+    @last_update.setter
+    def last_update(self, update: LastUpdate | None) -> None:
+        self._last_update = update
+        if self.first_update is None and update is not None and update.state == "loaded":
+            self.first_update = update
+
     @property
     def weight_version(self) -> int:
         return self.sink.weight_version
@@ -83,7 +103,7 @@ class WeightSidecar:
                            backend=self.settings.backend, ranks=self.settings.ranks,
                            group=self.sink.group_kind if self.settings.group == "auto" else self.settings.group,
                            engine=getattr(self.engine, "kind", ""), weight_version=self.weight_version,
-                           wants_version=self.wants_version)
+                           wants_version=self.wants_version, peer_url=self.peer_url)
 
     async def start(self) -> None:
         """Register, start the loops, and wait (bounded) to reach the latest version."""
@@ -92,7 +112,12 @@ class WeightSidecar:
         loops = [self._heartbeat_loop(), self._latest_loop(), *self.transport.loops()]
         self._tasks = [loop.create_task(c) for c in loops]
         latest = await self.latest()
-        if latest > self.weight_version and self.settings.join_timeout_s > 0:
+        from_peer = latest > self.weight_version and await self.from_peer(latest)
+        if from_peer and (latest := await self.latest()) > self.weight_version:
+            await self.from_peer(latest)  # a peer was one behind, or the learner published meanwhile: once more
+        # brought (close) to the latest by a peer: the ordinary rounds (this replica is registered) do the rest,
+        # so the publisher runs no catch-up round for it; with no peer to serve it, ask the publisher
+        if not from_peer and latest > self.weight_version and self.settings.join_timeout_s > 0:
             reached = await self.ensure(latest, self.settings.join_timeout_s)
             if not reached:
                 log.warning("not at the latest weight version %d after %.0fs; serving version %d meanwhile",
@@ -133,6 +158,53 @@ class WeightSidecar:
                     pass
         return True
 
+    async def from_peer(self, version: int) -> bool:
+        """Load ``version`` (or the newest below it a peer holds) from a peer replica, before asking the
+        publisher; True if the engine moved to a newer version."""
+        if self.peer is None or self.busy.locked():
+            return False
+        async with self.busy:
+            if self.weight_version >= version:
+                return False
+            try:
+                loaded = await self.peer.run(version)
+            except Exception as exc:  # noqa: BLE001 - Redis away, a bad record: the publisher is asked instead
+                log.warning("catching up on version %d from a peer failed: %s", version, exc)
+                return False
+            if loaded:
+                self.last_error = ""
+                await self.advertise()
+        await self.notify()
+        return loaded
+
+    def note_peer_update(self, version: int, peer_url: str, seconds: float, phases: dict[str, float]) -> None:
+        self.last_update = LastUpdate(version=version, state="loaded", source="peer", seconds=round(seconds, 3),
+                                      phases=phases, peer=peer_url)
+
+    async def peer_bucket(self, version: int, index: int) -> bytes:
+        """Bucket ``index`` of ``version`` for a joining peer: raises LookupError (no such bucket), ValueError
+        (this replica does not hold ``version``), RuntimeError (it serves no weights)."""
+        if not self.peer_url:
+            raise RuntimeError("this replica serves no weights to peers (weights.peer is off, or its engine "
+                               "cannot read its weights back)")
+        if version != self.weight_version:
+            raise ValueError(f"this replica holds version {self.weight_version}, not {version}")
+        manifest = self._peer_manifest
+        if manifest is None or manifest.version != version:
+            from services.rollout.weights.peer import version_records
+
+            records = await version_records(self.redis, self.run, version)
+            if records is None:
+                raise ValueError(f"version {version}'s manifest or digests are no longer in Redis")
+            manifest = self._peer_manifest = records[0]
+        if not 0 <= index < len(manifest.buckets):
+            raise LookupError(f"version {version} has {len(manifest.buckets)} buckets; there is no bucket {index}")
+        async with self._peer_serving:
+            data = await asyncio.to_thread(self.sink.peer_bucket, manifest.buckets[index])
+        if self.weight_version != version:  # switched while packing: these bytes may mix versions
+            raise ValueError(f"this replica moved to version {self.weight_version} while serving {version}")
+        return data
+
     async def advertise(self) -> None:
         """Write this replica's registry entry (version, the version it wants) and refresh its heartbeat."""
         await self.registry.put(self.info(), self.settings.heartbeat_ttl_s)
@@ -140,7 +212,8 @@ class WeightSidecar:
     def status(self) -> dict[str, Any]:
         return {"replica_id": self.replica_id, "weight_version": self.weight_version,
                 "transport": self.settings.transport, "backend": self.settings.backend,
-                "updating": self.busy.locked(), "last_update": self.last_update, "last_error": self.last_error}
+                "updating": self.busy.locked(), "last_update": self.last_update, "first_update": self.first_update,
+                "last_error": self.last_error}
 
     # ---- loops -------------------------------------------------------------------------------------
     @property
@@ -167,7 +240,10 @@ class WeightSidecar:
         while await self.sleep(self.settings.heartbeat_s):
             try:
                 latest = await self.latest()
-                if latest > self.weight_version and not self.busy.locked():
+                # behind: a peer first where this loop is a catch-up (collective, ipc: versions come in rounds);
+                # for a snapshot replica this loop is how every version comes, from the files, as published
+                if latest > self.weight_version and not self.busy.locked() and \
+                        (self.transport.name == "snapshot" or not await self.from_peer(latest)):
                     await self.transport.request(latest)
             except Exception as exc:  # noqa: BLE001 - the loop outlives a failed check (Redis away)
                 log.warning("checking the latest weight version failed: %s", exc)

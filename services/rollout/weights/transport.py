@@ -18,7 +18,7 @@ import logging
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Coroutine
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -37,7 +37,9 @@ class LastUpdate(BaseModel):
 
     version: int = Field(description="The version it carried.")
     state: ReportState = Field(description="loaded: served since; failed: the round broke; refused: bad data.")
-    source: Transport = Field(description="How it came: a collective round or a snapshot.")
+    source: Transport | Literal["peer"] = Field(description="How it came: a collective round, a snapshot, or "
+                                                          "another replica (peer catch-up).")
+    peer: str | None = Field(default=None, description="The peer it came from (source peer).")
     round: int | None = Field(default=None, description="The collective round's id.")
     seconds: float = Field(description="How long it took on this replica.")
     phases: dict[str, float] = Field(

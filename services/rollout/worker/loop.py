@@ -55,6 +55,10 @@ class RolloutWorker:
         self._groups: dict[str, asyncio.Task] = {}  # prompt entry id -> the task generating its group
         self.lease: Lease | None = None
         self._stopping = asyncio.Event()
+        self._draining = asyncio.Event()
+        self._active: set[asyncio.Task] = set()
+        self._settling: set[str] = set()  # entry ids whose group is generated and being pushed / acknowledged
+        self.drained: dict | None = None  # what drain() did, once it did
         self.redis: aioredis.Redis | None = None
         self._chat_tokens: ChatTokensCache | None = None
         r = registry
@@ -91,7 +95,50 @@ class RolloutWorker:
         self._task = asyncio.create_task(self._run(), name="rollout-worker")
         log.info("rollout worker %s started (run %s, concurrency %d)", self.consumer, run, self.cfg.concurrency)
 
+    async def drain(self, timeout_s: float | None = None) -> dict:
+        """Leave the pool without losing or repeating work: take no more prompts, give the groups in progress up
+        to ``timeout_s`` (default ``worker.drain_timeout_s``) to finish and be pushed, then stop the others and hand
+        their prompts back at once (``StreamQueue.hand_back``: another replica takes them on its next consume, and
+        it does not count as a delivery). A group already generated is always pushed and acknowledged, never
+        handed back, so nothing is generated twice. Idempotent; returns (and keeps in ``drained``) the counts."""
+        if self.drained is not None:
+            return self.drained
+        timeout_s = self.cfg.drain_timeout_s if timeout_s is None else timeout_s
+        self._draining.set()
+        if self._task is not None:
+            await asyncio.gather(self._task, return_exceptions=True)  # the loop ends without taking more
+        t0 = asyncio.get_running_loop().time()
+        held = len(self._active)
+        if self._active:
+            await asyncio.wait(set(self._active), timeout=timeout_s)
+        # groups still generating are stopped; those already settling finish (their push and ack are short)
+        unfinished = {eid: t for eid, t in self._groups.items() if not t.done() and eid not in self._settling}
+        for t in unfinished.values():
+            t.cancel()
+        await asyncio.gather(*unfinished.values(), return_exceptions=True)
+        if self._active:
+            await asyncio.wait(set(self._active), timeout=30.0)
+        back: list[str] = []
+        if unfinished and self.redis is not None:
+            try:
+                back = await asyncio.wait_for(self.prompts.hand_back(self.consumer, list(unfinished)), 10.0)
+            except Exception as exc:  # noqa: BLE001 - Redis away: the leases lapse after claim_idle_ms instead
+                log.warning("draining %s: handing back %d prompt(s) failed (%s: %s); they are reclaimed after "
+                            "claim_idle_ms", self.consumer, len(unfinished), type(exc).__name__, exc)
+        self.m_prompts.labels("handed_back").inc(len(back))
+        self.drained = {"held": held, "finished": held - len(unfinished), "handed_back": len(back),
+                        "seconds": round(asyncio.get_running_loop().time() - t0, 3)}
+        log.info("rollout worker %s drained: %d group(s) held, %d finished, %d handed back, %.1fs", self.consumer,
+                 held, self.drained["finished"], len(back), self.drained["seconds"])
+        return self.drained
+
+    @property
+    def draining(self) -> bool:
+        return self._draining.is_set()
+
     async def stop(self) -> None:
+        if self._task is not None and self.redis is not None:
+            await self.drain()  # SIGTERM and a drain alike: nothing held is lost or waits claim_idle_ms
         self._stopping.set()
         if self._task is not None:
             self._task.cancel()
@@ -104,9 +151,9 @@ class RolloutWorker:
 
     # ---- loop --------------------------------------------------------------------------------------
     async def _run(self) -> None:
-        active: set[asyncio.Task] = set()
+        active = self._active
         try:
-            while not self._stopping.is_set():
+            while not self._stopping.is_set() and not self._draining.is_set():
                 try:
                     held = await self._held_back()
                     if held is not None:
@@ -114,7 +161,7 @@ class RolloutWorker:
                         continue
                     room = self.cfg.concurrency - len(active)
                     if room <= 0:
-                        await asyncio.wait(active, return_when=asyncio.FIRST_COMPLETED)
+                        await self._wait_first(active)
                         continue
                     for d in await self.prompts.consume(self.consumer, count=room, block_ms=500):
                         if d.id in self._groups:  # ours and still in progress (cannot happen while leased)
@@ -131,9 +178,18 @@ class RolloutWorker:
                     # a prompt delivered while the connection broke is pending on us unseen: hand it out again
                     self.prompts.replay_history(self.consumer)
         finally:
-            for t in active:
-                t.cancel()
-            await asyncio.gather(*active, return_exceptions=True)
+            if not self._draining.is_set():  # stopped without a drain (a start that failed): cancel
+                for t in active:
+                    t.cancel()
+                await asyncio.gather(*active, return_exceptions=True)
+
+    async def _wait_first(self, active: set[asyncio.Task]) -> None:
+        """Until a group finishes or the worker is told to drain."""
+        drain = asyncio.create_task(self._draining.wait())
+        try:
+            await asyncio.wait({*active, drain}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            drain.cancel()
 
     async def _held_back(self) -> str | None:
         """Why no prompt may be taken now ("backlog", "staleness"), or None."""
@@ -174,6 +230,7 @@ class RolloutWorker:
     async def _handle(self, d: Delivery[PromptTask]) -> None:
         try:
             group = await self._rollout(d.record)
+            self._settling.add(d.id)  # generated: pushed and acknowledged even while draining
             await self._until_redis_answers(lambda: self._push(group), f"pushing the group of {d.record.id}")
             await self._until_redis_answers(lambda: self.prompts.ack([d.id]), f"acknowledging {d.record.id}")
             self.m_prompts.labels("done").inc()
@@ -189,6 +246,7 @@ class RolloutWorker:
         finally:
             self.lease.release([d.id])
             self._groups.pop(d.id, None)
+            self._settling.discard(d.id)
 
     async def _fail(self, d: Delivery[PromptTask], reason: str) -> None:
         dead = await self._until_redis_answers(lambda: self.prompts.fail(d, reason), f"failing {d.record.id}")

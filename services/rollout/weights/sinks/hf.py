@@ -152,6 +152,23 @@ class HFSink(WeightSink):
             await asyncio.to_thread(apply)
             self.engine.set_weight_version(manifest.version)
 
+    def peer_bucket(self, bucket: Any) -> bytes:
+        """Bytes of ``bucket`` as the model holds them now, for a joining peer (``services/rollout/weights/peer.py``)."""
+        from services.rollout.weights.peer import bucket_bytes
+
+        return bucket_bytes(self._loader_for().targets, bucket)
+
+    async def load_buckets(self, manifest: Manifest, buffers: list) -> None:
+        """Load a whole version whose buckets were fetched from a peer and verified: copied in, paused."""
+        loader = self._loader_for()
+        try:
+            loader.check_buckets(manifest.buckets)
+        except (KeyError, ValueError) as exc:
+            raise UpdateRefused(str(exc)) from exc
+        async with self.paused():
+            await asyncio.to_thread(loader.apply, manifest.buckets, buffers)
+            self.engine.set_weight_version(manifest.version)
+
     async def close(self) -> None:
         if self._prefault is not None:
             await asyncio.gather(self._prefault, return_exceptions=True)
