@@ -118,7 +118,7 @@ def fleet_sets(mode: str, run_dir: Path, data: Path, model: Path, seed: int, arg
 def run_fleet(mode: str, run_dir: Path, data: Path, model: Path, seed: int, args, **extra_env: str) -> dict:
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     shutil.copy(RECIPE / "fleetrl.yaml", run_dir.parent / "fleetrl.yaml")
-    cmd = [sys.executable, "-m", "services.cli", "run", str(run_dir.parent / "fleetrl.yaml"), "--lines"]
+    cmd = [sys.executable, "-m", "deploy.cli", "run", str(run_dir.parent / "fleetrl.yaml"), "--lines"]
     for s in fleet_sets(mode, run_dir, data, model, seed, args):
         cmd += ["--set", s]
     launch = time.time()

@@ -9,13 +9,13 @@ import json
 import time
 
 import pytest
-from deploy.local.ports import free_port
 
 from deploy.local.fleet import Fleet
 from deploy.run.autoscale import Autoscaler
 from deploy.run.plan import ProcessPlan
 from deploy.run.spec import RolloutPoolSpec
 from shared import keys
+from shared.ports import free_port
 
 pytestmark = pytest.mark.process
 
