@@ -100,7 +100,7 @@ def test_the_weight_routes_are_served_when_the_sidecar_is_on(tiny_model_dir, mon
     s = settings(tiny_model_dir, **extra)
     app = create_app(s, service=RolloutService(s, engine=Engine("engine", [])))
     paths = [p for p in app.openapi()["paths"] if p.startswith("/weights")]
-    assert sorted(paths) == (["/weights/update", "/weights/version"] if served else [])
+    assert sorted(paths) == (["/weights/peer/{version}/{bucket}", "/weights/update", "/weights/version"] if served else [])
     with TestClient(app) as client:
         r = client.get("/weights/version", headers={"Authorization": f"Bearer {TOKEN}"})
         assert r.status_code == (503 if served else 404), r.text
