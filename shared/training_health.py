@@ -53,15 +53,16 @@ def _fell(points: list[tuple[int, float]], *, window: int, min_peak: float, min_
     return None
 
 
-def _spiked(points: list[tuple[int, float]], *, floor: float, factor: float) -> tuple[float, float] | None:
-    """(latest, median before) when the latest value is over ``factor`` x the median of the ones before it and
-    over ``floor``."""
-    if len(points) < WINDOW + 1:
+def _spiked(points: list[tuple[int, float]], *, floor: float, factor: float,
+            sustained: int = 1) -> tuple[float, float] | None:
+    """(latest, median before) when the last ``sustained`` values are each over ``factor`` x the median of the
+    ones before them and over ``floor``."""
+    if len(points) < WINDOW + sustained:
         return None
-    before = median(abs(v) for _, v in points[-(4 * WINDOW) - 1:-1])
-    latest = abs(points[-1][1])
-    if latest >= floor and latest > factor * max(before, 1e-12):
-        return latest, before
+    before = median(abs(v) for _, v in points[-(4 * WINDOW) - sustained:-sustained])
+    last = [abs(v) for _, v in points[-sustained:]]
+    if all(v >= floor and v > factor * max(before, 1e-12) for v in last):
+        return last[-1], before
     return None
 
 
@@ -84,7 +85,9 @@ def check_health(history: Sequence[Mapping[str, object]],
         peak, now, steps = fell
         out.append(HealthWarning("entropy", f"entropy fell {peak:.3g} -> {now:.3g} in {steps} steps: the policy is "
                                             f"collapsing onto few answers; {LR_HINT}, or raise sampling.temperature"))
-    if spike := _spiked(_series(history, "mismatch_k3"), floor=0.05, factor=10.0):
+    # a mismatch that lasts: one step's spike is the policy moving under staleness >= 1 (the engine sampled with
+    # the previous version), seen in make demo at lr 5e-4; a sync or dtype fault stays
+    if spike := _spiked(_series(history, "mismatch_k3"), floor=0.05, factor=10.0, sustained=3):
         latest, before = spike
         out.append(HealthWarning("mismatch", f"engine/trainer mismatch spiked to {latest:.3g} ({before:.2g} before): "
                                              "the rollout engine's logprobs left the trainer's; check the engine's "
