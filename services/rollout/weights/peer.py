@@ -41,7 +41,7 @@ def bucket_bytes(targets: dict[str, Any], bucket: Bucket) -> bytes:
 
     from shared.weight_sync.tensors import torch_dtype
 
-    buf = torch.zeros(bucket.nbytes, dtype=torch.uint8)
+    buf = torch.zeros(bucket.nbytes, dtype=torch.uint8, device="cpu")  # host bytes for the HTTP body
     with torch.no_grad():
         for e in bucket.tensors:
             src = targets[e.name].detach().to("cpu", torch_dtype(e.dtype)).contiguous().reshape(-1)
