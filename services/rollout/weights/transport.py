@@ -136,8 +136,10 @@ class CollectiveJoin(ReplicaTransport):
                     phases={k: round(x, 4) for k, x in sc.sink.phases.items()})
                 log.info("weight round %d (version %d): %s %s", rdv.round, rdv.version, state, detail)
                 try:
-                    await watcher.report(rdv, state, detail)
+                    # the registry first: whoever the report wakes (the publisher, then anyone reading the registry)
+                    # sees the version this replica now serves
                     await sc.advertise()
+                    await watcher.report(rdv, state, detail)
                 except Exception as exc:  # noqa: BLE001 - the publisher drops a member that never reports
                     log.warning("reporting round %d failed: %s", rdv.round, exc)
             await sc.notify()
