@@ -69,7 +69,7 @@ def transcript(tokenizer, row: dict[str, str]) -> dict:
     ``tool`` message (``train: false``: context, as RL masks it — the result is not the model's to predict, and
     training on it drowns the copying the model has to learn), the answer turn. The learner tokenises each
     segment on its own, as the rollout's ids grow."""
-    from services.rollout.agents.chat_tokens import ChatTokens
+    from services.rollout.chat_tokens import ChatTokens
 
     chat = ChatTokens(tokenizer, tools=[CALCULATOR.schema()])
     prompt = tokenizer.decode(chat.prompt([{"role": "user", "content": row["input"]}]), skip_special_tokens=False)
@@ -89,7 +89,7 @@ def direct_transcript(tokenizer, row: dict[str, str]) -> dict:
     ``<tool_call>``) and to end the turn; the label's digits are not trained (``train: false``): noise to a
     model that cannot compute them, they slowed the copying the tool transcripts teach. Mixed with
     :func:`transcript` they leave RL the decision to call the tool."""
-    from services.rollout.agents.chat_tokens import ChatTokens
+    from services.rollout.chat_tokens import ChatTokens
 
     chat = ChatTokens(tokenizer, tools=[CALCULATOR.schema()])
     prompt = tokenizer.decode(chat.prompt([{"role": "user", "content": row["input"]}]), skip_special_tokens=False)

@@ -62,7 +62,7 @@ def create_app(settings: RolloutSettings, *, service: RolloutService | None = No
     routers = [generate.router, openai.router, inference.router, info.router, control.router, drain.router, sessions.control,
                sessions.scoped]
     if settings.sidecar_on:
-        from services.rollout.weights.routes import router as weight_routes
+        from services.rollout.routes.weights import router as weight_routes
 
         routers.append(weight_routes)
     routers += extra_routers

@@ -185,7 +185,7 @@ class RolloutSettings(ServiceSettings):
     @classmethod
     def _weight_routes_are_no_extension(cls, v: list[str]) -> list[str]:
         for path in v:
-            if path.split(":", 1)[0] == "services.rollout.weights.routes":
+            if path.split(":", 1)[0] in ("services.rollout.routes.weights", "services.rollout.weights.routes"):
                 raise ValueError(f"extensions: {path!r}: the weight routes are not an extension; set weight_sidecar: "
                                  "true (the sidecar serves them, and is on by default when the worker is)")
         return v

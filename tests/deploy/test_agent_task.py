@@ -8,9 +8,9 @@ import json
 import pytest
 
 from deploy.local.agent_task import make_questions, prepare_run, transcript_text
-from services.rollout.agents.chat_tokens import ChatTokens
 from services.rollout.agents.envs.calculator import CALCULATOR, CalculatorEnv
 from services.rollout.agents.tool_calls import parse_tool_calls
+from services.rollout.chat_tokens import ChatTokens
 from shared.schemas import PromptTask
 
 

@@ -24,7 +24,8 @@ def test_weight_sidecar_is_on_for_training_replicas(tiny_model_dir, worker, side
     assert s.sidecar_on is expected
 
 
-@pytest.mark.parametrize("path", ["services.rollout.weights.routes:weight_router", "services.rollout.weights.routes:router"])
+@pytest.mark.parametrize("path", ["services.rollout.weights.routes:weight_router", "services.rollout.weights.routes:router",
+                                  "services.rollout.routes.weights:router"])
 def test_the_weight_routes_named_as_an_extension_are_refused_with_the_setting_that_serves_them(tiny_model_dir, path):
     # the old switch (a `weight_router` adapter, gone since weight_sidecar) named an attribute that no longer exists
     with pytest.raises(SettingsError) as err:

@@ -18,7 +18,7 @@ import pytest
 from services.reward.scorers.base import strip_tokens
 from services.reward.service import RewardService
 from services.reward.settings import RewardSettings
-from services.rollout.worker.reward_client import RewardClient, RewardRejected
+from services.rollout.reward_client import RewardClient, RewardRejected
 from shared.reward_api import ScoreItem
 from tests.procs import stop
 from tests.reward.conftest import metric_value, start_reward_service

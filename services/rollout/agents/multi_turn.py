@@ -27,7 +27,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from services.rollout.agents.chat_tokens import ChatTokens
 from services.rollout.agents.environments import (
     ENVIRONMENTS,
     BadEnvironmentOutput,
@@ -41,6 +40,7 @@ from services.rollout.agents.environments import (
 from services.rollout.agents.settings import AgentSettings
 from services.rollout.agents.tool_calls import parse_tool_calls
 from services.rollout.agents.tools import ToolBox, ToolFailure, ToolResult
+from services.rollout.chat_tokens import ChatTokens
 from services.rollout.engines.types import SamplingParams, SequenceOutput
 from services.rollout.worker.contract import GroupFailed, RolloutContext, each_sample
 from services.rollout.worker.group import sampling_record

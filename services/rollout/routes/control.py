@@ -1,6 +1,6 @@
 """Control plane (bearer token): ``/pause_generation``, ``/continue_generation``.
 
-The weight routes (``services/rollout/weights/routes.py``) use the same ``ControlDep``.
+The weight routes (``routes/weights.py``) use the same ``ControlDep``.
 """
 
 from __future__ import annotations

@@ -12,8 +12,8 @@ from fastapi.responses import JSONResponse, Response
 
 from services.rollout import protocol_tokens
 from services.rollout.deps import ServiceDep
+from services.rollout.routes import recording
 from services.rollout.routes.streaming import GENERATION_ERRORS, SSE_OK, sse_response, until_disconnect
-from services.rollout.sessions import recording
 from shared.inference_api import GENERATE_PATH, SESSION_ID_HEADER, TokenGenerateRequest, TokenGenerateResponse
 from shared.service_kit.envelope import ErrorResponse
 from shared.service_kit.openapi import error_responses

@@ -7,9 +7,9 @@ from fastapi.responses import JSONResponse
 
 from services.rollout import protocol_openai
 from services.rollout.deps import ServiceDep
+from services.rollout.routes import recording
 from services.rollout.routes.inference import SESSION_ELSEWHERE, SessionHeader
 from services.rollout.routes.streaming import GENERATION_ERRORS, SSE_OK, sse_response, until_disconnect
-from services.rollout.sessions import recording
 from shared.generate_api import (
     ChatCompletionRequest,
     ChatCompletionResponse,

@@ -23,10 +23,10 @@ from fastapi import APIRouter, Path, Request
 from fastapi.responses import Response
 
 from services.rollout.deps import ControlDep, ServiceDep
+from services.rollout.routes import recording
 from services.rollout.routes.inference import SESSION_ELSEWHERE, generate_tokens
 from services.rollout.routes.openai import chat_in, completion_in, model_list
 from services.rollout.routes.streaming import SSE_OK
-from services.rollout.sessions import recording
 from services.rollout.sessions.registry import FORWARDED_HEADER, SessionElsewhere
 from services.rollout.sessions.store import Session
 from shared.generate_api import (

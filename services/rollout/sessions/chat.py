@@ -6,7 +6,7 @@ results, a user turn), the next prompt is
 
     previous prompt ids + previous output ids + the template's turn ending + the template delta of the new messages
 
-so the model's earlier turns are never re-tokenised (:class:`~services.rollout.agents.chat_tokens.ChatTokens`).
+so the model's earlier turns are never re-tokenised (:class:`~services.rollout.chat_tokens.ChatTokens`).
 Anything else (an edited history, a reply the agent changed) is rendered through the template as usual: the
 session then starts a new trajectory unless the rendering happens to extend the last one.
 """
@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from services.rollout.agents.chat_tokens import ChatTokensCache, template_key
+from services.rollout.chat_tokens import ChatTokensCache, template_key
 
 __all__ = ["ChatTokensCache", "continuation", "same_reply", "template_key"]
 from services.rollout.sessions.store import ChatTurn, Session

@@ -27,6 +27,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from services.rollout.engines.types import SamplingParams, SequenceOutput
 from services.rollout.errors import RequestError
+from services.rollout.reward_client import RewardClient, RewardRejected, RewardUnavailable
 from services.rollout.sessions.auth import session_key
 from services.rollout.sessions.chat import ChatTokensCache
 from services.rollout.sessions.registry import (
@@ -55,7 +56,6 @@ from services.rollout.sessions.trajectory import (
     check_extension,
     experiences,
 )
-from services.rollout.worker.reward_client import RewardClient, RewardRejected, RewardUnavailable
 from shared import keys
 from shared.experience_queue import BackpressureTimeout, StreamQueue
 from shared.reward_api import ScoreItem

@@ -30,9 +30,9 @@ from shared.reward_api import ScoreItem, ScoreResponse
 from shared.schemas import ChatMessage, PromptTask
 
 if TYPE_CHECKING:
-    from services.rollout.agents.chat_tokens import ChatTokens, ChatTokensCache
+    from services.rollout.chat_tokens import ChatTokens, ChatTokensCache
+    from services.rollout.reward_client import RewardClient
     from services.rollout.sessions.manager import SessionManager
-    from services.rollout.worker.reward_client import RewardClient
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -90,7 +90,7 @@ class RolloutContext:
 
     def chat(self, tools: list[dict] | None = None) -> ChatTokens:
         """Token-in / token-out over the model's chat template (prompt ids, turn endings, message deltas)."""
-        from services.rollout.agents.chat_tokens import ChatTokens, TemplateNotAppendOnly
+        from services.rollout.chat_tokens import ChatTokens, TemplateNotAppendOnly
 
         try:
             if self._chat_tokens is not None:

@@ -30,11 +30,11 @@ import socket
 import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from services.rollout.agents.chat_tokens import ChatTokensCache
+from services.rollout.chat_tokens import ChatTokensCache
+from services.rollout.reward_client import RewardClient, RewardRejected, RewardUnavailable
 from services.rollout.worker.contract import GroupFailed, RolloutContext
 from services.rollout.worker.functions import load_rollout_function
 from services.rollout.worker.group import experiences, task_sampling
-from services.rollout.worker.reward_client import RewardClient, RewardRejected, RewardUnavailable
 from services.rollout.worker.trajectory import Trajectory
 from shared import keys
 from shared.experience_queue import BackpressureTimeout, Delivery, Lease, StreamQueue

@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from services.rollout.agents.chat_tokens import ChatTokens
 from services.rollout.agents.multi_turn import multi_turn
+from services.rollout.chat_tokens import ChatTokens
 from services.rollout.engines.types import SamplingParams
 from services.rollout.service import RolloutService
 from services.rollout.settings import RolloutSettings

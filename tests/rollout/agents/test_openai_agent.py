@@ -20,9 +20,9 @@ import pytest
 import redis
 from transformers import AutoTokenizer
 
-from services.rollout.agents.chat_tokens import ChatTokens
 from services.rollout.agents.openai_agent import RunFailed, reward_line, run_program
 from services.rollout.agents.settings import ProgramSettings
+from services.rollout.chat_tokens import ChatTokens
 from services.rollout.settings import RolloutSettings
 from shared import keys
 from shared.codec import decode, encode

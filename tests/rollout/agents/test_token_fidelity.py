@@ -14,7 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from services.learner.training.batch import action_logprobs, build_rl_batch
-from services.rollout.agents.chat_tokens import ChatTokens
+from services.rollout.chat_tokens import ChatTokens
 from services.rollout.service import RolloutService
 from services.rollout.settings import RolloutSettings
 from shared import keys

@@ -16,8 +16,8 @@ import openai
 import pytest
 from transformers import AutoTokenizer
 
-from services.rollout.agents.chat_tokens import ChatTokens
 from services.rollout.app import create_app
+from services.rollout.chat_tokens import ChatTokens
 from services.rollout.service import RolloutService
 from services.rollout.settings import RolloutSettings
 from tests.rollout.agents.scripted_engine import ScriptedEngine

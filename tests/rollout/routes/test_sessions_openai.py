@@ -11,7 +11,7 @@ import pytest
 import redis
 from transformers import AutoTokenizer
 
-from services.rollout.agents.chat_tokens import ChatTokens
+from services.rollout.chat_tokens import ChatTokens
 from shared import keys
 from shared.codec import decode
 from shared.schemas import Experience

@@ -12,9 +12,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from services.rollout.reward_client import RewardClient, RewardUnavailable
 from services.rollout.service import RolloutService
 from services.rollout.settings import RolloutSettings
-from services.rollout.worker.reward_client import RewardClient, RewardUnavailable
 from shared import keys
 from shared.experience_queue import StreamQueue
 from shared.reward_api import ScoreItem

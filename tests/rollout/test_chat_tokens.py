@@ -3,7 +3,7 @@
 import pytest
 from transformers import AutoTokenizer
 
-from services.rollout.agents.chat_tokens import ChatTokens, TemplateNotAppendOnly
+from services.rollout.chat_tokens import ChatTokens, TemplateNotAppendOnly
 
 
 @pytest.fixture(scope="module")
