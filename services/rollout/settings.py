@@ -11,6 +11,7 @@ from services.rollout.agents.settings import AgentSettings, ProgramSettings
 from services.rollout.engines.settings import EngineSettings, HFEngineSettings
 from services.rollout.sessions.settings import SessionSettings
 from services.rollout.weights.settings import SidecarSettings, refuse_legacy_env
+from services.rollout.worker.settings import WorkerSampling
 from shared.settings import ServiceSettings, service_config
 
 
@@ -39,21 +40,6 @@ class LimitsSettings(BaseModel):
         default=30.0, ge=0, description="How long a request waits for paused generation to continue before 503."
     )
     retry_after_s: int = Field(default=1, ge=1, description="Retry-After seconds sent with 429 / 503.")
-
-
-class WorkerSampling(BaseModel):
-    """Default sampling of the rollout worker (a PromptTask's `sampling` overrides each field)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    max_new_tokens: int = Field(default=256, ge=1, description="Tokens generated per sample at most.")
-    temperature: float = Field(default=1.0, ge=0.0, description="Sampling temperature (0: greedy).")
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="Nucleus mass (1: off).")
-    top_k: int = Field(default=-1, ge=-1, description="Top-k (-1: off).")
-    min_p: float = Field(default=0.0, ge=0.0, le=1.0, description="Min-p filter (0: off); not overridable per task.")
-    stop: list[str] = Field(default_factory=list, description="Stop strings.")
-    stop_token_ids: list[int] = Field(default_factory=list, description="Stop token ids.")
-    ignore_eos: bool = Field(default=False, description="Keep generating past the end-of-sequence token.")
 
 
 class WorkerSettings(BaseModel):

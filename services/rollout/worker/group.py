@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from services.rollout.engines.types import SamplingParams, SequenceOutput
-from services.rollout.settings import WorkerSampling
+from services.rollout.worker.settings import WorkerSampling
 from services.rollout.worker.trajectory import Trajectory, TrajectoryBuilder
 from shared.schemas import Experience, PromptTask, SamplingRecord, sample_id
 
