@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -28,14 +27,16 @@ from shared.schemas import PromptTask
 
 
 class HttpReplica:
-    """What a :class:`RolloutContext` needs of the rollout service, over its HTTP API."""
+    """A rollout service over its HTTP API, as the :class:`Replica` a :class:`RolloutContext` runs on."""
 
-    def __init__(self, url: str, client: httpx.AsyncClient, tokenizer: Any, context_length: int) -> None:
+    sessions = None  # a held-out episode opens no session (openai_agent runs on the service's own)
+
+    def __init__(self, url: str, client: httpx.AsyncClient, tokenizer: Any, info: dict[str, Any]) -> None:
         self.url = url.rstrip("/")
         self.client = client
         self.tokenizer = tokenizer
-        self.engine = SimpleNamespace(context_length=context_length)
-        self.vocab_size = len(tokenizer)
+        self.model_name = str(info["served_model_name"])
+        self.context_length = int(info["context_length"])
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text))
@@ -44,17 +45,11 @@ class HttpReplica:
         text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
-    def check_prompt(self, ids, max_new_tokens: int | None) -> int:
-        room = self.engine.context_length - len(ids)
+    def check_sequence(self, ids, params: SamplingParams) -> int:
+        room = self.context_length - len(ids)
         if room < 1:
-            raise RequestError(f"prompt has {len(ids)} tokens; the context length is {self.engine.context_length}")
-        return room if max_new_tokens is None else min(max_new_tokens, room)
-
-    def check_stop_ids(self, ids) -> None:
-        return None  # the rollout service bounds them when the request reaches it
-
-    def check_stops(self, stop) -> None:
-        return None  # likewise
+            raise RequestError(f"prompt has {len(ids)} tokens; the context length is {self.context_length}")
+        return min(params.max_new_tokens, room)  # the service bounds the rest (stops) when the request reaches it
 
     async def generate(self, seqs: list[SequenceRequest]) -> list[SequenceOutput]:
         return list(await asyncio.gather(*(self._one(s) for s in seqs)))
@@ -109,7 +104,7 @@ async def _greedy_success(rollout_url, reward_url, rows, worker, max_new_tokens,
     async with httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(max_connections=concurrency)) as client:
         info = (await client.get(f"{rollout_url.rstrip('/')}/model_info")).raise_for_status().json()
         tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, info["tokenizer_path"])
-        replica = HttpReplica(rollout_url, client, tokenizer, int(info["context_length"]))
+        replica = HttpReplica(rollout_url, client, tokenizer, info)
 
         async def one(i: int, row: dict) -> Trajectory:
             task = PromptTask(id=f"heldout-{i}", prompt=row.get("prompt", row["input"]), label=row.get("label"), n=1,

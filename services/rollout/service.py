@@ -179,6 +179,27 @@ class RolloutService:
     async def resume(self) -> None:
         await self.engine.resume()
 
+    # ---- what the worker uses of it (services.rollout.worker.loop.WorkerReplica) -----------------------
+    @property
+    def model_name(self) -> str:
+        return self.settings.model_name
+
+    @property
+    def context_length(self) -> int:
+        return self.engine.context_length
+
+    @property
+    def weight_version(self) -> int:
+        return self.engine.weight_version
+
+    def check_sequence(self, prompt_ids: Sequence[int], params: SamplingParams) -> int:
+        """A sequence the worker asks for, bounded as a request's (its prompt, stop ids and stop strings); the
+        ``max_new_tokens`` to generate."""
+        max_new = self.check_prompt(prompt_ids, params.max_new_tokens)
+        self.check_stop_ids(params.stop_token_ids)
+        self.check_stops(params.stop)
+        return max_new
+
     # ---- tokens ------------------------------------------------------------------------------------
     @property
     def tokenizer(self) -> Any:

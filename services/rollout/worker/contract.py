@@ -8,6 +8,9 @@ template (:meth:`RolloutContext.chat`), the reward service (:meth:`RolloutContex
 session manager (:attr:`RolloutContext.sessions`, to record an agent program's calls), the task and the
 worker's settings.
 
+What the context uses of the replica it runs on is :class:`Replica`, and no more: the rollout service is one
+(it runs the worker), ``deploy/local/evaluate_agent.py``'s ``HttpReplica`` another, over a replica's HTTP API.
+
 What goes wrong is said by raising: :class:`GroupFailed` (this delivery cannot be completed; the prompt is
 redelivered, then dead-lettered with the reason). Any other exception is treated the same way, logged as a
 bug. Never return a made-up reward for a sample that could not be scored.
@@ -22,6 +25,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
+from services.rollout.chat_tokens import ChatTokens, ChatTokensCache, TemplateNotAppendOnly
 from services.rollout.engines.base import EngineError, SequenceRejected
 from services.rollout.engines.types import SamplingParams, SequenceOutput, SequenceRequest
 from services.rollout.errors import Overloaded, RequestError
@@ -30,7 +34,6 @@ from shared.reward_api import ScoreItem, ScoreResponse
 from shared.schemas import ChatMessage, PromptTask
 
 if TYPE_CHECKING:
-    from services.rollout.chat_tokens import ChatTokens, ChatTokensCache
     from services.rollout.reward_client import RewardClient
     from services.rollout.sessions.manager import SessionManager
 
@@ -42,56 +45,86 @@ class GroupFailed(RuntimeError):
     """This delivery cannot be completed now; it is failed (redelivered later, or dead-lettered)."""
 
 
+@runtime_checkable
+class Replica(Protocol):
+    """What the worker's rollout functions use of the replica they run on (the rollout service is one)."""
+
+    @property
+    def tokenizer(self) -> Any: ...
+
+    @property
+    def model_name(self) -> str:
+        """The name this replica serves the model under (``/v1/models``)."""
+
+    @property
+    def context_length(self) -> int: ...
+
+    @property
+    def sessions(self) -> SessionManager | None:
+        """Its session manager (``sessions.enabled``), else None."""
+
+    def encode(self, text: str) -> list[int]:
+        """A text prompt's ids (:class:`RequestError` if it tokenises to nothing)."""
+
+    def apply_chat_template(self, messages: list[dict[str, Any]]) -> list[int]:
+        """Chat messages' prompt ids, with the generation prompt (:class:`RequestError` if they do not render)."""
+
+    def check_sequence(self, prompt_ids: Sequence[int], params: SamplingParams) -> int:
+        """The ``max_new_tokens`` to generate after ``prompt_ids``; :class:`RequestError` for a sequence this
+        replica refuses (ids outside the vocabulary, no room in the context, stops past its limits)."""
+
+    async def generate(self, seqs: list[SequenceRequest]) -> list[SequenceOutput]:
+        """The sequences run to their end; :class:`Overloaded` or :class:`EngineError` while it cannot now."""
+
+
 class RolloutContext:
     """Everything a rollout function may use; built by the worker for one prompt task."""
 
-    def __init__(self, task: PromptTask, params: SamplingParams, settings: Any, service: Any,
+    def __init__(self, task: PromptTask, params: SamplingParams, settings: Any, replica: Replica,
                  rewards: RewardClient, chat_tokens: ChatTokensCache | None = None) -> None:
         self.task = task
         self.params = params  #: the task's sampling: the worker's defaults with the task's overrides
         #: the worker's settings, a ``services.rollout.settings.WorkerSettings`` (not imported here: the settings
-        #: load rollout functions, which import this module); ``settings.agent`` for multi-turn rollouts
+        #: stand above the worker, they load rollout functions); ``settings.agent`` for multi-turn rollouts
         self.settings = settings
-        self._service = service
+        self._replica = replica
         self._rewards = rewards
         self._chat_tokens = chat_tokens  # shared by the worker's tasks (each ChatTokens renders the template a few times)
 
     @property
     def tokenizer(self) -> Any:
-        return self._service.tokenizer
+        return self._replica.tokenizer
 
     @property
     def model_name(self) -> str:
         """The name this replica serves the model under (``/v1/models``)."""
-        return str(self._service.settings.model_name)
+        return self._replica.model_name
 
     @property
     def sessions(self) -> SessionManager | None:
         """This replica's session manager (``sessions.enabled``), else None: record an agent program's
         OpenAI-client calls as trajectories (the ``openai_agent`` rollout function)."""
-        return getattr(self._service, "sessions", None)
+        return self._replica.sessions
 
     @property
     def context_length(self) -> int:
-        return int(self._service.engine.context_length)
+        return self._replica.context_length
 
     def prompt(self) -> tuple[list[int], str | list[ChatMessage]]:
         """The task's prompt as ids (given ids are used as they are), and as the reward service sees it."""
-        task, svc = self.task, self._service
+        task, replica = self.task, self._replica
         try:
             if task.prompt_token_ids:
                 ids = list(task.prompt_token_ids)
-                return ids, svc.tokenizer.decode(ids, skip_special_tokens=False)
+                return ids, replica.tokenizer.decode(ids, skip_special_tokens=False)
             if isinstance(task.prompt, str):
-                return svc.encode(task.prompt), task.prompt
-            return svc.apply_chat_template([m.model_dump() for m in task.prompt]), task.prompt
+                return replica.encode(task.prompt), task.prompt
+            return replica.apply_chat_template([m.model_dump() for m in task.prompt]), task.prompt
         except RequestError as exc:
             raise GroupFailed(f"bad prompt task: {exc}") from exc
 
     def chat(self, tools: list[dict] | None = None) -> ChatTokens:
         """Token-in / token-out over the model's chat template (prompt ids, turn endings, message deltas)."""
-        from services.rollout.chat_tokens import ChatTokens, TemplateNotAppendOnly
-
         try:
             if self._chat_tokens is not None:
                 return self._chat_tokens.get(tools)
@@ -110,9 +143,7 @@ class RolloutContext:
         run as asked (bad ids, no room in the context) is :class:`GroupFailed`. Samples aborted by a weight
         switch come back with ``finish.type == "abort"``: the caller decides whether to regenerate them."""
         try:
-            max_new = self._service.check_prompt(prompt_ids, params.max_new_tokens)
-            self._service.check_stop_ids(params.stop_token_ids)
-            self._service.check_stops(params.stop)  # a task's sampling overrides are bounded as a request's
+            max_new = self._replica.check_sequence(prompt_ids, params)  # a task's sampling is bounded as a request's
         except RequestError as exc:
             raise GroupFailed(f"bad prompt task: {exc}") from exc
         params = replace(params, max_new_tokens=max_new)
@@ -120,7 +151,7 @@ class RolloutContext:
             rid = f"w{uuid.uuid4().hex[:12]}"
             seqs = [SequenceRequest(rid=f"{rid}-{j}", prompt_ids=tuple(prompt_ids), params=params) for j in range(n)]
             try:
-                return await self._service.generate(seqs)
+                return await self._replica.generate(seqs)
             except (Overloaded, EngineError) as exc:  # capacity, pause past its wait, engine down: wait, retry
                 log.info("task %s: %s; retrying", self.task.id, exc)
                 await asyncio.sleep(self.settings.poll_interval_s)

@@ -26,13 +26,14 @@ import asyncio
 import logging
 import os
 import socket
+from typing import Any, Protocol, runtime_checkable
 
 import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from services.rollout.chat_tokens import ChatTokensCache
 from services.rollout.reward_client import RewardClient, RewardRejected, RewardUnavailable
-from services.rollout.worker.contract import GroupFailed, RolloutContext
+from services.rollout.worker.contract import GroupFailed, Replica, RolloutContext
 from services.rollout.worker.functions import load_rollout_function
 from services.rollout.worker.group import experiences, task_sampling
 from services.rollout.worker.trajectory import Trajectory
@@ -44,11 +45,20 @@ from shared.signing import signer_for
 log = logging.getLogger(__name__)
 
 
+@runtime_checkable
+class WorkerReplica(Replica, Protocol):
+    """The replica the worker runs on: what its rollout functions use (:class:`Replica`), and the weight version
+    its engine serves now (no prompt is taken while the learner's is more than ``max_staleness`` ahead)."""
+
+    @property
+    def weight_version(self) -> int: ...
+
+
 class RolloutWorker:
-    def __init__(self, settings, service, registry: CollectorRegistry) -> None:
-        self.settings = settings
+    def __init__(self, settings: Any, replica: WorkerReplica, registry: CollectorRegistry) -> None:
+        self.settings = settings  # the service's settings: redis_url, run_name, run_key and the worker section
         self.cfg = settings.worker
-        self.service = service
+        self.replica = replica
         self.consumer = self.cfg.consumer_name or f"{socket.gethostname()}-{os.getpid()}"
         self.rollout_function = load_rollout_function(self.cfg.rollout_function)  # checked by the settings too
         self._task: asyncio.Task | None = None
@@ -199,7 +209,7 @@ class RolloutWorker:
             return "backlog"
         raw = await self.redis.get(keys.weights_version(self.settings.run_name))
         latest = int(raw) if raw is not None else 0
-        if latest - self.service.engine.weight_version > self.cfg.max_staleness:
+        if latest - self.replica.weight_version > self.cfg.max_staleness:
             self.m_held.labels("staleness").inc()
             return "staleness"
         return None
@@ -211,10 +221,9 @@ class RolloutWorker:
         if reason != "staleness":
             await asyncio.sleep(self.cfg.poll_interval_s)
             return
-        engine = self.service.engine
-        version = engine.weight_version
+        version = self.replica.weight_version
         deadline = asyncio.get_running_loop().time() + self.cfg.poll_interval_s
-        while engine.weight_version == version and asyncio.get_running_loop().time() < deadline:
+        while self.replica.weight_version == version and asyncio.get_running_loop().time() < deadline:
             await asyncio.sleep(0.005)
 
     def _lost(self, entry_ids: list[str]) -> None:
@@ -267,8 +276,8 @@ class RolloutWorker:
     # ---- one group ---------------------------------------------------------------------------------
     async def _rollout(self, task: PromptTask) -> list[Experience]:
         if self._chat_tokens is None:  # the tokenizer is there once the engine started
-            self._chat_tokens = ChatTokensCache(self.service.tokenizer)
-        ctx = RolloutContext(task, task_sampling(self.cfg.sampling, task), self.cfg, self.service, self.rewards,
+            self._chat_tokens = ChatTokensCache(self.replica.tokenizer)
+        ctx = RolloutContext(task, task_sampling(self.cfg.sampling, task), self.cfg, self.replica, self.rewards,
                              self._chat_tokens)
         trajectories = await self.rollout_function(ctx)
         name = self.cfg.rollout_function
