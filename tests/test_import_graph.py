@@ -131,3 +131,102 @@ def test_the_layer_check_catches_each_kind_of_back_arrow():
              "deploy.run.z": {"services.rollout.y", "shared.a"}, "services.learner.x": {"shared.a"}}
     found = layer_violations(graph)
     assert len(found) == 3 and all("deploy.run.z ->" not in f for f in found)
+
+
+# ---- inside the rollout service: its parts import one way ------------------------------------------------------
+ROLLOUT = "services.rollout"
+ROLLOUT_LAYERS: tuple[tuple[str, ...], ...] = (
+    ("engines",),  # generation: prompt ids in, output ids + logprobs out
+    ("errors", "metrics", "chat_templates", "chat_tokens", "reward_client"),  # small pieces several parts share
+    ("weights",),  # the weight sidecar: new versions into the engine
+    ("sessions",),  # an agent's OpenAI-API calls recorded as trajectories
+    ("worker",),  # prompts stream -> rollout function -> experiences stream; the rollout-function contract
+    ("agents",),  # rollout functions over that contract: multi-turn environments and tools, agent programs
+    ("settings",),  # the service's settings, put together from each part's section
+    ("service",),  # the service object: the parts started in order, admission, tokenisation
+    ("protocol_openai", "protocol_sglang", "protocol_tokens"),  # HTTP request bodies <-> engine sequences
+    ("deps",),
+    ("routes",),  # HTTP
+    ("app",),
+    ("cli", "__main__"),
+)
+"""The rollout service's folders and top-level modules, bottom first: each imports only what stands below it (or
+beside it, one way). docs/rollout.md ("How the service is built") says why this order."""
+
+ROLLOUT_BACK_ARROWS: frozenset[tuple[str, str]] = frozenset()
+"""(part, part) arrows allowed to point back up: at most 2, each with its reason beside it. Today none."""
+
+
+def rollout_arrows(graph: dict[str, set[str]]) -> dict[tuple[str, str], list[str]]:
+    """Part -> part arrows inside the rollout service (a part: a folder or a top-level module), each with the
+    module imports that make it."""
+
+    def part(mod: str) -> str | None:
+        rest = mod.split(".")[2:] if mod.startswith(ROLLOUT + ".") or mod == ROLLOUT else None
+        return None if rest is None else (rest[0] if rest else "__init__")
+
+    out: dict[tuple[str, str], list[str]] = {}
+    for mod, targets in graph.items():
+        a = part(mod)
+        for t in sorted(targets):
+            b = part(t)
+            if a is not None and b is not None and a != b:
+                out.setdefault((a, b), []).append(f"{mod} -> {t}")
+    return out
+
+
+def back_arrows(arrows: dict[tuple[str, str], list[str]],
+                layers: tuple[tuple[str, ...], ...] = ROLLOUT_LAYERS) -> dict[tuple[str, str], list[str]]:
+    """The arrows that point up the layers (or both ways between two parts of one layer); a part on no layer
+    makes an arrow of its own, (part, "<no layer>"), so that a new folder is placed before it is used."""
+    level = {p: i for i, layer in enumerate(layers) for p in layer}
+    out: dict[tuple[str, str], list[str]] = {}
+    for (a, b), why in arrows.items():
+        for p in (a, b):
+            if p not in level and p != "__init__":
+                out[(p, "<no layer>")] = why
+        if a in level and b in level and (level[b] > level[a] or (level[b] == level[a] and (b, a) in arrows)):
+            out[(a, b)] = why
+    return out
+
+
+def rollout_parts() -> set[str]:
+    return {m.split(".")[2] for m in modules() if m.startswith(ROLLOUT + ".")}
+
+
+def test_every_rollout_part_stands_on_one_layer():
+    placed = [p for layer in ROLLOUT_LAYERS for p in layer]
+    assert len(placed) == len(set(placed)), "a part on two layers"
+    assert rollout_parts() == set(placed), (f"not placed: {sorted(rollout_parts() - set(placed))}; "
+                                            f"placed but gone: {sorted(set(placed) - rollout_parts())}")
+
+
+def test_rollout_parts_import_one_way():
+    arrows = rollout_arrows(import_graph(modules()))
+    assert ("service", "worker") in arrows and ("agents", "worker") in arrows  # the walk sees the parts
+    back = back_arrows(arrows)
+    new = {k: v for k, v in back.items() if k not in ROLLOUT_BACK_ARROWS}
+    assert not new, "rollout imports back up the layers (tests/test_import_graph.py, ROLLOUT_LAYERS):\n" + "\n".join(
+        f"  {a} -> {b}: {', '.join(why)}" for (a, b), why in sorted(new.items()))
+    assert len(ROLLOUT_BACK_ARROWS) <= 2
+    assert ROLLOUT_BACK_ARROWS <= set(back), f"allowed but gone (strike them): {sorted(ROLLOUT_BACK_ARROWS - set(back))}"
+
+
+def test_the_rollout_check_catches_an_arrow_back_up():
+    graph = {
+        "services.rollout.worker.loop": {"services.rollout.agents.multi_turn", "services.rollout.engines.types"},
+        "services.rollout.agents.multi_turn": {"services.rollout.worker.contract"},
+        "services.rollout.worker.contract": {"services.rollout.chat_tokens"},
+        "services.rollout.chat_tokens": set(),
+        "services.rollout.engines.types": set(),
+        "services.rollout.newpart.x": {"services.rollout.engines.types"},
+        "services.rollout.protocol_tokens": {"services.rollout.protocol_openai"},
+        "services.rollout.protocol_openai": {"services.rollout.protocol_tokens", "shared.schemas"},
+    }
+    back = back_arrows(rollout_arrows(graph))
+    assert set(back) == {("worker", "agents"), ("newpart", "<no layer>"),
+                         ("protocol_tokens", "protocol_openai"), ("protocol_openai", "protocol_tokens")}
+    assert back[("worker", "agents")] == ["services.rollout.worker.loop -> services.rollout.agents.multi_turn"]
+    graph["services.rollout.protocol_openai"] = {"shared.schemas"}  # beside each other, one way: fine
+    graph["services.rollout.worker.loop"] = {"services.rollout.engines.types"}
+    assert set(back_arrows(rollout_arrows(graph))) == {("newpart", "<no layer>")}
