@@ -1,1 +1,2 @@
-"""The rollout worker: prompts stream -> n samples per prompt -> reward service -> experiences stream."""
+"""The rollout worker: prompts stream -> rollout function (``contract.py``; ``single_turn`` by default) -> reward
+service -> experiences stream."""
