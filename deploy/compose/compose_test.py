@@ -2,7 +2,7 @@
 
 1. podman + a local Debian base image (deploy/compose/podman-setup.sh), the CPU torch wheel and the
    host's CA bundle staged into deploy/docker/stage/ (git-ignored).
-2. Build fleetrl-base from that base, then the thin rollout / reward / learner images.
+2. Build fleetrl-base from that base, then the thin rollout / reward / learner images and the prepare image.
 3. ``podman-compose -f docker-compose.yml -f deploy/compose/podman-local.yml up -d`` with a few SFT and
    GRPO steps; wait on the services' /health.
 4. Check: reward was scored (reward /metrics), weights were published (the rollout reports a new
@@ -69,7 +69,7 @@ def build_images(podman: list[str], base: str) -> dict[str, float]:
     sh(podman + ["build", "--network=host", "--build-arg", f"BASE_IMAGE={base}", "-f", "deploy/docker/base.Dockerfile",
                  "-t", "fleetrl-base", "."])
     times["base"] = round(time.monotonic() - t, 1)
-    for svc in ("reward", "rollout", "learner"):
+    for svc in ("reward", "rollout", "learner", "prepare"):
         t = time.monotonic()
         sh(podman + ["build", "--network=host", "--build-arg", "BASE_IMAGE=localhost/fleetrl-base",
                      "-f", f"deploy/docker/{svc}.Dockerfile", "-t", f"fleetrl-{svc}", "."])

@@ -24,13 +24,9 @@ RUN python3 -c "import torch; print('torch', torch.__version__)" \
 
 WORKDIR /app
 COPY --chown=fleetrl:fleetrl shared /app/shared
-COPY --chown=fleetrl:fleetrl services /app/services
-COPY --chown=fleetrl:fleetrl deploy/*.py /app/deploy/
-COPY --chown=fleetrl:fleetrl deploy/local /app/deploy/local
-COPY --chown=fleetrl:fleetrl deploy/compose /app/deploy/compose
-COPY --chown=fleetrl:fleetrl deploy/run /app/deploy/run
-# the init service (deploy/compose/prepare.py) runs the sort-digits recipe's warm-up through fleetrl run
-COPY --chown=fleetrl:fleetrl examples/sort-digits /app/examples/sort-digits
+COPY --chown=fleetrl:fleetrl services/__init__.py /app/services/
+COPY --chown=fleetrl:fleetrl services/learner /app/services/learner
+COPY --chown=fleetrl:fleetrl deploy/__init__.py /app/deploy/
 COPY --chown=fleetrl:fleetrl deploy/docker/__init__.py deploy/docker/entrypoint.py /app/deploy/docker/
 USER fleetrl
 EXPOSE 8003

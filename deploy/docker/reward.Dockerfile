@@ -5,11 +5,9 @@ ARG BASE_IMAGE=fleetrl-base
 FROM ${BASE_IMAGE}
 
 COPY --chown=fleetrl:fleetrl shared /app/shared
-COPY --chown=fleetrl:fleetrl services /app/services
-COPY --chown=fleetrl:fleetrl deploy/*.py /app/deploy/
-COPY --chown=fleetrl:fleetrl deploy/run /app/deploy/run
-COPY --chown=fleetrl:fleetrl deploy/local /app/deploy/local
-COPY --chown=fleetrl:fleetrl deploy/compose /app/deploy/compose
+COPY --chown=fleetrl:fleetrl services/__init__.py /app/services/
+COPY --chown=fleetrl:fleetrl services/reward /app/services/reward
+COPY --chown=fleetrl:fleetrl deploy/__init__.py /app/deploy/
 COPY --chown=fleetrl:fleetrl deploy/docker/__init__.py deploy/docker/entrypoint.py /app/deploy/docker/
 USER fleetrl
 EXPOSE 8002

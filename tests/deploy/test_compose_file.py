@@ -220,56 +220,6 @@ def test_podman_override_resets_only_keys_the_stack_sets():
     assert not missing, f"!reset of keys docker-compose.yml does not set (podman-compose fails on them): {missing}"
 
 
-def copied_paths(dockerfile: Path) -> list[Path]:
-    """The repo paths a Dockerfile's ``COPY`` lines take from the build context (globs expanded)."""
-    out: list[Path] = []
-    for line in dockerfile.read_text().splitlines():
-        if not line.startswith("COPY ") or "--from=" in line:
-            continue
-        sources = [a for a in line.split()[1:] if not a.startswith("--")][:-1]
-        for src in sources:
-            out += sorted(REPO.glob(src)) if any(c in src for c in "*?[") else [REPO / src]
-    return out
-
-
-def project_imports(path: Path) -> set[str]:
-    """The project modules (``shared.*``, ``services.*``, ``deploy.*``) a Python file imports, anywhere in it."""
-    import ast
-
-    names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            names.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module)
-            names.update(f"{node.module}.{a.name}" for a in node.names)
-    return {n for n in names if n.split(".")[0] in ("shared", "services", "deploy")}
-
-
-def module_file(name: str) -> Path | None:
-    base = REPO.joinpath(*name.split("."))
-    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
-        if candidate.is_file():
-            return candidate
-    return None  # a name imported from a module (a function, a class), not a module
-
-
-@pytest.mark.parametrize("path", [p for p in dockerfiles() if p.name != "base.Dockerfile"], ids=lambda p: p.name)
-def test_every_project_module_the_image_code_imports_is_in_the_image(path):
-    """The thin images copy parts of the tree; code copied into one must find every project module it imports
-    there (deploy/private_files.py, new in deploy/, was missing from every image: the compose stack's init
-    container died with ModuleNotFoundError)."""
-    copied = copied_paths(path)
-
-    def inside(p: Path) -> bool:
-        return any(p == c or c in p.parents for c in copied)
-
-    files = [f for c in copied for f in ([c] if c.is_file() else c.rglob("*.py")) if f.suffix == ".py"]
-    missing = sorted({f"{name} (imported by {f.relative_to(REPO)})" for f in files for name in project_imports(f)
-                      if (m := module_file(name)) is not None and not inside(m)})
-    assert not missing, f"{path.name} does not copy: {missing}"
-
-
 def test_redis_requires_a_password_that_has_no_default_and_every_client_uses_it():
     """Redis is authenticated (issue 26): the server requires ${REDIS_PASSWORD:?...}, its health check looks for the
     PONG an unauthenticated ping does not get, and every service that reaches it carries the password in its URL."""
