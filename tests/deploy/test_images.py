@@ -19,7 +19,12 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import re
+import shutil
+import subprocess
+import sys
+import sysconfig
 from functools import cache
 from pathlib import Path
 
@@ -265,3 +270,38 @@ def test_compose_and_k8s_run_each_command_on_an_image_that_has_it():
     used |= {c["image"].split(":")[0] for d in K8S for c in
              (d.get("spec", {}).get("template", {}).get("spec", {}) or {}).get("containers", [])}
     assert {u for u in used if not u.startswith("redis")} <= built
+
+
+def assemble(dockerfile: Path, into: Path) -> None:
+    """The image's /app, built the way its ``COPY`` lines build it (a folder's contents, files into a folder)."""
+    for line in dockerfile.read_text().splitlines():
+        if not line.startswith("COPY ") or "--from=" in line:
+            continue
+        *sources, dest = [a for a in line.split()[1:] if not a.startswith("--")]
+        if not dest.startswith("/app"):
+            continue
+        target = into / dest.removeprefix("/app").strip("/")
+        paths = [p for s in sources for p in (sorted(REPO.glob(s)) if any(c in s for c in "*?[") else [REPO / s])]
+        for p in paths:
+            if p.is_dir():
+                shutil.copytree(p, target, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__"))
+            else:
+                folder = target if dest.endswith("/") or len(paths) > 1 else target.parent
+                folder.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(p, folder / (p.name if folder == target else target.name))
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: p.name)
+def test_every_command_starts_from_the_files_the_image_copies(path, tmp_path):
+    """The image's files alone on ``sys.path`` (no checkout, no editable install: ``python -S`` with the
+    dependencies' site-packages only): each module its commands run starts (``--help``; the entrypoint runs
+    ``true``). A module the image lacks is a ``ModuleNotFoundError`` here, as it would be in the container."""
+    assemble(path, tmp_path)
+    site = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sorted(site)]), "FLEETRL_WAIT_FOR": ""}
+    for module in roots(path):
+        args = ["true"] if module == "deploy.docker.entrypoint" else ["--help"]
+        res = subprocess.run([sys.executable, "-S", "-m", module, *args], cwd=tmp_path, env=env, check=False,
+                             capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, f"{path.name}: python -m {module} {' '.join(args)}:\n{res.stderr[-2000:]}"
