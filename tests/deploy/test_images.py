@@ -11,7 +11,8 @@ registries import by name are in it.
   the compose stack's init container died of one);
 - a service image copies ``shared/``, ``services/__init__.py``, its own ``services/<name>/`` and exactly the
   ``deploy/`` files its closure holds (the entrypoint): no other service, no ``deploy/`` folder it does not run;
-- no image copies a ``deploy/`` folder none of its commands import, nor data its code does not name.
+- no image copies a ``deploy/`` folder none of its commands import, nor data its code does not name;
+- each command starts (``--help``) from the image's files alone, assembled from its ``COPY`` lines.
 
 Checked without a container engine; ``make compose-test`` builds and runs the images for real."""
 
