@@ -52,6 +52,12 @@ class TinkerService:
         self.sampler_worker: OrderedWorker | None = None
         self.samplers = None
         self.started = time.time()
+        self.rollout = None  # RolloutSampling when rollout_urls are set (sampling on the rollout fleet)
+        self.path_versions: dict[str, int] = {}  # sampler path -> the weight version published for it
+        self.session_versions: dict[str, int | None] = {}  # sampling session -> its weights' version
+        self.samples_in_learner = 0
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._tasks: set[asyncio.Task] = set()
 
     async def start(self) -> None:
         if self.settings.torch_threads:
@@ -62,6 +68,12 @@ class TinkerService:
 
         self.samplers = SamplerCache(self.settings.samplers_cached, self.settings.device, self.settings.dtype)
         self.sampler_worker = OrderedWorker("sampler", self.futures, self.settings.seq_gap_timeout_s)
+        self.loop = asyncio.get_running_loop()
+        if self.settings.rollout_urls:
+            from services.learner.tinker.rollout import RolloutSampling
+
+            self.rollout = RolloutSampling(self.settings)
+            await self.rollout.start()
         (self.run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
 
     async def stop(self) -> None:
@@ -69,6 +81,8 @@ class TinkerService:
             await slot.worker.close()
         if self.sampler_worker is not None:
             await self.sampler_worker.close()
+        if self.rollout is not None:
+            await self.rollout.stop()
 
     # ---- sessions -----------------------------------------------------------------------------------
     def client_config(self) -> dict:
@@ -102,6 +116,7 @@ class TinkerService:
             for sid in [s for s in self.sampling_sessions if s.startswith(f"{session}:")]:
                 del self.sampling_sessions[sid]
                 self.sampler_paths.pop(sid, None)
+                self.session_versions.pop(sid, None)
 
     def capabilities(self) -> dict:
         from transformers import AutoConfig
@@ -323,12 +338,14 @@ class TinkerService:
 
         def fn(slot: ModelSlot) -> dict:
             slot.model.export_for_sampler(out, self.settings.base_model)
+            version = self._publish_for_sampler(slot, f"tinker://{req.model_id}/sampler_weights/{name}")
             reply: dict = {"type": "save_weights_for_sampler", "path": f"tinker://{req.model_id}/sampler_weights/{name}"}
             if not named:
                 session = req.model_id.split(":train:")[0]
                 sid = f"{session}:sample:{req.sampling_session_seq_id}:{uuid.uuid4().hex[:8]}"
                 self.sampling_sessions[sid] = out
                 self.sampler_paths[sid] = reply["path"]
+                self.session_versions[sid] = version
                 reply["sampling_session_id"] = sid
                 slot.ephemeral.append(out)
                 while len(slot.ephemeral) > 2 * self.settings.samplers_cached:
@@ -336,6 +353,30 @@ class TinkerService:
             return reply
 
         return self._run(req.model_id, req.seq_id, fn)
+
+    def _publish_for_sampler(self, slot: ModelSlot, path: str) -> int | None:
+        """On the model's worker thread: publish its weights (LoRA merged) to the rollout fleet and wait for the
+        round, so the next training step cannot change them under the publish. None: no fleet, or it failed
+        (then this sampler's samples run in the learner, from the checkpoint just written)."""
+        if self.rollout is None:
+            return None
+        from services.learner.tinker.rollout import RolloutUnavailable
+        from services.learner.training.models import merged_state_dict
+
+        weights = merged_state_dict(slot.model.model)
+        done = asyncio.run_coroutine_threadsafe(self.rollout.publish(weights), self.loop)
+        try:
+            version = done.result(timeout=self._publish_timeout())
+        except (RolloutUnavailable, TimeoutError) as exc:
+            done.cancel()
+            log.warning("%s: %s; its samples run in the learner", path, exc)
+            return None
+        self.path_versions[path] = version
+        return version
+
+    def _publish_timeout(self) -> float:
+        w = self.settings.weight_sync
+        return w.init_timeout_s + w.max_attempts * (w.collective_timeout_s + w.load_timeout_s) + 60.0
 
     # ---- sampling -----------------------------------------------------------------------------------
     def _sampler_dir(self, model_path: str | None, base_model: str | None) -> Path:
@@ -352,6 +393,7 @@ class TinkerService:
         sid = f"{req.session_id}:sample:{req.sampling_session_seq_id}:{uuid.uuid4().hex[:8]}"
         self.sampling_sessions[sid] = where
         self.sampler_paths[sid] = req.model_path
+        self.session_versions[sid] = self.path_versions.get(req.model_path) if req.model_path else 0
         return sid
 
     def get_sampler(self, sampler_id: str) -> dict:
@@ -368,8 +410,10 @@ class TinkerService:
             where = self.sampling_sessions.get(req.sampling_session_id)
             if where is None:
                 raise NotFound(f"sampling session {req.sampling_session_id!r} is unknown")
+            version = self.session_versions.get(req.sampling_session_id)
         else:
             where = self._sampler_dir(req.model_path, req.base_model)
+            version = self.path_versions.get(req.model_path) if req.model_path else 0
         for name in ("topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k"):
             if getattr(req, name):
                 raise BadRequest(f"{name} is not served yet")
@@ -392,21 +436,56 @@ class TinkerService:
                           seed=p.seed, stop_tokens=stop_tokens, stop_strings=stop_strings,
                           prompt_logprobs=bool(req.prompt_logprobs))
         request_id = self.futures.create()
+        # prompt logprobs (compute_logprobs) are not in the replicas' /generate: those run in the learner
+        if self.rollout is not None and version is not None and not call.prompt_logprobs:
+            task = asyncio.get_running_loop().create_task(self._sample_on_rollout(request_id, call, version, where))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        else:
+            self._sample_in_learner(request_id, call, where)
+        return request_id, [f"{request_id}-{i}" for i in range(req.num_samples)]
 
+    def _sample_in_learner(self, request_id: str, call: Any, where: Path) -> None:
         def job() -> bytes:
+            if not where.is_dir():
+                raise Full(f"the sampler's weights ({where.name}) are gone: the rollout fleet serves newer "
+                           "weights and this server keeps only the last few ephemeral sampler checkpoints; save "
+                           "weights for the sampler again")
+            self.samples_in_learner += 1
             seqs, prompt_lp = self.samplers.get(where).sample(call)
             return encode_sample_response(seqs, prompt_lp)
 
         self.sampler_worker.submit(request_id, None, job)
-        return request_id, [f"{request_id}-{i}" for i in range(req.num_samples)]
+
+    async def _sample_on_rollout(self, request_id: str, call: Any, version: int, where: Path) -> None:
+        from services.learner.tinker.rollout import Superseded
+
+        try:
+            seqs = await self.rollout.sample(call, version)
+        except Superseded as exc:  # the fleet moved on: these weights are still on disk here
+            log.info("sample %s: %s; sampled in the learner from %s", request_id, exc, where)
+            self._sample_in_learner(request_id, call, where)
+            return
+        except Exception as exc:  # noqa: BLE001 - recorded on the future (a 4xx as the user's, else the server's)
+            err = exc
+
+            def fail() -> bytes:
+                raise err
+
+            self.futures.settle(request_id, fail)
+            return
+        body = encode_sample_response(seqs, None)
+        self.futures.settle(request_id, lambda: body)
 
     # ---- futures / status ---------------------------------------------------------------------------
     async def retrieve(self, request_id: str):
         return await self.futures.retrieve(request_id, self.settings.long_poll_s)
 
     def status(self) -> dict:
+        sampling = self.rollout.status() if self.rollout is not None else {"sampler": "learner"}
         return {"sessions": len(self.sessions), "models": sorted(self.models), "pending": self.futures.pending(),
-                "sampling_sessions": len(self.sampling_sessions), "uptime_s": round(time.time() - self.started, 1)}
+                "sampling_sessions": len(self.sampling_sessions), "uptime_s": round(time.time() - self.started, 1),
+                "sampling": {**sampling, "samples_in_learner": self.samples_in_learner}}
 
 
 async def run_blocking(fn, *args):

@@ -72,8 +72,12 @@ class TinkerModel:
         self.steps = 0
 
     def _lora_targets(self, model: torch.nn.Module) -> list[str]:
+        # a model whose output layer is its input embedding (tie_word_embeddings) gets no adapter on the output
+        # layer: one there unties the two, and the weights published or exported for sampling (one tensor for
+        # both) could not hold what was trained
+        tied = bool(getattr(model.config, "tie_word_embeddings", False))
         wanted = (ATTN if self.spec.train_attn else ()) + (MLP if self.spec.train_mlp else ()) + \
-            (UNEMBED if self.spec.train_unembed else ())
+            (UNEMBED if self.spec.train_unembed and not tied else ())
         leaves = {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
         targets = sorted(leaves & set(wanted))
         if not targets:
