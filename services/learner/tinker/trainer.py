@@ -73,8 +73,8 @@ class TinkerModel:
 
     def _lora_targets(self, model: torch.nn.Module) -> list[str]:
         # a model whose output layer is its input embedding (tie_word_embeddings) gets no adapter on the output
-        # layer: one there unties the two, and the weights published or exported for sampling (one tensor for
-        # both) could not hold what was trained
+        # layer: one there unties the two, and the weights published to a rollout replica (whose model holds one
+        # tensor for both) could not hold what was trained (tests/tinker/test_rollout_sampling.py: 0.1-0.5 off)
         tied = bool(getattr(model.config, "tie_word_embeddings", False))
         wanted = (ATTN if self.spec.train_attn else ()) + (MLP if self.spec.train_mlp else ()) + \
             (UNEMBED if self.spec.train_unembed and not tied else ())
