@@ -135,3 +135,45 @@ def test_samples_come_from_the_replica_with_the_trainers_logprobs(fleet):
     first = out.sequences[0]
     again = sampler.compute_logprobs(types.ModelInput.from_ints(prompt + list(first.tokens))).result()
     assert again[len(prompt):] == pytest.approx(list(first.logprobs), abs=2e-4)
+
+
+def test_fleetrl_run_starts_the_rollout_fleet_that_samples(tiny_model_dir, tmp_path):
+    """``fleetrl run FILE`` with ``mode: tinker`` and ``replicas: {rollout: 1}``: Redis, a rollout replica and the
+    Tinker API, sampling on the replica; Ctrl-C (SIGTERM here) stops all of them."""
+    import time
+
+    import yaml
+
+    from tests.procs import REPO
+
+    example = yaml.safe_load((REPO / "examples/tinker/fleetrl-rollout.yaml").read_text())
+    assert example["mode"] == "tinker" and example["replicas"] == {"rollout": 1}
+    port = free_port()
+    spec = tmp_path / "fleetrl.yaml"
+    spec.write_text(yaml.safe_dump({**example, "base_model": "model", "port": port, "run_dir": "run",
+                                    "torch_threads": 1, "rollout": {**example.get("rollout", {}),
+                                                                    "engine": {"kind": "hf", "device": "cpu"}}}))
+    (tmp_path / "model").symlink_to(tiny_model_dir)
+    log = tmp_path / "out.log"
+    proc = spawn(["-m", "deploy.cli", "run", str(spec)], log, {"OMP_NUM_THREADS": "1"})
+    try:
+        deadline = time.monotonic() + 180
+        while "TINKER_API_KEY=" not in log.read_text() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.25)
+        lines = dict(line.removeprefix("export ").split("=", 1) for line in log.read_text().splitlines()
+                     if line.startswith("export TINKER_"))
+        url = lines["TINKER_BASE_URL"]
+        wait_http_ok(f"{url}/health", proc, timeout=120, log=log)
+        status = sampling_status(url)
+        assert status["sampler"] == "rollout" and len(status["rollout_urls"]) == 1, status
+        rollout_url = status["rollout_urls"][0]
+        service = tinker.ServiceClient(base_url=url, api_key=lines["TINKER_API_KEY"])
+        sampler = service.create_sampling_client(base_model=str(tmp_path / "model")).result()
+        out = sampler.sample(types.ModelInput.from_ints([5, 6, 7]), 2,
+                             types.SamplingParams(max_tokens=4, temperature=1.0, seed=1)).result()
+        assert len(out.sequences) == 2
+        assert sampling_status(url)["samples_on_rollout"] == 1 and generated_on_replica(rollout_url) == 1
+    finally:
+        stop(proc, timeout=60)
+    with pytest.raises(httpx.HTTPError):  # the replica went with it
+        httpx.get(f"{rollout_url}/health", timeout=5)
