@@ -44,6 +44,8 @@ def fleet(tmp_path_factory, redis_server):
            "FLEETRL_TINKER_LONG_POLL_S": "5", "FLEETRL_TINKER_SEQ_GAP_TIMEOUT_S": "600",
            "FLEETRL_TINKER_ROLLOUT_URLS": f'["{rollout_url}"]', "FLEETRL_TINKER_REDIS_URL": redis_server.url,
            "FLEETRL_TINKER_RUN_NAME": RUN, "FLEETRL_TINKER_SAMPLER_WAIT_S": "30",
+           # the client waits for samples through the batched retrieve_futures poller here (and joins clones)
+           "FLEETRL_TINKER_SAMPLE_POLLER": "true",
            **{f"FLEETRL_TINKER_WEIGHT_SYNC__{k}": v for k, v in FAST.items()}}
     server = None
     try:
@@ -127,6 +129,15 @@ def test_samples_come_from_the_replica_with_the_trainers_logprobs(fleet):
     new = sampler2.sample(types.ModelInput.from_ints(prompt), 2, params).result()
     for seq in new.sequences:
         assert trainer_logprobs(training, prompt, seq) == pytest.approx(list(seq.logprobs), abs=2e-4)
+    # a copy of a sampling client (pickled: the client's own bytes, in this process) joins the sampling session
+    # as clone 1 and waits through its own poller target
+    import pickle
+
+    clone = pickle.loads(pickle.dumps(sampler2))  # the client's own pickle, made in this process
+    again2 = clone.sample(types.ModelInput.from_ints(prompt), 2, params).result()
+    assert [s.tokens for s in again2.sequences] == [s.tokens for s in new.sequences]  # the seed decides
+    status = sampling_status(fleet["url"])
+    assert status["joined_clones"] == 1 and status["retrieve_futures_polls"] > 0
     calls = generated_on_replica(fleet["rollout"])
     old = sampler.sample(types.ModelInput.from_ints(prompt), 4, params).result()
     assert generated_on_replica(fleet["rollout"]) == calls

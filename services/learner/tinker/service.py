@@ -16,7 +16,7 @@ from typing import Any
 
 from services.learner.tinker import api
 from services.learner.tinker.errors import BadRequest, Full, NotFound
-from services.learner.tinker.futures import FutureStore, OrderedWorker
+from services.learner.tinker.futures import CompletionLog, FutureStore, OrderedWorker
 from services.learner.tinker.settings import TinkerSettings
 from services.learner.tinker.wire import (
     ForwardBackwardCall,
@@ -58,6 +58,11 @@ class TinkerService:
         self.samples_in_learner = 0
         self.loop: asyncio.AbstractEventLoop | None = None
         self._tasks: set[asyncio.Task] = set()
+        self.completions = CompletionLog()  # retrieve_futures: finished samples per sampling session and clone
+        self._poll_keys: dict[str, tuple[str, int]] = {}  # sample request -> its poll target
+        self.polls = 0  # retrieve_futures calls answered
+        self.clones: dict[str, int] = {}  # join_sampling_session: the last client_counter given per session
+        self.futures.listener = self._settled
 
     async def start(self) -> None:
         if self.settings.torch_threads:
@@ -86,10 +91,49 @@ class TinkerService:
 
     # ---- sessions -----------------------------------------------------------------------------------
     def client_config(self) -> dict:
+        poller = self.settings.sample_poller
         return {"pjwt_auth_enabled": False, "credential_default_source": "api_key", "parallel_fwdbwd_chunks": False,
                 "proto_compress_fwdbwd": False, "fwdbwd_max_chunk_len": self.settings.max_datums,
-                "use_pyqwest_transport": False, "sample_use_retrieve_futures": False,
-                "custom_loss_server_side": False, "sample_join_sampling_session": False}
+                "use_pyqwest_transport": False, "sample_use_retrieve_futures": poller,
+                "custom_loss_server_side": False, "sample_join_sampling_session": poller}
+
+    def dynamic_config(self) -> dict:
+        return {"refresh_interval_sec": 300, "sample_cancel_enabled": True, "sample_cancel_max_batch_size": 64}
+
+    def cancel(self, request_id: str) -> None:
+        """cancel_future: the request is dropped; one not started does not run (one running runs to its end)."""
+        self.futures.forget(request_id)
+        self._poll_keys.pop(request_id, None)
+
+    def unload_model(self, model_id: str) -> None:
+        slot = self.models.pop(model_id, None)
+        if slot is None:
+            raise NotFound(f"model {model_id!r} is unknown")
+        slot.worker.close_nowait()
+        slot.worker.executor.shutdown(wait=False, cancel_futures=True)
+        log.info("model %s unloaded", model_id)
+
+    def join_sampling_session(self, sampling_session_id: str) -> int:
+        if sampling_session_id not in self.sampling_sessions:
+            raise NotFound(f"sampling session {sampling_session_id!r} is unknown")
+        self.clones[sampling_session_id] = self.clones.get(sampling_session_id, 0) + 1
+        return self.clones[sampling_session_id]
+
+    async def retrieve_futures(self, req: api.RetrieveFutures) -> dict:
+        sid = req.target.sampling_session_id
+        if sid not in self.sampling_sessions:
+            raise NotFound(f"sampling session {sid!r} is unknown")
+        for rid in req.retrieved_request_ids:
+            self.futures.forget(rid)
+        wait = self.settings.long_poll_s if req.timeout is None else min(req.timeout, self.settings.long_poll_s)
+        self.polls += 1
+        completions, cursor = await self.completions.read((sid, req.target.cloned_sampler_id), req.prev_cursor, wait)
+        return {"completions": completions, "cursor": cursor}
+
+    def _settled(self, request_id: str, entry: Any) -> None:
+        key = self._poll_keys.pop(request_id, None)
+        if key is not None:
+            self.completions.add(key, request_id, entry)
 
     def create_session(self) -> str:
         session_id = f"fleetrl-{uuid.uuid4().hex[:16]}"
@@ -116,6 +160,8 @@ class TinkerService:
             for sid in [s for s in self.sampling_sessions if s.startswith(f"{session}:")]:
                 del self.sampling_sessions[sid]
                 self.sampler_paths.pop(sid, None)
+                self.clones.pop(sid, None)
+                self.completions.drop(sid)
                 self.session_versions.pop(sid, None)
 
     def capabilities(self) -> dict:
@@ -436,6 +482,8 @@ class TinkerService:
                           seed=p.seed, stop_tokens=stop_tokens, stop_strings=stop_strings,
                           prompt_logprobs=bool(req.prompt_logprobs))
         request_id = self.futures.create()
+        if req.sampling_session_id is not None and req.seq_id is not None:
+            self._poll_keys[request_id] = (req.sampling_session_id, req.seq_id // 1_000_000_000)
         # prompt logprobs (compute_logprobs) are not in the replicas' /generate: those run in the learner
         if self.rollout is not None and version is not None and not call.prompt_logprobs:
             task = asyncio.get_running_loop().create_task(self._sample_on_rollout(request_id, call, version, where))
@@ -485,7 +533,8 @@ class TinkerService:
         sampling = self.rollout.status() if self.rollout is not None else {"sampler": "learner"}
         return {"sessions": len(self.sessions), "models": sorted(self.models), "pending": self.futures.pending(),
                 "sampling_sessions": len(self.sampling_sessions), "uptime_s": round(time.time() - self.started, 1),
-                "sampling": {**sampling, "samples_in_learner": self.samples_in_learner}}
+                "sampling": {**sampling, "samples_in_learner": self.samples_in_learner,
+                             "retrieve_futures_polls": self.polls, "joined_clones": sum(self.clones.values())}}
 
 
 async def run_blocking(fn, *args):

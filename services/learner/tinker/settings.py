@@ -45,6 +45,10 @@ class TinkerSettings(ServiceSettings):
                                                                         "beats every 10 s).")
     torch_threads: int | None = Field(default=None, ge=1, description="torch.set_num_threads; default: torch's.")
     seed: int = Field(default=0, description="Seed of model creation when the client gives none.")
+    sample_poller: bool = Field(default=False, description="Tell clients to wait for samples through the batched "
+                                "retrieve_futures poller and join_sampling_session (client 0.38's "
+                                "sample_use_retrieve_futures / sample_join_sampling_session); off: each sample "
+                                "polls retrieve_future.")
     rollout_urls: list[str] = Field(default_factory=list, description="Rollout replicas (base URLs) that sample: "
                                     "save_weights_for_sampler publishes to them through the weight publisher "
                                     "(needs redis_url and run_name, the replicas' own); empty: sampling runs in "
