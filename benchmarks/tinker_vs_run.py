@@ -192,10 +192,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[tinker-vs-run] data, tiny model and a {args.sft_steps}-step SFT warm-up (not timed)", flush=True)
         data, model, held = vs_trl.prepare("sort", root, args.sft_steps, args.heldout)
         train = [json.loads(x) for x in data.read_text().splitlines()]
+        start_acc = vs_trl.accuracy(model, held)
+        print(f"[tinker-vs-run] start checkpoint: held-out greedy accuracy {start_acc:.1%} ({len(held)} prompts)",
+              flush=True)
         results = [run_mode(m, root, data, model, train, held, args) for m in modes]
         print()
         print(f"sort-digits: {PROMPTS} prompts x {SAMPLES} samples x {NEW_TOKENS} new tokens per step, lr {LR}, "
-              f"{args.steps} steps; s/step from the end of step 1")
+              f"{args.steps} steps; s/step from the end of step 1; start checkpoint {start_acc:.1%} held-out")
         print(f"{'mode':<15} {'s/step':>7} {'->step1':>8} {'final':>6}  load (1/5/15 min, before -> after)")
         for r in results:
             acc = "-" if r["final_acc"] is None else format(r["final_acc"], ".1%")
