@@ -19,6 +19,8 @@ from shared.settings import SettingsError, read_config_file
 
 from .derive import deep_merge
 
+SCORE = "services.rollout.routes.score:scoring"
+
 
 def serve_tinker(file: Path) -> int:
     from services.learner.tinker.cli import serve_run_file
@@ -60,7 +62,10 @@ def serve_tinker(file: Path) -> int:
         token = secrets.token_hex(16)  # the replicas' control routes (weights, drain): this launcher's only
         base = {"model": raw["base_model"], "run_name": run_name, "weight_sidecar": True, "control_token": token}
         for i in range(n):
-            fleet.start(f"rollout-{i}", "services.rollout", deep_merge(base, rollout), wait=False)
+            config = deep_merge(base, rollout)
+            if SCORE not in config.setdefault("extensions", []):  # prompt logprobs (compute_logprobs) on the replica
+                config["extensions"] = [*config["extensions"], SCORE]
+            fleet.start(f"rollout-{i}", "services.rollout", config, wait=False)
         for i in range(n):
             fleet.wait_healthy(f"rollout-{i}")
         raw["rollout_urls"] = [fleet.services[f"rollout-{i}"].url for i in range(n)]

@@ -38,6 +38,7 @@ def fleet(tmp_path_factory, redis_server):
                      "--device", "cpu", "--redis-url", redis_server.url, "--run-name", RUN], root / "rollout.log",
                     {"OMP_NUM_THREADS": "1", "FLEETRL_ROLLOUT_WEIGHT_SIDECAR": "true",
                      "FLEETRL_ROLLOUT_CONTROL_TOKEN": "rollout-test-token",
+                     "FLEETRL_ROLLOUT_EXTENSIONS": '["services.rollout.routes.score:scoring"]',  # prompt logprobs
                      "FLEETRL_ROLLOUT_WEIGHTS__HEARTBEAT_S": "0.3", "FLEETRL_ROLLOUT_WEIGHTS__HEARTBEAT_TTL_S": "3"})
     env = {"FLEETRL_TINKER_API_KEY": KEY, "FLEETRL_TINKER_BASE_MODEL": str(model),
            "FLEETRL_TINKER_RUN_DIR": str(root / "run"), "FLEETRL_TINKER_TORCH_THREADS": "1",
@@ -119,6 +120,14 @@ def test_samples_come_from_the_replica_with_the_trainers_logprobs(fleet):
     for seq in out.sequences:  # the trained weights, as the trainer holds them (LoRA merged on the replica)
         assert len(seq.logprobs) == len(seq.tokens) > 0
         assert trainer_logprobs(training, prompt, seq) == pytest.approx(list(seq.logprobs), abs=2e-4)
+    # compute_logprobs: the replica's /score, of the same version, agrees with the trainer too
+    first = out.sequences[0]
+    scored = sampler.compute_logprobs(types.ModelInput.from_ints(prompt + list(first.tokens))).result()
+    assert scored[0] is None and scored[len(prompt):] == pytest.approx(list(first.logprobs), abs=2e-4)
+    status = sampling_status(fleet["url"])
+    assert status["prompt_logprobs_on_rollout"] == 1 and status["samples_in_learner"] == 0
+    r = httpx.post(f"{fleet['rollout']}/score", json={"input_ids": [0, 10**9]}, timeout=10)
+    assert r.status_code == 400 and "token ids must lie" in r.text
 
     # one more step and a new sampler: version 2 on the replica; the first sampler, bound to version 1, is now
     # served in the learner from its own checkpoint (exactly its weights), never from the replica's newer ones
@@ -142,8 +151,7 @@ def test_samples_come_from_the_replica_with_the_trainers_logprobs(fleet):
     old = sampler.sample(types.ModelInput.from_ints(prompt), 4, params).result()
     assert generated_on_replica(fleet["rollout"]) == calls
     assert [s.tokens for s in old.sequences] != [] and sampling_status(fleet["url"])["samples_in_learner"] == 1
-    # logprobs of the old weights: the first sample's tokens score the same as before under the old sampler
-    first = out.sequences[0]
+    # logprobs of the old weights (in the learner now): the first sample's tokens score as before
     again = sampler.compute_logprobs(types.ModelInput.from_ints(prompt + list(first.tokens))).result()
     assert again[len(prompt):] == pytest.approx(list(first.logprobs), abs=2e-4)
 

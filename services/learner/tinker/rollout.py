@@ -1,6 +1,7 @@
 """Sampling on the rollout fleet: ``save_weights_for_sampler`` publishes the trained weights (LoRA merged in)
 through the learner's weight publisher (``services.learner.weights``) to the rollout replicas, and ``asample``
-runs on a replica's ``POST /generate`` (token ids in, tokens and logprobs out).
+runs on a replica's ``POST /generate`` (token ids in, tokens and logprobs out); prompt logprobs
+(``compute_logprobs``) come from its ``POST /score`` (services/rollout/routes/score.py, an extension router).
 
 A sampler is bound to a weight version: a sample runs on a replica only while that replica serves exactly that
 version (its ``/model_info`` before, and every output's ``weight_version`` after, must say so). A replica still
@@ -28,6 +29,11 @@ class Superseded(Exception):
     """Every replica serves a newer version than the sampler's (the fleet holds only the latest)."""
 
 
+class NoScore(Exception):
+    """The replica has no ``/score`` route (its ``extensions`` lack services.rollout.routes.score:scoring, or its
+    engine is not hf): prompt logprobs are computed in the learner."""
+
+
 class RolloutUnavailable(RuntimeError):
     """No replica served the sampler's version in time (or none answered)."""
 
@@ -41,7 +47,8 @@ class RolloutSampling:
         self.publisher = None
         self.client: httpx.AsyncClient | None = None
         self.version = 0  # the newest version this server published (0: the base model)
-        self.counters = {"samples_on_rollout": 0, "publishes": 0, "publishes_failed": 0, "rollout_errors": 0}
+        self.counters = {"samples_on_rollout": 0, "prompt_logprobs_on_rollout": 0, "publishes": 0,
+                         "publishes_failed": 0, "rollout_errors": 0}
         self.last_publish: dict | None = None
 
     async def start(self) -> None:
@@ -107,9 +114,31 @@ class RolloutSampling:
                     "/weights/version and this server's log")
             await asyncio.sleep(0.1)
 
-    async def sample(self, call: Any, version: int) -> list[SampledOut]:
-        """``call.num_samples`` continuations of ``call.prompt`` by a replica serving ``version``."""
+    async def _score(self, url: str, prompt: list[int], version: int) -> list[float | None]:
+        """Prompt logprobs from the replica's ``/score`` (services/rollout/routes/score.py), of ``version``."""
+        try:
+            r = await self.client.post(f"{url}/score", json={"input_ids": prompt})
+        except httpx.HTTPError as exc:
+            self.counters["rollout_errors"] += 1
+            raise RolloutUnavailable(f"rollout replica {url}: /score failed ({type(exc).__name__}: {exc})") from exc
+        if r.status_code in (404, 405) or (r.status_code == 400 and "hf engine" in r.text):
+            raise NoScore(f"rollout replica {url} serves no /score: prompt logprobs are computed in the learner")
+        if 400 <= r.status_code < 500 and r.status_code not in (408, 429):
+            raise BadRequest(f"the rollout replica refused the prompt logprobs: {_message(r)}")
+        if r.status_code != 200:
+            self.counters["rollout_errors"] += 1
+            raise RolloutUnavailable(f"rollout replica {url}: /score answered {r.status_code}: {_message(r)}")
+        body = r.json()
+        if int(body["weight_version"]) != version:
+            raise RolloutUnavailable(f"rollout replica {url} changed weights during the prompt logprobs (served "
+                                     f"{body['weight_version']}, the sampler is version {version}); sample again")
+        return body["logprobs"]
+
+    async def sample(self, call: Any, version: int) -> tuple[list[SampledOut], list[float | None] | None]:
+        """``call.num_samples`` continuations of ``call.prompt`` (and its prompt logprobs if asked) by a replica
+        serving ``version``."""
         url = await self._replica_for(version)
+        prompt_lp = await self._score(url, call.prompt, version) if call.prompt_logprobs else None
         sp: dict[str, Any] = {"max_new_tokens": call.max_tokens, "temperature": call.temperature,
                               "top_p": call.top_p, "top_k": call.top_k, "n": call.num_samples}
         if call.seed is not None:
@@ -145,7 +174,9 @@ class RolloutSampling:
             lps = [float(t[0]) for t in meta["output_token_logprobs"]]
             out.append(SampledOut(list(item["output_ids"]), lps, reason))
         self.counters["samples_on_rollout"] += 1
-        return out
+        if prompt_lp is not None:
+            self.counters["prompt_logprobs_on_rollout"] += 1
+        return out, prompt_lp
 
     def status(self) -> dict:
         return {"sampler": "rollout", "rollout_urls": self.urls, "published_version": self.version,

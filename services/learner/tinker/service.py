@@ -484,8 +484,7 @@ class TinkerService:
         request_id = self.futures.create()
         if req.sampling_session_id is not None and req.seq_id is not None:
             self._poll_keys[request_id] = (req.sampling_session_id, req.seq_id // 1_000_000_000)
-        # prompt logprobs (compute_logprobs) are not in the replicas' /generate: those run in the learner
-        if self.rollout is not None and version is not None and not call.prompt_logprobs:
+        if self.rollout is not None and version is not None:
             task = asyncio.get_running_loop().create_task(self._sample_on_rollout(request_id, call, version, where))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -506,11 +505,11 @@ class TinkerService:
         self.sampler_worker.submit(request_id, None, job)
 
     async def _sample_on_rollout(self, request_id: str, call: Any, version: int, where: Path) -> None:
-        from services.learner.tinker.rollout import Superseded
+        from services.learner.tinker.rollout import NoScore, Superseded
 
         try:
-            seqs = await self.rollout.sample(call, version)
-        except Superseded as exc:  # the fleet moved on: these weights are still on disk here
+            seqs, prompt_lp = await self.rollout.sample(call, version)
+        except (Superseded, NoScore) as exc:  # the fleet moved on (these weights are on disk here), or no /score
             log.info("sample %s: %s; sampled in the learner from %s", request_id, exc, where)
             self._sample_in_learner(request_id, call, where)
             return
@@ -522,7 +521,7 @@ class TinkerService:
 
             self.futures.settle(request_id, fail)
             return
-        body = encode_sample_response(seqs, None)
+        body = encode_sample_response(seqs, prompt_lp)
         self.futures.settle(request_id, lambda: body)
 
     # ---- futures / status ---------------------------------------------------------------------------
