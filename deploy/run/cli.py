@@ -53,9 +53,9 @@ def run_cmd(
         if set_ or reset:
             typer.echo("error: --set and --reset are for run specs; a mode: tinker file is served as it is", err=True)
             raise typer.Exit(2)
-        from services.learner.tinker.cli import serve_run_file
+        from .tinker import serve_tinker
 
-        raise typer.Exit(serve_run_file(file.resolve()))
+        raise typer.Exit(serve_tinker(file.resolve()))
     spec = _load(file, set_)
     raise typer.Exit(run_spec(spec, file.resolve(), make_display(live), reset=reset))
 

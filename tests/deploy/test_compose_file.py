@@ -181,6 +181,22 @@ def test_dependencies_are_installed_before_the_code_is_copied(path):
     assert code == -1 or pip == -1 or pip < code
 
 
+@pytest.mark.parametrize("name", ["learner.Dockerfile", "learner-deepspeed.Dockerfile"])
+def test_the_learner_images_install_the_tinker_extra(name):
+    """The learner's Tinker mode (docs/tinker.md) needs the `tinker` extra (the client's protobuf schema, zstd):
+    every learner image installs it from pyproject.toml, before the code, with torch left as the image has it."""
+    import tomllib
+
+    text = (REPO / "deploy/docker" / name).read_text()
+    extra = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["tinker"]
+    assert "tinker==0.38.0" in extra
+    read = text.find('["optional-dependencies"]["tinker"]')
+    assert read != -1, f"{name} does not read the tinker extra"
+    pip = text.find("pip install", read)
+    assert -1 < pip < text.find("COPY --chown=fleetrl:fleetrl services")
+    assert "torch==$(python" in text[read:pip + 200]
+
+
 def test_every_built_service_has_its_dockerfile():
     for name, svc in SERVICES.items():
         if "build" in svc:

@@ -79,3 +79,33 @@ def test_cli_says_what_is_wrong_in_one_line(tmp_path):
                          env={"PATH": "/usr/bin:/bin", "FLEETRL_TINKER_API_KEY": "tml-0123456789abcdef"})
     assert out.returncode == 2
     assert "base_model" in out.stderr and "config.json" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_rollout_sampling_needs_redis_and_http_urls(tiny_model_dir, monkeypatch):
+    monkeypatch.setenv("FLEETRL_TINKER_API_KEY", "tml-0123456789abcdef")
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    with pytest.raises(SettingsError, match="redis_url"):
+        load_settings(TinkerSettings, base_model=str(tiny_model_dir), rollout_urls=["http://127.0.0.1:1"])
+    with pytest.raises(SettingsError, match="not an http"):
+        load_settings(TinkerSettings, base_model=str(tiny_model_dir), rollout_urls=["127.0.0.1:1"],
+                      redis_url="redis://127.0.0.1:1/0")
+    s = load_settings(TinkerSettings, base_model=str(tiny_model_dir), rollout_urls=["http://127.0.0.1:1"],
+                      redis_url="redis://127.0.0.1:1/0", run_name="t")
+    assert s.rollout_urls == ["http://127.0.0.1:1"] and s.sample_poller is False
+
+
+@pytest.mark.parametrize(("extra", "match"), [
+    ({"replicas": {"rollout": -1}}, "replicas: give `rollout: N`"),
+    ({"replicas": {"rollout": 1, "reward": 1}}, "no other replicas"),
+    ({"rollout": {"engine": {"kind": "hf"}}}, "needs replicas"),
+])
+def test_fleetrl_run_of_a_tinker_file_says_what_is_wrong_with_replicas(tiny_model_dir, tmp_path, capsys, extra, match):
+    import yaml
+
+    from deploy.run.tinker import serve_tinker
+
+    spec = tmp_path / "fleetrl.yaml"
+    spec.write_text(yaml.safe_dump({"mode": "tinker", "base_model": str(tiny_model_dir), **extra}))
+    assert serve_tinker(spec) == 2
+    err = capsys.readouterr().err
+    assert match in err and len(err.strip().splitlines()) == 1, err

@@ -199,6 +199,39 @@ def test_retrieve_future_semantics(server):
 
 
 
+def test_the_other_routes_of_the_client(server, service, tok):
+    """The 0.38 client's remaining routes: dynamic_config, cancel_future and unload_model are served; what is not
+    (custom losses on the server, the JWT exchange, copy_weights, any other /api/v1 route) is a 400 that says so,
+    never a 404 or 500 — and still 401 without the key."""
+    import httpx
+
+    h = {"X-API-Key": KEY}
+    url = server["url"] + "/api/v1"
+    dyn = httpx.post(f"{url}/client/dynamic_config", json={"sdk_version": "0.38.0"}, headers=h, timeout=30).json()
+    assert dyn["sample_cancel_enabled"] is True
+    for route, says in (("create_custom_loss", "forward_backward_custom"), ("auth/token", "API key"),
+                        ("copy_weights", "create_training_client_from_state"), ("training_runs", "not served")):
+        r = httpx.post(f"{url}/{route}", json={}, headers=h, timeout=30)
+        assert r.status_code == 400 and says in r.text, (route, r.status_code, r.text)
+        assert httpx.post(f"{url}/{route}", json={}, timeout=30).status_code == 401
+    # cancel_future: a queued request (here: waiting for a seq_id that never comes) is dropped, its future gone
+    # (410: the client would resubmit); the model's next requests run
+    training = service.create_lora_training_client(base_model=server["model"], rank=4).result()
+    data = batch(tok, 4)
+    body = {"model_id": training.model_id, "seq_id": 10_000, "adam_params": {"learning_rate": 1.0}}
+    queued = httpx.post(f"{url}/optim_step", json=body, headers=h, timeout=30).json()["request_id"]
+    pending = httpx.get(server["url"] + "/status", timeout=10).json()["pending"]
+    assert httpx.post(f"{url}/cancel_future", json={"request_id": queued}, headers=h, timeout=30).status_code == 200
+    assert httpx.post(f"{url}/retrieve_future", json={"request_id": queued}, headers=h, timeout=30).status_code == 410
+    assert httpx.get(server["url"] + "/status", timeout=10).json()["pending"] == pending - 1
+    assert training.forward(data, "cross_entropy").result().metrics["loss:sum"] > 0
+    # unload_model frees the model: its next call is a 404 naming it
+    r = httpx.post(f"{url}/unload_model", json={"model_id": training.model_id}, headers=h, timeout=30)
+    assert r.status_code == 200 and r.json()["model_id"] == training.model_id
+    r = httpx.post(f"{url}/get_info", json={"model_id": training.model_id}, headers=h, timeout=30)
+    assert r.status_code == 404 and training.model_id in r.text
+
+
 def test_rl_loop_learns_the_first_digit_of_sort_digits(server, service, tok):
     """tinker-cookbook's rl_loop shape on sort-digits, sized for the suite: after a short supervised warm-up,
     sample a group per prompt -> reward (the answer's first digit is the smallest one) -> group-centred advantages

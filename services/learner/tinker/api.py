@@ -121,3 +121,24 @@ class WeightsInfo(_Body):
 class RetrieveFuture(_Body):
     request_id: str = Field(max_length=200)
     allow_metadata_only: bool = False
+
+
+class RequestRef(_Body):
+    request_id: str = Field(max_length=200)
+
+
+class SamplingSessionRef(_Body):
+    sampling_session_id: str = Field(max_length=300)
+
+
+class FuturesTarget(_Body):
+    type: Literal["sampling_session"] = "sampling_session"
+    sampling_session_id: str = Field(max_length=300)
+    cloned_sampler_id: int = Field(default=0, ge=0)
+
+
+class RetrieveFutures(_Body):
+    target: FuturesTarget
+    prev_cursor: int = Field(default=0, ge=0)
+    timeout: float | None = Field(default=None, ge=0.0)
+    retrieved_request_ids: list[str] = Field(default_factory=list, max_length=100_000)

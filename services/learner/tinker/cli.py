@@ -38,19 +38,22 @@ def main(
     serve(settings)
 
 
-def serve_run_file(file: Path) -> int:
-    """``fleetrl run FILE`` with ``mode: tinker``: the file's other keys are Tinker settings, paths relative to the
-    file; without an api_key (file or FLEETRL_TINKER_API_KEY) a fresh one is made and printed."""
+def serve_run_file(file: Path, raw: dict | None = None) -> int:
+    """``fleetrl run FILE`` with ``mode: tinker``: the file's other keys (or ``raw``, what the launcher made of
+    them) are Tinker settings, paths relative to the file; without an api_key (file or FLEETRL_TINKER_API_KEY) a
+    fresh one is made and printed."""
     import os
 
     from services.learner.tinker.settings import TinkerSettings
     from shared.settings import SettingsError, load_settings, read_config_file
 
-    try:
-        raw = {k: v for k, v in read_config_file(file).items() if k != "mode"}
-    except SettingsError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        return 2
+    if raw is None:
+        try:
+            raw = {k: v for k, v in read_config_file(file).items() if k != "mode"}
+        except SettingsError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            return 2
+    raw = dict(raw)
     for key in ("base_model", "run_dir"):
         if isinstance(raw.get(key), str) and not Path(raw[key]).is_absolute():
             raw[key] = str((file.parent / raw[key]).resolve())

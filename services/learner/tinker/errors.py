@@ -32,3 +32,10 @@ class Full(ServiceError):
 class Unauthorized(ServiceError):
     status = 401
     type = "unauthorized"
+
+
+class NotServed(ServiceError):
+    """A Tinker API route this server does not serve: 400, saying what to use instead."""
+
+    status = 400
+    type = "not_served"

@@ -43,6 +43,7 @@ class FutureStore:
         self.ttl_s = ttl_s
         self._clock = clock
         self._entries: dict[str, Entry] = {}
+        self.listener: Callable[[str, Entry], None] | None = None  # told of every settled request
 
     def create(self) -> str:
         self._expire()
@@ -64,6 +65,15 @@ class FutureStore:
             entry.error, entry.category = f"{type(exc).__name__}: {exc}", "server"
         entry.finished = self._clock()
         entry.done.set()
+        if self.listener is not None:
+            self.listener(request_id, entry)
+
+    def has(self, request_id: str) -> bool:
+        return request_id in self._entries
+
+    def forget(self, request_id: str) -> bool:
+        """Drop a request (cancelled, or its result retrieved): a job not started yet does not run."""
+        return self._entries.pop(request_id, None) is not None
 
     async def retrieve(self, request_id: str, wait_s: float) -> Entry | None:
         """The finished entry, or None when it is still running after ``wait_s``."""
@@ -135,7 +145,7 @@ class OrderedWorker:
                                 self.next_seq, self.gap_timeout_s, head)
             order, _, request_id, job = heapq.heappop(self._heap)
             self.next_seq = order + 1
-            if not request_id:  # a skipped seq_id
+            if not request_id or not self.store.has(request_id):  # a skipped seq_id, or a cancelled request
                 continue
             self.running = request_id
             try:
@@ -171,3 +181,41 @@ def _capture(job: Callable[[], Any]) -> Callable[[], Any]:
 
         return fail
     return lambda: value
+
+
+class CompletionLog:
+    """What ``retrieve_futures`` reports: the requests of a poll target (a sampling session and clone) that
+    finished, each under a cursor; a poll returns those after its ``prev_cursor`` (and trims the ones before),
+    long-polling while there are none."""
+
+    def __init__(self) -> None:
+        self.cursor = 0
+        self._events: dict[tuple[str, int], list[tuple[int, str, str, int | None]]] = {}
+        self._wake: dict[tuple[str, int], asyncio.Event] = {}
+
+    def add(self, key: tuple[str, int], request_id: str, entry: Entry) -> None:
+        self.cursor += 1
+        size = len(entry.result) if isinstance(entry.result, bytes) else None
+        state = "failed" if entry.error is not None else "finished"
+        self._events.setdefault(key, []).append((self.cursor, request_id, state, size))
+        self._wake.setdefault(key, asyncio.Event()).set()
+
+    async def read(self, key: tuple[str, int], prev_cursor: int, wait_s: float) -> tuple[list[dict], int]:
+        events = self._events.setdefault(key, [])
+        events[:] = [e for e in events if e[0] > prev_cursor]
+        wake = self._wake.setdefault(key, asyncio.Event())
+        if not events and wait_s > 0:
+            wake.clear()
+            try:
+                await asyncio.wait_for(wake.wait(), wait_s)
+            except TimeoutError:
+                pass
+            events = [e for e in self._events.get(key, []) if e[0] > prev_cursor]
+        out = [{"state": st, "request_id": rid, **({"response_payload_uncompressed_size": n} if st == "finished" else {})}
+               for _, rid, st, n in events]
+        return out, max([prev_cursor, *(e[0] for e in events)])
+
+    def drop(self, session: str) -> None:
+        for key in [k for k in self._events if k[0] == session]:
+            self._events.pop(key, None)
+            self._wake.pop(key, None)

@@ -8,12 +8,14 @@ from fastapi.responses import JSONResponse
 
 from services.learner.tinker import api
 from services.learner.tinker.deps import ApiKeyDep, ServiceDep
+from services.learner.tinker.errors import NotServed
 from services.learner.tinker.service import run_blocking
 from services.learner.tinker.wire import decode_forward_backward, decompress
 
 PROTO = "application/x-protobuf"
 open_router = APIRouter()
 router = APIRouter(prefix="/api/v1", dependencies=[ApiKeyDep])
+unserved_router = APIRouter(prefix="/api/v1", dependencies=[ApiKeyDep])  # included last: after every served route
 
 
 @open_router.get("/health")
@@ -123,3 +125,48 @@ async def retrieve_future(body: api.RetrieveFuture, svc: ServiceDep) -> Response
     if isinstance(entry.result, bytes):
         return Response(entry.result, media_type=PROTO)
     return JSONResponse(entry.result)
+
+
+@router.post("/client/dynamic_config")
+async def client_dynamic_config(svc: ServiceDep) -> dict:
+    return svc.dynamic_config()
+
+
+@router.post("/cancel_future")
+async def cancel_future(body: api.RequestRef, svc: ServiceDep) -> dict:
+    svc.cancel(body.request_id)
+    return {"type": "cancel_future", "request_id": body.request_id}
+
+
+@router.post("/unload_model")
+async def unload_model(body: api.ModelRef, svc: ServiceDep) -> dict:
+    svc.unload_model(body.model_id)
+    return {"type": "unload_model", "model_id": body.model_id}
+
+
+@router.post("/join_sampling_session")
+async def join_sampling_session(body: api.SamplingSessionRef, svc: ServiceDep) -> dict:
+    return {"type": "join_sampling_session", "client_counter": svc.join_sampling_session(body.sampling_session_id)}
+
+
+@router.post("/retrieve_futures")
+async def retrieve_futures(body: api.RetrieveFutures, svc: ServiceDep) -> dict:
+    return await svc.retrieve_futures(body)
+
+
+UNSERVED = {
+    "create_custom_loss": "custom losses are not run on this server (client config custom_loss_server_side is "
+                          "false): use forward_backward_custom, which runs the loss on the client",
+    "auth/token": "this server takes the API key itself (client config pjwt_auth_enabled is false): no JWT exchange",
+    "copy_weights": "copy_weights is not served; save_state then create_training_client_from_state copies a model",
+    "save_weights_external": "external weight storage is not served; save_state / save_weights_for_sampler keep "
+                             "checkpoints under the server's run_dir",
+}
+
+
+@unserved_router.api_route("/{route:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
+async def unserved(route: str, request: Request) -> Response:
+    """Every other ``/api/v1`` route: a 400 that says so (the client does not retry a 400, as it does a 5xx)."""
+    reason = UNSERVED.get(route.strip("/"), "this route of the Tinker API is not served by FleetRL (docs/tinker.md "
+                                            "lists what is)")
+    raise NotServed(f"{request.method} /api/v1/{route}: {reason}")

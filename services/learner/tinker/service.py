@@ -16,7 +16,7 @@ from typing import Any
 
 from services.learner.tinker import api
 from services.learner.tinker.errors import BadRequest, Full, NotFound
-from services.learner.tinker.futures import FutureStore, OrderedWorker
+from services.learner.tinker.futures import CompletionLog, FutureStore, OrderedWorker
 from services.learner.tinker.settings import TinkerSettings
 from services.learner.tinker.wire import (
     ForwardBackwardCall,
@@ -52,6 +52,17 @@ class TinkerService:
         self.sampler_worker: OrderedWorker | None = None
         self.samplers = None
         self.started = time.time()
+        self.rollout = None  # RolloutSampling when rollout_urls are set (sampling on the rollout fleet)
+        self.path_versions: dict[str, int] = {}  # sampler path -> the weight version published for it
+        self.session_versions: dict[str, int | None] = {}  # sampling session -> its weights' version
+        self.samples_in_learner = 0
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._tasks: set[asyncio.Task] = set()
+        self.completions = CompletionLog()  # retrieve_futures: finished samples per sampling session and clone
+        self._poll_keys: dict[str, tuple[str, int]] = {}  # sample request -> its poll target
+        self.polls = 0  # retrieve_futures calls answered
+        self.clones: dict[str, int] = {}  # join_sampling_session: the last client_counter given per session
+        self.futures.listener = self._settled
 
     async def start(self) -> None:
         if self.settings.torch_threads:
@@ -62,6 +73,12 @@ class TinkerService:
 
         self.samplers = SamplerCache(self.settings.samplers_cached, self.settings.device, self.settings.dtype)
         self.sampler_worker = OrderedWorker("sampler", self.futures, self.settings.seq_gap_timeout_s)
+        self.loop = asyncio.get_running_loop()
+        if self.settings.rollout_urls:
+            from services.learner.tinker.rollout import RolloutSampling
+
+            self.rollout = RolloutSampling(self.settings)
+            await self.rollout.start()
         (self.run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
 
     async def stop(self) -> None:
@@ -69,13 +86,54 @@ class TinkerService:
             await slot.worker.close()
         if self.sampler_worker is not None:
             await self.sampler_worker.close()
+        if self.rollout is not None:
+            await self.rollout.stop()
 
     # ---- sessions -----------------------------------------------------------------------------------
     def client_config(self) -> dict:
+        poller = self.settings.sample_poller
         return {"pjwt_auth_enabled": False, "credential_default_source": "api_key", "parallel_fwdbwd_chunks": False,
                 "proto_compress_fwdbwd": False, "fwdbwd_max_chunk_len": self.settings.max_datums,
-                "use_pyqwest_transport": False, "sample_use_retrieve_futures": False,
-                "custom_loss_server_side": False, "sample_join_sampling_session": False}
+                "use_pyqwest_transport": False, "sample_use_retrieve_futures": poller,
+                "custom_loss_server_side": False, "sample_join_sampling_session": poller}
+
+    def dynamic_config(self) -> dict:
+        return {"refresh_interval_sec": 300, "sample_cancel_enabled": True, "sample_cancel_max_batch_size": 64}
+
+    def cancel(self, request_id: str) -> None:
+        """cancel_future: the request is dropped; one not started does not run (one running runs to its end)."""
+        self.futures.forget(request_id)
+        self._poll_keys.pop(request_id, None)
+
+    def unload_model(self, model_id: str) -> None:
+        slot = self.models.pop(model_id, None)
+        if slot is None:
+            raise NotFound(f"model {model_id!r} is unknown")
+        slot.worker.close_nowait()
+        slot.worker.executor.shutdown(wait=False, cancel_futures=True)
+        log.info("model %s unloaded", model_id)
+
+    def join_sampling_session(self, sampling_session_id: str) -> int:
+        if sampling_session_id not in self.sampling_sessions:
+            raise NotFound(f"sampling session {sampling_session_id!r} is unknown")
+        self.clones[sampling_session_id] = self.clones.get(sampling_session_id, 0) + 1
+        return self.clones[sampling_session_id]
+
+    async def retrieve_futures(self, req: api.RetrieveFutures) -> dict:
+        sid = req.target.sampling_session_id
+        if sid not in self.sampling_sessions:
+            raise NotFound(f"sampling session {sid!r} is unknown")
+        for rid in req.retrieved_request_ids:
+            self.futures.forget(rid)
+        wait = self.settings.long_poll_s if req.timeout is None else min(req.timeout, self.settings.long_poll_s)
+        self.polls += 1
+        completions, cursor = await self.completions.read((sid, req.target.cloned_sampler_id), req.prev_cursor, wait)
+        return {"completions": completions, "cursor": cursor}
+
+    def _settled(self, request_id: str, entry: Any) -> None:
+        key = self._poll_keys.pop(request_id, None)
+        if key is not None:
+            self.completions.add(key, request_id, entry)
 
     def create_session(self) -> str:
         session_id = f"fleetrl-{uuid.uuid4().hex[:16]}"
@@ -102,6 +160,9 @@ class TinkerService:
             for sid in [s for s in self.sampling_sessions if s.startswith(f"{session}:")]:
                 del self.sampling_sessions[sid]
                 self.sampler_paths.pop(sid, None)
+                self.clones.pop(sid, None)
+                self.completions.drop(sid)
+                self.session_versions.pop(sid, None)
 
     def capabilities(self) -> dict:
         from transformers import AutoConfig
@@ -323,12 +384,14 @@ class TinkerService:
 
         def fn(slot: ModelSlot) -> dict:
             slot.model.export_for_sampler(out, self.settings.base_model)
+            version = self._publish_for_sampler(slot, f"tinker://{req.model_id}/sampler_weights/{name}")
             reply: dict = {"type": "save_weights_for_sampler", "path": f"tinker://{req.model_id}/sampler_weights/{name}"}
             if not named:
                 session = req.model_id.split(":train:")[0]
                 sid = f"{session}:sample:{req.sampling_session_seq_id}:{uuid.uuid4().hex[:8]}"
                 self.sampling_sessions[sid] = out
                 self.sampler_paths[sid] = reply["path"]
+                self.session_versions[sid] = version
                 reply["sampling_session_id"] = sid
                 slot.ephemeral.append(out)
                 while len(slot.ephemeral) > 2 * self.settings.samplers_cached:
@@ -336,6 +399,30 @@ class TinkerService:
             return reply
 
         return self._run(req.model_id, req.seq_id, fn)
+
+    def _publish_for_sampler(self, slot: ModelSlot, path: str) -> int | None:
+        """On the model's worker thread: publish its weights (LoRA merged) to the rollout fleet and wait for the
+        round, so the next training step cannot change them under the publish. None: no fleet, or it failed
+        (then this sampler's samples run in the learner, from the checkpoint just written)."""
+        if self.rollout is None:
+            return None
+        from services.learner.tinker.rollout import RolloutUnavailable
+        from services.learner.training.models import merged_state_dict
+
+        weights = merged_state_dict(slot.model.model)
+        done = asyncio.run_coroutine_threadsafe(self.rollout.publish(weights), self.loop)
+        try:
+            version = done.result(timeout=self._publish_timeout())
+        except (RolloutUnavailable, TimeoutError) as exc:
+            done.cancel()
+            log.warning("%s: %s; its samples run in the learner", path, exc)
+            return None
+        self.path_versions[path] = version
+        return version
+
+    def _publish_timeout(self) -> float:
+        w = self.settings.weight_sync
+        return w.init_timeout_s + w.max_attempts * (w.collective_timeout_s + w.load_timeout_s) + 60.0
 
     # ---- sampling -----------------------------------------------------------------------------------
     def _sampler_dir(self, model_path: str | None, base_model: str | None) -> Path:
@@ -352,6 +439,7 @@ class TinkerService:
         sid = f"{req.session_id}:sample:{req.sampling_session_seq_id}:{uuid.uuid4().hex[:8]}"
         self.sampling_sessions[sid] = where
         self.sampler_paths[sid] = req.model_path
+        self.session_versions[sid] = self.path_versions.get(req.model_path) if req.model_path else 0
         return sid
 
     def get_sampler(self, sampler_id: str) -> dict:
@@ -368,8 +456,10 @@ class TinkerService:
             where = self.sampling_sessions.get(req.sampling_session_id)
             if where is None:
                 raise NotFound(f"sampling session {req.sampling_session_id!r} is unknown")
+            version = self.session_versions.get(req.sampling_session_id)
         else:
             where = self._sampler_dir(req.model_path, req.base_model)
+            version = self.path_versions.get(req.model_path) if req.model_path else 0
         for name in ("topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k"):
             if getattr(req, name):
                 raise BadRequest(f"{name} is not served yet")
@@ -392,21 +482,58 @@ class TinkerService:
                           seed=p.seed, stop_tokens=stop_tokens, stop_strings=stop_strings,
                           prompt_logprobs=bool(req.prompt_logprobs))
         request_id = self.futures.create()
+        if req.sampling_session_id is not None and req.seq_id is not None:
+            self._poll_keys[request_id] = (req.sampling_session_id, req.seq_id // 1_000_000_000)
+        if self.rollout is not None and version is not None:
+            task = asyncio.get_running_loop().create_task(self._sample_on_rollout(request_id, call, version, where))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        else:
+            self._sample_in_learner(request_id, call, where)
+        return request_id, [f"{request_id}-{i}" for i in range(req.num_samples)]
 
+    def _sample_in_learner(self, request_id: str, call: Any, where: Path) -> None:
         def job() -> bytes:
+            if not where.is_dir():
+                raise Full(f"the sampler's weights ({where.name}) are gone: the rollout fleet serves newer "
+                           "weights and this server keeps only the last few ephemeral sampler checkpoints; save "
+                           "weights for the sampler again")
+            self.samples_in_learner += 1
             seqs, prompt_lp = self.samplers.get(where).sample(call)
             return encode_sample_response(seqs, prompt_lp)
 
         self.sampler_worker.submit(request_id, None, job)
-        return request_id, [f"{request_id}-{i}" for i in range(req.num_samples)]
+
+    async def _sample_on_rollout(self, request_id: str, call: Any, version: int, where: Path) -> None:
+        from services.learner.tinker.rollout import NoScore, Superseded
+
+        try:
+            seqs, prompt_lp = await self.rollout.sample(call, version)
+        except (Superseded, NoScore) as exc:  # the fleet moved on (these weights are on disk here), or no /score
+            log.info("sample %s: %s; sampled in the learner from %s", request_id, exc, where)
+            self._sample_in_learner(request_id, call, where)
+            return
+        except Exception as exc:  # noqa: BLE001 - recorded on the future (a 4xx as the user's, else the server's)
+            err = exc
+
+            def fail() -> bytes:
+                raise err
+
+            self.futures.settle(request_id, fail)
+            return
+        body = encode_sample_response(seqs, prompt_lp)
+        self.futures.settle(request_id, lambda: body)
 
     # ---- futures / status ---------------------------------------------------------------------------
     async def retrieve(self, request_id: str):
         return await self.futures.retrieve(request_id, self.settings.long_poll_s)
 
     def status(self) -> dict:
+        sampling = self.rollout.status() if self.rollout is not None else {"sampler": "learner"}
         return {"sessions": len(self.sessions), "models": sorted(self.models), "pending": self.futures.pending(),
-                "sampling_sessions": len(self.sampling_sessions), "uptime_s": round(time.time() - self.started, 1)}
+                "sampling_sessions": len(self.sampling_sessions), "uptime_s": round(time.time() - self.started, 1),
+                "sampling": {**sampling, "samples_in_learner": self.samples_in_learner,
+                             "retrieve_futures_polls": self.polls, "joined_clones": sum(self.clones.values())}}
 
 
 async def run_blocking(fn, *args):

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 
 from shared.settings import ServiceSettings, service_config
+from shared.weight_sync.settings import WeightSyncSettings
 
 
 class TinkerSettings(ServiceSettings):
@@ -44,6 +45,19 @@ class TinkerSettings(ServiceSettings):
                                                                         "beats every 10 s).")
     torch_threads: int | None = Field(default=None, ge=1, description="torch.set_num_threads; default: torch's.")
     seed: int = Field(default=0, description="Seed of model creation when the client gives none.")
+    sample_poller: bool = Field(default=False, description="Tell clients to wait for samples through the batched "
+                                "retrieve_futures poller and join_sampling_session (client 0.38's "
+                                "sample_use_retrieve_futures / sample_join_sampling_session); off: each sample "
+                                "polls retrieve_future.")
+    rollout_urls: list[str] = Field(default_factory=list, description="Rollout replicas (base URLs) that sample: "
+                                    "save_weights_for_sampler publishes to them through the weight publisher "
+                                    "(needs redis_url and run_name, the replicas' own); empty: sampling runs in "
+                                    "this process (the in-learner sampler).")
+    sampler_wait_s: float = Field(default=60.0, gt=0.0, description="How long a sample waits for a rollout "
+                                                                    "replica to serve the sampler's weight version.")
+    rollout_timeout_s: float = Field(default=300.0, gt=0.0, description="Timeout of one /generate call.")
+    weight_sync: WeightSyncSettings = Field(default_factory=WeightSyncSettings,
+                                            description="The weight publisher's settings (rollout sampling).")
 
     @field_validator("api_key")
     @classmethod
@@ -61,6 +75,16 @@ class TinkerSettings(ServiceSettings):
             raise ValueError(f"base_model {value!r} is not a local Hugging Face model directory (no config.json); "
                              "build one with `fleetrl tiny-model DIR` or point it at a downloaded checkpoint")
         return value
+
+    @model_validator(mode="after")
+    def _rollout_needs_redis(self) -> TinkerSettings:
+        if self.rollout_urls and not self.redis_url:
+            raise ValueError("rollout_urls: sampling on rollout replicas publishes weights through Redis; set "
+                             "redis_url (and run_name) to the replicas' own")
+        for url in self.rollout_urls:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"rollout_urls: {url!r} is not an http(s) URL")
+        return self
 
     def served_names(self) -> set[str]:
         """The names a request's base_model may use for the one model served."""

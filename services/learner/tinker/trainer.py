@@ -63,6 +63,10 @@ class TinkerModel:
         if spec.lora_rank is not None:
             targets = self._lora_targets(model)
             model = apply_lora(model, LoraSettings(rank=spec.lora_rank, alpha=lora_alpha, target_modules=targets))
+            if spec.train_unembed and self._tied(model):
+                # the output layer is the input embedding: it is trained in full (one tensor for both, as the
+                # rollout replicas and the exported checkpoint hold it), not through an adapter that unties them
+                model.get_input_embeddings().weight.requires_grad_(True)
         self.model = model
         self.vocab = int(model.config.vocab_size)
         self.max_len = int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
@@ -72,13 +76,22 @@ class TinkerModel:
         self.steps = 0
 
     def _lora_targets(self, model: torch.nn.Module) -> list[str]:
+        # a model whose output layer is its input embedding (tie_word_embeddings) gets no adapter on the output
+        # layer: one there unties the two, and the weights published to a rollout replica (whose model holds one
+        # tensor for both) could not hold what was trained (tests/tinker/test_rollout_sampling.py: 0.1-0.5 off);
+        # train_unembed trains the shared matrix itself instead (__init__)
         wanted = (ATTN if self.spec.train_attn else ()) + (MLP if self.spec.train_mlp else ()) + \
-            (UNEMBED if self.spec.train_unembed else ())
+            (UNEMBED if self.spec.train_unembed and not self._tied(model) else ())
         leaves = {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
         targets = sorted(leaves & set(wanted))
         if not targets:
             raise BadRequest(f"LoRA: none of the layers asked for ({', '.join(wanted)}) is in this model")
         return targets
+
+    @staticmethod
+    def _tied(model: torch.nn.Module) -> bool:
+        out = model.get_output_embeddings()
+        return out is not None and out.weight is model.get_input_embeddings().weight
 
     # ---- forward / backward -------------------------------------------------------------------------
     def forward_backward(self, data: list[DatumIn], loss_fn: str, config: dict, forward_only: bool
