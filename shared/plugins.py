@@ -28,9 +28,12 @@ from typing import Any, Generic, TypeVar
 from pydantic import BaseModel
 from pydantic_core import PydanticCustomError, core_schema
 
-from shared.service_kit.loader import load_object
+from shared.service_kit.loader import LoadError, load_object, mismatch
 
-__all__ = ["POINTS", "Plugin", "PluginPoint", "kwargs_of", "point_of"]
+__all__ = ["IN_SETTINGS", "POINTS", "Plugin", "PluginPoint", "kwargs_of", "point_of"]
+
+#: the implementation of a kind whose settings carry the import path of your own (``custom``: ``path``)
+IN_SETTINGS = "(your own: the import path in its settings)"
 
 T = TypeVar("T")
 _KIND = re.compile(r"^[A-Za-z_][\w.-]*$")
@@ -98,7 +101,7 @@ class PluginPoint(Generic[T]):
             raise ValueError(f"{self.name} kind {kind!r} is registered already ({self._entries[kind].impl_path}); "
                              "pass replace=True to replace it")
         self._check_settings(kind, settings)
-        if isinstance(impl, str) and ":" not in impl:
+        if isinstance(impl, str) and ":" not in impl and impl != IN_SETTINGS:
             raise ValueError(f"{self.name} kind {kind!r}: {impl!r} is not an import path 'package.module:attr'")
         self._entries[kind] = Plugin(kind, settings, impl, doc or _first_line(settings or impl))
         self._loaded.pop(kind, None)
@@ -155,14 +158,14 @@ class PluginPoint(Generic[T]):
         if kind in self._loaded:
             return self._loaded[kind]
         impl = self.entry(kind).impl
+        if impl == IN_SETTINGS:
+            raise LoadError(f"{self.name} {kind!r} names its implementation in its settings (an import path)")
         base = self._base
         if isinstance(base, str):
             base = self._base = load_object(base, what=f"{self.name} base")
         if isinstance(impl, str):
             impl = load_object(impl, base, what=f"{self.name} {kind!r}")
         elif base is not None:
-            from shared.service_kit.loader import LoadError, mismatch
-
             problem = mismatch(impl, base)
             if problem:
                 raise LoadError(f"{self.name} {kind!r}: {problem}")
