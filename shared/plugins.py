@@ -47,7 +47,7 @@ class Plugin(Generic[T]):
     """One registered kind."""
 
     kind: str
-    settings: type[BaseModel] | None
+    settings: type[BaseModel] | None  # (an import path until first used, on points whose settings sit elsewhere)
     impl: T | str  # the implementation, or its import path (loaded on first use)
     doc: str = ""
 
@@ -83,9 +83,10 @@ class PluginPoint(Generic[T]):
         POINTS[name] = self
 
     # ---- registering -------------------------------------------------------------------------------
-    def register(self, kind: str, settings: type[BaseModel] | None = None, impl: T | str | None = None, *,
+    def register(self, kind: str, settings: type[BaseModel] | str | None = None, impl: T | str | None = None, *,
                  doc: str = "", replace: bool = False) -> Any:
-        """Add ``kind`` with its settings model and implementation (an object or ``"module:attr"``).
+        """Add ``kind`` with its settings model and implementation (an object or ``"module:attr"``; on a point
+        without a tag the settings model may be an import path too).
 
         Without ``impl`` it returns a decorator that registers what it decorates. A kind registered already
         is refused unless ``replace``. Returns ``impl``."""
@@ -103,7 +104,8 @@ class PluginPoint(Generic[T]):
         self._check_settings(kind, settings)
         if isinstance(impl, str) and ":" not in impl and impl != IN_SETTINGS:
             raise ValueError(f"{self.name} kind {kind!r}: {impl!r} is not an import path 'package.module:attr'")
-        self._entries[kind] = Plugin(kind, settings, impl, doc or _first_line(settings or impl))
+        shown = settings if not isinstance(settings, str) else impl
+        self._entries[kind] = Plugin(kind, settings, impl, doc or _first_line(shown))  # type: ignore[arg-type]
         self._loaded.pop(kind, None)
         return impl
 
@@ -112,7 +114,9 @@ class PluginPoint(Generic[T]):
         self._entries.pop(kind, None)
         self._loaded.pop(kind, None)
 
-    def _check_settings(self, kind: str, settings: type[BaseModel] | None) -> None:
+    def _check_settings(self, kind: str, settings: type[BaseModel] | str | None) -> None:
+        if isinstance(settings, str) and self.tag is None:  # an import path, resolved by settings_model()
+            return
         if settings is None:
             if self.tag is not None:
                 raise ValueError(f"{self.name} kind {kind!r} needs a settings model (its {self.tag!r} field "
@@ -133,6 +137,9 @@ class PluginPoint(Generic[T]):
     def __contains__(self, kind: object) -> bool:
         return kind in self._entries
 
+    def __iter__(self) -> typing.Iterator[str]:
+        return iter(list(self._entries))
+
     def kinds(self) -> list[str]:
         """The registered kinds, in registration order."""
         return list(self._entries)
@@ -151,7 +158,12 @@ class PluginPoint(Generic[T]):
         return f"unknown {self.name} {kind!r}; known: {', '.join(map(repr, self._entries)) or '(none)'}"
 
     def settings_model(self, kind: str) -> type[BaseModel] | None:
-        return self.entry(kind).settings
+        """The settings model of ``kind`` (one given as an import path is imported now)."""
+        entry = self.entry(kind)
+        if isinstance(entry.settings, str):
+            model = load_object(entry.settings, BaseModel, what=f"settings of {self.name} {kind!r}")
+            entry = self._entries[kind] = Plugin(kind, model, entry.impl, entry.doc or _first_line(model))
+        return entry.settings
 
     def load(self, kind: str) -> T:
         """The implementation of ``kind`` (imported and checked against the base on first use)."""
