@@ -30,7 +30,7 @@ from pydantic_core import PydanticCustomError, core_schema
 
 from shared.service_kit.loader import LoadError, load_object, mismatch
 
-__all__ = ["IN_SETTINGS", "POINTS", "Plugin", "PluginPoint", "kwargs_of", "point_of"]
+__all__ = ["IN_SETTINGS", "POINTS", "Plugin", "PluginPoint", "import_plugins", "kwargs_of", "point_of"]
 
 #: the implementation of a kind whose settings carry the import path of your own (``custom``: ``path``)
 IN_SETTINGS = "(your own: the import path in its settings)"
@@ -252,6 +252,25 @@ def point_of(annotation: Any) -> PluginPoint[Any] | None:
         if found is not None:
             return found
     return None
+
+
+_MODULE = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
+
+
+def import_plugins(modules: Any) -> None:
+    """Import the modules an operator's ``plugins`` setting names, so the kinds they register can be configured
+    in the same settings. ValueError (naming the module) when one is not a module name or fails to import."""
+    import importlib
+
+    if not isinstance(modules, (list, tuple)):
+        return  # not a list: the field's own validation says so
+    for name in modules:
+        if not isinstance(name, str) or not _MODULE.match(name):
+            raise ValueError(f"plugins: {name!r} is not a module name (e.g. mypkg.fleetrl_plugins)")
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # a missing module or the plug-in's own failure: the same one-line error
+            raise ValueError(f"plugins: importing {name!r} raised {type(exc).__name__}: {exc}") from exc
 
 
 def _first_line(obj: Any) -> str:
