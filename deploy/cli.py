@@ -176,5 +176,24 @@ def weights_status(
     _print_from_redis(redis_url, lambda client: weight_sync_status(client, run_name))
 
 
+@app.command("plugins")
+def plugins_cmd(
+    as_json: Annotated[bool, typer.Option("--json", help="Print the listing as JSON.")] = False,
+    load: Annotated[list[str] | None, typer.Option(
+        "--import", help="A module of yours that registers plug-ins (as a service's `plugins` setting imports it); "
+        "repeatable.")] = None,
+) -> None:
+    """List every plug-in point (engines, scorers, rollout functions, environments, algorithms, losses,
+    corrections, weight transports), its kinds and each kind's settings."""
+    from deploy.plugins_doc import catalogue, render
+
+    try:
+        text = json.dumps(catalogue(tuple(load or ())), indent=2) if as_json else render(tuple(load or ()))
+    except ValueError as exc:  # a module of --import that does not load
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    typer.echo(text)
+
+
 if __name__ == "__main__":
     app()

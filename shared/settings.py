@@ -24,7 +24,7 @@ from typing import Any, ClassVar, TypeVar
 
 import tomllib
 import yaml
-from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
@@ -131,6 +131,19 @@ class ServiceSettings(FleetSettings):
     )
     run_name: str = Field(default="default", pattern=r"^[A-Za-z0-9_.-]+$", description="Namespace of Redis keys.")
     log_level: str = Field(default="INFO", description="Python logging level.")
+    plugins: list[str] = Field(
+        default_factory=list, description="Modules imported before the rest of these settings is read, so that the "
+        "engines, scorers, algorithms ... they register can be configured here (docs/plugins.md), e.g. "
+        "['mypkg.fleetrl_plugins']. Code runs only where the operator's settings name it.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _import_plugins(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("plugins"):
+            from shared.plugins import import_plugins
+
+            import_plugins(data["plugins"])
+        return data
 
     @field_validator("run_key")
     @classmethod

@@ -10,9 +10,15 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from shared.plugins import point_of
+
 
 def models_in(annotation: Any) -> list[type[BaseModel]]:
-    """The pydantic models an annotation holds (``X``, ``X | None``, ``list[X]``, unions, ``Annotated``)."""
+    """The pydantic models an annotation holds (``X``, ``X | None``, ``list[X]``, unions, ``Annotated``; a
+    plug-in point's field: the settings models of the kinds registered now)."""
+    point = point_of(annotation)
+    if point is not None:
+        return [p.settings for p in point.entries() if p.settings is not None]
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return [annotation]
     out: list[type[BaseModel]] = []

@@ -130,7 +130,7 @@ class StandInRunner:
 
 
 def learner_app(model_dir: Path, tmp: Path, monkeypatch):
-    from services.learner import service as learner_service
+    from services.learner.algorithms.registry import GRPO
     from services.learner.app import create_app
     from services.learner.settings import LearnerSettings
 
@@ -139,7 +139,7 @@ def learner_app(model_dir: Path, tmp: Path, monkeypatch):
     settings = LearnerSettings(model={"actor": str(model_dir), "device": "cpu"}, data={"path": str(prompts)},
                                run_dir=str(tmp / "run"), control_token=TOKEN, exit_when_done=False,
                                observability={"progress_bar": False})
-    monkeypatch.setitem(learner_service.RUNNERS, "grpo", StandInRunner)
+    monkeypatch.setattr(GRPO, "runner", StandInRunner)  # the runner is what the algorithm registered
     return create_app(settings)
 
 

@@ -19,6 +19,7 @@ from pydantic import BaseModel, SecretStr
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
+from shared.plugins import point_of
 from shared.settings_paths import models_in
 
 #: what ``fleetrl settings NAME`` documents: (import path of the class, how its process reads it)
@@ -42,6 +43,9 @@ def settings_class(target: str) -> type[BaseModel]:
 
 def describe_type(annotation: Any) -> str:
     """A short, readable type: ``float``, ``int | None``, ``'cosine' | 'linear'``, ``list[str]``, a section."""
+    point = point_of(annotation)
+    if point is not None and isinstance(annotation, type):  # a plug-in point's field: the kinds registered now
+        return "one of " + " | ".join(point.kinds()) + f" (by {point.tag})"
     origin = typing.get_origin(annotation)
     args = typing.get_args(annotation)
     if origin is typing.Annotated:

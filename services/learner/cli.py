@@ -101,11 +101,11 @@ def _refuse_a_used_run_name(settings: LearnerSettings, embedded: EmbeddedRedis |
     and exit 2 (services/learner/run_guard.py)."""
     from redis.exceptions import RedisError
 
+    from services.learner.algorithms.registry import runner_class
     from services.learner.run_guard import stale_run_problem
-    from services.learner.service import RUNNERS
     from shared.redact import redact_text, redact_url
 
-    if not RUNNERS[settings.algorithm.name].needs_redis or not settings.redis_url:
+    if not runner_class(settings.algorithm).needs_redis or not settings.redis_url:
         return
     try:
         problem = stale_run_problem(settings.redis_url, settings.run_name, settings.checkpoint_dir,
@@ -122,9 +122,9 @@ def _refuse_a_used_run_name(settings: LearnerSettings, embedded: EmbeddedRedis |
 def _embedded_redis_if_needed(settings: LearnerSettings) -> tuple[LearnerSettings, EmbeddedRedis | None]:
     """A run that needs Redis and has no ``redis_url``: start a private server under ``<run_dir>/redis`` and
     return the settings that name it, with the server (stopped by the caller, or by SIGTERM here)."""
-    from services.learner.service import RUNNERS
+    from services.learner.algorithms.registry import runner_class
 
-    if settings.redis_url or not RUNNERS[settings.algorithm.name].needs_redis:
+    if settings.redis_url or not runner_class(settings.algorithm).needs_redis:
         return settings, None
     from shared.redis_server import EmbeddedRedis, RedisServerError
 

@@ -1,4 +1,4 @@
-"""``LearnerService``: the one object the app owns. Starts the run owner (RL or SFT, by algorithm name)
+"""``LearnerService``: the one object the app owns. Starts the run owner (the runner the algorithm registered)
 as an asyncio task, answers status / health, and forwards control (checkpoint now, stop)."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 from redis.exceptions import RedisError
 
+from services.learner.algorithms.registry import runner_class
 from services.learner.observability import MetricsSink
 from services.learner.rl_runner import RLRunner
 from services.learner.rollout_watch import RolloutWatch
@@ -21,10 +22,6 @@ from shared.redact import redact_url
 from shared.service_kit.errors import ServiceError
 
 log = logging.getLogger(__name__)
-
-RUNNERS: dict[str, type] = {"ppo": RLRunner, "grpo": RLRunner, "reinforce_pp": RLRunner, "rloo": RLRunner,
-                            "sft": SFTRunner}
-
 
 class ControlError(ServiceError):
     """A control request cannot be served now: 409 (the run's phase does not allow it) or 504 (timed out)."""
@@ -59,7 +56,7 @@ class LearnerService:
         self.exit_code: int | None = None
 
     async def start(self) -> None:
-        runner_cls = RUNNERS[self.settings.algorithm.name]
+        runner_cls = runner_class(self.settings.algorithm)  # what the algorithm registered
         if runner_cls.needs_redis:
             import redis.asyncio as aioredis
 

@@ -1,7 +1,7 @@
-"""Typed configuration of each scorer kind: a discriminated union on ``kind``.
+"""Typed configuration of each scorer kind, and the scorer plug-in point (:data:`SCORERS`) that maps each
+``kind`` to its configuration class and its scorer class.
 
-Pure pydantic (no torch), so settings load and validate before anything heavy is imported. The
-classes that implement each kind are found through ``services.reward.scorers.registry``.
+Pure pydantic (no torch), so settings load and validate before anything heavy is imported.
 """
 
 from __future__ import annotations
@@ -9,6 +9,8 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+
+from shared.plugins import PluginPoint
 
 
 class _Strict(BaseModel):
@@ -26,7 +28,9 @@ class RetryConfig(_Strict):
         "past it, and the last try's timeout is cut to what is left.")
 
 
-class _ScorerBase(_Strict):
+class ScorerSettingsBase(_Strict):
+    """Fields every scorer kind has (subclass it for your own scorer's settings)."""
+
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$", description="Unique name; the key of this scorer's component.")
     weight: float = Field(default=1.0, description="Factor of this scorer's value in the final reward.")
     on_error: Literal["fail", "mark"] = Field(
@@ -99,14 +103,14 @@ RuleCheck = Annotated[ExactCheck | MathCheck | FormatCheck | LengthCheck, Field(
 # --- scorer kinds ------------------------------------------------------------------------------------
 
 
-class RuleScorerConfig(_ScorerBase):
+class RuleScorerConfig(ScorerSettingsBase):
     """A rule-based verifier; needs no model."""
 
     kind: Literal["rule"] = "rule"
     check: RuleCheck
 
 
-class HfRmScorerConfig(_ScorerBase):
+class HfRmScorerConfig(ScorerSettingsBase):
     """A Hugging Face sequence-classification reward model, dynamically batched across requests."""
 
     kind: Literal["hf_rm"] = "hf_rm"
@@ -128,7 +132,7 @@ class HfRmScorerConfig(_ScorerBase):
     torch_threads: int | None = Field(default=None, ge=1, description="torch intra-op threads on CPU.")
 
 
-class PythonScorerConfig(_ScorerBase):
+class PythonScorerConfig(ScorerSettingsBase):
     """A user function by import path, with an explicitly named signature."""
 
     kind: Literal["python"] = "python"
@@ -148,7 +152,7 @@ class PythonScorerConfig(_ScorerBase):
     sys_path: list[str] = Field(default_factory=list, description="Directories to add to sys.path before importing.")
 
 
-class HttpScorerConfig(_ScorerBase):
+class HttpScorerConfig(ScorerSettingsBase):
     """An external reward service: FleetRL ``/score`` or OpenRLHF ``/get_reward``."""
 
     kind: Literal["http"] = "http"
@@ -170,6 +174,15 @@ class HttpScorerConfig(_ScorerBase):
         return self
 
 
-ScorerConfig = Annotated[
-    RuleScorerConfig | HfRmScorerConfig | PythonScorerConfig | HttpScorerConfig, Field(discriminator="kind")
-]
+#: scorer kinds: settings model -> ``Scorer`` subclass (import paths: torch loads only for hf_rm). Register your
+#: own with ``SCORERS.register("mine", MyScorerConfig, "package.module:MyScorer")`` (docs/plugins.md).
+SCORERS: PluginPoint[Any] = PluginPoint(
+    "scorer", where="reward: scorers[].kind", doc="Reward scorers (services/reward/scorers).",
+    base="services.reward.scorers.base:Scorer", settings_base=ScorerSettingsBase)
+SCORERS.register("rule", RuleScorerConfig, "services.reward.scorers.rule:RuleScorer")
+SCORERS.register("hf_rm", HfRmScorerConfig, "services.reward.scorers.hf_rm:HfRmScorer")
+SCORERS.register("python", PythonScorerConfig, "services.reward.scorers.python_fn:PythonScorer")
+SCORERS.register("http", HttpScorerConfig, "services.reward.scorers.http_remote:HttpScorer")
+
+#: a settings field holding one scorer kind's settings
+ScorerConfig = SCORERS.settings_type("ScorerConfig")

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationInfo, field_validator, model_validator
 
 from services.rollout.agents.settings import AgentSettings, ProgramSettings
 from services.rollout.engines.settings import EngineSettings, HFEngineSettings
@@ -80,6 +81,9 @@ class WorkerSettings(BaseModel):
     agent: AgentSettings = Field(default_factory=AgentSettings, description="The multi_turn rollout function.")
     program: ProgramSettings = Field(default_factory=ProgramSettings,
                                      description="The openai_agent rollout function: your agent program per sample.")
+    function_settings: Any = Field(
+        default=None, description="Settings of a rollout function you registered, checked against the settings "
+        "model it registered (docs/plugins.md); the function reads them as ctx.settings.function_settings.")
 
     @field_validator("rollout_function")
     @classmethod
@@ -88,6 +92,14 @@ class WorkerSettings(BaseModel):
 
         load_rollout_function(v)  # a LoadError (a ValueError) names the path and what is wrong
         return v
+
+    @field_validator("function_settings")
+    @classmethod
+    def _function_settings(cls, v: Any, info: ValidationInfo) -> Any:
+        from services.rollout.worker.functions import function_settings
+
+        spec = info.data.get("rollout_function")
+        return v if spec is None else function_settings(spec, v)
 
     @model_validator(mode="after")
     def _reward(self) -> WorkerSettings:

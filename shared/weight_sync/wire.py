@@ -19,9 +19,9 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterable, Sequence
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 # dtypes a bucket may carry, by their torch attribute name (what SGLang / vLLM put on the wire too)
 DTYPES: dict[str, int] = {
@@ -207,7 +207,10 @@ class MemberReport(_Record):
     detail: str = ""
 
 
-Transport = Literal["collective", "snapshot", "ipc"]
+#: how a version reaches a replica: a weight transport's name, the same on both sides (the replica's
+#: ``weights.transport`` and the learner's publisher; built in: collective, snapshot, ipc; each side's plug-in
+#: point registers its own, docs/plugins.md)
+Transport = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][\w.-]*$", max_length=64)]
 
 
 class ReplicaInfo(_Record):

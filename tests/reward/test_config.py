@@ -4,28 +4,27 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import typing
 
 import pytest
 import yaml
 
 from services.reward.errors import CircuitOpen
-from services.reward.scorer_config import ScorerConfig
+from services.reward.scorer_config import SCORERS
 from services.reward.scorers.base import Scorer
 from services.reward.scorers.circuit_breaker import CircuitBreaker
-from services.reward.scorers.registry import SCORER_CLASSES, scorer_class
+from services.reward.scorers.registry import scorer_class
 from services.reward.settings import RewardSettings
 from shared.settings import SettingsError, load_settings
 from tests.procs import REPO
 
-KINDS = [cls.model_fields["kind"].default for cls in typing.get_args(typing.get_args(ScorerConfig)[0])]
+KINDS = SCORERS.kinds()
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_every_kind_has_a_scorer_class(kind):
     cls = scorer_class(kind)
     assert issubclass(cls, Scorer) and cls.kind == kind
-    assert set(SCORER_CLASSES) == set(KINDS)
+    assert SCORERS.settings_model(kind).model_fields["kind"].default == kind
 
 
 def _load(tmp_path, config):

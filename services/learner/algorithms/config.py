@@ -1,13 +1,12 @@
-"""Typed algorithm settings: a discriminated union on ``name`` (no torch import here).
-
-``AlgorithmSettings`` is the union the learner settings embed; :mod:`.registry` maps each ``name`` to
-the class that computes advantages. Defaults follow OpenRLHF / the papers unless noted.
+"""Typed algorithm settings, chosen by ``name`` (no torch import here), and the algorithm plug-in point
+(:data:`ALGORITHMS`): each ``name`` maps to its settings class and to its class in :mod:`.registry` (which
+computes advantages and names the runner). Defaults follow OpenRLHF / the papers unless noted.
 """
 
 from __future__ import annotations
 
 import warnings
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -18,9 +17,10 @@ from services.learner.algorithms.offpolicy_config import (
     OverlongSettings,
     TISCorrection,
 )
+from shared.plugins import PluginPoint
 
-__all__ = ["AlgorithmSettings", "DynamicSamplingSettings", "GRPOSettings", "KLSettings", "LossAggregation", "PPOSettings", "RLOOSettings",
-           "ReinforcePPSettings", "SFTSettings"]
+__all__ = ["ALGORITHMS", "AlgorithmSettings", "DynamicSamplingSettings", "GRPOSettings", "KLSettings", "LossAggregation",
+           "PPOSettings", "RLAlgorithmSettings", "RLOOSettings", "ReinforcePPSettings", "SFTSettings"]
 
 
 class KLSettings(BaseModel):
@@ -48,8 +48,8 @@ class DynamicSamplingSettings(BaseModel):
         "cannot starve the run.")
 
 
-class _RLAlgorithm(BaseModel):
-    """Fields every policy-gradient algorithm has."""
+class RLAlgorithmSettings(BaseModel):
+    """Fields every policy-gradient algorithm has (subclass it for your own RL algorithm's settings)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -101,7 +101,7 @@ class _RLAlgorithm(BaseModel):
         return data
 
 
-class PPOSettings(_RLAlgorithm):
+class PPOSettings(RLAlgorithmSettings):
     """PPO with a separate critic and GAE."""
 
     name: Literal["ppo"] = "ppo"
@@ -111,7 +111,7 @@ class PPOSettings(_RLAlgorithm):
     normalize_advantages: bool = Field(default=True, description="Whiten advantages over the batch's action tokens.")
 
 
-class GRPOSettings(_RLAlgorithm):
+class GRPOSettings(RLAlgorithmSettings):
     """GRPO: group-normalised advantages, no critic."""
 
     name: Literal["grpo"] = "grpo"
@@ -126,7 +126,7 @@ class GRPOSettings(_RLAlgorithm):
         return self
 
 
-class ReinforcePPSettings(_RLAlgorithm):
+class ReinforcePPSettings(RLAlgorithmSettings):
     """REINFORCE++: token-level KL penalty in the reward, returns whitened over the global batch."""
 
     name: Literal["reinforce_pp"] = "reinforce_pp"
@@ -134,7 +134,7 @@ class ReinforcePPSettings(_RLAlgorithm):
     normalize_advantages: bool = Field(default=True, description="Whiten advantages over the batch's action tokens.")
 
 
-class RLOOSettings(_RLAlgorithm):
+class RLOOSettings(RLAlgorithmSettings):
     """RLOO: leave-one-out group baseline."""
 
     name: Literal["rloo"] = "rloo"
@@ -153,6 +153,21 @@ class SFTSettings(BaseModel):
     max_steps: int | None = Field(default=None, ge=1, description="Stop after this many steps.")
 
 
-AlgorithmSettings = Annotated[
-    PPOSettings | GRPOSettings | ReinforcePPSettings | RLOOSettings | SFTSettings, Field(discriminator="name")
-]
+_RLAlgorithm = RLAlgorithmSettings  # the name of earlier releases
+
+#: algorithms by ``name``: settings model -> implementation, a ``LearnerAlgorithm`` subclass (import paths:
+#: torch loads only when the learner builds it) that also names the runner owning the run (``runner``: RL
+#: algorithms run in the RL loop, sft in the SFT loop). Register your own with
+#: ``ALGORITHMS.register("mine", MySettings, "package.module:MyAlgorithm")`` (docs/plugins.md).
+ALGORITHMS: PluginPoint[Any] = PluginPoint(
+    "algorithm", where="learner: algorithm.name", doc="RL algorithms and SFT, each with the runner that owns the run "
+    "(services/learner/algorithms/registry.py).", tag="name",
+    base="services.learner.algorithms.registry:LearnerAlgorithm")
+ALGORITHMS.register("ppo", PPOSettings, "services.learner.algorithms.registry:PPO")
+ALGORITHMS.register("grpo", GRPOSettings, "services.learner.algorithms.registry:GRPO")
+ALGORITHMS.register("reinforce_pp", ReinforcePPSettings, "services.learner.algorithms.registry:ReinforcePP")
+ALGORITHMS.register("rloo", RLOOSettings, "services.learner.algorithms.registry:RLOO")
+ALGORITHMS.register("sft", SFTSettings, "services.learner.algorithms.registry:SFT")
+
+#: a settings field holding one algorithm's settings (chosen by ``name``)
+AlgorithmSettings = ALGORITHMS.settings_type("AlgorithmSettings")

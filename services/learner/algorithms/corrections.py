@@ -10,7 +10,8 @@ corrects for both. Each correction below is a small pure function of ``(learner_
 returning a :class:`Correction`: per-token importance ``weights`` (detached) that multiply the policy
 loss, and a ``keep`` mask of the tokens that stay in the loss. A token (or sequence) a correction rejects
 leaves the loss *and* its denominator (weighting it by 0 but counting it would shrink every other token's
-gradient; slime #657 / verl #3915). Selected by ``algorithm.correction`` (``.offpolicy_config``).
+gradient; slime #657 / verl #3915). Selected by ``algorithm.correction`` through the correction plug-in point
+(``.offpolicy_config.CORRECTIONS``); ``custom`` takes a function of your own by import path.
 
 - ``tis``: token-level truncated IS, ``w = min(rho, cap)`` (Yao et al. 2025; today's default).
 - ``mis``: masked IS: tokens (``level: token``) or whole sequences (``level: sequence``, ratio = product of
@@ -31,6 +32,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+
+from services.learner.algorithms.offpolicy_config import CORRECTIONS, CustomCorrection
+from shared.plugins import kwargs_of
+from shared.service_kit.loader import load_object
 
 LOG_CLAMP = 20.0  # |log rho| beyond this is a numerical accident, not information
 
@@ -129,17 +134,25 @@ CorrectionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], Correction]
 
 
 def build_correction(settings) -> CorrectionFn:
-    """The correction function that ``settings`` (a member of ``CorrectionSettings``) selects."""
-    kind = settings.kind
-    if kind not in CORRECTIONS:
-        raise ValueError(f"unknown off-policy correction {kind!r}; known: {sorted(CORRECTIONS)}")
-    return CORRECTIONS[kind](settings)
+    """The correction function that ``settings`` (one registered kind's settings, ``algorithm.correction``)
+    selects: the kind's function with the settings' fields as keyword arguments (``custom``: the function at
+    ``path`` with ``kwargs``), its output checked at every call."""
+    if settings.kind not in CORRECTIONS:
+        raise ValueError(CORRECTIONS.unknown(settings.kind))
+    if isinstance(settings, CustomCorrection):
+        fn, kwargs, what = load_object(settings.path, what="correction"), dict(settings.kwargs), settings.path
+    else:
+        fn, kwargs, what = CORRECTIONS.load(settings.kind), kwargs_of(settings), settings.kind
+    if not callable(fn):
+        raise TypeError(f"correction {what}: {type(fn).__name__} object is not a function")
 
+    def call(learner_lp: torch.Tensor, engine_lp: torch.Tensor, mask: torch.Tensor) -> Correction:
+        out = fn(learner_lp, engine_lp, mask, **kwargs)
+        if not isinstance(out, Correction):
+            raise TypeError(f"correction {what} returned {type(out).__name__}, not Correction")
+        if out.weights.shape != mask.shape or out.keep.shape != mask.shape:
+            raise ValueError(f"correction {what} returned weights {tuple(out.weights.shape)} and keep "
+                             f"{tuple(out.keep.shape)}; both must be per token, {tuple(mask.shape)}")
+        return out
 
-CORRECTIONS: dict[str, Callable[..., CorrectionFn]] = {
-    "none": lambda s: no_correction,
-    "tis": lambda s: lambda lp, elp, m: truncated_is(lp, elp, m, s.cap),
-    "mis": lambda s: lambda lp, elp, m: masked_is(lp, elp, m, s.low, s.high, s.level),
-    "geo_seq": lambda s: lambda lp, elp, m: geometric_sequence_is(lp, elp, m, s.cap, s.low, s.high),
-    "icepop": lambda s: lambda lp, elp, m: icepop(lp, elp, m, s.alpha, s.beta),
-}
+    return call

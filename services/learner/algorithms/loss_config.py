@@ -1,19 +1,24 @@
-"""Typed settings of the policy loss (``algorithm.policy_loss``), torch-free.
-
-A discriminated union on ``kind``; :mod:`.policy_losses` holds the functions and their registry. A loss
-that needs a particular reduction names it (``aggregation``); otherwise ``algorithm.loss_agg`` applies.
+"""Typed settings of the policy loss (``algorithm.policy_loss``), torch-free, and the policy-loss plug-in point
+(:data:`POLICY_LOSSES`): each ``kind`` maps to its settings class and its function in :mod:`.policy_losses`,
+called ``fn(inputs, **fields)`` with the settings' fields. A loss that needs a particular reduction names it
+(``aggregation``); otherwise ``algorithm.loss_agg`` applies.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from shared.plugins import IN_SETTINGS, PluginPoint
 
 LossAggregation = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
 
 
-class _Loss(BaseModel):
+class PolicyLossSettingsBase(BaseModel):
+    """What every policy loss's settings are (subclass it for your own loss; override ``aggregation`` for a
+    loss defined with its own reduction)."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     @property
@@ -22,7 +27,7 @@ class _Loss(BaseModel):
         return None
 
 
-class PPOClipLoss(_Loss):
+class PPOClipLoss(PolicyLossSettingsBase):
     """PPO's clipped surrogate with separate low / high ranges (DAPO clip-higher) and optional dual clip."""
 
     kind: Literal["ppo"] = "ppo"
@@ -31,7 +36,7 @@ class PPOClipLoss(_Loss):
     dual_clip: float | None = Field(default=None, gt=1.0, description="Dual-clip constant c > 1 for negative advantages.")
 
 
-class DrGRPOLoss(_Loss):
+class DrGRPOLoss(PolicyLossSettingsBase):
     """Dr. GRPO (Liu et al. 2025): the clipped surrogate, summed over each sequence's tokens and divided by a
     constant (the generation budget) instead of the sequence length: no length bias. Pair with
     ``algorithm.norm_std: false`` (no std normalisation of group advantages); the settings check it."""
@@ -47,7 +52,7 @@ class DrGRPOLoss(_Loss):
         return "seq-mean-token-sum"
 
 
-class GSPOLoss(_Loss):
+class GSPOLoss(PolicyLossSettingsBase):
     """GSPO (Zheng et al. 2025): one length-normalised importance ratio per sequence, clipped per sequence
     (ranges of order 1e-4), applied to every token; reduced per sequence then averaged."""
 
@@ -60,7 +65,7 @@ class GSPOLoss(_Loss):
         return "seq-mean-token-mean"
 
 
-class CISPOLoss(_Loss):
+class CISPOLoss(PolicyLossSettingsBase):
     """CISPO (MiniMax-M1): REINFORCE with a clipped, stop-gradient IS weight, so no token's gradient is
     dropped by clipping: ``-sg(clip(ratio, 1 - eps_low, 1 + eps_high)) * A * log pi``."""
 
@@ -69,7 +74,7 @@ class CISPOLoss(_Loss):
     eps_high: float = Field(default=0.28, gt=0.0, description="Upper clip of the weight.")
 
 
-class DPPOLoss(_Loss):
+class DPPOLoss(PolicyLossSettingsBase):
     """DPPO-style masked ratio (the binary trust region prime-rl uses): a token whose probability already
     moved more than ``delta_high`` up (positive advantage) or ``delta_low`` down (negative advantage) since
     sampling gets no gradient; the others ``-A * ratio`` unclipped."""
@@ -79,7 +84,7 @@ class DPPOLoss(_Loss):
     delta_high: float = Field(default=0.2, gt=0.0, le=1.0, description="Largest probability rise still trained.")
 
 
-class CustomLoss(_Loss):
+class CustomLoss(PolicyLossSettingsBase):
     """Your own loss, by import path: ``fn(inputs: PolicyLossInputs, **kwargs) -> PolicyLossOutput``."""
 
     kind: Literal["custom"] = "custom"
@@ -93,6 +98,20 @@ class CustomLoss(_Loss):
         return self.agg
 
 
-PolicyLossSettings = Annotated[
-    PPOClipLoss | DrGRPOLoss | GSPOLoss | CISPOLoss | DPPOLoss | CustomLoss, Field(discriminator="kind")
-]
+_Loss = PolicyLossSettingsBase  # the name of earlier releases
+
+#: policy losses by ``kind``: settings model -> ``fn(inputs: PolicyLossInputs, **fields) -> PolicyLossOutput``
+#: (import paths: torch loads only in the learner). ``custom`` names its function in its settings; register
+#: your own with ``POLICY_LOSSES.register("mine", MyLossSettings, "package.module:my_loss")`` (docs/plugins.md).
+POLICY_LOSSES: PluginPoint[Any] = PluginPoint(
+    "policy loss", where="learner: algorithm.policy_loss.kind", doc="Policy losses "
+    "(services/learner/algorithms/policy_losses.py).", settings_base=PolicyLossSettingsBase)
+POLICY_LOSSES.register("ppo", PPOClipLoss, "services.learner.algorithms.policy_losses:ppo_loss")
+POLICY_LOSSES.register("dr_grpo", DrGRPOLoss, "services.learner.algorithms.policy_losses:dr_grpo_loss")
+POLICY_LOSSES.register("gspo", GSPOLoss, "services.learner.algorithms.policy_losses:gspo_loss")
+POLICY_LOSSES.register("cispo", CISPOLoss, "services.learner.algorithms.policy_losses:cispo_loss")
+POLICY_LOSSES.register("dppo", DPPOLoss, "services.learner.algorithms.policy_losses:dppo_loss")
+POLICY_LOSSES.register("custom", CustomLoss, IN_SETTINGS)
+
+#: a settings field holding one policy loss's settings
+PolicyLossSettings = POLICY_LOSSES.settings_type("PolicyLossSettings")

@@ -1,4 +1,5 @@
-"""Policy losses as plug-ins: typed inputs, typed outputs, a registry keyed by ``policy_loss.kind``.
+"""Policy losses as plug-ins: typed inputs, typed outputs, chosen by ``policy_loss.kind`` through the
+policy-loss plug-in point (:data:`.loss_config.POLICY_LOSSES`): ``fn(inputs, **the settings' fields)``.
 
 Every loss maps :class:`PolicyLossInputs` (the current log-probabilities with their graph, the behaviour
 log-probabilities of the step, advantages, the action mask with the off-policy correction's rejections
@@ -20,9 +21,12 @@ from dataclasses import dataclass
 
 import torch
 
+from services.learner.algorithms.loss_config import POLICY_LOSSES, CustomLoss
 from services.learner.algorithms.losses import PolicyLossOutput, clipped_surrogate
+from shared.plugins import kwargs_of
+from shared.service_kit.loader import load_object
 
-__all__ = ["LOSSES", "PolicyLossFn", "PolicyLossInputs", "PolicyLossOutput", "build_policy_loss"]
+__all__ = ["PolicyLossFn", "PolicyLossInputs", "PolicyLossOutput", "build_policy_loss"]
 
 RATIO_LOG_CLAMP = 20.0
 
@@ -86,36 +90,26 @@ def dppo_loss(x: PolicyLossInputs, delta_low: float, delta_high: float) -> Polic
 
 PolicyLossFn = Callable[[PolicyLossInputs], PolicyLossOutput]
 
-LOSSES: dict[str, Callable[..., PolicyLossFn]] = {
-    "ppo": lambda s: lambda x: ppo_loss(x, s.eps_low, s.eps_high, s.dual_clip),
-    "dr_grpo": lambda s: lambda x: dr_grpo_loss(x, s.eps_low, s.eps_high, s.normalizer),
-    "gspo": lambda s: lambda x: gspo_loss(x, s.eps_low, s.eps_high),
-    "cispo": lambda s: lambda x: cispo_loss(x, s.eps_low, s.eps_high),
-    "dppo": lambda s: lambda x: dppo_loss(x, s.delta_low, s.delta_high),
-}
-
 
 def build_policy_loss(settings) -> PolicyLossFn:
-    """The loss function ``settings`` (a member of ``PolicyLossSettings``) selects."""
-    if settings.kind == "custom":
-        return _custom(settings)
-    if settings.kind not in LOSSES:
-        raise ValueError(f"unknown policy loss {settings.kind!r}; known: {sorted([*LOSSES, 'custom'])}")
-    return LOSSES[settings.kind](settings)
-
-
-def _custom(settings) -> PolicyLossFn:
-    from shared.service_kit.loader import load_object
-
-    fn = load_object(settings.path, what="policy loss")
-    kwargs = dict(settings.kwargs)
+    """The loss function ``settings`` (one registered kind's settings, ``algorithm.policy_loss``) selects: the
+    kind's function with the settings' fields as keyword arguments (``custom``: the function at ``path`` with
+    ``kwargs``), its output checked at every call."""
+    if settings.kind not in POLICY_LOSSES:
+        raise ValueError(POLICY_LOSSES.unknown(settings.kind))
+    if isinstance(settings, CustomLoss):
+        fn, kwargs, what = load_object(settings.path, what="policy loss"), dict(settings.kwargs), settings.path
+    else:
+        fn, kwargs, what = POLICY_LOSSES.load(settings.kind), kwargs_of(settings), settings.kind
+    if not callable(fn):
+        raise TypeError(f"policy loss {what}: {type(fn).__name__} object is not a function")
 
     def call(x: PolicyLossInputs) -> PolicyLossOutput:
         out = fn(x, **kwargs)
         if not isinstance(out, PolicyLossOutput):
-            raise TypeError(f"policy loss {settings.path} returned {type(out).__name__}, not PolicyLossOutput")
+            raise TypeError(f"policy loss {what} returned {type(out).__name__}, not PolicyLossOutput")
         if out.loss.shape != x.logp.shape:
-            raise ValueError(f"policy loss {settings.path} returned a loss of shape {tuple(out.loss.shape)}; "
+            raise ValueError(f"policy loss {what} returned a loss of shape {tuple(out.loss.shape)}; "
                              f"it must be per token, {tuple(x.logp.shape)}")
         return out
 

@@ -1,7 +1,13 @@
-"""RL algorithms by name: each turns scores (+ KL, + values) into per-token advantages and returns.
+"""Algorithms by name, the implementations of the algorithm plug-in point (:data:`.config.ALGORITHMS`).
 
-``build_algorithm(settings)`` looks the class up in :data:`ALGORITHMS` by ``settings.name``. Adding an
-algorithm is a new class with ``@register("name")`` and a settings class in :mod:`.config`.
+Every algorithm is a :class:`LearnerAlgorithm`: it names the **runner** that owns the run (the object the
+learner service starts: ``runner(settings, redis, sink)`` with ``needs_redis``, ``async run(stop)``,
+``status()``, ``phase``, ``error``, ``request_checkpoint()``; see ``services/learner/rl_runner.py``). The RL
+ones are :class:`Algorithm` s run by the RL runner: each turns scores (+ KL, + values) into per-token
+advantages and returns. ``build_algorithm(settings)`` builds the RL algorithm ``settings.name`` names;
+``runner_class(settings)`` is the runner. Adding an algorithm: a settings class (subclass
+``RLAlgorithmSettings`` for an RL one), a class here or in your own module, and
+``ALGORITHMS.register(name, settings, cls)`` (docs/plugins.md).
 
 All four place the (shaped) scalar reward on the last action token and, with KL placement
 ``reward``, add ``-coef * KL`` to every token's reward (OpenRLHF ``compute_reward``).
@@ -11,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
@@ -23,13 +29,16 @@ from services.learner.algorithms.advantages import (
     rloo_advantages,
 )
 from services.learner.algorithms.config import (
+    ALGORITHMS,
     GRPOSettings,
     PPOSettings,
     ReinforcePPSettings,
+    RLAlgorithmSettings,
     RLOOSettings,
-    _RLAlgorithm,
+    SFTSettings,
 )
 from services.learner.algorithms.masked import masked_whiten
+from shared.service_kit.loader import LoadError, load_object
 
 
 @dataclass(frozen=True)
@@ -42,14 +51,22 @@ class AdvantageInputs:
     whiten: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = masked_whiten  # batch-global on N ranks
 
 
-class Algorithm:
-    """Base: KL placement and the reward-to-go family's common steps."""
+class LearnerAlgorithm:
+    """What every algorithm registers: built from its settings, it names the runner that owns the run."""
 
     name: ClassVar[str]
-    needs_critic: ClassVar[bool] = False
+    #: the runner class, or its import path (loaded when the learner starts)
+    runner: ClassVar[str | type] = "services.learner.rl_runner:RLRunner"
 
-    def __init__(self, settings: _RLAlgorithm) -> None:
+    def __init__(self, settings: Any) -> None:
         self.settings = settings
+
+
+class Algorithm(LearnerAlgorithm):
+    """Base of the RL algorithms: KL placement and the reward-to-go family's common steps."""
+
+    needs_critic: ClassVar[bool] = False
+    settings: RLAlgorithmSettings
 
     @property
     def kl_reward_coef(self) -> float:
@@ -80,22 +97,10 @@ class Algorithm:
         return advantages, returns
 
 
-ALGORITHMS: dict[str, type[Algorithm]] = {}
-
-
-def register(name: str) -> Callable[[type[Algorithm]], type[Algorithm]]:
-    def deco(cls: type[Algorithm]) -> type[Algorithm]:
-        cls.name = name
-        ALGORITHMS[name] = cls
-        return cls
-
-    return deco
-
-
-@register("ppo")
 class PPO(Algorithm):
     """GAE over token rewards with the critic's values."""
 
+    name = "ppo"
     needs_critic = True
     settings: PPOSettings
 
@@ -109,32 +114,54 @@ class PPO(Algorithm):
         return adv, returns
 
 
-@register("grpo")
 class GRPO(Algorithm):
+    name = "grpo"
     settings: GRPOSettings
 
     def shape_scores(self, scores: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
         return group_advantages(scores, groups, norm_std=self.settings.norm_std, eps=self.settings.std_eps)
 
 
-@register("reinforce_pp")
 class ReinforcePP(Algorithm):
     """Raw rewards, token KL in the reward, global whitening of the returns (``normalize_advantages``)."""
 
+    name = "reinforce_pp"
     settings: ReinforcePPSettings
 
 
-@register("rloo")
 class RLOO(Algorithm):
+    name = "rloo"
     settings: RLOOSettings
 
     def shape_scores(self, scores: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
         return rloo_advantages(scores, groups)
 
 
-def build_algorithm(settings: _RLAlgorithm) -> Algorithm:
-    """The algorithm object for ``settings`` (looked up by ``settings.name``)."""
+class SFT(LearnerAlgorithm):
+    """Supervised fine-tuning: no advantages; its own runner."""
+
+    name = "sft"
+    runner = "services.learner.sft_runner:SFTRunner"
+    settings: SFTSettings
+
+
+def build_algorithm(settings: RLAlgorithmSettings) -> Algorithm:
+    """The RL algorithm object for ``settings`` (looked up by ``settings.name``)."""
     name = getattr(settings, "name", None)
     if name not in ALGORITHMS:
-        raise ValueError(f"unknown RL algorithm {name!r}; known: {sorted(ALGORITHMS)}")
-    return ALGORITHMS[name](settings)
+        raise ValueError(f"unknown RL algorithm {name!r}; known: {ALGORITHMS.kinds()}")
+    cls = ALGORITHMS.load(name)
+    if not issubclass(cls, Algorithm):
+        raise TypeError(f"algorithm {name!r} ({cls.__qualname__}) is not an RL algorithm (an Algorithm subclass)")
+    return cls(settings)
+
+
+def runner_class(settings: Any) -> type:
+    """The runner that owns a run of the algorithm ``settings.name`` names (what the learner service starts)."""
+    name = settings.name
+    runner = ALGORITHMS.load(name).runner
+    if isinstance(runner, str):
+        runner = load_object(runner, what=f"runner of algorithm {name!r}")
+    if not isinstance(runner, type) or not callable(getattr(runner, "run", None)):
+        raise LoadError(f"runner of algorithm {name!r}: {runner!r} is not a runner class (one with async run(stop))")
+    return runner

@@ -32,31 +32,29 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from services.learner.weights import packing as T
-from services.learner.weights.collective import CollectiveTransport
 from services.learner.weights.health import RoundHistory, lag_problem
-from services.learner.weights.ipc import IpcTransport
 from services.learner.weights.outbox import Outbox
-from services.learner.weights.snapshot import SnapshotTransport
-from services.learner.weights.transport import PublishFailed, PublishReport, Shipment, WeightTransport
+from services.learner.weights.transport import (
+    PUBLISHER_TRANSPORTS,
+    PublishFailed,
+    PublishReport,
+    Shipment,
+    WeightTransport,
+)
 from services.learner.weights.walk import ModuleWalk
 from shared import keys
 from shared.weight_sync import keys as wkeys
 from shared.weight_sync.phases import PhaseClock
 from shared.weight_sync.registry import ReplicaRegistry
 from shared.weight_sync.settings import WeightSyncSettings
-from shared.weight_sync.wire import Manifest, Transport, layout_id, plan_buckets
+from shared.weight_sync.wire import Manifest, layout_id, plan_buckets
 
 if TYPE_CHECKING:
     from typing_extensions import Self
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TRANSPORTS", "PublishFailed", "PublishReport", "WeightPublisher"]
-
-#: the transports a publisher runs, by the name replicas advertise; staged in this order (a snapshot is
-#: written before any round announces the version)
-TRANSPORTS: dict[Transport, type[WeightTransport]] = {
-    "snapshot": SnapshotTransport, "collective": CollectiveTransport, "ipc": IpcTransport}
+__all__ = ["PublishFailed", "PublishReport", "WeightPublisher"]
 
 
 class WeightPublisher:
@@ -71,7 +69,9 @@ class WeightPublisher:
         self._last_version = 0  # the newest version this publisher published
         self.outbox = Outbox(self.settings)  # the held version's buckets: packed, digested, kept for late joiners
         self.lock = asyncio.Lock()  # held while a version is published; a catch-up takes it too
-        self.transports: dict[str, WeightTransport] = {name: cls(self) for name, cls in TRANSPORTS.items()}
+        # every registered transport, in registration order (snapshot first: written before any round announces)
+        self.transports: dict[str, WeightTransport] = {name: PUBLISHER_TRANSPORTS.load(name)(self)
+                                                       for name in PUBLISHER_TRANSPORTS}
         self._sums_written = False
         self._plan_key: list | None = None
         self._plan: tuple | None = None

@@ -11,7 +11,7 @@ The publisher (:class:`~services.learner.weights.publisher.WeightPublisher`) pla
 its buckets (the outbox); for each publish it lets every transport :meth:`~WeightTransport.stage` the
 version (before any replica hears of it), then hands each the live replicas advertising it
 (:meth:`~WeightTransport.deliver`), and between publishes lets each bring late joiners up
-(:meth:`~WeightTransport.catch_up`).
+(:meth:`~WeightTransport.catch_up`). The transports are those registered in :data:`PUBLISHER_TRANSPORTS`.
 """
 
 from __future__ import annotations
@@ -22,10 +22,11 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
 from services.learner.weights.outbox import Outbox
+from shared.plugins import PluginPoint
 from shared.weight_sync.phases import PhaseClock
 from shared.weight_sync.registry import ReplicaRegistry
 from shared.weight_sync.settings import WeightSyncSettings
-from shared.weight_sync.wire import Manifest, ReplicaInfo, Transport
+from shared.weight_sync.wire import Manifest, ReplicaInfo
 
 
 class PublishFailed(RuntimeError):
@@ -80,7 +81,7 @@ class Publisher(Protocol):
 class WeightTransport(ABC):
     """One way a version reaches the replicas that advertise :attr:`name` (``ReplicaInfo.transport``)."""
 
-    name: ClassVar[Transport]
+    name: ClassVar[str]
 
     def __init__(self, publisher: Publisher) -> None:
         self.publisher = publisher
@@ -124,3 +125,16 @@ class WeightTransport(ABC):
 
     def close(self) -> None:
         """Release what the transport holds (groups, sockets). Never raises."""
+
+
+#: weight transports on the publisher's side, by the name replicas advertise (``ReplicaInfo.transport``): a
+#: :class:`WeightTransport` subclass. Every registered one runs in every publisher, staged in this order (a
+#: snapshot is written before any round announces the version). A replica's side registers the same name
+#: (``services.rollout.weights.settings.REPLICA_TRANSPORTS``); register your own on both (docs/plugins.md).
+PUBLISHER_TRANSPORTS: PluginPoint[type[WeightTransport]] = PluginPoint(
+    "weight transport (publisher)", where="learner: every one registered runs; replicas choose by weights.transport",
+    tag=None, doc="How a published version reaches the replicas advertising it "
+    "(services/learner/weights/transport.py).", base=WeightTransport)
+PUBLISHER_TRANSPORTS.register("snapshot", None, "services.learner.weights.snapshot:SnapshotTransport")
+PUBLISHER_TRANSPORTS.register("collective", None, "services.learner.weights.collective:CollectiveTransport")
+PUBLISHER_TRANSPORTS.register("ipc", None, "services.learner.weights.ipc:IpcTransport")

@@ -1,4 +1,5 @@
-"""The environment protocol of multi-turn rollouts, and environments by name or import path.
+"""The environment protocol of multi-turn rollouts, and environments by name (the environment plug-in point,
+:data:`ENVIRONMENTS`: each name's argument settings and factory) or import path.
 
 An environment is created per trajectory (``factory(**args)``) and driven by the ``multi_turn`` rollout
 function::
@@ -21,9 +22,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from services.rollout.agents.tools import Tool
+from shared.plugins import PluginPoint
 from shared.schemas import PromptTask
 from shared.service_kit.loader import LoadError, load_object
 
@@ -66,24 +70,85 @@ class Environment(Protocol):
 
 EnvironmentFactory = Callable[..., Environment]
 
-ENVIRONMENTS: dict[str, str] = {
-    "echo": "services.rollout.agents.envs.echo:EchoEnv",
-    "calculator": "services.rollout.agents.envs.calculator:CalculatorEnv",
-    "reasoning_gym": "services.rollout.agents.envs.reasoning_gym:ReasoningGymEnv",
-    "openenv": "services.rollout.agents.envs.openenv:OpenEnvEnvironment",
-}
+
+class _EnvArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EchoArgs(_EnvArgs):
+    """echo: answers every assistant message with ``reply`` for ``turns`` turns (a test environment)."""
+
+    turns: int = Field(default=2, ge=1, description="Assistant turns before the episode is done.")
+    reply: str = Field(default="go on", description="The environment's message after each turn.")
+    reward: float | None = Field(default=None, description="The episode's reward; unset: the reward service scores.")
+
+
+class CalculatorArgs(_EnvArgs):
+    """calculator: a calculator tool, the episode judged against the task's label."""
+
+    judge: Literal["environment", "reward_service"] = Field(
+        default="environment", description="Who scores the final answer: this environment or the reward service.")
+
+
+class ReasoningGymArgs(_EnvArgs):
+    """reasoning_gym: a reasoning-gym task named by the prompt task's metadata.reasoning_gym (no arguments)."""
+
+
+class OpenEnvArgs(_EnvArgs):
+    """openenv: an OpenEnv environment server driven through its own client (the ``agents`` extra)."""
+
+    base_url: str = Field(description="The OpenEnv server's URL.")
+    action_field: str = Field(default="message", description="The action field the assistant's text goes in.")
+    observation_field: str | None = Field(default=None, description="The observation field shown; unset: all of it.")
+    reset_args: dict[str, Any] = Field(default_factory=dict, description="Arguments of reset (e.g. a seed).")
+    connect_timeout_s: float = Field(default=10.0, gt=0, description="Connect timeout.")
+    message_timeout_s: float = Field(default=30.0, gt=0, description="Timeout of one message.")
+
+
+#: environments by name: the settings model of their factory's arguments (``environment_args``; None: passed
+#: through unchecked) -> the factory (a class or function returning an Environment). Register your own with
+#: ``ENVIRONMENTS.register("mine", MyArgs, "package.module:MyEnv")`` (docs/plugins.md); an operator may also
+#: name a factory by import path in the settings (never a task).
+ENVIRONMENTS: PluginPoint[EnvironmentFactory] = PluginPoint(
+    "environment", where="rollout: worker.agent.environment (arguments: environment_args)", tag=None,
+    doc="Multi-turn environments (services/rollout/agents/envs).")
+ENVIRONMENTS.register("echo", EchoArgs, "services.rollout.agents.envs.echo:EchoEnv")
+ENVIRONMENTS.register("calculator", CalculatorArgs, "services.rollout.agents.envs.calculator:CalculatorEnv")
+ENVIRONMENTS.register("reasoning_gym", ReasoningGymArgs, "services.rollout.agents.envs.reasoning_gym:ReasoningGymEnv")
+ENVIRONMENTS.register("openenv", OpenEnvArgs, "services.rollout.agents.envs.openenv:OpenEnvEnvironment")
 
 
 def load_environment(spec: str) -> EnvironmentFactory:
     """The environment factory ``spec`` names (a registered name or ``package.module:factory``)."""
-    if ":" not in spec and spec not in ENVIRONMENTS:
+    if spec in ENVIRONMENTS:
+        factory = ENVIRONMENTS.load(spec)
+    elif ":" in spec:
+        factory = load_object(spec, what="environment")
+    else:
         raise LoadError(f"environment {spec!r}: not a known name ({', '.join(sorted(ENVIRONMENTS))}) nor an "
                         "import path 'package.module:factory'")
-    factory = load_object(ENVIRONMENTS.get(spec, spec), what="environment")
     if not callable(factory):
         raise LoadError(f"environment {spec!r}: {type(factory).__name__} object is not a factory (a class or a "
                         "function returning an Environment)")
     return factory
+
+
+def environment_args(spec: str, args: Mapping[str, Any], *, partial: bool = False) -> dict[str, Any]:
+    """The factory's keyword arguments for environment ``spec``: ``args`` checked against the settings model
+    the environment registered (ValueError saying what is wrong), the keys given; an environment by import path
+    or registered without a model takes them as they are. ``partial``: settings-time check of the settings'
+    own arguments, which tasks may complete (a missing required argument is not an error yet)."""
+    model = ENVIRONMENTS.settings_model(spec) if spec in ENVIRONMENTS else None
+    if model is None:
+        return dict(args)
+    try:
+        return model.model_validate(dict(args)).model_dump(exclude_unset=True)
+    except ValidationError as exc:
+        problems = [e for e in exc.errors() if not (partial and e["type"] == "missing")]
+        if not problems:
+            return dict(args)
+        said = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in problems)
+        raise ValueError(f"environment {spec!r} arguments: {said}") from None
 
 
 def check_messages(messages: Any, what: str) -> list[dict[str, Any]]:

@@ -35,6 +35,7 @@ from services.rollout.agents.environments import (
     EnvStart,
     check_reply,
     check_start,
+    environment_args,
     load_environment,
 )
 from services.rollout.agents.settings import AgentSettings
@@ -87,10 +88,12 @@ def environment_of(ctx: RolloutContext) -> tuple[str, Callable[..., Any], dict[s
         raise GroupFailed("bad prompt task: metadata.environment must be a name and metadata.environment_args an "
                           "object")
     try:
-        factory = load_environment(allowed_environment(cfg, name, by_task="environment" in meta))
+        spec = allowed_environment(cfg, name, by_task="environment" in meta)
+        factory = load_environment(spec)
+        args = environment_args(spec, {**cfg.environment_args, **extra})  # checked against its settings model
     except ValueError as exc:
         raise GroupFailed(f"bad prompt task: {exc}") from exc
-    return name, factory, {**cfg.environment_args, **extra}
+    return name, factory, args
 
 
 def allowed_environment(cfg: AgentSettings, name: str, by_task: bool) -> str:

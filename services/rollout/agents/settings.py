@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 
 class AgentSettings(BaseModel):
@@ -64,6 +64,14 @@ class AgentSettings(BaseModel):
 
         load_environment((info.data.get("environments") or {}).get(v, v))
         return v
+
+    @model_validator(mode="after")
+    def _args_fit(self) -> AgentSettings:
+        from services.rollout.agents.environments import environment_args
+
+        environment_args(self.environments.get(self.environment, self.environment), self.environment_args,
+                         partial=True)  # tasks may add what is missing; a wrong key or type is wrong already
+        return self
 
 
 class ProgramSettings(BaseModel):

@@ -1,5 +1,6 @@
-"""The engine seam: one abstract :class:`Engine`, a registry by kind ("hf", "sglang", "vllm") whose entries
-are import paths, loaded with the service kit's loader and checked to be :class:`Engine` subclasses.
+"""The engine seam: one abstract :class:`Engine`, and engines by kind ("hf", "sglang", "vllm") through the
+engine plug-in point (``services.rollout.engines.settings.ENGINES``): each kind's settings model and class (an
+import path, loaded with the service kit's loader and checked to be an :class:`Engine` subclass).
 
 What every engine offers (the routes, the rollout worker and the weight-sync sidecar use only this):
 
@@ -45,7 +46,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from services.rollout.engines.settings import EngineSettings
+from pydantic import BaseModel
+
+from services.rollout.engines.settings import ENGINES, EngineSettingsBase
 from services.rollout.engines.types import (
     Finish,
     SamplingParams,
@@ -53,7 +56,6 @@ from services.rollout.engines.types import (
     SequenceOutput,
     SequenceRequest,
 )
-from shared.service_kit.loader import load_object
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +109,7 @@ class Engine(ABC):
     #: sidecar starts beside the engine); None: the engine cannot load weights, and no sidecar runs with it.
     weight_sink: ClassVar[str | None] = None
 
-    def __init__(self, settings: EngineSettings, model_path: str) -> None:
+    def __init__(self, settings: EngineSettingsBase, model_path: str) -> None:
         self.settings = settings
         self.model_path = model_path
         self.tokenizer: Any = None
@@ -343,29 +345,20 @@ class Engine(ABC):
         )
 
 
-# ---- registry --------------------------------------------------------------------------------------
-_ENGINES: dict[str, str | type[Engine]] = {
-    "hf": "services.rollout.engines.hf.engine:HFEngine",
-    "sglang": "services.rollout.engines.sglang:SGLangEngine",
-    "vllm": "services.rollout.engines.vllm:VLLMEngine",
-}
-
-
-def register_engine(kind: str, cls: str | type[Engine]) -> None:
-    """Add (or replace) an engine kind: a class or a lazy ``"module:Class"`` import path."""
-    _ENGINES[kind] = cls
+# ---- registry (services.rollout.engines.settings.ENGINES) ----------------------------------------------
+def register_engine(kind: str, settings: type[BaseModel], cls: str | type[Engine], *, replace: bool = False) -> None:
+    """Add an engine kind: its settings model (subclass ``EngineSettingsBase``, with ``kind: Literal[kind]``)
+    and its class, or a lazy ``"module:Class"`` import path. ``engine: {kind: ...}`` then configures it."""
+    ENGINES.register(kind, settings, cls, replace=replace)
 
 
 def engine_class(kind: str) -> type[Engine]:
     """The engine class registered for ``kind`` (imported on first use, so torch loads only for hf)."""
-    entry = _ENGINES.get(kind)
-    if entry is None:
-        raise KeyError(f"unknown engine kind {kind!r}; known: {sorted(_ENGINES)}")
-    if isinstance(entry, str):
-        entry = _ENGINES[kind] = load_object(entry, Engine, what=f"engine {kind!r}")
-    return entry
+    if kind not in ENGINES:
+        raise KeyError(ENGINES.unknown(kind))
+    return ENGINES.load(kind)
 
 
-def create_engine(settings: EngineSettings, model_path: str) -> Engine:
+def create_engine(settings: EngineSettingsBase, model_path: str) -> Engine:
     """Build (not start) the engine ``settings.kind`` names."""
     return engine_class(settings.kind)(settings, model_path)

@@ -1,17 +1,21 @@
-"""Engine settings: one class per engine kind, joined in a discriminated union on ``kind``.
+"""Engine settings: one class per engine kind, and the engine plug-in point (:data:`ENGINES`) that maps each
+``kind`` to its settings class and its engine class.
 
-Importable without torch. ``RolloutSettings.engine`` holds one of these; the registry in
-:mod:`services.rollout.engines.base` maps ``kind`` to the engine class.
+Importable without torch. ``RolloutSettings.engine`` holds the settings of one registered kind.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, SecretStr, Tag, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+
+from shared.plugins import PluginPoint
 
 
-class _EngineSettingsBase(BaseModel):
+class EngineSettingsBase(BaseModel):
+    """Fields every engine kind has (subclass it for your own engine's settings)."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     context_length: int | None = Field(
@@ -22,7 +26,7 @@ class _EngineSettingsBase(BaseModel):
     )
 
 
-class HFEngineSettings(_EngineSettingsBase):
+class HFEngineSettings(EngineSettingsBase):
     """transformers in this process, with FleetRL's own batched decode loop (CPU or GPU)."""
 
     kind: Literal["hf"] = "hf"
@@ -68,7 +72,7 @@ class HFEngineSettings(_EngineSettingsBase):
         return v
 
 
-class _RemoteEngineSettings(_EngineSettingsBase):
+class _RemoteEngineSettings(EngineSettingsBase):
     base_url: str = Field(description="URL of the engine's own HTTP server, e.g. http://127.0.0.1:30000.")
     api_key: SecretStr | None = Field(default=None, description="Bearer token the engine server expects, if any "
                                       "(a secret: never printed in settings, logs or errors).")
@@ -106,15 +110,15 @@ class VLLMEngineSettings(_RemoteEngineSettings):
     )
 
 
-def _engine_kind(value: object) -> str:
-    """The union's tag; a partial engine section without ``kind`` (e.g. ``--device cpu`` alone) means hf."""
-    kind = value.get("kind") if isinstance(value, dict) else getattr(value, "kind", None)
-    return kind or "hf"
+#: engine kinds: settings model -> ``Engine`` subclass (an import path: torch loads only for hf). Register your
+#: own with ``ENGINES.register("mine", MyEngineSettings, "package.module:MyEngine")`` (docs/plugins.md); a
+#: section without ``kind`` (e.g. ``--device cpu`` alone) means hf.
+ENGINES: PluginPoint[Any] = PluginPoint(
+    "engine", where="rollout: engine.kind", doc="Generation engines behind one interface (services/rollout/engines).",
+    base="services.rollout.engines.base:Engine", settings_base=EngineSettingsBase, default="hf")
+ENGINES.register("hf", HFEngineSettings, "services.rollout.engines.hf.engine:HFEngine")
+ENGINES.register("sglang", SGLangEngineSettings, "services.rollout.engines.sglang:SGLangEngine")
+ENGINES.register("vllm", VLLMEngineSettings, "services.rollout.engines.vllm:VLLMEngine")
 
-
-EngineSettings = Annotated[
-    Annotated[HFEngineSettings, Tag("hf")]
-    | Annotated[SGLangEngineSettings, Tag("sglang")]
-    | Annotated[VLLMEngineSettings, Tag("vllm")],
-    Discriminator(_engine_kind),
-]
+#: a settings field holding one engine kind's settings
+EngineSettings = ENGINES.settings_type("EngineSettings")

@@ -6,14 +6,27 @@ on them."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
 
+from shared.plugins import PluginPoint
 from shared.weight_sync.net import is_wildcard
 
 LEGACY_ENV_PREFIX = "FLEETRL_WEIGHTS_"
+
+
+#: weight transports on the replica's side, by name: a ``ReplicaTransport`` subclass (configured by this
+#: ``weights`` section: no settings of their own). The learner's publisher registers the same names on its side
+#: (``services.learner.weights.transport.PUBLISHER_TRANSPORTS``); register your own on both (docs/plugins.md).
+REPLICA_TRANSPORTS: PluginPoint[Any] = PluginPoint(
+    "weight transport (replica)", where="rollout: weights.transport", tag=None,
+    doc="How versions reach a replica (services/rollout/weights/transport.py).",
+    base="services.rollout.weights.transport:ReplicaTransport")
+REPLICA_TRANSPORTS.register("collective", None, "services.rollout.weights.transport:CollectiveJoin")
+REPLICA_TRANSPORTS.register("snapshot", None, "services.rollout.weights.transport:SnapshotPull")
+REPLICA_TRANSPORTS.register("ipc", None, "services.rollout.weights.transport:IpcJoin")
 
 
 class SidecarSettings(BaseModel):
@@ -22,12 +35,13 @@ class SidecarSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     enabled: bool = Field(default=True, description="Run the sidecar (join weight updates) in this replica.")
-    transport: Literal["collective", "snapshot", "ipc"] = Field(
+    transport: str = Field(
         default="collective",
         description="collective: join the publisher's broadcast group; ipc: on the learner's own GPU, copy each "
                     "version device to device from the learner's buckets by CUDA IPC handle (hf engine); snapshot: "
-                    "pull safetensors snapshots (for replicas that cannot join a collective). fleetrl run chooses "
-                    "it from where the learner and the replica are placed.",
+                    "pull safetensors snapshots (for replicas that cannot join a collective); or a transport you "
+                    "registered (docs/plugins.md). fleetrl run chooses it from where the learner and the replica "
+                    "are placed.",
     )
     backend: Literal["gloo", "nccl"] = Field(default="gloo", description="Collective backend this replica can join.")
     group: Literal["auto", "torch", "pynccl"] = Field(
@@ -101,6 +115,13 @@ class SidecarSettings(BaseModel):
         description="Refuse a version that carries no per-bucket digests (a manifest with checksum null, as a "
                     "publisher with checksum: false writes; or one forged in Redis to skip verification).",
     )
+
+    @field_validator("transport")
+    @classmethod
+    def _known_transport(cls, v: str) -> str:
+        if v not in REPLICA_TRANSPORTS:
+            raise ValueError(REPLICA_TRANSPORTS.unknown(v))
+        return v
 
     @field_validator("bind_addr")
     @classmethod

@@ -28,9 +28,9 @@ from typing import Any
 
 from services.rollout.weights.peer import PeerCatchUp
 from services.rollout.weights.receiver import RoundWatcher
-from services.rollout.weights.settings import SidecarSettings
+from services.rollout.weights.settings import REPLICA_TRANSPORTS, SidecarSettings
 from services.rollout.weights.sinks import WeightSink, create_sink
-from services.rollout.weights.transport import TRANSPORTS, LastUpdate, ReplicaTransport
+from services.rollout.weights.transport import LastUpdate, ReplicaTransport
 from shared import keys
 from shared.weight_sync.registry import ReplicaRegistry
 from shared.weight_sync.wire import ReplicaInfo
@@ -73,7 +73,7 @@ class WeightSidecar:
         self._last_update: LastUpdate | None = None
         self.first_update: LastUpdate | None = None  # the first version loaded: how this replica joined
         self.busy = asyncio.Lock()  # held while an update runs
-        self.transport: ReplicaTransport = TRANSPORTS[self.settings.transport](self)
+        self.transport: ReplicaTransport = REPLICA_TRANSPORTS.load(self.settings.transport)(self)
         self._changed = asyncio.Condition()
         self._tasks: list[asyncio.Task] = []
         self._stopping = asyncio.Event()

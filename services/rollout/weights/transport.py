@@ -1,5 +1,5 @@
 """How versions reach this replica: one :class:`ReplicaTransport` per way, chosen by the sidecar's
-``transport`` setting (which the replica advertises, ``ReplicaInfo.transport``, so that the publisher
+``transport`` setting through the plug-in point ``services.rollout.weights.settings.REPLICA_TRANSPORTS`` (which the replica advertises, ``ReplicaInfo.transport``, so that the publisher
 serves it the same way):
 
 - ``collective`` (:class:`CollectiveJoin`): wait for the update rounds that name this replica, run each
@@ -70,7 +70,7 @@ class Sidecar(Protocol):
 class ReplicaTransport(ABC):
     """One way versions reach this replica (see the module docstring)."""
 
-    name: ClassVar[Transport]
+    name: ClassVar[str]
 
     def __init__(self, sidecar: Sidecar) -> None:
         self.sidecar = sidecar
@@ -191,7 +191,3 @@ class SnapshotPull(ReplicaTransport):
             await sc.advertise()
         await sc.notify()
 
-
-#: the replica's transports, by the name its settings choose and its registry entry advertises
-TRANSPORTS: dict[Transport, type[ReplicaTransport]] = {
-    "collective": CollectiveJoin, "snapshot": SnapshotPull, "ipc": IpcJoin}

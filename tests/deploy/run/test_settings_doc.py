@@ -63,7 +63,7 @@ def test_fleetrl_settings_prints_a_service_or_one_section_and_refuses_bad_names_
     (RolloutSettings, {"model": "m", "worker": {"concurency": 4}},
      "worker.concurency: unknown setting (did you mean worker.concurrency?)"),
     (RolloutSettings, {"model": "m", "engine": {"kind": "hf", "max_batch": 4}},
-     "engine.hf.max_batch: unknown setting (did you mean engine.max_batch_size?)"),
+     "engine.max_batch: unknown setting (did you mean engine.max_batch_size?)"),
     (RewardSettings, {"scorers": [{"name": "x", "kind": "rule", "check": {"type": "exact"}, "wieght": 2}]},
      "unknown setting (did you mean scorers.weight?)"),
 ])

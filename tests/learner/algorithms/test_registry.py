@@ -5,6 +5,7 @@ import torch
 from pydantic import TypeAdapter
 
 from services.learner.algorithms.config import (
+    ALGORITHMS,
     AlgorithmSettings,
     GRPOSettings,
     KLSettings,
@@ -12,7 +13,7 @@ from services.learner.algorithms.config import (
     ReinforcePPSettings,
     RLOOSettings,
 )
-from services.learner.algorithms.registry import ALGORITHMS, AdvantageInputs, build_algorithm
+from services.learner.algorithms.registry import AdvantageInputs, build_algorithm
 
 T = torch.tensor
 
@@ -22,7 +23,7 @@ def close(a, b, tol=1e-4):
 
 
 def test_registry_names():
-    assert set(ALGORITHMS) == {"ppo", "grpo", "reinforce_pp", "rloo"}
+    assert ALGORITHMS.kinds() == ["ppo", "grpo", "reinforce_pp", "rloo", "sft"]
 
 
 @pytest.mark.parametrize("name", ["ppo", "grpo", "reinforce_pp", "rloo", "sft"])
@@ -89,7 +90,7 @@ def test_ppo_gae_with_values():
         algo.advantages(AdvantageInputs(scores=T([1.0]), groups=T([0]), mask=torch.ones(1, 3), kl=torch.zeros(1, 3)))
 
 
-@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+@pytest.mark.parametrize("name", [k for k in ALGORITHMS.kinds() if k != "sft"])
 def test_every_algorithm_zero_on_padding(name):
     settings = TypeAdapter(AlgorithmSettings).validate_python({"name": name})
     algo = build_algorithm(settings)
@@ -101,3 +102,16 @@ def test_every_algorithm_zero_on_padding(name):
     assert adv.shape == ret.shape == (4, 3)
     assert (adv[mask == 0] == 0).all() and (ret[mask == 0] == 0).all()
     assert torch.isfinite(adv).all()
+
+
+def test_each_algorithm_names_its_runner_and_sft_is_not_an_rl_algorithm():
+    from services.learner.algorithms.config import SFTSettings
+    from services.learner.algorithms.registry import runner_class
+    from services.learner.rl_runner import RLRunner
+    from services.learner.sft_runner import SFTRunner
+
+    for name in ALGORITHMS.kinds():
+        settings = TypeAdapter(AlgorithmSettings).validate_python({"name": name})
+        assert runner_class(settings) is (SFTRunner if name == "sft" else RLRunner), name
+    with pytest.raises(TypeError, match="not an RL algorithm"):
+        build_algorithm(SFTSettings())

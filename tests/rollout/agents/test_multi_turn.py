@@ -168,7 +168,7 @@ async def test_a_transient_environment_failure_is_retried(tiny_model_dir):
 @pytest.mark.parametrize(("metadata", "problem"), [
     ({"environment": "no-such-env"}, "not one this worker allows a task to pick"),
     ({"environment": "broken"}, "has no reset / step / close"),
-    ({"environment": "echo", "environment_args": {"no_such_arg": 1}}, "unexpected keyword argument"),
+    ({"environment": "echo", "environment_args": {"no_such_arg": 1}}, "bad prompt task: environment .echo. arguments: no_such_arg: Extra inputs are not permitted"),
 ])
 async def test_a_task_naming_a_bad_environment_fails_its_group(tiny_model_dir, metadata, problem):
     agent = {"environment": "echo", "trajectory_retries": 0, "environments": {"broken": f"{ENVS}:not_an_env"}}

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.rollout.engines.base import _ENGINES, Engine, engine_class
+from services.rollout.engines.base import Engine, engine_class
+from services.rollout.engines.settings import ENGINES
 from services.rollout.weights.settings import SidecarSettings
 from services.rollout.weights.sinks import WeightSink, create_sink, sink_class
 from shared.service_kit.loader import LoadError
@@ -21,8 +22,8 @@ def test_each_engine_names_its_sink(kind, sink):
 
 
 def test_every_registered_engine_can_load_weights():
-    assert sorted(_ENGINES) == ["hf", "sglang", "vllm"]
-    for kind in _ENGINES:
+    assert sorted(ENGINES.kinds()) == ["hf", "sglang", "vllm"]
+    for kind in ENGINES.kinds():
         assert issubclass(sink_class(engine_class(kind)), WeightSink), kind
 
 
