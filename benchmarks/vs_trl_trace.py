@@ -2,7 +2,8 @@
 ``benchmarks/vs_trl.py``; runs on its own over a kept run dir: ``python benchmarks/vs_trl_trace.py RUN_DIR``).
 
 Start-up, seconds from launch (the benchmark's clock before it spawned ``fleetrl run``): the millisecond-stamped
-lines of each service's log (Redis started and ready, reward's scorer up, the learner's prompts loaded and its
+lines of each service's log (the zygote started, its imports done, each service forked from it, Redis started and
+ready, reward's scorer up, the learner's prompts loaded and its
 trainer built, the rollout engine's model loaded, the rollout worker started, the first weight publish), the first
 prompts issued and the first samples generated
 (``samples.jsonl``: ``created_at`` / ``generated_at``), and step 1 trained (``metrics.jsonl``).
@@ -27,6 +28,11 @@ from pathlib import Path
 
 STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
 STARTUP_LINES = [  # (log, text in the line, what it marks): the first such line of each
+    ("zygote", "zygote: started", "zygote: started (the services' imports begin, once: deploy/local/zygote.py)"),
+    ("zygote", "zygote: imported", "zygote: imports done"),
+    ("zygote", "forked services.reward", "reward: forked from the zygote"),
+    ("zygote", "forked services.rollout", "rollout: forked from the zygote"),
+    ("zygote", "forked services.learner", "learner: forked from the zygote"),
     ("reward-0", "starting scorer", "reward: scorer up"),
     ("learner", "train: a step of", "learner: tokenizer and prompts loaded (the trainer loads next)"),
     ("learner", "actor weights laid out", "learner: trainer built (model, optimizer, publish buckets)"),

@@ -21,7 +21,8 @@ from pathlib import Path
 import httpx
 import yaml
 
-from deploy.local.fleet import Fleet, FleetError
+from deploy.local.fleet import Fleet, FleetError, service_env
+from deploy.local.zygote import Zygote, model_module
 from deploy.private_files import write_private
 from services.learner.data import DataError, check_fields, epoch_plan, read_rows
 from services.learner.run_guard import clear_run, has_checkpoint, stale_run_problem
@@ -87,6 +88,10 @@ class RunLauncher:
             self._lock.acquire(f"fleetrl run {self.spec_file}")
         except RunLocked as exc:
             raise RunError(str(exc)) from exc
+        # the services' imports start now, once, in a zygote that forks them later (deploy/local/zygote.py),
+        # while this process checks the run
+        zygote = Zygote.start(service_env(1), self.run_dir / "logs" / "zygote.log",
+                              [m for m in [model_module(self.spec.model)] if m])
         try:
             checked = plan(self.spec, self.spec_file, "redis://127.0.0.1:1", "check")  # every setting valid first
             problems = preflight(self.spec, self.spec_file)  # every path exists, every reward function imports
@@ -97,7 +102,8 @@ class RunLauncher:
             resolved = self.spec.model_dump(mode="json")  # what the learner records in TensorBoard / wandb: no password
             resolved["redis"]["url"] = redact_url(resolved["redis"]["url"])
             (self.run_dir / RESOLVED_SPEC).write_text(yaml.safe_dump(resolved, sort_keys=False))
-            self.fleet = Fleet(run_dir=self.run_dir, redis_url=self.spec.redis.url)
+            self.fleet = Fleet(run_dir=self.run_dir, redis_url=self.spec.redis.url, zygote=zygote)
+            zygote = None  # the fleet closes it
             try:
                 return self._run(self.fleet)
             finally:
@@ -107,6 +113,8 @@ class RunLauncher:
                 if self._learner_started:
                     self._write_summary()
         finally:
+            if zygote is not None:
+                zygote.close()
             self._lock.release()
 
     def _check_record(self, ckpt_dir: Path, resume: bool) -> None:
