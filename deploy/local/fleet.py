@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import yaml
 
-from deploy.local.zygote import ForkedProcess, Zygote, ZygoteError
+from deploy.local.zygote import ForkedProcess, Zygote, ZygoteError, service_env
 from deploy.private_files import private_dir, write_private
 from shared.ports import free_port
 from shared.redis_server import EmbeddedRedis, resolve_redis_url
@@ -177,12 +177,6 @@ class Fleet:
 
     def __exit__(self, *exc) -> None:
         self.stop_all()
-
-
-def service_env(threads: int, extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment of a service process (and of the zygote that forks services)."""
-    return {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
-            "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), **(extra or {})}
 
 
 def _spawn(module: str, config_path: Path, log_path: Path, env: dict[str, str]) -> subprocess.Popen:

@@ -75,6 +75,12 @@ class _BecomeService(BaseException):  # not an error: it unwinds a forked child 
         self.request = request
 
 
+def service_env(threads: int, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a service process (and of the zygote that forks services)."""
+    return {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
+            "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), **(extra or {})}
+
+
 def model_module(model: str | Path) -> str | None:
     """The transformers modeling module of a local model directory (``config.json``'s ``model_type``), or None."""
     try:
@@ -178,6 +184,13 @@ class Zygote:
                                     env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
                                     start_new_session=True)
         return cls(proc, env, log_path)
+
+    @classmethod
+    def for_run(cls, model: str, run_dir: Path, threads: int = 1) -> Zygote | None:
+        """The zygote of a ``fleetrl run``: the services' environment, its log ``run_dir/logs/zygote.log``, and the
+        run's model class imported too."""
+        return cls.start(service_env(threads), Path(run_dir) / "logs" / "zygote.log",
+                         [m for m in [model_module(model)] if m])
 
     def fork(self, module: str, config_path: Path, log_path: Path, env: dict[str, str],
              timeout: float = READY_TIMEOUT_S) -> ForkedProcess:
