@@ -25,7 +25,8 @@ already done:
 
 **Fork safety**: a process that has started threads must not fork (a lock another thread holds stays held in the
 child; an OpenMP pool that ran is broken in it). The zygote runs no torch op, and it refuses to fork (the caller
-falls back to spawning) when it has more than one thread (``/proc/self/task``). The environment the zygote
+falls back to spawning) when it has more than one thread (``/proc/self/task``) or has initialised CUDA; on a host
+with an NVIDIA driver there is no zygote at all (an import may initialise CUDA, which no fork survives). The environment the zygote
 imported under is the services' environment (``OMP_NUM_THREADS``, ``HF_HUB_OFFLINE``, ... are read at import); a
 request with a different environment is refused the same way.
 
@@ -40,6 +41,7 @@ import importlib
 import json
 import os
 import selectors
+import shutil
 import signal
 import subprocess
 import sys
@@ -175,8 +177,9 @@ class Zygote:
     def start(cls, env: dict[str, str], log_path: Path, extra: list[str] | tuple[str, ...] = (),
               preload: tuple[str, ...] = PRELOAD) -> Zygote | None:
         """Start a zygote that imports ``preload`` and ``extra`` under ``env`` (the services' environment); None
-        where this process cannot adopt what it forks (not Linux) or ``FLEETRL_ZYGOTE=0``."""
-        if os.environ.get("FLEETRL_ZYGOTE", "1") == "0" or not subreaper(False):
+        where this process cannot adopt what it forks (not Linux), on a host with an NVIDIA driver (CUDA does not
+        survive a fork once initialised, and an import may initialise it), or with ``FLEETRL_ZYGOTE=0``."""
+        if os.environ.get("FLEETRL_ZYGOTE", "1") == "0" or shutil.which("nvidia-smi") or not subreaper(False):
             return None
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as log:
@@ -289,6 +292,8 @@ def _serve(reply_fd: int) -> None:
                 raise ZygoteError("the service's environment differs from the one the zygote imported under")
             if (n := _threads()) != 1:
                 raise ZygoteError(f"the zygote has {n} threads; forking it is not safe")
+            if "torch" in sys.modules and sys.modules["torch"].cuda.is_initialized():
+                raise ZygoteError("the zygote has initialised CUDA; forking it is not safe")
             pid = _fork_service(request, out)
             _say(f"forked {request['module']} --config {request['config']}: pid {pid}")
             out.write(json.dumps({"pid": pid}) + "\n")
