@@ -10,7 +10,9 @@ prompts issued and the first samples generated
 
 A step, medians over steps 3..N (``metrics.jsonl`` and ``samples.jsonl`` of the learner): the learner's training
 (``step_time_s``), its wait for experiences (``wait_time_s``), the weight publish (``publish_s``) with its phases
-from the publisher's log line (plan, announce, send, settle, ...), and the rest (bookkeeping, Redis commits); and the
+from the publisher's log line (plan, announce, send, settle, ...), and the rest (bookkeeping, Redis commits), broken
+down by the learner's own account of its loop (``loop_s`` of each metrics line: the samples and metrics lines
+written, the pool signal, the prompts fed, the commits settled, ...); and the
 rollout side of the samples the step trained: prompts issued -> last sample generated and scored (the worker's
 Redis read, scheduling, generation, the reward call) -> training starts (the push to Redis, the learner's read and
 admission).
@@ -116,6 +118,16 @@ def step_trace(run_dir: Path, skip: int = 2) -> dict[str, float]:
     out = {"step": med(gaps), "train": med(r["step_time_s"] for r in timed[1:]),
            "wait": med(r["wait_time_s"] for r in timed[1:]), "publish": med(r.get("publish_s", 0.0) for r in timed[1:])}
     out["rest"] = max(out["step"] - out["train"] - out["wait"] - out["publish"], 0.0)
+    loops = [(r, r["loop_s"]) for r in timed[1:] if isinstance(r.get("loop_s"), dict)]
+    if loops:  # the learner's own account of the loop between two steps' lines (services/learner/rl_runner.py)
+        parts = sorted({k for _, x in loops for k in x})
+        for k in parts:
+            out[f"loop.{k}"] = med(x.get(k, 0.0) for _, x in loops)
+        out["loop.train_handoff"] = med(max(x.get("train", 0.0) - r["step_time_s"], 0.0) for r, x in loops)
+        out["loop.admission"] = med(max(x.get("receive", 0.0) - r["wait_time_s"], 0.0) for r, x in loops)
+        gaps_by_step = {b["step"]: b["time"] - a["time"] for a, b in itertools.pairwise(timed)}
+        out["loop.unaccounted"] = med(max(gaps_by_step.get(r["step"], 0.0) - sum(x.values()), 0.0)
+                                      for r, x in loops if r["step"] in gaps_by_step)
     by_step: dict[int, list[dict]] = {}
     for s in _rows(run_dir / "learner" / "samples.jsonl"):
         by_step.setdefault(s["step"], []).append(s)
@@ -162,6 +174,13 @@ def print_traces(runs: list[tuple[str, int, Path, float]]) -> None:
         pub = {k.split(".", 1)[1]: v for k, v in ms.items() if k.startswith("publish.")}
         if pub:
             print("  publish phases: " + ", ".join(f"{k} {v:.0f}" for k, v in pub.items()) + " ms")
+        loop = {k.split(".", 1)[1]: v for k, v in ms.items() if k.startswith("loop.")}
+        if loop:
+            rest = ["train_handoff", "admission", "log_samples", "pool_signal", "log_step", "feed", "settle",
+                    "dead_letters", "take", "checkpoint", "unaccounted"]
+            print("  the rest, by the learner's loop (medians, ms): " + ", ".join(
+                f"{k} {loop[k]:.1f}" for k in rest if k in loop) + " (train_handoff: the train call beyond "
+                "train_step; admission: the experiences' read beyond the wait; log_step: the step before's line)")
 
 
 def main(argv: list[str] | None = None) -> int:
