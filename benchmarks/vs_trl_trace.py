@@ -117,7 +117,8 @@ def step_trace(run_dir: Path, skip: int = 2) -> dict[str, float]:
     gaps = [b["time"] - a["time"] for a, b in itertools.pairwise(timed)]
     out = {"step": med(gaps), "train": med(r["step_time_s"] for r in timed[1:]),
            "wait": med(r["wait_time_s"] for r in timed[1:]), "publish": med(r.get("publish_s", 0.0) for r in timed[1:])}
-    out["rest"] = max(out["step"] - out["train"] - out["wait"] - out["publish"], 0.0)
+    out["rest"] = med(g - r["step_time_s"] - r["wait_time_s"] - r.get("publish_s", 0.0)  # per step, then the median
+                      for g, r in zip(gaps, timed[1:]))
     loops = [(r, r["loop_s"]) for r in timed[1:] if isinstance(r.get("loop_s"), dict)]
     if loops:  # the learner's own account of the loop between two steps' lines (services/learner/rl_runner.py)
         parts = sorted({k for _, x in loops for k in x})
@@ -180,7 +181,8 @@ def print_traces(runs: list[tuple[str, int, Path, float]]) -> None:
                     "dead_letters", "take", "checkpoint", "unaccounted"]
             print("  the rest, by the learner's loop (medians, ms): " + ", ".join(
                 f"{k} {loop[k]:.1f}" for k in rest if k in loop) + " (train_handoff: the train call beyond "
-                "train_step; admission: the experiences' read beyond the wait; log_step: the step before's line)")
+                "train_step, mostly the event loop getting a core back after the training thread; admission: the "
+                "experiences' read beyond the wait; log_step: the step before's line)")
 
 
 def main(argv: list[str] | None = None) -> int:
