@@ -171,6 +171,7 @@ class Zygote:
         self.ready: dict[str, Any] | None = None
         self.broken: str | None = None
         self._buf = b""
+        self._asked = False  # a fork was requested (else close() need not wait for the zygote's answers)
         self._lock = threading.Lock()
 
     @classmethod
@@ -212,6 +213,7 @@ class Zygote:
                 request = {"module": module, "config": str(config_path), "log": str(log_path), "cwd": str(REPO),
                            "env": env}
                 assert self.proc.stdin is not None
+                self._asked = True
                 subreaper(True)  # the zygote answers once the service is re-parented to this process
                 try:
                     self.proc.stdin.write((json.dumps(request) + "\n").encode())
@@ -247,10 +249,17 @@ class Zygote:
         return json.loads(line)
 
     def close(self) -> None:
-        """End the zygote (the services it forked go on)."""
+        """End the zygote. The services it forked and handed out go on; one it forked for a request whose answer
+        was never read (the caller interrupted, e.g. by Ctrl-C, while it waited) is stopped: nobody else knows
+        of it."""
+        if not self._asked and self.proc.poll() is None:  # it forked nothing (perhaps still importing): no wait
+            self.proc.kill()
         if self.proc.stdin is not None and not self.proc.stdin.closed:
             with contextlib.suppress(OSError):
                 self.proc.stdin.close()
+        for pid in self._unclaimed():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGTERM)
         try:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
@@ -258,6 +267,16 @@ class Zygote:
             self.proc.wait(timeout=5)
         if self.proc.stdout is not None:
             self.proc.stdout.close()
+
+    def _unclaimed(self) -> list[int]:
+        """Pids in answers nobody read: what the zygote still says before it ends (stdin closed)."""
+        if not self._asked or self.proc.stdout is None or self.proc.stdout.closed:
+            return []
+        pids = []
+        with contextlib.suppress(OSError, ValueError, ZygoteError):
+            while True:
+                pids.append(int(self._read(5.0).get("pid", 0)))
+        return [p for p in pids if p > 0]
 
 
 # ---- the zygote's side -----------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from deploy.local.fleet import Fleet, _stop_group, service_env
-from deploy.local.zygote import ForkedProcess, Zygote, ZygoteError, model_module
+from deploy.local.zygote import REPO, ForkedProcess, Zygote, ZygoteError, model_module
 
 pytestmark = pytest.mark.process
 
@@ -86,6 +86,30 @@ def test_the_services_live_on_after_the_zygote_ends(tmp_path):
     zygote.close()
     assert zygote.proc.returncode == 0
     assert proc.wait(timeout=30) == 0 and report.exists()
+
+
+def test_closing_stops_a_service_whose_answer_was_never_read_and_kills_a_zygote_that_forked_nothing(tmp_path):
+    zygote = start(tmp_path)
+    cfg, report = tmp_path / "h.cfg", tmp_path / "h.json"
+    cfg.write_text(json.dumps({"report": str(report), "sleep": 60}))
+    zygote.ready = zygote._read(60)
+    zygote._asked = True  # as fork() does; then the caller is interrupted before it reads the answer
+    zygote.proc.stdin.write((json.dumps({"module": PROBE, "config": str(cfg), "log": str(tmp_path / "h.log"),
+                                         "cwd": str(REPO), "env": service_env(1)}) + "\n").encode())
+    zygote.proc.stdin.flush()
+    deadline = time.monotonic() + 30
+    while not report.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    pid = json.loads(report.read_text())["pid"]
+    zygote.close()
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:  # init reaps it (not our child)
+        time.sleep(0.05)
+    assert not Path(f"/proc/{pid}").exists()
+    # a zygote still importing (it forked nothing) is killed, not waited for
+    slow = start(tmp_path / "slow", preload=("tests.deploy.zygote_slow",))
+    slow.close()
+    assert slow.proc.returncode == -signal.SIGKILL
 
 
 def test_a_zygote_with_threads_or_another_environment_does_not_fork_and_the_fleet_spawns(tmp_path):
