@@ -397,6 +397,8 @@ def main(argv: list[str]) -> None:
         ready.write(json.dumps({"ready": round(time.monotonic() - t0, 3), "preloaded": done, "failed": failed,
                                 "threads": _threads()}) + "\n")
     _serve(reply_fd)
+    _say("stdin closed: exiting")
+    os._exit(0)  # nothing to flush or close: an interpreter's teardown of torch and transformers took seconds
 
 
 if __name__ == "__main__":
