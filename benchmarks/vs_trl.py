@@ -9,7 +9,10 @@ alternating from seed to seed:
 - ``trl``: TRL's ``GRPOTrainer`` in one process (``benchmarks/trl_grpo_run.py``, ``use_cpu``), generation with
   ``model.generate`` between optimizer steps;
 - ``fleet-s1`` / ``fleet-s0``: ``fleetrl run`` (embedded Redis, reward, rollout + worker + weight sidecar, learner as
-  separate processes) with staleness 1 (window 2 steps) / staleness 0.
+  separate processes, forked from one zygote that imported torch and the services once) with staleness 1 (window
+  2 steps) / staleness 0;
+- ``fleet-s1-spawn``: ``fleet-s1`` with ``FLEETRL_ZYGOTE=0`` (every service spawned, importing everything itself:
+  the start-up before the zygote), for an A/B of the start-up in one run.
 
 Same for all: 8 prompts x 8 samples x 4 new tokens per step, temperature 1, exact-answer reward, lr 1e-4 decaying
 linearly to 0, no warm-up, AdamW (0.9, 0.999), weight decay 0, grad clip 1.0, clip eps 0.2 both sides, KL 0,
@@ -27,6 +30,7 @@ seeds, the fleet's time to TRL's final accuracy against TRL's own, and the trace
     .venv/bin/python benchmarks/vs_trl.py [--tasks sort,add] [--seeds 0,1,2] [--steps 300] [--save-every 25]
         [--modes trl,fleet-s1,fleet-s0]
     .venv/bin/python benchmarks/vs_trl.py --quick     # a smoke run: sort, 1 seed, 6 steps, trl and fleet-s1
+    .venv/bin/python benchmarks/vs_trl.py --startup   # start-up only: 3 seeds x 4 steps, trl, fleet-s1, fleet-s1-spawn
 
 The machine's load average is printed next to every run (the figures are only comparable within one run).
 """
@@ -51,7 +55,8 @@ PROMPTS, SAMPLES, NEW_TOKENS, LR = 8, 8, 4, 1e-4
 RECIPE = REPO / "examples" / "sort-digits"
 TASKS = {"sort": "deploy.local.sort_task", "add": "deploy.local.add_task"}
 SFT_STEPS = {"sort": 40, "add": 200}  # warm-ups that leave each task room (sort ~30 %, add ~20 % held-out)
-FLEET_MODES = {"fleet-s1": (1, 2 * PROMPTS), "fleet-s0": (0, PROMPTS)}
+FLEET_MODES = {"fleet-s1": (1, 2 * PROMPTS), "fleet-s0": (0, PROMPTS),  # (staleness, window, extra environment)
+               "fleet-s1-spawn": (1, 2 * PROMPTS, {"FLEETRL_ZYGOTE": "0"})}  # A/B: every service imports itself
 
 
 def load() -> str:
@@ -102,7 +107,7 @@ def run_trl(out: Path, data: Path, model: Path, seed: int, args) -> dict:
 
 
 def fleet_sets(mode: str, run_dir: Path, data: Path, model: Path, seed: int, args) -> list[str]:
-    staleness, window = FLEET_MODES[mode]
+    staleness, window = FLEET_MODES[mode][:2]
     return [f"run_name={run_dir.parent.name}-{run_dir.name}", f"run_dir={run_dir}", f"model={model}",
             f"data.path={data}", f"train.seed={seed}", f"train.max_steps={args.steps}",
             f"train.groups_per_step={PROMPTS}", f"sampling.group_size={SAMPLES}",
@@ -113,6 +118,10 @@ def fleet_sets(mode: str, run_dir: Path, data: Path, model: Path, seed: int, arg
             f"checkpoint_every={args.save_every}", f"services.learner.checkpoint.keep={args.steps}", "export=null",
             "eval.data=null", "services.learner.observability.plot=false",
             "services.learner.observability.log_samples=true"]
+
+
+def mode_env(mode: str) -> dict[str, str]:
+    return FLEET_MODES[mode][2] if len(FLEET_MODES[mode]) > 2 else {}
 
 
 def run_fleet(mode: str, run_dir: Path, data: Path, model: Path, seed: int, args, **extra_env: str) -> dict:
@@ -186,7 +195,7 @@ def bench_task(task: str, root: Path, args) -> list[dict]:
             before = load()
             print(f"[vs-trl] {task} seed {seed}: {mode}, {args.steps} steps (load {before})", flush=True)
             raw = run_trl(out, data, model, seed, args) if mode == "trl" else \
-                run_fleet(mode, out, data, model, seed, args)
+                run_fleet(mode, out, data, model, seed, args, **mode_env(mode))
             runs.append({"task": task, "seed": seed, "mode": mode, "load": f"{before} -> {load()}", "dir": out, **raw})
     results = []
     for r in runs:
@@ -265,10 +274,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="after each task, one short fleet run with its processes' imports profiled")
     ap.add_argument("--run-dir", type=Path, default=None, help="keep everything here (default: a temp dir, removed)")
     ap.add_argument("--quick", action="store_true", help="smoke run: sort, seed 0, 6 steps, trl and fleet-s1")
+    ap.add_argument("--startup", action="store_true",
+                    help="start-up A/B: sort, seeds 0,1,2, 4 steps, trl, fleet-s1 and fleet-s1-spawn (no SFT)")
     args = ap.parse_args(argv)
     if args.quick:
         args.tasks, args.seeds, args.modes, args.steps, args.save_every = "sort", "0", "trl,fleet-s1", 6, 3
         args.sft_steps, args.heldout = 0, 50
+    if args.startup:
+        args.tasks, args.seeds, args.modes, args.steps, args.save_every = "sort", "0,1,2", \
+            "trl,fleet-s1,fleet-s1-spawn", 4, 4
+        args.sft_steps, args.heldout = 0, 20
     args.thresholds = [float(x) for x in args.thresholds.split(",")]
     for t in args.tasks.split(","):
         if t not in TASKS:

@@ -2,14 +2,17 @@
 ``benchmarks/vs_trl.py``; runs on its own over a kept run dir: ``python benchmarks/vs_trl_trace.py RUN_DIR``).
 
 Start-up, seconds from launch (the benchmark's clock before it spawned ``fleetrl run``): the millisecond-stamped
-lines of each service's log (Redis started and ready, reward's scorer up, the learner's prompts loaded and its
+lines of each service's log (the zygote started, its imports done, each service forked from it, Redis started and
+ready, reward's scorer up, the learner's prompts loaded and its
 trainer built, the rollout engine's model loaded, the rollout worker started, the first weight publish), the first
 prompts issued and the first samples generated
 (``samples.jsonl``: ``created_at`` / ``generated_at``), and step 1 trained (``metrics.jsonl``).
 
 A step, medians over steps 3..N (``metrics.jsonl`` and ``samples.jsonl`` of the learner): the learner's training
 (``step_time_s``), its wait for experiences (``wait_time_s``), the weight publish (``publish_s``) with its phases
-from the publisher's log line (plan, announce, send, settle, ...), and the rest (bookkeeping, Redis commits); and the
+from the publisher's log line (plan, announce, send, settle, ...), and the rest (bookkeeping, Redis commits), broken
+down by the learner's own account of its loop (``loop_s`` of each metrics line: the samples and metrics lines
+written, the pool signal, the prompts fed, the commits settled, ...); and the
 rollout side of the samples the step trained: prompts issued -> last sample generated and scored (the worker's
 Redis read, scheduling, generation, the reward call) -> training starts (the push to Redis, the learner's read and
 admission).
@@ -27,6 +30,11 @@ from pathlib import Path
 
 STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
 STARTUP_LINES = [  # (log, text in the line, what it marks): the first such line of each
+    ("zygote", "zygote: started", "zygote: started (the services' imports begin, once: deploy/local/zygote.py)"),
+    ("zygote", "zygote: imported", "zygote: imports done"),
+    ("zygote", "forked services.reward", "reward: forked from the zygote"),
+    ("zygote", "forked services.rollout", "rollout: forked from the zygote"),
+    ("zygote", "forked services.learner", "learner: forked from the zygote"),
     ("reward-0", "starting scorer", "reward: scorer up"),
     ("learner", "train: a step of", "learner: tokenizer and prompts loaded (the trainer loads next)"),
     ("learner", "actor weights laid out", "learner: trainer built (model, optimizer, publish buckets)"),
@@ -109,7 +117,18 @@ def step_trace(run_dir: Path, skip: int = 2) -> dict[str, float]:
     gaps = [b["time"] - a["time"] for a, b in itertools.pairwise(timed)]
     out = {"step": med(gaps), "train": med(r["step_time_s"] for r in timed[1:]),
            "wait": med(r["wait_time_s"] for r in timed[1:]), "publish": med(r.get("publish_s", 0.0) for r in timed[1:])}
-    out["rest"] = max(out["step"] - out["train"] - out["wait"] - out["publish"], 0.0)
+    out["rest"] = med(g - r["step_time_s"] - r["wait_time_s"] - r.get("publish_s", 0.0)  # per step, then the median
+                      for g, r in zip(gaps, timed[1:]))
+    loops = [(r, r["loop_s"]) for r in timed[1:] if isinstance(r.get("loop_s"), dict)]
+    if loops:  # the learner's own account of the loop between two steps' lines (services/learner/rl_runner.py)
+        parts = sorted({k for _, x in loops for k in x})
+        for k in parts:
+            out[f"loop.{k}"] = med(x.get(k, 0.0) for _, x in loops)
+        out["loop.train_handoff"] = med(max(x.get("train", 0.0) - r["step_time_s"], 0.0) for r, x in loops)
+        out["loop.admission"] = med(max(x.get("receive", 0.0) - r["wait_time_s"], 0.0) for r, x in loops)
+        gaps_by_step = {b["step"]: b["time"] - a["time"] for a, b in itertools.pairwise(timed)}
+        out["loop.unaccounted"] = med(max(gaps_by_step.get(r["step"], 0.0) - sum(x.values()), 0.0)
+                                      for r, x in loops if r["step"] in gaps_by_step)
     by_step: dict[int, list[dict]] = {}
     for s in _rows(run_dir / "learner" / "samples.jsonl"):
         by_step.setdefault(s["step"], []).append(s)
@@ -156,6 +175,14 @@ def print_traces(runs: list[tuple[str, int, Path, float]]) -> None:
         pub = {k.split(".", 1)[1]: v for k, v in ms.items() if k.startswith("publish.")}
         if pub:
             print("  publish phases: " + ", ".join(f"{k} {v:.0f}" for k, v in pub.items()) + " ms")
+        loop = {k.split(".", 1)[1]: v for k, v in ms.items() if k.startswith("loop.")}
+        if loop:
+            rest = ["train_handoff", "admission", "log_samples", "pool_signal", "log_step", "feed", "settle",
+                    "dead_letters", "take", "checkpoint", "unaccounted"]
+            print("  the rest, by the learner's loop (medians, ms): " + ", ".join(
+                f"{k} {loop[k]:.1f}" for k in rest if k in loop) + " (train_handoff: the train call beyond "
+                "train_step, mostly the event loop getting a core back after the training thread; admission: the "
+                "experiences' read beyond the wait; log_step: the step before's line)")
 
 
 def main(argv: list[str] | None = None) -> int:

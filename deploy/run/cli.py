@@ -46,9 +46,6 @@ def run_cmd(
 ) -> None:
     """Start the whole fleet of a run spec on this machine and follow it (Ctrl-C stops; the same command
     resumes)."""
-    from .display import make_display
-    from .launch import run_spec
-
     if _mode(file) == "tinker":  # serve the Tinker API instead of driving a loop (docs/tinker.md)
         if set_ or reset:
             typer.echo("error: --set and --reset are for run specs; a mode: tinker file is served as it is", err=True)
@@ -57,7 +54,16 @@ def run_cmd(
 
         raise typer.Exit(serve_tinker(file.resolve()))
     spec = _load(file, set_)
-    raise typer.Exit(run_spec(spec, file.resolve(), make_display(live), reset=reset))
+    from deploy.local.zygote import Zygote
+
+    # the services' imports (torch, transformers, ...) start now, in the zygote that forks them, while this process
+    # imports the launcher and checks the run (deploy/local/zygote.py)
+    run_dir = Path(spec.run_dir) if spec.run_dir else (Path("runs") / spec.run_name).resolve()  # plan.run_dir_of
+    zygote = Zygote.for_run(spec.model, run_dir)
+    from .display import make_display
+    from .launch import run_spec
+
+    raise typer.Exit(run_spec(spec, file.resolve(), make_display(live), reset=reset, zygote=zygote))
 
 
 def settings_cmd(

@@ -22,6 +22,7 @@ import httpx
 import yaml
 
 from deploy.local.fleet import Fleet, FleetError
+from deploy.local.zygote import Zygote
 from deploy.private_files import write_private
 from services.learner.data import DataError, check_fields, epoch_plan, read_rows
 from services.learner.run_guard import clear_run, has_checkpoint, stale_run_problem
@@ -42,6 +43,7 @@ from .run_record import RunLock, RunLocked, compare, latest_step, read_record, w
 from .spec import RunSpec
 from .summary import build_summary, heldout_points, read_summary
 
+START_ORDER = {"rollout": 0, "learner": 1, "reward": 2}  # the order services start in (stable within a kind)
 LEARNER_STOP_S = 180.0  # the learner finishes its step and checkpoints before it exits
 
 
@@ -60,8 +62,10 @@ def _checkpoint_dir(learner: ProcessPlan) -> tuple[Path, bool]:
 
 
 class RunLauncher:
-    def __init__(self, spec: RunSpec, spec_file: Path, display: Display, *, reset: bool = False) -> None:
+    def __init__(self, spec: RunSpec, spec_file: Path, display: Display, *, reset: bool = False,
+                 zygote: Zygote | None = None) -> None:
         self.spec = spec
+        self.zygote = zygote
         self.spec_file = spec_file
         self.display = display
         self.reset = reset
@@ -83,9 +87,14 @@ class RunLauncher:
 
     # ---- the run ----------------------------------------------------------------------------------------
     def run(self) -> int:
+        # the services' imports start now (unless the caller started them sooner), once, in a zygote that forks
+        # the services later (deploy/local/zygote.py), while this process checks the run
+        zygote, self.zygote = self.zygote or Zygote.for_run(self.spec.model, self.run_dir), None
         try:  # first of all: a second fleetrl run of this run dir is refused at once
             self._lock.acquire(f"fleetrl run {self.spec_file}")
         except RunLocked as exc:
+            if zygote is not None:
+                zygote.close()
             raise RunError(str(exc)) from exc
         try:
             checked = plan(self.spec, self.spec_file, "redis://127.0.0.1:1", "check")  # every setting valid first
@@ -97,7 +106,8 @@ class RunLauncher:
             resolved = self.spec.model_dump(mode="json")  # what the learner records in TensorBoard / wandb: no password
             resolved["redis"]["url"] = redact_url(resolved["redis"]["url"])
             (self.run_dir / RESOLVED_SPEC).write_text(yaml.safe_dump(resolved, sort_keys=False))
-            self.fleet = Fleet(run_dir=self.run_dir, redis_url=self.spec.redis.url)
+            self.fleet = Fleet(run_dir=self.run_dir, redis_url=self.spec.redis.url, zygote=zygote)
+            zygote = None  # the fleet closes it
             try:
                 return self._run(self.fleet)
             finally:
@@ -107,6 +117,8 @@ class RunLauncher:
                 if self._learner_started:
                     self._write_summary()
         finally:
+            if zygote is not None:
+                zygote.close()
             self._lock.release()
 
     def _check_record(self, ckpt_dir: Path, resume: bool) -> None:
@@ -185,12 +197,15 @@ class RunLauncher:
         pool = spec.replicas.pool
         standby = [p for p in procs if p.kind == "rollout" and int(p.name.rsplit("-", 1)[1]) >= spec.replicas.rollout_start]
         started = [p for p in procs if p not in standby]
-        for p in started:
+        # the first step waits on the rollout replicas (engine, then generation) and the learner (prompts, then the
+        # trainer); a reward service is up in a fraction of that: it starts last
+        for p in sorted(started, key=lambda p: START_ORDER.get(p.kind, 0)):
             say(f"starting {p.name} ({p.url})")
             fleet.start(p.name, p.module, p.config, wait=False)
             self._learner_started |= p.kind == "learner"
-        for p in started[:-1]:
-            fleet.wait_healthy(p.name)
+        for p in started:
+            if p.kind != "learner":
+                fleet.wait_healthy(p.name)
         if pool is not None and redis_url is not None:
             self._autoscaler = Autoscaler(pool, [p for p in procs if p.kind == "rollout"], fleet, redis_url,
                                           spec.run_name, learner.config["control_token"], say)
@@ -378,8 +393,10 @@ class RunLauncher:
         fleet.stop_all()
 
 
-def run_spec(spec: RunSpec, spec_file: Path, display: Display, *, reset: bool = False) -> int:
-    """Run ``spec`` to the end; 0 done, 1 failed, 130 interrupted. Problems are shown on ``display``."""
+def run_spec(spec: RunSpec, spec_file: Path, display: Display, *, reset: bool = False,
+             zygote: Zygote | None = None) -> int:
+    """Run ``spec`` to the end; 0 done, 1 failed, 130 interrupted. Problems are shown on ``display``. ``zygote``:
+    one the caller started as early as it could (:meth:`Zygote.for_run`); it is closed however the run ends."""
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: object) -> None:
@@ -388,7 +405,7 @@ def run_spec(spec: RunSpec, spec_file: Path, display: Display, *, reset: bool = 
             raise KeyboardInterrupt(f"signal {signum}")
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
-    launcher = RunLauncher(spec, spec_file, display, reset=reset)
+    launcher = RunLauncher(spec, spec_file, display, reset=reset, zygote=zygote)
     try:
         return launcher.run()
     except KeyboardInterrupt:

@@ -137,6 +137,7 @@ class RLRunner:
         self._published_step = -1
         self._wait_started: float | None = None
         self._wait_s = 0.0
+        self._loop_s: dict[str, float] = {}  # where the loop spent the time since the last step's line (loop_s)
         self.pool = PoolWatch(redis, run, settings.pool)  # the elastic pool's demand signal, every step
         self.ranks = RankInfo.from_env()
         self.link = None  # OwnerLink to the follower ranks when WORLD_SIZE > 1
@@ -292,19 +293,35 @@ class RLRunner:
                     log.exception("could not stop the follower ranks")
 
     async def _iteration(self) -> None:
-        await self.commits.settle()
-        if self.link is not None:
-            await asyncio.to_thread(self.link.heartbeat)
-        await self._watch_dead_letters()
-        await self.feeder.feed()
-        await self.feeder.reissue_timeouts({position_of(g) for g in self.buffer.complete})
-        groups = await self._take_batch()
+        with self._lap("settle"):
+            await self.commits.settle()
+            if self.link is not None:
+                await asyncio.to_thread(self.link.heartbeat)
+        with self._lap("dead_letters"):
+            await self._watch_dead_letters()
+        with self._lap("feed"):
+            await self.feeder.feed()
+            await self.feeder.reissue_timeouts({position_of(g) for g in self.buffer.complete})
+        with self._lap("take"):
+            groups = await self._take_batch()
         if groups:
             await self._train(groups)
         elif self.commits.waiters:
-            await self._commit()
+            with self._lap("checkpoint"):
+                await self._commit()
         else:
-            await self._receive()
+            with self._lap("receive"):
+                await self._receive()
+
+    @contextlib.contextmanager
+    def _lap(self, part: str):
+        """Adds the time inside to ``part`` of the step's ``loop_s`` (metrics.jsonl): where the loop spent the time
+        between two steps' lines (``benchmarks/vs_trl_trace.py`` prints it)."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._loop_s[part] = self._loop_s.get(part, 0.0) + time.perf_counter() - t0
 
     # ---- Redis outages -------------------------------------------------------------------------------
     async def _until_redis_answers(self, op, stop: asyncio.Event, final: bool = False) -> None:
@@ -509,10 +526,11 @@ class RLRunner:
         exps = [e for group in groups for e in group]
         staleness = [st.weight_version - e.weight_version for e in exps]  # of each sample's oldest token
         spans = [max(v for _, v in e.version_spans) - e.weight_version if e.version_spans else 0 for e in exps]
-        if self.link is not None:
-            metrics = await asyncio.to_thread(self.link.train, self.trainer, groups)
-        else:
-            metrics = await asyncio.to_thread(self.trainer.train_step, exps)
+        with self._lap("train"):
+            if self.link is not None:
+                metrics = await asyncio.to_thread(self.link.train, self.trainer, groups)
+            else:
+                metrics = await asyncio.to_thread(self.trainer.train_step, exps)
         step = self.trainer.global_step
         self._refills = 0
         for gid in gids:
@@ -530,8 +548,9 @@ class RLRunner:
         self.sink.observe_version_spans(spans)
         self.commits.steps_since += 1
         due = publish_due(step, self.s.publish.every, self.publisher.replicas_waiting) or self._publish_failed
-        if due and await self._publish():
-            metrics.update(self.sink.observe_publish(self.publisher.last_report))
+        with self._lap("publish"):
+            if due and await self._publish():
+                metrics.update(self.sink.observe_publish(self.publisher.last_report))
         metrics.update({
             "step": step, "weight_version": st.weight_version, "groups": len(gids),
             "staleness_mean": sum(staleness) / len(staleness), "staleness_max": max(staleness),
@@ -541,15 +560,20 @@ class RLRunner:
         })
         if self.s.observability.log_sample_ids:
             metrics["sample_ids"] = [e.id for e in exps]
-        self.sink.log_samples(step, exps)
-        await self._publish_pool_signal(step, int(sum(len(e.response_token_ids) for e in exps)))
+        with self._lap("log_samples"):
+            self.sink.log_samples(step, exps)
+        with self._lap("pool_signal"):
+            await self._publish_pool_signal(step, int(sum(len(e.response_token_ids) for e in exps)))
         self._wait_s = 0.0
         self.sink.in_flight.set(len(st.in_flight))
         self.last_metrics = metrics
         self.recent.append({"step": step, **{k: v for k, v in metrics.items() if k in HEALTH_KEYS}})
-        self.sink.log_step(step, metrics)
+        metrics["loop_s"], self._loop_s = {k: round(v, 6) for k, v in self._loop_s.items()}, {}  # not a scalar
+        with self._lap("log_step"):  # (in the next step's loop_s)
+            self.sink.log_step(step, metrics)
         if self.commits.due(step, self.s.checkpoint.every):
-            await self._commit()
+            with self._lap("checkpoint"):
+                await self._commit()
 
     async def _publish_pool_signal(self, step: int, tokens: int) -> None:
         """This step's demand signal for the rollout pool (Redis key, gauges, /status); a Redis error costs the

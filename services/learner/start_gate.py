@@ -19,7 +19,7 @@ class StartGateTimeout(RuntimeError):
 
 
 async def wait_start_gate(redis, key: str, value: str, timeout_s: float, stop: asyncio.Event,
-                          poll_s: float = 0.2) -> bool:
+                          poll_s: float = 0.05) -> bool:
     """Wait until ``key`` holds ``value``: True when it does, False when ``stop`` is set first. Raises
     ``StartGateTimeout`` after ``timeout_s`` (Redis errors propagate, for the caller's outage handling)."""
     deadline = time.monotonic() + timeout_s

@@ -34,4 +34,5 @@ def test_quick_run_prints_both_rows_and_the_trace(tmp_path: Path) -> None:
     assert "s/step" in proc.stdout and "x TRL's" in proc.stdout  # the fleet's ratio to TRL
     trace = proc.stdout[proc.stdout.index("fleet-s1 seed 0: start-up"):]
     assert "learner: step 1 trained" in trace and "rollout: engine's model loaded" in trace, trace
+    assert "zygote: imports done" in trace and "learner: forked from the zygote" in trace, trace
     assert re.search(r"a step \(medians, ms\): \d+ = train \d+ \+ wait for experiences \d+", trace), trace

@@ -96,6 +96,12 @@ async def test_trains_every_prompt_once_and_acks_everything(tiny_model_dir, tmp_
     rows = read_history(run_dir / "metrics.jsonl")
     assert all(r["publish_s"] > 0 and r["publish_loaded"] == r["publish_dropped"] == 0 for r in rows.values())
     assert svc.registry.get_sample_value("fleetrl_learner_publish_seconds_count") == 4
+    # where the loop spent each step (benchmarks/vs_trl_trace.py prints it): every step trained and published; the
+    # first waited for its experiences; from the second step on, writing the step before's line is in it too
+    loops = [r["loop_s"] for _, r in sorted(rows.items())]
+    assert all({"train", "publish", "feed", "log_samples", "pool_signal"} <= set(x) for x in loops), loops
+    assert "receive" in loops[0], loops
+    assert all("log_step" in x for x in loops[1:]) and all(v >= 0 for x in loops for v in x.values())
     last = status["last_publish"]  # also in GET /status
     assert last["version"] == 4 and last["loaded"] == [] and last["replicas_waiting"] == []
     assert set(last["phases"]) == {"plan", "manifest", "finish"}  # no replica: planned, nothing sent

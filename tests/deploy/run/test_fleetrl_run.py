@@ -44,6 +44,11 @@ def test_a_tiny_run_trains_and_the_same_command_resumes(spec_file):
     step0 = next(line for line in first.stdout.splitlines() if "held-out accuracy at step 0:" in line)
     assert step0.endswith("weights v0)"), step0  # measured before the learner published anything
     assert "start gate open" in (run_dir / "logs" / "learner.log").read_text()
+    zygote = (run_dir / "logs" / "zygote.log").read_text()  # every service forked from one set of imports
+    assert all(f"forked services.{s}" in zygote for s in ("reward", "rollout", "learner")), zygote
+    # the first step waits on the rollout's engine and the learner's trainer: they start first, the reward last
+    out = first.stdout
+    assert out.index("starting rollout-0") < out.index("starting learner") < out.index("starting reward-0"), out
     assert [m["step"] for m in metrics(run_dir)] == [1, 2]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == 2 and [e["step"] for e in summary["heldout"]] == [0, 2]
