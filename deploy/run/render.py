@@ -165,6 +165,7 @@ def carry(spec: RunSpec, spec_file: str | Path, *, target: str) -> Carried:
         if svc != "reward":  # what the cluster gives each process from its secrets, for validation only
             probe.setdefault("redis_url", "redis://redis:6379/0")
         validate(KINDS[svc].settings_cls, svc, probe)
+    configs["rollout"] = deep_merge(configs["rollout"], {"worker": {"enabled": True}})  # what fleetrl run sets
     learner = configs["learner"]
     if target == "ray":
         learner["run_dir"] = str(run_dir / "learner")

@@ -112,6 +112,7 @@ def test_ray_launch_settings_carry_the_spec_and_read_the_redis_url_from_the_envi
     assert s.redis_url.endswith("@10.0.0.5:6379/0") and s.run_name == "tiny"
     assert s.rollout.replicas == 1 and s.rollout_pool is not None and s.rollout_pool.max == 3
     assert s.reward.replicas == 2 and s.reward.config["scorers"][0]["sys_path"] == [str(spec_dir)]
+    assert s.rollout.config["worker"]["enabled"] is True  # the worker takes prompts, as under fleetrl run
     assert s.learner.config["algorithm"]["name"] == "rloo" and s.learner.config["model"]["actor"] == str(
         spec_dir / "sft-model")
 
