@@ -58,12 +58,19 @@ def module_name(path: Path) -> str:
 
 
 @cache
-def references(path: Path) -> frozenset[tuple[str, str]]:
-    """``(module, how)`` for each of our modules ``path`` names: ``how`` is ``import`` or ``string``."""
+def references(path: Path, eager_only: bool = False) -> frozenset[tuple[str, str]]:
+    """``(module, how)`` for each of our modules ``path`` names: ``how`` is ``import`` or ``string``.
+
+    ``eager_only``: just the imports that run when the module is imported (none inside a function, no strings)."""
     me = module_name(path)
     package = me if path.name == "__init__.py" else me.rpartition(".")[0]
     out: set[tuple[str, str]] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    lazy = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+            for n in ast.walk(f)} if eager_only else set()
+    for node in ast.walk(tree):
+        if id(node) in lazy or (eager_only and isinstance(node, ast.Constant)):
+            continue
         if isinstance(node, ast.Import):
             out.update((a.name, "import") for a in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -79,11 +86,12 @@ def references(path: Path) -> frozenset[tuple[str, str]]:
     return frozenset((n, how) for n, how in out if n.split(".")[0] in OURS)
 
 
-def closure(roots: list[str]) -> dict[Path, str]:
+def closure(roots: list[str], eager_only: bool = False) -> dict[Path, str]:
     """Every file of ours that importing (or ``-m`` running) ``roots`` can load -> the name that brought it in.
 
     A module's parent packages come with it (their ``__init__``); a package named by a string comes with its
-    ``__main__`` too (strings name what is started with ``python -m``)."""
+    ``__main__`` too (strings name what is started with ``python -m``). ``eager_only``: what importing
+    ``roots`` loads at once (see ``references``)."""
     seen: dict[Path, str] = {}
     todo = [(r, "string") for r in roots]
     while todo:
@@ -95,7 +103,7 @@ def closure(roots: list[str]) -> dict[Path, str]:
         for f in files:
             if f is not None and f not in seen:
                 seen[f] = name
-                todo += references(f)
+                todo += references(f, eager_only)
     return seen
 
 
@@ -216,11 +224,12 @@ def test_the_closure_follows_lazy_imports_and_the_registries_module_strings():
 
 @pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: p.name)
 def test_every_image_runs_something_and_copies_the_whole_closure_of_it(path):
-    """Everything the image's commands can import, and everything the code copied into it imports, is copied
+    """Everything the image's commands can import, and everything the code copied into it imports when it is
+    imported (a lazy import in a copied module nothing runs is not followed), is copied
     (deploy/private_files.py, new in deploy/, was missing from every image: the init container died of it)."""
     copied = copies(path.read_text())
     assert roots(path), f"{path.name}: no python -m command runs on it"
-    need = closure(roots(path) + [module_name(f) for f in python_files(copied)])
+    need = closure(roots(path)) | closure([module_name(f) for f in python_files(copied)], eager_only=True)
     missing = sorted(f"{f.relative_to(REPO)} (for {name})" for f, name in need.items()
                      if not any(f == c or c in f.parents for c in copied))
     assert not missing, f"{path.name} does not copy: {missing}"
