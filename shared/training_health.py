@@ -8,8 +8,9 @@ run`` on its display and in ``summary.json``. Torch-free; inputs are the learner
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from statistics import mean, median
 
 LR_HINT = "the learning rate may be too high (try 1e-5..1e-4 for full fine-tuning, ~10x that with LoRA)"
@@ -37,16 +38,41 @@ def _series(history: Sequence[Mapping[str, object]], key: str) -> list[tuple[int
     return out
 
 
+FALL_WINDOWS = {"reward_mean": 2 * WINDOW, "entropy": WINDOW}
+"""The signals checked for a fall, each with the steps averaged on each side of the comparison."""
+
+
+@dataclass
+class Peaks:
+    """The best mean of ``FALL_WINDOWS[key]`` steps each falling-checked signal reached over the whole run, as
+    ``(step, mean)``: a slow collapse (entropy 0.56 -> 0.03 over 300 steps) outlasts the recent history the
+    learner keeps for the checks. Feed it every metrics line (``add``) and pass it to ``check_health``."""
+
+    best: dict[str, tuple[int, float]] = field(default_factory=dict)
+    _tails: dict[str, deque] = field(default_factory=dict, repr=False)
+
+    def add(self, row: Mapping[str, object]) -> None:
+        for key, window in FALL_WINDOWS.items():
+            for step, value in _series([row], key):
+                tail = self._tails.setdefault(key, deque(maxlen=window))
+                tail.append(value)
+                if len(tail) == window and (key not in self.best or mean(tail) >= self.best[key][1]):
+                    self.best[key] = (int(row.get("step", step)), mean(tail))  # type: ignore[arg-type]
+
+
 def _fell(points: list[tuple[int, float]], *, window: int, min_peak: float, min_drop: float,
-          ratio: float) -> tuple[float, float, int] | None:
+          ratio: float, best: tuple[int, float] | None = None) -> tuple[float, float, int] | None:
     """(peak, now, steps since the peak) when the mean of the last ``window`` points fell below ``ratio`` x the
-    best earlier mean of ``window`` points and by at least ``min_drop``; else None."""
+    best earlier mean of ``window`` points (or ``best``, the run's best such mean at a step before them, when
+    it is higher) and by at least ``min_drop``; else None."""
     if len(points) < 2 * window:
         return None
     means = [(points[i + window - 1][0], mean(v for _, v in points[i:i + window]))
              for i in range(len(points) - window + 1)]
     now_step, now = means[-1]
     earlier = means[:-window] or means[:1]
+    if best is not None and best[0] <= earlier[-1][0]:
+        earlier = [best, *earlier]
     peak_step, peak = max(reversed(earlier), key=lambda m: m[1])  # ties: the latest, when the fall began
     if peak >= min_peak and now <= ratio * peak and peak - now >= min_drop:
         return peak, now, now_step - peak_step
@@ -67,11 +93,14 @@ def _spiked(points: list[tuple[int, float]], *, floor: float, factor: float,
 
 
 def check_health(history: Sequence[Mapping[str, object]],
-                 heldout: Sequence[tuple[int, float]] = ()) -> list[HealthWarning]:
-    """The warnings for a run's metrics ``history`` (oldest first) and its held-out ``(step, accuracy)`` points;
-    an empty list when nothing looks wrong."""
+                 heldout: Sequence[tuple[int, float]] = (), peaks: Peaks | None = None) -> list[HealthWarning]:
+    """The warnings for a run's recent metrics ``history`` (oldest first), its held-out ``(step, accuracy)``
+    points and the run's ``peaks`` (when the history is only the recent steps); an empty list when nothing
+    looks wrong."""
     out = []
-    if fell := _fell(_series(history, "reward_mean"), window=2 * WINDOW, min_peak=0.2, min_drop=0.15, ratio=0.5):
+    run_best = peaks.best if peaks is not None else {}
+    if fell := _fell(_series(history, "reward_mean"), window=FALL_WINDOWS["reward_mean"], min_peak=0.2, min_drop=0.15,
+                     ratio=0.5, best=run_best.get("reward_mean")):
         peak, now, steps = fell
         out.append(HealthWarning("reward", f"reward fell {peak:.2f} -> {now:.2f} in {steps} steps: {LR_HINT}"))
     points = [(int(s), float(a)) for s, a in heldout]
@@ -81,7 +110,8 @@ def check_health(history: Sequence[Mapping[str, object]],
         if best >= 0.1 and acc <= 0.5 * best and best - acc >= 0.1:
             out.append(HealthWarning("heldout", f"held-out accuracy fell {best:.0%} -> {acc:.0%} in {step - best_step} "
                                                 f"steps: {LR_HINT}"))
-    if fell := _fell(_series(history, "entropy"), window=WINDOW, min_peak=0.05, min_drop=0.02, ratio=0.1):
+    if fell := _fell(_series(history, "entropy"), window=FALL_WINDOWS["entropy"], min_peak=0.05, min_drop=0.02,
+                     ratio=0.1, best=run_best.get("entropy")):
         peak, now, steps = fell
         out.append(HealthWarning("entropy", f"entropy fell {peak:.3g} -> {now:.3g} in {steps} steps: the policy is "
                                             f"collapsing onto few answers; {LR_HINT}, or raise sampling.temperature"))

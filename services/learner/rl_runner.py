@@ -82,7 +82,7 @@ from shared import keys
 from shared.experience_queue import Delivery, Lease, ProcessedIds, StreamQueue
 from shared.schemas import Experience, PromptTask
 from shared.signing import signer_for
-from shared.training_health import check_health
+from shared.training_health import Peaks, check_health
 
 HEALTH_HISTORY = 100
 """Steps of metrics kept for /status's ``health`` (collapse and spike checks, shared/training_health.py)."""
@@ -125,6 +125,7 @@ class RLRunner:
         self.total_steps = 0
         self.last_metrics: dict[str, Any] = {}
         self.recent: deque[dict[str, Any]] = deque(maxlen=HEALTH_HISTORY)  # what /status's health is judged on
+        self.peaks = Peaks()  # with the run's best windows, so a slow collapse is seen too
         self.buffer = GroupBuffer()
         self._refills = 0  # groups dropped by dynamic sampling since the last training step
         # stream entry ids we hold (buffered or awaiting the commit), renewed so they never go idle
@@ -567,7 +568,8 @@ class RLRunner:
         self._wait_s = 0.0
         self.sink.in_flight.set(len(st.in_flight))
         self.last_metrics = metrics
-        self.recent.append({"step": step, **{k: v for k, v in metrics.items() if k in HEALTH_KEYS}})
+        self.recent.append(row := {"step": step, **{k: v for k, v in metrics.items() if k in HEALTH_KEYS}})
+        self.peaks.add(row)
         metrics["loop_s"], self._loop_s = {k: round(v, 6) for k, v in self._loop_s.items()}, {}  # not a scalar
         with self._lap("log_step"):  # (in the next step's loop_s)
             self.sink.log_step(step, metrics)
@@ -676,7 +678,7 @@ class RLRunner:
             "ranks": self.ranks.world_size,
             "replica_digests": self.link.replica_digests if self.link is not None else [],
             "last_metrics": {k: v for k, v in self.last_metrics.items() if k != "sample_ids"},
-            "health": [asdict(w) for w in check_health(list(self.recent))],
+            "health": [asdict(w) for w in check_health(list(self.recent), peaks=self.peaks)],
             "last_publish": self._publish_status(),
             "pool": self.pool.last.to_dict() if self.pool.last is not None else None,
         }

@@ -58,3 +58,23 @@ def test_a_one_step_mismatch_spike_of_an_async_run_is_not_a_fault():
     for mismatch in ([0.005] * 20 + [0.0599], [0.005] * 20 + [0.0599, 0.0001, 0.004]):  # at the spike, and after
         assert not [w for w in check_health(steps(mismatch_k3=mismatch)) if w.signal == "mismatch"]
     assert [w for w in check_health(steps(mismatch_k3=[0.005] * 20 + [0.0599] * 3)) if w.signal == "mismatch"]
+
+
+def test_a_slow_entropy_collapse_is_seen_past_the_recent_history():
+    # examples/minmax-digits at lr 5e-4: entropy 0.56 -> 0.03 over 300 steps while held-out stalled; the learner
+    # keeps the last 100 steps (HEALTH_HISTORY), over which entropy fell only 0.2 -> 0.03 (not 10x), so nothing
+    # was said
+    from shared.training_health import Peaks
+
+    run = steps(entropy=[0.56 - (0.53 * i / 299) for i in range(300)])
+    recent = run[-100:]
+    assert check_health(recent) == []  # what the learner judged on before
+    peaks = Peaks()
+    for row in run:
+        peaks.add(row)
+    (w,) = check_health(recent, peaks=peaks)
+    assert w.signal == "entropy" and w.message.startswith("entropy fell 0.556 -> 0.0335 in 295 steps")
+    healthy = Peaks()  # a run whose entropy narrows as it learns, but not 10x, is still healthy
+    for row in steps(entropy=[0.56 - (0.4 * i / 299) for i in range(300)]):
+        healthy.add(row)
+    assert check_health(steps(entropy=[0.2] * 100), peaks=healthy) == []
