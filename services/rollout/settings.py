@@ -68,6 +68,10 @@ class WorkerSettings(BaseModel):
     reward_max_retry_s: float = Field(default=300.0, gt=0, description="Time a group spends retrying /score at most, "
                                       "then the prompt is failed with the reason.")
     group_retries: int = Field(default=3, ge=0, description="Regenerations of a group whose samples were aborted.")
+    max_prompt_chars: int | None = Field(
+        default=None, ge=1, description="Characters of a task's prompt (its text, or its messages' contents) at most; "
+        "a longer one is dead-lettered at once, before it is tokenised. Unset: 16 x the model's context length (a "
+        "prompt past that cannot fit the context).")
     poll_interval_s: float = Field(default=0.5, gt=0, description="Re-check period while the worker holds back.")
     drain_timeout_s: float = Field(default=20.0, ge=0, le=3600,
                                    description="Leaving the pool (SIGTERM, POST /drain): time the groups in progress "
