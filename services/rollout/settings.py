@@ -207,3 +207,10 @@ class RolloutSettings(ServiceSettings):
     @property
     def model_name(self) -> str:
         return self.served_model_name or self.model
+
+    @property
+    def shares_records(self) -> bool:
+        """Whether this replica reads or writes queue records on a shared Redis: the worker (prompts in, experiences
+        out) or sessions (experiences out) with a ``redis_url``; then it needs ``run_key`` (or
+        ``allow_unsigned_records``) to start."""
+        return bool(self.redis_url) and (self.worker.enabled or self.sessions.enabled)
