@@ -217,8 +217,9 @@ class RLRunner:
         self.dead_letters = DeadLetterWatch(self.redis, self.s.run_name, self.state.dead_letter_cursors,
                                             signer=self.experiences.signer)
         if self.experiences.signer is None:
-            log.warning("run_key is unset: prompts go out unsigned and experiences are trained on without checking who "
-                        "wrote them; give every service of the run the same run_key (docs/security-redis.md)")
+            log.warning("run_key is unset (allow_unsigned_records): prompts go out unsigned and experiences are "
+                        "trained on without checking who wrote them; give every service of the run the same run_key "
+                        "(docs/security-redis.md)")
         self._published_step = -1
         self.sink.open(self.total_steps, self.trainer.global_step)
 

@@ -95,8 +95,9 @@ class RolloutWorker:
         self.experiences = StreamQueue(self.redis, keys.experiences_stream(run), "learner", Experience,
                                        max_backlog=self.cfg.max_experience_backlog, signer=signer)
         if signer is None:
-            log.warning("run_key is unset: prompt tasks are taken without checking who wrote them and experiences go "
-                        "out unsigned; give every service of the run the same run_key (docs/security-redis.md)")
+            log.warning("run_key is unset (allow_unsigned_records): prompt tasks are taken without checking who wrote "
+                        "them and experiences go out unsigned; give every service of the run the same run_key "
+                        "(docs/security-redis.md)")
         await self.prompts.ensure_group()
         await self.experiences.ensure_group()
         token = self.cfg.reward_token.get_secret_value() if self.cfg.reward_token else None
