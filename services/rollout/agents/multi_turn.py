@@ -70,7 +70,10 @@ class Episode:
 
 async def multi_turn(ctx: RolloutContext) -> list[Trajectory]:
     cfg: AgentSettings = ctx.settings.agent
-    name, factory, args = environment_of(ctx)
+    try:
+        name, factory, args = environment_of(ctx)
+    except GroupFailed as exc:  # the task names what the settings do not allow: it can never succeed
+        raise PermanentTaskError(str(exc)) from exc
     # one failing for good cancels the others (their environments are closed by their own finally)
     episodes = await each_sample(lambda i: _with_retries(ctx, cfg, name, factory, args, i), ctx.task.n)
     return await _score(ctx, cfg, episodes)
@@ -84,12 +87,12 @@ def environment_of(ctx: RolloutContext) -> tuple[str, Callable[..., Any], dict[s
     name = meta.get("environment", cfg.environment)
     extra = meta.get("environment_args", {})
     if not isinstance(name, str) or not isinstance(extra, dict):
-        raise PermanentTaskError("bad prompt task: metadata.environment must be a name and metadata.environment_args an "
+        raise GroupFailed("bad prompt task: metadata.environment must be a name and metadata.environment_args an "
                           "object")
     try:
         factory = load_environment(allowed_environment(cfg, name, by_task="environment" in meta))
     except ValueError as exc:
-        raise PermanentTaskError(f"bad prompt task: {exc}") from exc
+        raise GroupFailed(f"bad prompt task: {exc}") from exc
     return name, factory, {**cfg.environment_args, **extra}
 
 
