@@ -14,6 +14,7 @@ overhead per turn (ms) and the ratio, and the finish (reward + push to Redis) pe
 from __future__ import annotations
 
 import argparse
+import secrets
 import statistics
 import sys
 import tempfile
@@ -71,7 +72,7 @@ def main() -> None:
     cfg = tmp / "rollout.yaml"
     cfg.write_text(yaml.safe_dump({
         "port": port, "model": str(model), "served_model_name": "tiny", "control_token": TOKEN,
-        "redis_url": redis.url, "run_name": "bench",
+        "redis_url": redis.url, "run_name": "bench", "run_key": secrets.token_hex(32),  # sessions sign experiences
         "engine": {"kind": "hf", "device": "cpu", "max_batch_size": 8, "max_wait_ms": 1, "torch_threads": args.threads},
         "sessions": {"enabled": True, "max_experience_backlog": 100000},
     }))

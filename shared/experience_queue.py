@@ -16,7 +16,8 @@ Guarantees
 - **Dead letters.** An entry that cannot be decoded, or that has been delivered more than
   ``max_deliveries`` times (first delivery plus reclaims from dead consumers), or that a consumer
   ``fail``-ed that often, moves to ``<stream>:dead`` with the error text and original id; the consumer
-  goes on.
+  goes on. A failure the consumer knows to be permanent (``fail(..., permanent=True)``: the record can never
+  succeed) moves it there at once, reason ``permanent: ...``.
 - **Signed records.** With a :class:`~shared.signing.RecordSigner` (the run key), ``produce`` signs each
   payload and ``consume`` verifies it before decoding: an entry without a valid signature is dead-lettered
   (``signature: ...``) and counted (``rejected_signature``), never handed out.
@@ -56,6 +57,9 @@ log = logging.getLogger(__name__)
 
 R = TypeVar("R", bound=BaseModel)
 PAYLOAD = b"p"
+PERMANENT = "permanent: "
+"""How the reason of a dead letter failed as permanent starts (``StreamQueue.fail(..., permanent=True)``): the record
+can never succeed, so whoever acts on dead letters need not issue it again."""
 
 
 _RENEW_CHUNK = 512
@@ -274,7 +278,7 @@ class StreamQueue(Generic[R]):
                 continue
             payload = fields.get(PAYLOAD) if PAYLOAD in fields else fields.get(PAYLOAD.decode())
             if n > self.max_deliveries:
-                await self._dead_letter(eid, payload, f"delivered {n} times (max_deliveries={self.max_deliveries})")
+                await self._dead_letter(eid, payload, f"delivered {n} times (max_deliveries={self.max_deliveries})", n)
                 continue
             if self.signer is not None:
                 sig = fields.get(SIGNATURE_FIELD) if SIGNATURE_FIELD in fields else fields.get(SIGNATURE_FIELD.decode())
@@ -282,14 +286,14 @@ class StreamQueue(Generic[R]):
                 if problem is not None:
                     log.warning("%s: entry %s fails verification and is dead-lettered: %s", self.stream, eid, problem)
                     self._counters.rejected_signature += 1
-                    await self._dead_letter(eid, payload, f"signature: {problem}")
+                    await self._dead_letter(eid, payload, f"signature: {problem}", n)
                     continue
             try:
                 if payload is None:
                     raise CodecError(f"entry has no {PAYLOAD.decode()!r} field")
                 record = decode(payload, expect=self.record)
             except CodecError as exc:
-                await self._dead_letter(eid, payload, f"undecodable: {exc}")
+                await self._dead_letter(eid, payload, f"undecodable: {exc}", n)
                 continue
             out.append(Delivery(id=eid, record=record, deliveries=n))
         return out
@@ -411,21 +415,29 @@ class StreamQueue(Generic[R]):
         acked, _ = await pipe.execute()
         return int(acked)
 
-    async def fail(self, delivery: Delivery[R], error: str) -> bool:
-        """Report that processing failed. Dead-letters the entry once it has been delivered
-        ``max_deliveries`` times and returns True; otherwise it stays pending and is redelivered
-        (to any consumer) after ``claim_idle_ms``, and this returns False."""
+    async def fail(self, delivery: Delivery[R], error: str, *, permanent: bool = False) -> bool:
+        """Report that processing failed. A ``permanent`` failure (the record can never succeed, on any consumer)
+        dead-letters the entry now, whatever its delivery count, with the reason ``permanent: <error>``. Any other
+        dead-letters it once it has been delivered ``max_deliveries`` times (``failed N times: <error>``). Returns
+        True when dead-lettered; otherwise the entry stays pending, is redelivered (to any consumer) after
+        ``claim_idle_ms``, and this returns False."""
+        if permanent:
+            await self._dead_letter(delivery.id, encode(delivery.record), f"{PERMANENT}{error}", delivery.deliveries)
+            return True
         if delivery.deliveries >= self.max_deliveries:
-            await self._dead_letter(delivery.id, encode(delivery.record), f"failed {delivery.deliveries} times: {error}")
+            await self._dead_letter(delivery.id, encode(delivery.record), f"failed {delivery.deliveries} times: {error}",
+                                    delivery.deliveries)
             return True
         return False
 
-    async def _dead_letter(self, eid: str, payload: bytes | None, reason: str) -> None:
+    async def _dead_letter(self, eid: str, payload: bytes | None, reason: str, deliveries: int | None = None) -> None:
         fields = {
             "payload": payload if payload is not None else b"",
             "error": reason, "original_id": eid, "stream": self.stream, "group": self.group,
             "at": str(time.time()),
         }
+        if deliveries is not None:  # how often it was handed out before it went here
+            fields["deliveries"] = str(deliveries)
         if self.signer is not None:  # whoever acts on dead letters can tell ours from ones written by others
             fields["s"] = self.signer.sign(self.dead_stream, dead_letter_bytes(payload, reason, eid))
         pipe = self.redis.pipeline(transaction=True)

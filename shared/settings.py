@@ -120,7 +120,13 @@ class ServiceSettings(FleetSettings):
         description="The run's signing key (at least 16 characters): every record this service writes to the queue "
                     "is signed with it (HMAC-SHA256) and every record it reads must carry a valid signature, else it "
                     "is dead-lettered. Every service of a run holds the same one (fleetrl run generates it; compose "
-                    "and k8s read it from a secret). Unset: records are neither signed nor checked.",
+                    "and k8s read it from a secret). Unset: a service that shares Redis with queue records (the "
+                    "rollout worker or sessions, an RL learner) refuses to start, unless allow_unsigned_records.",
+    )
+    allow_unsigned_records: bool = Field(
+        default=False,
+        description="Run without a run_key: queue records are neither signed nor checked, so anyone who can write "
+                    "to this Redis can forge prompts and experiences. Only for a Redis no one else can write to.",
     )
     redis_url: str | None = Field(
         default=None,
@@ -144,6 +150,16 @@ class ServiceSettings(FleetSettings):
 
             import_plugins(data["plugins"])
         return data
+
+    def unsigned_records_problem(self, shares_records: bool) -> str | None:
+        """Why this service must not start (one line naming the settings), when it ``shares_records`` (reads or
+        writes queue records on a Redis others use) with no ``run_key`` and no ``allow_unsigned_records``; else
+        None."""
+        if not shares_records or self.run_key is not None or self.allow_unsigned_records:
+            return None
+        return ("run_key is unset, and this service shares queue records on Redis (redis_url) that anyone who can "
+                "write there could forge: give every service of the run the same run_key (openssl rand -hex 32), "
+                "or set allow_unsigned_records: true to run without signing (docs/security-redis.md)")
 
     @field_validator("run_key")
     @classmethod

@@ -10,6 +10,7 @@ reward is >= 0.999 (the environment's, or the reward service's on the final answ
 from __future__ import annotations
 
 import asyncio
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,9 +38,17 @@ class HttpReplica:
         self.tokenizer = tokenizer
         self.model_name = str(info["served_model_name"])
         self.context_length = int(info["context_length"])
+        self._tokenizing = ThreadPoolExecutor(1, thread_name_prefix="tokenizer")
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text))
+
+    async def off_loop(self, fn, *args):
+        """``fn(*args)`` on this replica's one tokenizer thread (tokenizers are not thread-safe)."""
+        return await asyncio.get_running_loop().run_in_executor(self._tokenizing, fn, *args)
+
+    def close(self) -> None:
+        self._tokenizing.shutdown(wait=False)
 
     def apply_chat_template(self, messages: list[dict]) -> list[int]:
         text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
@@ -120,6 +129,7 @@ async def _greedy_success(rollout_url, reward_url, rows, worker, max_new_tokens,
             trajectories = list(await asyncio.gather(*(one(i, r) for i, r in enumerate(rows))))
         finally:
             await rewards.aclose()
+            replica.close()
     version = one_version({str(v) for t in trajectories for _, v in t.version_spans}, mixed_ok)
     ok = sum(1 for t in trajectories if t.reward >= 0.999)
     called = sum(1 for t in trajectories if len(t.turns) > 1)

@@ -62,6 +62,7 @@ def main(
 
     from services.learner.app import create_app
 
+    _refuse_unsigned_records(settings)
     settings, embedded = _embedded_redis_if_needed(settings)
     _refuse_bad_redis_credentials(settings, embedded)
     _refuse_a_used_run_name(settings, embedded)
@@ -82,6 +83,19 @@ def main(
         if embedded is not None:
             embedded.stop()
     raise typer.Exit(exit_code["code"])
+
+
+def _refuse_unsigned_records(settings: LearnerSettings) -> None:
+    """An RL learner on a Redis it is given (``redis_url``: shared with the rollout fleet) trusts the experiences
+    there only when they are signed: no ``run_key`` (and no ``allow_unsigned_records``) is a one-line error, exit 2.
+    A private embedded server (no ``redis_url``; its password only in ``run_dir``) is not shared."""
+    from services.learner.service import RUNNERS
+
+    shares = bool(settings.redis_url) and RUNNERS[settings.algorithm.name].needs_redis
+    problem = settings.unsigned_records_problem(shares)
+    if problem is not None:
+        typer.echo(f"error: {problem}", err=True)
+        raise typer.Exit(2)
 
 
 def _refuse_bad_redis_credentials(settings: LearnerSettings, embedded: EmbeddedRedis | None) -> None:

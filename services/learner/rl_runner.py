@@ -37,7 +37,8 @@ the commit) are renewed on the stream (:class:`~shared.experience_queue.Lease`),
 while it runs. Dead-lettered prompts and experiences of the run are followed (:class:`DeadLetterWatch`):
 their prompt is re-issued at once, and after ``rollout.dead_letter_retries`` of them the dataset position
 is given up with the reason (``prompts_abandoned``) — the owner never waits on work that only sits in a
-dead-letter stream.
+dead-letter stream. A prompt a worker dead-lettered as one that can never succeed (reason ``permanent: ...``,
+in a dead letter signed by the fleet) is given up at once, not re-issued.
 
 **Staleness.** A complete group holding a token older than ``current - max_staleness`` (a sample's
 ``weight_version`` is its oldest token's, partial rollouts included) is dropped (counted) and its prompt
@@ -79,7 +80,7 @@ from services.learner.settings import LearnerSettings
 from services.learner.start_gate import wait_start_gate
 from services.learner.weights.transport import PublishFailed
 from shared import keys
-from shared.experience_queue import Delivery, Lease, ProcessedIds, StreamQueue
+from shared.experience_queue import PERMANENT, Delivery, Lease, ProcessedIds, StreamQueue
 from shared.schemas import Experience, PromptTask
 from shared.signing import signer_for
 from shared.training_health import Peaks, check_health
@@ -218,8 +219,9 @@ class RLRunner:
         self.dead_letters = DeadLetterWatch(self.redis, self.s.run_name, self.state.dead_letter_cursors,
                                             signer=self.experiences.signer)
         if self.experiences.signer is None:
-            log.warning("run_key is unset: prompts go out unsigned and experiences are trained on without checking who "
-                        "wrote them; give every service of the run the same run_key (docs/security-redis.md)")
+            log.warning("run_key is unset (allow_unsigned_records): prompts go out unsigned and experiences are "
+                        "trained on without checking who wrote them; give every service of the run the same run_key "
+                        "(docs/security-redis.md)")
         self._published_step = -1
         self.sink.open(self.total_steps, self.trainer.global_step)
 
@@ -390,6 +392,9 @@ class RLRunner:
         if item is None or item.attempt != attempt or self.buffer.is_complete(dl.group_id):
             return  # trained, re-issued already, or complete without the dead-lettered copy
         item.dead_letters += 1
+        if dl.reason.startswith(PERMANENT):  # the worker knows it can never succeed: issuing it again cannot help
+            self._abandon(key, f"{dl.stream} entry dead-lettered as one that can never succeed: {dl.reason}")
+            return
         if item.dead_letters > self.s.rollout.dead_letter_retries:
             self._abandon(key, f"{dl.stream} entry dead-lettered {item.dead_letters} times; last: {dl.reason}")
             return

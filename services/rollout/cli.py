@@ -44,6 +44,10 @@ def main(
     except SettingsError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
+    unsigned = settings.unsigned_records_problem(settings.shares_records)
+    if unsigned is not None:
+        typer.echo(f"error: {unsigned}", err=True)
+        raise typer.Exit(2)
     if settings.redis_url:
         from shared.redis_auth import redis_auth_problem
 

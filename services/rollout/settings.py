@@ -69,6 +69,10 @@ class WorkerSettings(BaseModel):
     reward_max_retry_s: float = Field(default=300.0, gt=0, description="Time a group spends retrying /score at most, "
                                       "then the prompt is failed with the reason.")
     group_retries: int = Field(default=3, ge=0, description="Regenerations of a group whose samples were aborted.")
+    max_prompt_chars: int | None = Field(
+        default=None, ge=1, description="Characters of a task's prompt (its text, or its messages' contents) at most; "
+        "a longer one is dead-lettered at once, before it is tokenised. Unset: 16 x the model's context length (a "
+        "prompt past that cannot fit the context).")
     poll_interval_s: float = Field(default=0.5, gt=0, description="Re-check period while the worker holds back.")
     drain_timeout_s: float = Field(default=20.0, ge=0, le=3600,
                                    description="Leaving the pool (SIGTERM, POST /drain): time the groups in progress "
@@ -215,3 +219,10 @@ class RolloutSettings(ServiceSettings):
     @property
     def model_name(self) -> str:
         return self.served_model_name or self.model
+
+    @property
+    def shares_records(self) -> bool:
+        """Whether this replica reads or writes queue records on a shared Redis: the worker (prompts in, experiences
+        out) or sessions (experiences out) with a ``redis_url``; then it needs ``run_key`` (or
+        ``allow_unsigned_records``) to start."""
+        return bool(self.redis_url) and (self.worker.enabled or self.sessions.enabled)

@@ -28,6 +28,7 @@ class FakeFleet:
     bad_prompt_ids: set[str] = field(default_factory=set)  # answer these with out-of-vocabulary token ids
     duplicate: bool = False  # push every experience twice (a fleet that retried after a crash)
     poison_keys: set[str] = field(default_factory=set)  # dataset positions ("e0-3") whose tasks fail every time
+    permanent: bool = False  # poisoned tasks fail as a real worker fails a task that can never succeed
     hold_keys: set[str] = field(default_factory=set)  # positions whose tasks wait (unanswered) until removed
     flat_keys: set[str] = field(default_factory=set)  # positions answered with equal rewards (no GRPO signal)
     cut_keys: set[str] = field(default_factory=set)  # positions whose odd samples hit the length limit
@@ -90,7 +91,8 @@ class FakeFleet:
                     self._waiting.append(d)
                     continue
                 if d.record.id.rsplit("-r", 1)[0] in self.poison_keys:
-                    await self.prompts.fail(d, "bad prompt task: the prompt is longer than the context")
+                    await self.prompts.fail(d, "bad prompt task: the prompt is longer than the context",
+                                            permanent=self.permanent)
                     continue
                 raw = await self.redis.get(keys.weights_version(self.run))
                 version = 0 if d.record.id in self.stale_prompt_ids else int(raw or 0)

@@ -44,6 +44,7 @@ def write_config(tmp_path, name, tiny_model_dir, redis_url, n_prompts=N_PROMPTS,
         "checkpoint": {"every": 2, "export_dir": str(run_dir / "export")},
         "observability": {"progress_bar": False, "log_sample_ids": True, "plot": False},
         "distributed": {"timeout_s": 60, "heartbeat_s": 2},
+        "allow_unsigned_records": True,  # the test feeds the experiences by hand, without a run_key
     }
     for key, value in extra.items():
         cfg[key] = {**cfg.get(key, {}), **value} if isinstance(value, dict) else value

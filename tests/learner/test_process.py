@@ -40,6 +40,7 @@ def write_config(tmp_path, tiny_model_dir, redis_url, n_prompts, **extra) -> tup
         "queue": {"block_ms": 200},
         "checkpoint": {"every": 2},
         "observability": {"progress_bar": False, "log_sample_ids": True},
+        "allow_unsigned_records": True,  # these tests play the rollout fleet by hand, without a run_key
         **extra,
     }
     path = tmp_path / "learner.yaml"

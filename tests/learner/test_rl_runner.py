@@ -247,6 +247,19 @@ async def test_dead_lettered_prompts_are_reissued_at_once_then_given_up_with_the
     assert trained_items(tmp_path / "run") == {f"e0-{i}": 4 for i in range(N_PROMPTS) if i != 3}
 
 
+async def test_a_prompt_dead_lettered_as_permanent_is_given_up_at_once_not_reissued(
+        tiny_model_dir, tmp_path, redis_server, redis_client, prompts_file):
+    """A worker that knows a task can never succeed dead-letters it as permanent (PermanentTaskError): issuing it
+    again cannot help, so the learner gives the position up at once, whatever dead_letter_retries allows."""
+    s = learner_settings(tiny_model_dir, tmp_path, redis_server, rollout={"dead_letter_retries": 3})
+    status, _, _ = await run_with_fleet(s, redis_client, poison_keys={"e0-3"}, permanent=True)
+    assert status["phase"] == "finished", status
+    c = status["counters"]
+    assert c["prompts_abandoned"] == 1 and c["prompts_reissued"] == 0
+    assert "can never succeed" in status["abandoned"]["e0-3"] and "longer than the context" in status["abandoned"]["e0-3"]
+    assert trained_items(tmp_path / "run") == {f"e0-{i}": 4 for i in range(N_PROMPTS) if i != 3}
+
+
 async def test_a_prompt_that_never_completes_is_given_up_after_max_attempts_with_the_reason(
         tiny_model_dir, tmp_path, redis_server, redis_client, prompts_file):
     """Every retry has a limit (issue 26): the fleet never answers one prompt. Its timeouts re-issue it until

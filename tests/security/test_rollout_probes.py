@@ -141,6 +141,7 @@ def test_a_prompt_task_cannot_name_code_to_import(servers, redis_server, tmp_pat
         (entry,) = client.xrange(dead)
         error = entry[1][b"error"].decode()
         assert "subprocess:Popen" in error and "not one this worker allows" in error, error
+        assert error.startswith("permanent: bad prompt task: "), error  # can never succeed: not redelivered
         assert not marker.exists()
     finally:
         client.close()

@@ -60,3 +60,25 @@ def test_a_service_without_the_password_fails_fast_naming_the_setting(redis_serv
     assert took < 90
     if wrong:
         assert "not-the-password" not in learner.stderr + rollout.stderr  # a wrong password is not shown either
+
+
+def assert_names_the_run_key(done: subprocess.CompletedProcess) -> None:
+    out = done.stdout + done.stderr
+    assert done.returncode == 2, out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "run_key is unset" in errors[0] and "allow_unsigned_records: true" in errors[0], \
+        done.stderr[-3000:]
+
+
+def test_a_service_that_shares_queue_records_needs_the_run_key(redis_server, tiny_model_dir, tmp_path):
+    """A rollout worker and an RL learner on a shared Redis without a run_key would take records anyone there wrote:
+    each exits at start with one line naming run_key and the opt-out, allow_unsigned_records."""
+    rollout, took = run_service(["services.rollout", "--model", str(tiny_model_dir), "--redis-url", redis_server.url,
+                                 "--port", "0", "--worker", "--reward-url", "http://127.0.0.1:9"], tmp_path)
+    assert_names_the_run_key(rollout)
+    assert took < 60
+    cfg, _ = write_config(tmp_path, tiny_model_dir, redis_server.url, n_prompts=4, allow_unsigned_records=False)
+    learner, took = run_service(["services.learner", "--config", str(cfg)], tmp_path)
+    assert_names_the_run_key(learner)
+    assert took < 90

@@ -43,7 +43,7 @@ from services.rollout.agents.tool_calls import parse_tool_calls
 from services.rollout.agents.tools import ToolBox, ToolFailure, ToolResult
 from services.rollout.chat_tokens import ChatTokens
 from services.rollout.engines.types import SamplingParams, SequenceOutput
-from services.rollout.worker.contract import GroupFailed, RolloutContext, each_sample
+from services.rollout.worker.contract import GroupFailed, PermanentTaskError, RolloutContext, each_sample
 from services.rollout.worker.group import sampling_record
 from services.rollout.worker.trajectory import Trajectory, TrajectoryBuilder
 from shared.reward_api import ScoreItem
@@ -71,7 +71,10 @@ class Episode:
 
 async def multi_turn(ctx: RolloutContext) -> list[Trajectory]:
     cfg: AgentSettings = ctx.settings.agent
-    name, factory, args = environment_of(ctx)
+    try:
+        name, factory, args = environment_of(ctx)
+    except GroupFailed as exc:  # the task names what the settings do not allow: it can never succeed
+        raise PermanentTaskError(str(exc)) from exc
     # one failing for good cancels the others (their environments are closed by their own finally)
     episodes = await each_sample(lambda i: _with_retries(ctx, cfg, name, factory, args, i), ctx.task.n)
     return await _score(ctx, cfg, episodes)
@@ -167,14 +170,16 @@ async def _run(ctx: RolloutContext, cfg: AgentSettings, name: str, env: Environm
         raise TrajectoryFailed(str(exc)) from exc
     box = ToolBox(start.tools, timeout_s=cfg.tool_timeout_s, max_result_chars=cfg.max_result_chars)
     schemas = [*box.schemas(), *(dict(s) for s in start.tool_schemas)]
-    chat = ctx.chat(schemas or None)
+    messages = [dict(m) for m in start.messages]
+    ctx.check_prompt_size(messages)  # a first prompt past worker.max_prompt_chars is refused before it is tokenised
+    chat = await ctx.chat_async(schemas or None)  # rendering and tokenising run on the replica's tokenizer thread
     try:
-        prompt_ids = chat.prompt([dict(m) for m in start.messages])
+        prompt_ids = await ctx.off_loop(chat.prompt, messages)
     except Exception as exc:  # the template cannot render what the environment wrote
         raise TrajectoryFailed(f"environment {name}: the chat template cannot render its first messages: "
                                f"{type(exc).__name__}: {exc}") from exc
     if len(prompt_ids) >= ctx.context_length:
-        raise GroupFailed(f"bad prompt task: the environment's first prompt has {len(prompt_ids)} tokens; the "
+        raise PermanentTaskError(f"bad prompt task: the environment's first prompt has {len(prompt_ids)} tokens; the "
                           f"context length is {ctx.context_length}")
     b = TrajectoryBuilder(prompt_ids)
     stops = tuple(dict.fromkeys([*ctx.params.stop_token_ids, *chat.stop_token_ids]))
@@ -189,7 +194,7 @@ async def _run(ctx: RolloutContext, cfg: AgentSettings, name: str, env: Environm
             return Episode(b, "stop", reply.reward, dict(reply.components), text, turn)
         if turn == cfg.max_turns:
             break
-        env_ids = [*chat.close_turn(out.output_ids), *_delta(chat, reply, name)]
+        env_ids = [*chat.close_turn(out.output_ids), *await ctx.off_loop(_delta, chat, reply, name)]
         if len(b) + len(env_ids) >= ctx.context_length:  # no room for the reply and one more token
             break
         b.environment(env_ids)
@@ -252,8 +257,8 @@ async def _score(ctx: RolloutContext, cfg: AgentSettings, episodes: list[Episode
     a cut trajectory is kept, masked or penalised as ``on_length`` says."""
     task = ctx.task
     record = sampling_record(ctx.params)
-    prompt = task.prompt if task.prompt is not None else ctx.tokenizer.decode(
-        list(episodes[0].builder.prompt_ids), skip_special_tokens=False)
+    prompt = task.prompt if task.prompt is not None else await ctx.off_loop(
+        lambda: ctx.tokenizer.decode(list(episodes[0].builder.prompt_ids), skip_special_tokens=False))
     need = [i for i, e in enumerate(episodes) if e.reward is None
             and not (e.finish == "length" and cfg.on_length == "penalize")]
     scored: dict[int, tuple[float, dict[str, float]]] = {}
@@ -270,8 +275,12 @@ async def _score(ctx: RolloutContext, cfg: AgentSettings, episodes: list[Episode
             texts[ids] = ctx.tokenizer.decode(list(ids), skip_special_tokens=False)
         return texts[ids]
 
+    def decoded() -> list[tuple[str, str]]:  # on the tokenizer thread: a group holds up to n x the context
+        return [(prompt_text(e.builder.prompt_ids), ctx.tokenizer.decode(list(e.builder.ids), skip_special_tokens=False))
+                for e in episodes]
+
     out = []
-    for i, e in enumerate(episodes):
+    for (p_text, r_text), (i, e) in zip(await ctx.off_loop(decoded), enumerate(episodes)):
         if e.finish == "length" and cfg.on_length == "penalize":
             reward, comps = cfg.length_penalty, {"length_penalty": cfg.length_penalty}
         elif e.reward is not None:
@@ -280,8 +289,7 @@ async def _score(ctx: RolloutContext, cfg: AgentSettings, episodes: list[Episode
             reward, comps = scored[i]
         t = e.builder.build(
             finish_reason=e.finish, reward=reward, sampling=record, reward_components=comps,
-            prompt_text=prompt_text(e.builder.prompt_ids),
-            response_text=ctx.tokenizer.decode(list(e.builder.ids), skip_special_tokens=False),
+            prompt_text=p_text, response_text=r_text,
             metadata={"turns": e.turns},
         )
         out.append(t.masked() if e.finish == "length" and cfg.on_length == "mask" else t)

@@ -68,6 +68,7 @@ async def openai_agent(ctx: RolloutContext) -> list[Trajectory]:
     if ctx.sessions is None or not ctx.sessions.url:
         raise GroupFailed("openai_agent needs this replica's session mode (sessions.enabled) and its URL "
                           "(advertise_url, or a fixed port)")
+    ctx.check_prompt_size()  # a prompt that cannot fit is refused before any program runs
     runs = await each_sample(lambda i: _with_retries(ctx, cfg, i), ctx.task.n)  # a cancelled run kills its program
     return await _score(ctx, runs)
 
@@ -104,7 +105,7 @@ async def _run(ctx: RolloutContext, cfg: ProgramSettings, index: int) -> Run:
     session = await open_session(ctx, index)
     sid, taken = session.id, False
     try:
-        task = task_json(ctx, index)
+        task = await ctx.off_loop(task_json, ctx, index)  # decodes a prompt given as ids: off the event loop
         out = await run_program(cfg, {
             "OPENAI_BASE_URL": f"{sessions.url}/sessions/{sid}/v1", "OPENAI_API_KEY": sessions.key(sid) or "",
             "FLEETRL_MODEL": ctx.model_name, "FLEETRL_TASK": task, "FLEETRL_SESSION_ID": sid}, task)

@@ -11,9 +11,12 @@ worker's settings.
 What the context uses of the replica it runs on is :class:`Replica`, and no more: the rollout service is one
 (it runs the worker), ``deploy/local/evaluate_agent.py``'s ``HttpReplica`` another, over a replica's HTTP API.
 
-What goes wrong is said by raising: :class:`GroupFailed` (this delivery cannot be completed; the prompt is
-redelivered, then dead-lettered with the reason). Any other exception is treated the same way, logged as a
-bug. Never return a made-up reward for a sample that could not be scored.
+What goes wrong is said by raising: :class:`PermanentTaskError` (the task itself can never succeed: a prompt
+that does not fit, ids outside the vocabulary, an environment or kind the settings do not allow; it is
+dead-lettered at once with the reason, its lease acknowledged, never redelivered) or :class:`GroupFailed`
+(this delivery cannot be completed now: the prompt is redelivered, then dead-lettered with the reason). Any
+other exception is treated as a :class:`GroupFailed`, logged as a bug. Never return a made-up reward for a
+sample that could not be scored.
 """
 
 from __future__ import annotations
@@ -39,10 +42,19 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+PROMPT_CHARS_PER_TOKEN = 16
+"""With ``worker.max_prompt_chars`` unset, a prompt may hold this many characters per token of the context: more than
+any tokenizer's tokens hold on average, so a prompt past it cannot fit and is refused without tokenising it."""
 
 
 class GroupFailed(RuntimeError):
     """This delivery cannot be completed now; it is failed (redelivered later, or dead-lettered)."""
+
+
+class PermanentTaskError(GroupFailed):
+    """The task can never succeed, whichever worker takes it and however often (it fails a bound, names
+    something the settings do not allow, its prompt does not tokenise or fit): dead-lettered at its first
+    delivery with the reason. A :class:`GroupFailed`, so code that catches that catches this too."""
 
 
 @runtime_checkable
@@ -75,6 +87,9 @@ class Replica(Protocol):
 
     async def generate(self, seqs: list[SequenceRequest]) -> list[SequenceOutput]:
         """The sequences run to their end; :class:`Overloaded` or :class:`EngineError` while it cannot now."""
+
+    async def off_loop(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on the thread this replica tokenises on: never on the event loop, one call at a time."""
 
 
 class RolloutContext:
@@ -110,8 +125,36 @@ class RolloutContext:
     def context_length(self) -> int:
         return self._replica.context_length
 
+    @property
+    def max_prompt_chars(self) -> int:
+        """Characters of a prompt at most (``worker.max_prompt_chars``; unset: 16 x the context length)."""
+        limit = getattr(self.settings, "max_prompt_chars", None)
+        return limit if limit is not None else PROMPT_CHARS_PER_TOKEN * self.context_length
+
+    def check_prompt_size(self, messages: str | Sequence[ChatMessage | dict] | None = None) -> None:
+        """Refuse (:class:`PermanentTaskError`) a prompt that cannot fit, before it is tokenised: text or chat
+        messages (default: the task's) past :attr:`max_prompt_chars` characters, ids past the context length."""
+        if messages is None and self.task.prompt_token_ids:
+            if len(self.task.prompt_token_ids) >= self.context_length:
+                raise PermanentTaskError(f"bad prompt task: its prompt has {len(self.task.prompt_token_ids)} token "
+                                         f"ids; the context length is {self.context_length}")
+            return
+        prompt = self.task.prompt if messages is None else messages
+        if isinstance(prompt, str):
+            chars = len(prompt)
+        else:
+            chars = sum(len(m.content) if isinstance(m, ChatMessage) else len(str(m.get("content") or ""))
+                        for m in prompt or ())
+        if chars > self.max_prompt_chars:
+            raise PermanentTaskError(f"bad prompt task: its prompt has {chars} characters; this worker takes at most "
+                                     f"{self.max_prompt_chars} (worker.max_prompt_chars) before tokenising")
+
     def prompt(self) -> tuple[list[int], str | list[ChatMessage]]:
-        """The task's prompt as ids (given ids are used as they are), and as the reward service sees it."""
+        """The task's prompt as ids (given ids are used as they are), and as the reward service sees it.
+
+        Blocking: it tokenises on the caller's thread, so in a rollout function (on the worker's event loop)
+        prefer ``await`` :meth:`prompt_async`, which does the same on the replica's tokenizer thread."""
+        self.check_prompt_size()
         task, replica = self.task, self._replica
         try:
             if task.prompt_token_ids:
@@ -121,16 +164,35 @@ class RolloutContext:
                 return replica.encode(task.prompt), task.prompt
             return replica.apply_chat_template([m.model_dump() for m in task.prompt]), task.prompt
         except RequestError as exc:
-            raise GroupFailed(f"bad prompt task: {exc}") from exc
+            raise PermanentTaskError(f"bad prompt task: {exc}") from exc
+
+    async def prompt_async(self) -> tuple[list[int], str | list[ChatMessage]]:
+        """:meth:`prompt`, tokenised off the event loop (the replica's tokenizer thread): however long the task's
+        prompt, the service's ``/health`` and requests keep answering. A prompt past the bounds is refused first
+        (:meth:`check_prompt_size`), without tokenising it."""
+        self.check_prompt_size()
+        return await self.off_loop(self.prompt)
+
+    async def off_loop(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on the replica's tokenizer thread (one call at a time: tokenizers are not thread-safe).
+        Tokenise, render a chat template or decode there whatever a task or an environment can make long."""
+        return await self._replica.off_loop(fn, *args)
 
     def chat(self, tools: list[dict] | None = None) -> ChatTokens:
-        """Token-in / token-out over the model's chat template (prompt ids, turn endings, message deltas)."""
+        """Token-in / token-out over the model's chat template (prompt ids, turn endings, message deltas).
+
+        Blocking (a new set of ``tools`` renders the template a few times); its ``prompt`` and ``delta`` tokenise
+        on the caller's thread: on the event loop, use :meth:`chat_async` and run them through :meth:`off_loop`."""
         try:
             if self._chat_tokens is not None:
                 return self._chat_tokens.get(tools)
             return ChatTokens(self.tokenizer, tools=tools)
         except TemplateNotAppendOnly as exc:
             raise GroupFailed(f"multi-turn rollouts need an append-only chat template: {exc}") from exc
+
+    async def chat_async(self, tools: list[dict] | None = None) -> ChatTokens:
+        """:meth:`chat` off the event loop."""
+        return await self.off_loop(self.chat, tools)
 
     def room(self, prompt_ids: Sequence[int], max_new_tokens: int) -> int:
         """``max_new_tokens`` cut to what the context leaves after ``prompt_ids`` (0: no room)."""
@@ -145,7 +207,7 @@ class RolloutContext:
         try:
             max_new = self._replica.check_sequence(prompt_ids, params)  # a task's sampling is bounded as a request's
         except RequestError as exc:
-            raise GroupFailed(f"bad prompt task: {exc}") from exc
+            raise PermanentTaskError(f"bad prompt task: {exc}") from exc
         params = replace(params, max_new_tokens=max_new)
         while True:
             rid = f"w{uuid.uuid4().hex[:12]}"
@@ -156,7 +218,7 @@ class RolloutContext:
                 log.info("task %s: %s; retrying", self.task.id, exc)
                 await asyncio.sleep(self.settings.poll_interval_s)
             except SequenceRejected as exc:  # the task asks for what the engine cannot do: retrying cannot help
-                raise GroupFailed(f"bad prompt task: {exc}") from exc
+                raise PermanentTaskError(f"bad prompt task: {exc}") from exc
 
     async def score(self, items: list[ScoreItem]) -> ScoreResponse:
         """Scores from the reward service (retried while it is down; a 4xx is :class:`RewardRejected`). A

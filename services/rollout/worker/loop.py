@@ -15,9 +15,12 @@ while the learner's published version (``keys.weights_version(run)``) is more th
 ahead of this engine's ``weight_version``. A group with aborted samples (a weight switch in abort
 mode) is regenerated whole, so a group never mixes versions or carries a truncated sample.
 
-What fails a group (a bad task, an environment that fails past its retries, a rollout function that raises
-or returns something else than ``task.n`` trajectories) fails that delivery with the reason: redelivered,
-then dead-lettered. The worker itself carries on.
+A task that can never succeed (:class:`~services.rollout.worker.contract.PermanentTaskError`: a prompt past
+the bounds or that does not fit the context, an environment the settings do not allow ...) is dead-lettered at
+its first delivery with the reason and its lease acknowledged; it is not redelivered. What else fails a group
+(an environment that fails past its retries, the reward service, a rollout function that raises or returns
+something else than ``task.n`` trajectories) fails that delivery with the reason: redelivered, then
+dead-lettered. The worker itself carries on.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from services.rollout.chat_tokens import ChatTokensCache
 from services.rollout.reward_client import RewardClient, RewardRejected, RewardUnavailable
-from services.rollout.worker.contract import GroupFailed, Replica, RolloutContext
+from services.rollout.worker.contract import GroupFailed, PermanentTaskError, Replica, RolloutContext
 from services.rollout.worker.functions import load_rollout_function
 from services.rollout.worker.group import experiences, task_sampling
 from services.rollout.worker.trajectory import Trajectory
@@ -92,8 +95,9 @@ class RolloutWorker:
         self.experiences = StreamQueue(self.redis, keys.experiences_stream(run), "learner", Experience,
                                        max_backlog=self.cfg.max_experience_backlog, signer=signer)
         if signer is None:
-            log.warning("run_key is unset: prompt tasks are taken without checking who wrote them and experiences go "
-                        "out unsigned; give every service of the run the same run_key (docs/security-redis.md)")
+            log.warning("run_key is unset (allow_unsigned_records): prompt tasks are taken without checking who wrote "
+                        "them and experiences go out unsigned; give every service of the run the same run_key "
+                        "(docs/security-redis.md)")
         await self.prompts.ensure_group()
         await self.experiences.ensure_group()
         token = self.cfg.reward_token.get_secret_value() if self.cfg.reward_token else None
@@ -246,6 +250,9 @@ class RolloutWorker:
             self.m_experiences.inc(len(group))
         except asyncio.CancelledError:
             raise  # stays pending (lease released): reclaimed by a worker after claim_idle_ms
+        except PermanentTaskError as exc:  # redelivering it cannot help: dead-lettered now, with the reason
+            log.warning("prompt %s can never succeed; dead-lettered: %s", d.record.id, exc)
+            await self._fail(d, str(exc), permanent=True)
         except (GroupFailed, RewardRejected, RewardUnavailable) as exc:
             log.warning("prompt %s failed (delivery %d): %s", d.record.id, d.deliveries, exc)
             await self._fail(d, str(exc))
@@ -257,8 +264,9 @@ class RolloutWorker:
             self._groups.pop(d.id, None)
             self._settling.discard(d.id)
 
-    async def _fail(self, d: Delivery[PromptTask], reason: str) -> None:
-        dead = await self._until_redis_answers(lambda: self.prompts.fail(d, reason), f"failing {d.record.id}")
+    async def _fail(self, d: Delivery[PromptTask], reason: str, permanent: bool = False) -> None:
+        dead = await self._until_redis_answers(lambda: self.prompts.fail(d, reason, permanent=permanent),
+                                               f"failing {d.record.id}")
         self.m_prompts.labels("dead_letter" if dead else "failed").inc()
 
     async def _until_redis_answers(self, op, what: str):

@@ -20,10 +20,11 @@ log = logging.getLogger(__name__)
 
 async def single_turn(ctx: RolloutContext) -> list[Trajectory]:
     task = ctx.task
-    ids, prompt = ctx.prompt()
+    ids, prompt = await ctx.prompt_async()  # tokenised off the event loop, bounded first
     params = replace(ctx.params, max_new_tokens=max(1, ctx.room(ids, ctx.params.max_new_tokens)))
     outs = await _whole_group(ctx, ids, params)
-    prompt_text = prompt if isinstance(prompt, str) else ctx.tokenizer.decode(ids, skip_special_tokens=False)
+    prompt_text = prompt if isinstance(prompt, str) else await ctx.off_loop(
+        lambda: ctx.tokenizer.decode(ids, skip_special_tokens=False))
     items = [ScoreItem(prompt=prompt, response=o.text, label=task.label, metadata=task.metadata) for o in outs]
     scores = await ctx.score(items)
     return [
