@@ -89,9 +89,9 @@ def _refuse_unsigned_records(settings: LearnerSettings) -> None:
     """An RL learner on a Redis it is given (``redis_url``: shared with the rollout fleet) trusts the experiences
     there only when they are signed: no ``run_key`` (and no ``allow_unsigned_records``) is a one-line error, exit 2.
     A private embedded server (no ``redis_url``; its password only in ``run_dir``) is not shared."""
-    from services.learner.service import RUNNERS
+    from services.learner.algorithms.registry import runner_class
 
-    shares = bool(settings.redis_url) and RUNNERS[settings.algorithm.name].needs_redis
+    shares = bool(settings.redis_url) and runner_class(settings.algorithm).needs_redis
     problem = settings.unsigned_records_problem(shares)
     if problem is not None:
         typer.echo(f"error: {problem}", err=True)
