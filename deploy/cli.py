@@ -180,6 +180,8 @@ def weights_status(
 
 @app.command("plugins")
 def plugins_cmd(
+    spec: Annotated[Path | None, typer.Argument(
+        help="A run spec: its `plugins` are imported first (as fleetrl run imports them).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the listing as JSON.")] = False,
     load: Annotated[list[str] | None, typer.Option(
         "--import", help="A module of yours that registers plug-ins (as a service's `plugins` setting imports it); "
@@ -189,6 +191,14 @@ def plugins_cmd(
     corrections, weight transports), its kinds and each kind's settings."""
     from deploy.plugins_doc import catalogue, render
 
+    if spec is not None:
+        from deploy.run.load import SpecError, import_spec_file_plugins
+
+        try:
+            import_spec_file_plugins(spec)
+        except SpecError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from exc
     try:
         text = json.dumps(catalogue(tuple(load or ())), indent=2) if as_json else render(tuple(load or ()))
     except ValueError as exc:  # a module of --import that does not load

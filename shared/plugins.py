@@ -257,11 +257,18 @@ def point_of(annotation: Any) -> PluginPoint[Any] | None:
 _MODULE = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
 
 
-def import_plugins(modules: Any) -> None:
+def import_plugins(modules: Any, sys_path: Any = ()) -> None:
     """Import the modules an operator's ``plugins`` setting names, so the kinds they register can be configured
-    in the same settings. ValueError (naming the module) when one is not a module name or fails to import."""
+    in the same settings; the directories of ``sys_path`` go first on ``sys.path`` (as a python scorer's
+    ``sys_path`` does), so a module that is a file of yours imports. ValueError (naming the module) when one is
+    not a module name or fails to import."""
     import importlib
+    import sys
 
+    if isinstance(sys_path, (list, tuple)):
+        for entry in reversed(sys_path):
+            if isinstance(entry, str) and entry and entry not in sys.path:
+                sys.path.insert(0, entry)
     if not isinstance(modules, (list, tuple)):
         return  # not a list: the field's own validation says so
     for name in modules:

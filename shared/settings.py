@@ -141,14 +141,17 @@ class ServiceSettings(FleetSettings):
         default_factory=list, description="Modules imported before the rest of these settings is read, so that the "
         "engines, scorers, algorithms ... they register can be configured here (docs/plugins.md), e.g. "
         "['mypkg.fleetrl_plugins']. Code runs only where the operator's settings name it.")
+    sys_path: list[str] = Field(
+        default_factory=list, description="Directories put first on sys.path before `plugins` are imported, so a "
+        "module of yours that is not installed imports (fleetrl run passes its spec's `sys_path` here).")
 
     @model_validator(mode="before")
     @classmethod
     def _import_plugins(cls, data: Any) -> Any:
-        if isinstance(data, dict) and data.get("plugins"):
+        if isinstance(data, dict) and (data.get("plugins") or data.get("sys_path")):
             from shared.plugins import import_plugins
 
-            import_plugins(data["plugins"])
+            import_plugins(data.get("plugins") or [], data.get("sys_path") or [])
         return data
 
     def unsigned_records_problem(self, shares_records: bool) -> str | None:

@@ -149,7 +149,18 @@ def service_config(spec: RunSpec, service: str, spec_file: str | Path = "the run
     own, where = own_settings(spec, service)
     ours, origin = derived(spec, service)
     check_agreement(service, own, where, ours, origin, str(spec_file))
-    return deep_merge(own, ours)
+    return with_plugins(spec, deep_merge(own, ours))
+
+
+def with_plugins(spec: RunSpec, config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` with the spec's ``plugins`` and ``sys_path`` first, then the service's own (each once): every
+    service registers the kinds the spec names (a service section may add its own)."""
+    out = dict(config)
+    for key, ours in (("plugins", spec.plugins), ("sys_path", spec.sys_path or [])):
+        own = out.get(key) or []
+        if isinstance(own, list) and (ours or own):
+            out[key] = list(dict.fromkeys([*ours, *own]))
+    return out
 
 
 def validate(service_cls: type[BaseModel], service: str, config: dict[str, Any]) -> BaseModel:

@@ -13,7 +13,7 @@ from shared import settings_paths
 from shared.settings import SettingsError, read_config_file
 from shared.settings_paths import closest_path
 
-from .spec import RunSpec, resolve_paths
+from .spec import RunSpec, import_spec_plugins, resolve_paths
 
 
 class SpecError(ValueError):
@@ -57,10 +57,27 @@ def load_spec(file: str | Path, sets: list[str] | tuple[str, ...] = ()) -> RunSp
         apply_set(raw, keys, value)
         from_set.add(".".join(keys))
     raw = resolve_paths(raw, path.resolve().parent)
+    try:  # before the sections: they validate against the kinds the plugins register
+        import_spec_plugins(raw)
+    except ValueError as exc:
+        given = sorted(k for k in from_set if k.split(".")[0] in ("plugins", "sys_path"))
+        raise SpecError(f"{f'--set {given[0]}' if given else path}: {exc}") from exc
     try:
         return RunSpec.model_validate(raw)
     except ValidationError as exc:
         raise SpecError("\n".join(describe(err, path, from_set) for err in exc.errors())) from exc
+
+
+def import_spec_file_plugins(file: str | Path) -> list[str]:
+    """Import the ``plugins`` of the spec ``file`` as ``fleetrl run`` would (nothing else of it is validated);
+    returns their names. Raises SpecError naming the setting."""
+    path = Path(file)
+    try:
+        raw = resolve_paths(read_config_file(path), path.resolve().parent)
+        import_spec_plugins(raw)
+    except (SettingsError, ValueError) as exc:
+        raise SpecError(str(exc) if isinstance(exc, SettingsError) else f"{path}: {exc}") from exc
+    return list(raw.get("plugins") or [])
 
 
 def describe(err: dict, file: Path, from_set: set[str]) -> str:

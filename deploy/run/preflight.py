@@ -48,6 +48,9 @@ def path_problems(spec: RunSpec, spec_file: Path) -> list[str]:
     model = Path(spec.model)
     if not model.is_dir() and not (looks_like_hub_id(spec.model) and not model.is_absolute()):
         problems.append(f"{spec_file}: model: no model directory at {model} {rel}")
+    for j, entry in enumerate(spec.sys_path or []):
+        if not Path(entry).is_dir():
+            problems.append(f"{spec_file}: sys_path[{j}]: no directory at {entry} {rel}")
     for setting, value in (("data.path", spec.data.path), ("eval.data", spec.eval.data)):
         if value is not None and not Path(value).exists():
             problems.append(f"{spec_file}: {setting}: {value} does not exist {rel}")

@@ -6,6 +6,11 @@ Relative paths in the file (``model``, ``data.path``, ``eval.data``, ``export``,
 beside the spec imports — and an hf_rm scorer's ``model``) are relative to the file's own directory; without ``run_dir`` the run lives in
 ``./runs/<run_name>`` under the directory ``fleetrl run`` is started from.
 
+``plugins`` (modules of the operator's that register engines, scorers, algorithms, losses ...) are imported before
+the rest of the spec is validated, with the spec's ``sys_path`` (by default, when there are plugins, the file's
+directory: a module beside the spec imports) first on ``sys.path``; both are passed to every service's settings, so
+each service registers the same kinds (docs/plugins.md).
+
 The learner's own section types are reused as they are (``data``, ``algorithm``, ``optim``, ``train``): one
 definition, documented once, in ``services/learner/settings.py``.
 """
@@ -20,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from services.learner.algorithms.config import AlgorithmSettings, GRPOSettings
 from services.learner.settings import DataSettings, OptimSettings, TrainSettings
 from services.reward.scorer_config import ScorerConfig
+from shared.plugins import import_plugins
 
 from .placement import PlacementSpec
 
@@ -140,6 +146,14 @@ class ServicesSpec(_Strict):
 class RunSpec(_Strict):
     """One run: model, data, reward, algorithm, sampling, staleness, fleet shape, and where Redis is."""
 
+    plugins: list[str] = Field(
+        default_factory=list, description="Modules of yours imported before the rest of the spec is read, and by "
+        "every service before its settings: the engines, scorers, algorithms, losses, corrections, rollout functions "
+        "and environments they register can be named in this spec (docs/plugins.md), e.g. [my_plugins] for "
+        "my_plugins.py beside the spec. Code runs only where the operator's spec names it.")
+    sys_path: list[str] | None = Field(
+        default=None, description="Directories put first on sys.path before plugins are imported (by fleetrl run "
+        "and by every service); relative to the spec's directory. Unset: the spec's directory when plugins are set.")
     run_name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$", description="The run's name (its Redis namespace).")
     run_dir: str | None = Field(default=None, description="Logs, configs, checkpoints; default ./runs/<run_name>.")
     model: str = Field(description="The policy to start from: a local Hugging Face model directory.")
@@ -165,6 +179,13 @@ class RunSpec(_Strict):
     redis: RedisSpec = Field(default_factory=RedisSpec)
     eval: EvalSpec = Field(default_factory=EvalSpec)
     services: ServicesSpec = Field(default_factory=ServicesSpec)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _import_plugins(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            import_spec_plugins(data)  # the sections below validate against the kinds they register
+        return data
 
     @model_validator(mode="after")
     def _consistent(self) -> RunSpec:
@@ -192,6 +213,24 @@ class RunSpec(_Strict):
         return self.window if self.window is not None else 2 * self.train.groups_per_step
 
 
+def import_spec_plugins(raw: dict[str, Any]) -> None:
+    """Import the modules of ``raw``'s ``plugins`` (paths already resolved), ``sys_path`` first on ``sys.path``.
+    ValueError, one line naming ``sys_path[j]`` or ``plugins[i]`` and the reason; not lists: the fields say so."""
+    modules, paths = raw.get("plugins"), raw.get("sys_path")
+    if not isinstance(modules, list) or not modules:
+        return
+    paths = paths if isinstance(paths, list) else []
+    for j, entry in enumerate(paths):
+        if not isinstance(entry, str) or not Path(entry).is_dir():
+            raise ValueError(f"sys_path[{j}]: no directory at {entry}")
+    for i, name in enumerate(modules):
+        try:
+            import_plugins([name], paths)
+        except ValueError as exc:
+            reason = str(exc).removeprefix("plugins: ").splitlines()[0]
+            raise ValueError(f"plugins[{i}]: {reason}") from exc
+
+
 def looks_like_hub_id(name: str) -> bool:
     """``org/name`` (one slash, not a relative path): a model hub id, not a local directory."""
     return name.count("/") == 1 and not name.startswith((".", "~", "/"))
@@ -212,6 +251,10 @@ def resolve_paths(raw: dict[str, Any], base: Path) -> dict[str, Any]:
     for key in ("export", "run_dir"):
         if key in out:
             out[key] = absolute(out[key])
+    if isinstance(out.get("sys_path"), list):
+        out["sys_path"] = [absolute(e) for e in out["sys_path"]]
+    elif out.get("sys_path") is None and out.get("plugins"):  # a module beside the spec imports
+        out["sys_path"] = [str(base.resolve())]
     if isinstance(out.get("export"), str) and isinstance(out.get("run_name"), str):  # one export per run
         run_dir = out.get("run_dir") or str((Path("runs") / out["run_name"]).resolve())
         export = raw["export"].replace("{run_dir}", run_dir).replace("{run_name}", out["run_name"])

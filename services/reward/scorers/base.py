@@ -18,10 +18,13 @@ class Scorer(ABC):
     """
 
     kind: str
+    """Shown in logs, metrics and /info; a subclass that does not set it is shown as the kind it was configured as."""
 
     def __init__(self, config, metrics: RewardMetrics):
         self.config = config
         self.name: str = config.name
+        if not getattr(self, "kind", None):
+            self.kind = config.kind
         self.metrics = metrics
 
     async def start(self) -> None:
