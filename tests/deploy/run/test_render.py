@@ -184,3 +184,15 @@ def test_fleetrl_run_on_a_local_ray_trains_the_spec(spec_file):
     password = (run_dir / "redis" / "password").read_text().strip()
     assert password not in fleet and (run_dir / "run_key").read_text().strip() not in fleet
     assert "${REDIS_URL}" in fleet
+
+
+def test_a_spec_s_own_plugins_travel_with_their_folder(spec_dir):
+    """``plugins`` + ``sys_path`` (a module beside the spec) reach every rendered service with the path moved onto
+    the models volume, where the spec's folder is mounted (the host's path means nothing in a container)."""
+    (spec_dir / "my_plugins.py").write_text("# registers nothing; importing it is enough here\n")
+    raw = yaml.safe_load((spec_dir / "run.yaml").read_text())
+    (spec_dir / "run.yaml").write_text(yaml.safe_dump({**raw, "plugins": ["my_plugins"]}))
+    carried, _, _ = rendered("compose", spec_dir)
+    for svc, cfg in carried.configs.items():
+        assert cfg["plugins"] == ["my_plugins"], svc
+        assert cfg["sys_path"] == ["/models"], svc
