@@ -16,10 +16,12 @@ $(STAMP): pyproject.toml constraints/cpu.txt
 
 install: $(STAMP)
 
-## lint, then the whole CPU suite (what CI runs)
+## lint, then the whole CPU suite (what CI runs) on TEST_WORKERS pytest-xdist workers, a file to a worker
+## (each worker has its own Redis and leases its ports: shared/ports.py); TEST_WORKERS=0 runs it in one process
+TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(BIN)/ruff check shared services tests benchmarks deploy
-	$(BIN)/python -m pytest -q -m 'not gpu' --durations=20 tests
+	$(BIN)/python -m pytest -q -m 'not gpu' -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=20 tests
 
 ## the edit loop: unit and in-process tests, no process started (<= 3 min here); tiers: tests/conftest.py
 test-fast: $(STAMP)

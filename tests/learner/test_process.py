@@ -198,6 +198,7 @@ def lineage_sample_ids(run_dir) -> list[str]:
     return [sid for row in read_history(run_dir / "metrics.jsonl").values() for sid in row["sample_ids"]]
 
 
+@pytest.mark.slow  # three learner starts, two crashes: 51-70 s in make test's two workers at load 8-12
 async def test_two_crashes_between_checkpoints_dead_letter_nothing_and_the_run_finishes(
         tmp_path, tiny_model_dir, redis_server, redis_client):
     """After a crash the learner holds more pending experiences than one read returns (consume_count 3). The

@@ -81,7 +81,7 @@ def test_health_answers_while_attacks_are_in_flight(reward):
     def attack(k: int, path: str, body: dict) -> None:
         start = time.monotonic()
         try:
-            r = post(reward, path, body, timeout=30.0)
+            r = post(reward, path, body, timeout=60.0)
             answers[k] = (r.status_code, time.monotonic() - start, r.text[:300])
         except httpx.HTTPError as exc:
             answers[k] = (-1, time.monotonic() - start, repr(exc))
@@ -99,7 +99,9 @@ def test_health_answers_while_attacks_are_in_flight(reward):
     for t in threads:
         t.join(60)
     assert len(health_times) >= 2 and max(health_times) < 2.0, health_times
-    assert all(seconds < 10.0 for _, seconds, _ in answers.values()), answers
+    # linear work: seconds even on a loaded machine (one over 10 s beside make test's other worker); the quadratic
+    # paths these probe took hours on these sizes
+    assert all(seconds < 30.0 for _, seconds, _ in answers.values()), answers
     # each is scored; /get_reward has no per-item marker, so its item that waited for the one python worker
     # (held by the stuck call) fails the request naming that scorer, as any failed scorer would
     assert [status for status, _, _ in answers.values()].count(200) >= 3, answers

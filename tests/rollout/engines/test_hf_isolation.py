@@ -147,7 +147,11 @@ async def test_liveness_under_a_deep_backlog_answers_at_once(tiny_model_dir):
 
 
 async def test_liveness_fails_when_the_loop_has_work_but_makes_no_progress(tiny_model_dir):
-    engine = make_engine(tiny_model_dir, health_stall_s=0.5, health_timeout_s=2.0)
+    # Margins for a loaded machine (this ran beside other pytest workers): the "not stalled yet" check comes
+    # 0.1 s into a 2 s window, and the probe timeout is long, so every False below comes from the stall clock,
+    # never from a probe that timed out: a probe would wait on the gate for the whole 30 s.
+    stall_s = 2.0
+    engine = make_engine(tiny_model_dir, health_stall_s=stall_s, health_timeout_s=30.0)
     await engine.start()
     gate = threading.Event()
     model = engine.model
@@ -163,10 +167,10 @@ async def test_liveness_fails_when_the_loop_has_work_but_makes_no_progress(tiny_
         stuck = asyncio.create_task(engine.generate(seq("stuck", SamplingParams(max_new_tokens=2))))
         await asyncio.sleep(0.1)
         assert await engine.health() is True  # stuck for less than health_stall_s
-        await asyncio.sleep(0.6)
+        await asyncio.sleep(stall_s + 0.2)
         started = time.monotonic()
         assert await engine.health() is False
-        assert time.monotonic() - started < 0.5  # known without a probe
+        assert time.monotonic() - started < 5.0  # known without a probe (one would wait out the 30 s timeout)
         gate.set()
         assert (await stuck).finish.type == "length"
         assert await engine.health() is True
