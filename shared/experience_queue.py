@@ -41,7 +41,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -56,6 +56,7 @@ from shared.signing import SIGNATURE_FIELD, RecordSigner, dead_letter_bytes
 log = logging.getLogger(__name__)
 
 R = TypeVar("R", bound=BaseModel)
+T = TypeVar("T")
 PAYLOAD = b"p"
 PERMANENT = "permanent: "
 """How the reason of a dead letter failed as permanent starts (``StreamQueue.fail(..., permanent=True)``): the record
@@ -195,14 +196,28 @@ class StreamQueue(Generic[R]):
                 raise
         self._group_ready = True
 
+    async def _with_group(self, call: Callable[[], Awaitable[T]]) -> T:
+        """``call()``, once more after recreating the group if Redis says it is gone (NOGROUP: Redis lost its data,
+        a restart without persistence or a FLUSHALL, while this object thought the group existed)."""
+        await self.ensure_group()
+        try:
+            return await call()
+        except ResponseError as exc:
+            if "NOGROUP" not in str(exc):
+                raise
+            await self.ensure_group(force=True)
+            return await call()
+
     # ---- producing ------------------------------------------------------------------------------
     async def backlog(self) -> int:
         """Entries no consumer has taken yet (stream length minus entries pending on consumers)."""
-        await self.ensure_group()
-        pipe = self.redis.pipeline(transaction=True)
-        pipe.xlen(self.stream)
-        pipe.xpending(self.stream, self.group)
-        length, pending = await pipe.execute()
+        async def read():
+            pipe = self.redis.pipeline(transaction=True)
+            pipe.xlen(self.stream)
+            pipe.xpending(self.stream, self.group)
+            return await pipe.execute()
+
+        length, pending = await self._with_group(read)
         return max(0, int(length) - int(pending.get("pending", 0)))
 
     async def produce(self, records: list[R] | R, timeout: float | None = 60.0) -> list[str]:
@@ -351,7 +366,8 @@ class StreamQueue(Generic[R]):
         return entries
 
     async def _autoclaim(self, consumer: str, count: int):
-        resp = await self.redis.xautoclaim(self.stream, self.group, consumer, self.claim_idle_ms, "0-0", count=count)
+        resp = await self._with_group(lambda: self.redis.xautoclaim(self.stream, self.group, consumer,
+                                                                    self.claim_idle_ms, "0-0", count=count))
         claimed = resp[1] if resp else []
         deleted = resp[2] if len(resp) > 2 else []
         if deleted:  # entries deleted while pending: drop them from the PEL
@@ -463,12 +479,14 @@ class StreamQueue(Generic[R]):
         return self._counters.rejected_signature
 
     async def stats(self) -> QueueStats:
-        await self.ensure_group()
-        pipe = self.redis.pipeline(transaction=True)
-        pipe.xlen(self.stream)
-        pipe.xpending(self.stream, self.group)
-        pipe.xlen(self.dead_stream)
-        length, pending, dead = await pipe.execute()
+        async def read():
+            pipe = self.redis.pipeline(transaction=True)
+            pipe.xlen(self.stream)
+            pipe.xpending(self.stream, self.group)
+            pipe.xlen(self.dead_stream)
+            return await pipe.execute()
+
+        length, pending, dead = await self._with_group(read)
         per_consumer = {_s(c["name"]): int(c["pending"]) for c in (pending.get("consumers") or [])}
         oldest = pending.get("min")
         return QueueStats(

@@ -209,3 +209,22 @@ async def test_entries_handed_back_are_taken_by_another_consumer_at_once_and_not
     assert {d.deliveries for d in taken} == {1}, "a hand-back must not count as a delivery"
     owners = {r["message_id"].decode(): r["consumer"] for r in await redis_client.xpending_range("hb", "g", "-", "+", 10)}
     assert owners == {**{d.id: b"joiner" for d in taken}, theirs[0].id: b"staying"}
+
+
+async def test_a_queue_recreates_its_group_wherever_it_finds_it_gone(redis_client):
+    """Redis lost its data (a restart without persistence, a FLUSHALL): the queue's cached "group exists" is stale.
+    Producing, stats, claiming and consuming recreate the group instead of failing with NOGROUP (the session
+    server's /finish answered 500 NOGROUP after another client flushed the database)."""
+    q = StreamQueue(redis_client, "s:tasks", "g", PromptTask, claim_idle_ms=1)
+    await q.produce(tasks(2))
+    await redis_client.flushall()
+    assert await q.backlog() == 0
+    await redis_client.flushall()
+    assert (await q.stats()).length == 0
+    await redis_client.flushall()
+    await q.produce(tasks(3, "u"))
+    got = await q.consume("c1", count=3, block_ms=100)
+    assert sorted(d.record.id for d in got) == ["u0", "u1", "u2"]
+    await redis_client.flushall()
+    q._next_claim_at = 0.0  # the claim scan runs now
+    assert await q.consume("c2", count=3, block_ms=10) == []
