@@ -2,8 +2,8 @@
 
 The same GRPO run three ways through ``fleetrl run``: a fixed pool of 1 rollout replica, a fixed pool of 4, and
 an elastic pool of 1 to 4 (``replicas.rollout: {min: 1, max: 4}``) driven by the learner's demand signal. The
-load changes half-way: the first half of the prompts ask for short answers (``count 3``: 3 digits), the second
-half for answers ``--factor`` (8) times longer. Replicas run ``deploy/local/sleep_engine.py``: the hf engine (tiny
+load changes half-way: the first half of the prompts ask for short answers (``count 2``: 2 digits), the second
+half for answers ``--factor`` (12) times longer. Replicas run ``deploy/local/sleep_engine.py``: the hf engine (tiny
 model, real weight sync and joins from a peer) whose generation is a sleep per token (``--token-s``), so a
 replica's throughput does not come from this machine's CPU cores. The learner is the real one (GRPO on the tiny
 model, weights published every step, ``weights.pause_mode: partial`` so a publish does not wait out the answers
@@ -18,7 +18,7 @@ learner finished: a replica started by the controller counts from its start, a d
 the pool changes; then the two ratios of the elastic pool against the fixed 4, with the issue's targets (wall
 time within 1.15x, replica-seconds at most 60 %).
 
-    .venv/bin/python benchmarks/elastic.py [--steps 100] [--token-s 0.05] [--short 3] [--factor 8] [--pool KEY=VALUE]
+    .venv/bin/python benchmarks/elastic.py [--steps 100] [--token-s 0.08] [--short 2] [--factor 12] [--pool K=V] [--signal K=V]
     .venv/bin/python benchmarks/elastic.py --quick      # a short smoke run (tests/benchmarks/test_elastic.py)
 """
 
@@ -100,7 +100,8 @@ def spec(way: str, root: Path, data: Path, model: Path, args, pool: dict) -> dic
                         # with "wait" every publish would wait out the longest answer in flight on every replica,
                         # a stall more replicas do not shorten
                         "weights": {"pause_mode": "partial"}},
-            "learner": {"observability": {"progress_bar": False, "plot": False}},
+            "learner": {"observability": {"progress_bar": False, "plot": False},
+                        **({"pool": args.learner_pool} if args.learner_pool else {})},
         },
     }
 
@@ -178,20 +179,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--groups", type=int, default=8, help="groups per learner step")
     ap.add_argument("--group-size", type=int, default=8, help="answers per prompt")
     ap.add_argument("--concurrency", type=int, default=8, help="groups a replica generates at a time")
-    ap.add_argument("--token-s", type=float, default=0.05, help="the sleep engine's seconds per token")
-    ap.add_argument("--short", type=int, default=3, help="answer tokens in the first half")
-    ap.add_argument("--factor", type=float, default=8.0, help="second-half answers are this many times longer")
+    ap.add_argument("--token-s", type=float, default=0.08, help="the sleep engine's seconds per token")
+    ap.add_argument("--short", type=int, default=2, help="answer tokens in the first half")
+    ap.add_argument("--factor", type=float, default=12.0, help="second-half answers are this many times longer")
     ap.add_argument("--prompt-pad", type=int, default=30,
                     help="characters added to every prompt: learner work the sleep engine does not pay for")
     ap.add_argument("--ways", default=",".join(WAYS), help=f"comma-separated subset of {','.join(WAYS)}")
     ap.add_argument("--pool", action="append", default=[], metavar="KEY=VALUE",
                     help="elastic pool setting (replicas.rollout), e.g. cooldown_up_s=10")
+    ap.add_argument("--signal", action="append", default=[], metavar="KEY=VALUE",
+                    help="the learner's demand-signal setting (its pool section), e.g. wait_high=0.4")
     ap.add_argument("--dir", type=Path, default=None, help="where runs go (default: a temporary directory)")
     ap.add_argument("--quick", action="store_true", help="a short smoke run: 12 steps, 5 ms per token")
     args = ap.parse_args(argv)
     if args.quick:
         args.steps, args.token_s = 12, 0.005
     pool = {k: yaml.safe_load(v) for k, v in (p.split("=", 1) for p in args.pool)}
+    args.learner_pool = {k: yaml.safe_load(v) for k, v in (p.split("=", 1) for p in args.signal)}
     ways = [w for w in args.ways.split(",") if w]
     unknown = set(ways) - set(WAYS)
     if unknown:
