@@ -187,7 +187,7 @@ def _control(ctx: Ctx, name: str, path: str, body: dict | None = None) -> httpx.
 # scored at once, three replicas outrun the learner and the pool shrinks back to 1, one drain at a time.
 ELASTIC_PROMPTS = 10 * PROMPTS
 ELASTIC_SLOW_ROWS = 12 * GROUPS_PER_STEP
-SLOW_VERIFIER_S = 0.8
+SLOW_VERIFIER_S = 2.0
 ELASTIC_MAX = 3
 SLOW_SCORER = {"name": "slow-verifier", "kind": "python", "function": "deploy.local.drills:slow_verifier",
                "signature": "verl", "max_workers": 256, "timeout_s": 30.0}
@@ -308,11 +308,12 @@ DRILLS = {d.name: d for d in (
     Drill("replica-stop", replica_stop, 270),
     # the pool goes 1 -> 3 -> 1 on the learner's signal; the first prompts' slow verifier starves the learner. The
     # tiny learner trains a step in ~0.02 s, faster than any number of hf replicas on 2 cores deliver one, so it
-    # always waits some: the band says how much waiting is fine (grow at 85 %, shrink at 65 %); the slow verifier
-    # makes it ~93 % on one replica, three fast ones ~40 %, one fast ~60-80 %
+    # always waits some: the band says how much waiting is fine (grow at 95 %, shrink at 65 %); the slow verifier
+    # makes it ~97 % on one replica, three fast ones 34-56 %, one fast 60-90 % (0.85 made the pool grow back at
+    # the end of one run)
     Drill("elastic", elastic, 240, replicas=("rollout-0",), prompts=ELASTIC_PROMPTS, scorers=(SLOW_SCORER,),
-          rows=elastic_rows, learner={"pool": {"window_steps": 4, "min_steps": 2, "wait_high": 0.85,
-                                               "wait_low": 0.65, "max_wait_share": 0.9}}),
+          rows=elastic_rows, learner={"pool": {"window_steps": 4, "min_steps": 2, "wait_high": 0.95,
+                                               "wait_low": 0.65, "max_wait_share": 0.98}}),
 )}
 
 
