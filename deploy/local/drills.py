@@ -10,10 +10,12 @@ over 64 prompts, one epoch), breaks one thing mid-run, and lets the run finish:
 - ``reward-outage``: stop the reward service for 30 s (killed, then started again on its port).
 - ``redis-restart``: SIGKILL Redis (AOF, ``appendfsync everysec``), start it again on its data 5 s later.
 - ``replica-stop``: SIGSTOP a replica (a hang) while the learner publishes every step, SIGCONT it 10 s later.
-- ``elastic``: the pool goes 1 -> 2 -> 1 mid-run (issue 30): the learner's demand signal asks for more, a
-  second replica joins, gets its weights from the first (a peer, not the learner) and reaches the learner's
-  version within 2 publishes, then is drained (``POST /drain``): it finishes what it holds (0 handed back, so
-  0 regenerated), deregisters and exits.
+- ``elastic``: the pool goes 1 -> 3 -> 1 mid-run (issue 30), driven by ``fleetrl run``'s controller
+  (``deploy/run/autoscale.py``) on the learner's demand signal, not by the drill: a slow verifier on the first
+  prompts starves the learner, the controller starts two replicas, each gets its weights from a peer (not the
+  learner) and reaches the learner's version within 2 publishes; then the prompts are scored at once, the
+  learner stops waiting and the controller drains one replica at a time (each finishes what it holds, 0 handed
+  back, so 0 regenerated). The learner's bytes per version stay those of a fixed pool (no catch-up round).
 
 Every drill has a bound on its wall time. Afterwards it accounts for every dataset position (issued,
 trained exactly once, given up with a reason, lost), counts dead-lettered entries (all of them valid
@@ -27,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import secrets
 import signal
 import sys
@@ -179,55 +182,109 @@ def _control(ctx: Ctx, name: str, path: str, body: dict | None = None) -> httpx.
                       headers={"Authorization": f"Bearer {CONTROL_TOKEN}"}, timeout=10)
 
 
+# The elastic drill's load: its first ELASTIC_SLOW_ROWS prompts go to a slow verifier (a third scorer that gives 0.0
+# after SLOW_VERIFIER_S per answer), so one replica keeps the learner waiting and the pool grows to 3; the rest are
+# scored at once, three replicas outrun the learner and the pool shrinks back to 1, one drain at a time.
+ELASTIC_PROMPTS = 10 * PROMPTS
+ELASTIC_SLOW_ROWS = 12 * GROUPS_PER_STEP
+SLOW_VERIFIER_S = 2.0
+ELASTIC_MAX = 3
+SLOW_SCORER = {"name": "slow-verifier", "kind": "python", "function": "deploy.local.drills:slow_verifier",
+               "signature": "verl", "max_workers": 256, "timeout_s": 30.0}
+
+
+async def slow_verifier(*, data_source: str, solution_str: str, ground_truth: object, extra_info: object) -> float:
+    """The elastic drill's slow verifier (verl signature): 0.0 for every answer, after its row's
+    ``extra_info.delay_s`` seconds (a verifier that is slow on the run's first prompts only)."""
+    import asyncio
+
+    delay = float(extra_info.get("delay_s", 0.0)) if isinstance(extra_info, dict) else 0.0
+    await asyncio.sleep(delay)
+    return 0.0
+
+
+ROUND = re.compile(r"weight round \d+ \(version (\d+)\): loaded")
+
+
+def elastic_rows(rows: list[dict]) -> list[dict]:
+    return [{**r, "extra_info": {"delay_s": SLOW_VERIFIER_S}} if i < ELASTIC_SLOW_ROWS else r
+            for i, r in enumerate(rows)]
+
+
 def elastic(ctx: Ctx) -> None:
-    step = ctx.wait_step(3)
-    # one replica taking one group at a time keeps the learner waiting: its demand signal asks for more
-    pool = (ctx.status() or {}).get("pool") or {}
-    ctx.notes.append(f"signal at step {step}: desired_replicas {pool.get('desired_replicas')} "
-                     f"(replicas {pool.get('replicas')}, wait share {pool.get('wait_share')})")
-    if pool.get("replicas") != 1 or (pool.get("desired_replicas") or 0) < 2:
-        raise DrillFailed(f"a starved learner's signal should ask for more than its 1 replica: {pool}")
+    """``fleetrl run``'s controller (``deploy/run/autoscale.py``) drives the pool from the learner's signal; the drill
+    only watches: each joiner's first weights come from a peer and it is level with the learner within 2
+    publishes, each drained replica hands nothing back, and the pool goes 1 -> 3 -> 1."""
+    from deploy.run.autoscale import Autoscaler
+    from deploy.run.plan import ProcessPlan
+    from deploy.run.spec import RolloutPoolSpec
+    from shared.ports import free_port
+
     base = ctx.fleet.services["rollout-0"]
     config = yaml.safe_load(base.config_path.read_text())
-    config.pop("port", None)
-    config["worker"] = {**config["worker"], "consumer_name": "rollout-1"}
-    t0 = time.monotonic()
-    ctx.fleet.start("rollout-1", "services.rollout", config, wait=False)
-    ctx.fleet.wait_healthy("rollout-1", timeout=max(5.0, ctx.deadline - time.monotonic()))
-    st = ctx.status()
-    if st is None or st.get("phase") != "running":
-        raise DrillFailed(f"the run ended before rollout-1 joined (learner: {st and st.get('phase')}): make it longer")
-    at_join = st.get("weight_version", 0)
-    first = _weights(ctx, "rollout-1")["first_update"]
-    ctx.notes.append(f"1 -> 2 at step {step}: rollout-1 healthy {time.monotonic() - t0:.1f}s after its start, "
-                     f"weights v{first and first['version']} from {first and first['source']} {first and first['peer']}")
-    if not first or first["source"] != "peer" or first["peer"] != base.url:
-        raise DrillFailed(f"rollout-1's first weights did not come from rollout-0: {first}")
-    reached: dict = {}
-
-    def caught_up() -> bool:
-        learner = (ctx.status() or {}).get("weight_version", 0)
-        mine = _weights(ctx, "rollout-1")["weight_version"]
-        reached.update(learner=learner, mine=mine)
-        return mine >= learner
-
-    ctx.wait_until("rollout-1 to reach the learner's version", caught_up, poll_s=0.05)
-    if reached["learner"] - at_join > 2:  # publishes the learner made after the join before rollout-1 was level
-        raise DrillFailed(f"rollout-1 took more than 2 publishes to reach the learner's version: {reached}, "
-                          f"learner at v{at_join} when it joined")
-    ctx.notes.append(f"rollout-1 on v{reached['mine']} with the learner on v{reached['learner']} "
-                     f"(v{at_join} when it joined)")
-    step = ctx.wait_step(step + 3)
-    r = _control(ctx, "rollout-1", "/drain")
-    if r.status_code != 202:
-        raise DrillFailed(f"POST /drain answered {r.status_code}: {r.text[:200]}")
-    leaver = ctx.fleet.services["rollout-1"]
-    ctx.wait_until("rollout-1 to drain and exit", lambda: not leaver.alive, poll_s=0.1)
-    line = next((x for x in leaver.log_tail(20_000).splitlines() if "drained:" in x), "")
-    ctx.notes.append(f"2 -> 1 at step {step}: {line.split('drained: ', 1)[-1] or 'no drain line in its log'}")
-    if " 0 handed back" not in line:
-        raise DrillFailed(f"rollout-1 handed prompts back (they would be regenerated): {line!r}")
-    ctx.fleet.stop("rollout-1")
+    plans = [ProcessPlan("rollout-0", "rollout", config)]
+    for i in range(1, ELASTIC_MAX):
+        plans.append(ProcessPlan(f"rollout-{i}", "rollout", {
+            **config, "port": free_port(), "worker": {**config["worker"], "consumer_name": f"rollout-{i}"}}))
+    pool = RolloutPoolSpec(min=1, max=ELASTIC_MAX, cooldown_up_s=0, cooldown_down_s=1, down_stable_s=1,
+                           drain_timeout_s=20)
+    scaler = Autoscaler(pool, plans, ctx.fleet, ctx.fleet.redis_url, RUN, CONTROL_TOKEN, lambda m: say(f"elastic: {m}"))
+    learner = ctx.fleet.services["learner"]
+    sizes = [1]  # the pool's size after each change
+    joined: dict[str, int] = {}  # joiner -> the learner's version when it joined
+    seen = 0
+    try:
+        while learner.alive:
+            if time.monotonic() > ctx.deadline:
+                raise DrillTimeout(f"the run did not finish; pool changes: {[c['action'] for c in scaler.changes]}")
+            scaler.tick()
+            running = len(scaler._running())
+            if running != sizes[-1]:
+                sizes.append(running)
+            for change in scaler.changes[seen:]:
+                seen += 1
+                name = change["replica"]
+                if change["action"] == "joined":
+                    at_join = (ctx.status() or {}).get("weight_version", 0)
+                    first = _weights(ctx, name)["first_update"]
+                    if not first or first["source"] != "peer":
+                        raise DrillFailed(f"{name}'s first weights did not come from a peer: {first}")
+                    ctx.notes.append(f"{name} joined with v{first['version']} from peer {first['peer']} "
+                                     f"(learner on v{at_join})")
+                    joined[name] = at_join
+                elif change["action"] in ("start", "drain"):
+                    ctx.notes.append(f"{change['action']} {name} at step {(ctx.status() or {}).get('step', '?')}: "
+                                     f"{change['reason'][:90]}")
+            time.sleep(0.2)
+    finally:
+        scaler.close()
+    ctx.notes.append("pool sizes: " + " -> ".join(map(str, sizes)))
+    for name, at_join in joined.items():
+        # the first ordinary round it loaded after its peer's weights: the learner had just published that version,
+        # so from then on the joiner is on the learner's current version (the log says it exactly; a poll of both
+        # versions races the learner's next publish)
+        log = (ctx.fleet.run_dir / "logs" / f"{name}.log").read_text()
+        first = ROUND.search(log)
+        if first is None or int(first.group(1)) - at_join > 2:
+            raise DrillFailed(f"{name} was not on the learner's version within 2 publishes of joining (learner on "
+                              f"v{at_join} then): first round {first and first.group(0)!r}")
+        ctx.notes.append(f"{name} level with the learner on v{first.group(1)} (v{at_join} when it joined)")
+    if max(sizes) != ELASTIC_MAX or sizes[-1] != 1:
+        raise DrillFailed(f"the pool went {' -> '.join(map(str, sizes))}, not 1 -> {ELASTIC_MAX} -> 1: "
+                          f"{[(c['action'], c['replica'], c['reason'][:80]) for c in scaler.changes]}")
+    for change in scaler.changes:
+        if change["action"] == "left":
+            log = ctx.fleet.run_dir / "logs" / f"{change['replica']}.log"
+            line = next((x for x in reversed(log.read_text().splitlines()) if "drained:" in x), "")
+            ctx.notes.append(f"{change['replica']} drained: {line.split('drained: ', 1)[-1] or 'no drain line'}")
+            if " 0 handed back" not in line:
+                raise DrillFailed(f"{change['replica']} handed prompts back (they would be regenerated): {line!r}")
+    published = [x for x in learner.log_tail(2_000_000).splitlines() if "published version" in x]
+    sizes_mb = {x.split("(", 1)[1].split(" MB", 1)[0] for x in published}
+    if len(sizes_mb) != 1 or "caught up" in learner.log_tail(2_000_000):
+        raise DrillFailed(f"the learner's bytes per version changed with the pool, or it ran a catch-up round: "
+                          f"{sorted(sizes_mb)} MB")
+    ctx.notes.append(f"learner published {len(published)} versions of {sizes_mb.pop()} MB each, no catch-up round")
 
 
 @dataclass(frozen=True)
@@ -239,6 +296,8 @@ class Drill:
     prompts: int = PROMPTS  # dataset rows (one epoch): a longer run where the drill needs the time
     worker: dict = field(default_factory=dict)  # the replicas' worker settings the drill changes
     learner: dict = field(default_factory=dict)  # the learner's settings the drill changes
+    scorers: tuple[dict, ...] = ()  # scorers the reward service adds (each must add 0.0: rewards are rechecked)
+    rows: Callable[[list[dict]], list[dict]] | None = None  # the drill's own fields on the dataset rows
 
 
 DRILLS = {d.name: d for d in (
@@ -247,10 +306,14 @@ DRILLS = {d.name: d for d in (
     Drill("reward-outage", reward_outage, 270),
     Drill("redis-restart", redis_restart, 240),
     Drill("replica-stop", replica_stop, 270),
-    # one group at a time per replica: a pool of one keeps the learner waiting, and the run lasts past the join
-    # (the learner's wait share is ~0.25-0.4 then on a 2-core machine: wait_high 0.1 makes the up rule's answer certain)
-    Drill("elastic", elastic, 180, replicas=("rollout-0",), prompts=6 * PROMPTS, worker={"concurrency": 1},
-          learner={"pool": {"wait_high": 0.1, "wait_low": 0.02}}),
+    # the pool goes 1 -> 3 -> 1 on the learner's signal; the first prompts' slow verifier starves the learner. The
+    # tiny learner trains a step in ~0.02 s, faster than any number of hf replicas on 2 cores deliver one, so it
+    # always waits some: the band says how much waiting is fine (grow at 95 %, shrink at 65 %); the slow verifier
+    # makes it ~97 % on one replica, three fast ones 34-56 %, one fast 60-90 % (0.85 made the pool grow back at
+    # the end of one run)
+    Drill("elastic", elastic, 240, replicas=("rollout-0",), prompts=ELASTIC_PROMPTS, scorers=(SLOW_SCORER,),
+          rows=elastic_rows, learner={"pool": {"window_steps": 4, "min_steps": 2, "wait_high": 0.95,
+                                               "wait_low": 0.65, "max_wait_share": 0.98}}),
 )}
 
 
@@ -316,6 +379,8 @@ class DrillResult:
 
 def run_drill(drill: Drill, root: Path, model: Path, rows: list[dict], redis_url: str | None = None) -> DrillResult:
     rows = rows[:drill.prompts]
+    if drill.rows is not None:
+        rows = drill.rows(rows)
     run = root / drill.name
     (run / "data").mkdir(parents=True, exist_ok=True)
     (run / "data" / "drill.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -326,7 +391,8 @@ def run_drill(drill: Drill, root: Path, model: Path, rows: list[dict], redis_url
     try:
         fleet.start_redis()
         # every service starts side by side (start-up is mostly imports and model loading); then all healthy
-        reward = fleet.start("reward", "services.reward", REWARD_CONFIG, wait=False)
+        reward = fleet.start("reward", "services.reward",
+                             {"scorers": [*REWARD_CONFIG["scorers"], *drill.scorers]}, wait=False)
         key = {"run_key": secrets.token_hex(32)}  # the fleet signs its queue records, as fleetrl run's does
         for i, name in enumerate(drill.replicas):
             cfg = _rollout_config(model, reward.url, f"rollout-{i}")

@@ -9,7 +9,9 @@ one :class:`Decision` with its reason. In order:
 3. no signal, or one older than ``signal_max_age_s``, or one measured before the last change finished
    (its ``at`` precedes it): hold;
 4. the signal's ``desired_replicas``, clamped to ``[min, max]``, is the target. Above the pool: grow to it once
-   ``cooldown_up_s`` has passed since the last change. Below: drain one replica once the signal has asked for
+   ``cooldown_up_s`` has passed since the last change. Below: never while the signal counts fewer live
+   replicas than are running (it was measured before the replicas starting joined: a pool of 1 asking for 2 while
+   2 more start is no reason to drain one); else drain one replica once the signal has asked for
    fewer for ``down_stable_s`` and ``cooldown_down_s`` has passed (one at a time: each drain is measured before
    the next). The learner's own band (``pool.wait_low`` .. ``pool.wait_high``) and these waits are the
    hysteresis: the pool does not flap between two sizes on a noisy signal.
@@ -82,6 +84,11 @@ def decide(pool: RolloutPoolSpec, *, running: int, died: list[str], signal: dict
             return Decision("hold", 0, f"the learner asks for {desired}; cooldown_up_s, {wait:.0f}s left", target)
         return Decision("up", target - running, f"the learner asks for {desired} replica(s): {why}", target)
     if target < running:
+        seen = int(signal.get("replicas", running))
+        if seen < running:  # measured before the replicas starting joined: it cannot say the pool is too big
+            memory.fewer_since = None
+            return Decision("hold", 0, f"the learner asks for {desired}, measured on {seen} live replica(s) of "
+                                       f"{running} running: waiting for the others to join", target)
         if memory.fewer_since is None:
             memory.fewer_since = now
         asked = now - memory.fewer_since

@@ -68,8 +68,9 @@ class RolloutPoolSpec(_Strict):
 
     min: int = Field(default=1, ge=1, le=64, description="Replicas the pool never goes below (started first).")
     max: int = Field(default=4, ge=1, le=64, description="Replicas the pool never goes above.")
-    cooldown_up_s: float = Field(default=20.0, ge=0, le=3600,
-                                 description="Seconds after any change before the pool grows again.")
+    cooldown_up_s: float = Field(default=5.0, ge=0, le=3600,
+                                 description="Seconds after any change before the pool grows again (the learner's "
+                                             "signal itself measures pool.min_steps steps at each new size first).")
     cooldown_down_s: float = Field(default=30.0, ge=0, le=3600,
                                    description="Seconds after any change before the pool shrinks again.")
     down_stable_s: float = Field(default=20.0, ge=0, le=3600,

@@ -23,6 +23,11 @@ experiences / its wall time, ``q`` prompts waiting in the stream for any replica
   pace the steps;
 - otherwise ``desired = R``; with no live replica at all, ``desired = max(1, ...)``.
 
+The window holds only steps measured at the current pool size: a step in which the number of live replicas
+changed empties it (what ``R`` old replicas delivered says nothing about ``R`` new ones, and a mixed window made
+one join look like a reason for the next), and until it holds ``min_steps`` steps the signal asks for ``R``
+(measuring). So the run's first steps and every change are measured before the pool moves again.
+
 ``desired`` is finally clamped to ``[1, max_replicas]``; a controller clamps it again to its own min / max.
 """
 
@@ -41,6 +46,9 @@ class PoolSignalSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     window_steps: int = Field(default=8, ge=1, le=1000, description="Steps the wait share and rates are measured over.")
+    min_steps: int = Field(default=3, ge=1, le=1000,
+                           description="Steps measured at the current pool size before the signal asks for another "
+                                       "size (a change in the live replicas starts the count again).")
     wait_high: float = Field(default=0.25, gt=0.0, lt=1.0,
                              description="Wait share at or above which the pool should grow (the learner is starved).")
     wait_low: float = Field(default=0.05, ge=0.0, lt=1.0,
@@ -52,6 +60,9 @@ class PoolSignalSettings(BaseModel):
 
     @model_validator(mode="after")
     def _band(self) -> PoolSignalSettings:
+        if self.min_steps > self.window_steps:
+            raise ValueError(f"pool.min_steps ({self.min_steps}) must be at most pool.window_steps "
+                             f"({self.window_steps})")
         if self.wait_low >= self.wait_high:
             raise ValueError(f"pool.wait_low ({self.wait_low}) must be below pool.wait_high ({self.wait_high}): the "
                              "band between them is the hysteresis")
@@ -66,14 +77,24 @@ class StepSample:
 
 
 class PoolWindow:
-    """The last ``size`` steps."""
+    """The last ``size`` steps, all measured with the same number of live replicas."""
 
     def __init__(self, size: int) -> None:
         self.steps: deque[StepSample] = deque(maxlen=size)
+        self.replicas: int | None = None  # live replicas the steps were measured with
 
-    def add(self, wall_s: float, wait_s: float, tokens: int) -> None:
+    def add(self, wall_s: float, wait_s: float, tokens: int, replicas: int | None = None) -> bool:
+        """Add one step; ``replicas``: live replicas when it ended. A step that ends with another number of live
+        replicas than the window's empties it and is itself left out (the pool changed during it). True: added."""
+        if replicas is not None and replicas != self.replicas:
+            changed = self.replicas is not None
+            self.steps.clear()
+            self.replicas = replicas
+            if changed:
+                return False
         wall = max(0.0, wall_s)
         self.steps.append(StepSample(wall, min(max(0.0, wait_s), wall), max(0, tokens)))
+        return True
 
     @property
     def wall_s(self) -> float:
@@ -118,6 +139,8 @@ def pool_signal(window: PoolWindow, *, replicas: int, prompts_waiting: int, grou
         desired, why = 1, "no live replica"
     elif not window.steps:
         desired, why = r, "no step measured yet"
+    elif len(window.steps) < s.min_steps:
+        desired, why = r, (f"measuring: {len(window.steps)} of min_steps {s.min_steps} step(s) at {r} replica(s)")
     elif w >= s.wait_high:
         need = r / (1.0 - min(w, s.max_wait_share))  # = D / p, with w capped
         desired = max(r + 1, math.ceil(need - 1e-9))

@@ -26,12 +26,14 @@ class PoolWatch:
         self.registry = ReplicaRegistry(redis, run)
         self.last: PoolSignal | None = None
         self._last_step_end: float | None = None
+        self._step: tuple[float, float, int] | None = None  # the step done, added to the window at publish
 
     def step_done(self, wait_s: float, tokens: int, now: float | None = None) -> None:
-        """Record a trained step: its wall time since the previous one, the part spent waiting, tokens trained."""
+        """Record a trained step: its wall time since the previous one, the part spent waiting, tokens trained
+        (added to the window by :meth:`publish`, with the live replicas it ended with)."""
         now = time.perf_counter() if now is None else now
         if self._last_step_end is not None:
-            self.window.add(now - self._last_step_end, wait_s, tokens)
+            self._step = (now - self._last_step_end, wait_s, tokens)
         self._last_step_end = now
 
     async def publish(self, step: int) -> PoolSignal:
@@ -43,6 +45,9 @@ class PoolWatch:
         in_flight = int((pending or {}).get("pending", 0) or 0)
         waiting = max(0, int(length) - in_flight)
         replicas = len(await self.registry.alive())
+        if self._step is not None:
+            self.window.add(*self._step, replicas=replicas)
+            self._step = None
         sig = pool_signal(self.window, replicas=replicas, prompts_waiting=waiting, groups_in_flight=in_flight,
                           settings=self.settings)
         record = {**sig.to_dict(), "step": step, "at": time.time()}

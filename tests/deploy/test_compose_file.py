@@ -228,12 +228,35 @@ def test_podman_override_resets_only_keys_the_stack_sets():
         return ("!reset", loader.construct_mapping(node) if isinstance(node, yaml.MappingNode) else None)
 
     Loader.add_constructor("!reset", reset)
+    Loader.add_constructor("!override", lambda loader, node: (
+        "!override", loader.construct_sequence(node) if isinstance(node, yaml.SequenceNode) else None))
     override = yaml.load((REPO / "deploy" / "compose" / "podman-local.yml").read_text(), Loader=Loader)
     for name, service in override["services"].items():
         resets += [(name, key) for key, value in service.items() if isinstance(value, tuple) and value[0] == "!reset"]
     assert resets, "the override resets depends_on for podman 4.3; if that changed, update this test"
     missing = [(name, key) for name, key in resets if key not in SERVICES.get(name, {})]
     assert not missing, f"!reset of keys docker-compose.yml does not set (podman-compose fails on them): {missing}"
+
+
+def test_podman_override_replaces_the_redis_healthcheck_it_changes():
+    """podman-compose 1.6 merges an override's list into the base's (``test: [CMD-SHELL, ...] + [CMD, ...]``) and
+    fails on the result ("'CMD-SHELL' takes a single string after it"): make compose-test failed at ``up``. The
+    override's healthcheck replaces the base's with ``!override``."""
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.add_constructor("!reset", lambda loader, node: None)
+    Loader.add_constructor("!override", lambda loader, node: ("!override", loader.construct_sequence(node)))
+    override = yaml.load((REPO / "deploy" / "compose" / "podman-local.yml").read_text(), Loader=Loader)
+    for name, service in override["services"].items():
+        test = (service.get("healthcheck") or {}).get("test") if isinstance(service, dict) else None
+        base = ((SERVICES.get(name) or {}).get("healthcheck") or {}).get("test")
+        if isinstance(test, list) and base is not None:
+            raise AssertionError(f"{name}: the override's healthcheck test would be appended to the base's {base}; "
+                                 "write it as test: !override [...]")
+        if isinstance(test, tuple):
+            assert test[0] == "!override" and test[1][0] in ("CMD", "CMD-SHELL", "NONE"), (name, test)
 
 
 def test_redis_requires_a_password_that_has_no_default_and_every_client_uses_it():

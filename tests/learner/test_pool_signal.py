@@ -11,7 +11,7 @@ from shared import keys
 from shared.weight_sync.registry import ReplicaRegistry
 from shared.weight_sync.wire import ReplicaInfo
 
-S = PoolSignalSettings(window_steps=4, wait_high=0.25, wait_low=0.05, max_replicas=8)
+S = PoolSignalSettings(window_steps=4, min_steps=1, wait_high=0.25, wait_low=0.05, max_replicas=8)
 
 
 def window(*steps: tuple[float, float, int]) -> PoolWindow:
@@ -68,9 +68,39 @@ def test_the_window_forgets_old_steps():
     assert w.wait_s == 0.0 and len(w.steps) == S.window_steps
 
 
+def test_a_change_in_the_live_replicas_starts_the_window_again():
+    w = PoolWindow(8)
+    assert w.add(4.0, 3.0, 100, replicas=1) and w.add(4.0, 3.0, 100, replicas=1)
+    # the step in which a second replica joined: what one replica delivered says nothing about two
+    assert not w.add(2.0, 0.5, 100, replicas=2)
+    assert len(w.steps) == 0 and w.replicas == 2
+    assert w.add(2.0, 0.0, 100, replicas=2) and len(w.steps) == 1 and w.wait_s == 0.0
+
+
+def test_the_signal_measures_min_steps_at_a_pool_size_before_it_moves():
+    s = PoolSignalSettings(window_steps=8, min_steps=3)
+    w = PoolWindow(8)
+    starved = (4.0, 3.0, 100)
+    asked = []
+    for replicas in (1, 1, 1, 1, 2, 2, 2, 2):
+        w.add(*starved, replicas=replicas)
+        asked.append(pool_signal(w, replicas=replicas, prompts_waiting=4, groups_in_flight=1,
+                                 settings=s).desired_replicas)
+    # 1 replica: measuring for 2 steps, then 4; the join (step 5) empties the window and is left out: 3 more steps
+    assert asked == [1, 1, 4, 4, 2, 2, 2, 8]
+    sig = pool_signal(PoolWindow(8), replicas=2, prompts_waiting=0, groups_in_flight=0, settings=s)
+    assert sig.reason == "no step measured yet"
+    w = PoolWindow(8)
+    w.add(*starved, replicas=2)
+    assert "measuring: 1 of min_steps 3" in pool_signal(w, replicas=2, prompts_waiting=0, groups_in_flight=0,
+                                                        settings=s).reason
+
+
 def test_band_must_be_ordered():
     with pytest.raises(ValidationError, match="wait_low .* must be below pool.wait_high"):
         PoolSignalSettings(wait_low=0.3, wait_high=0.2)
+    with pytest.raises(ValidationError, match="min_steps .* must be at most pool.window_steps"):
+        PoolSignalSettings(window_steps=4, min_steps=5)
 
 
 async def test_the_signal_lands_in_redis_with_the_live_replicas_and_the_queue(redis_client):

@@ -84,3 +84,29 @@ async def test_the_sidecar_is_built_from_the_section(tiny_model_dir):
         assert sidecar.info().transport == "snapshot"
     finally:
         await sidecar.redis.aclose()
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::"])
+async def test_a_wildcard_bind_advertises_a_reachable_peer_url(tiny_model_dir, host):
+    """In a container the service binds 0.0.0.0; its peers must not be told http://0.0.0.0:8001 (a joiner then
+    asked itself for the weights: compose's second replica never joined from a peer)."""
+    from services.rollout.sessions.registry import default_url
+
+    class Engine:
+        kind, weight_sink, weight_version = "hf", "services.rollout.weights.sinks.hf:HFSink", 0
+
+    s = load_settings(RolloutSettings, model=str(tiny_model_dir), redis_url="redis://127.0.0.1:1/0", port=8123,
+                      host=host)
+    sidecar = create_sidecar(Engine(), s)
+    try:
+        assert sidecar.peer_url == default_url(host, 8123) and "0.0.0.0" not in sidecar.peer_url
+        assert "://::" not in sidecar.peer_url
+    finally:
+        await sidecar.redis.aclose()
+    s = load_settings(RolloutSettings, model=str(tiny_model_dir), redis_url="redis://127.0.0.1:1/0", port=8123,
+                      host=host, advertise_url="http://rollout-3.internal:8001")
+    sidecar = create_sidecar(Engine(), s)
+    try:
+        assert sidecar.peer_url == "http://rollout-3.internal:8001"
+    finally:
+        await sidecar.redis.aclose()

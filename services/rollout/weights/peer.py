@@ -34,6 +34,10 @@ class PeerUnavailable(RuntimeError):
     """This peer cannot serve the version (gone, another version, bad bytes): try the next."""
 
 
+class PeerMovedOn(PeerUnavailable):
+    """This peer holds a newer version than the one asked for (409): ask it again for that one."""
+
+
 def bucket_bytes(targets: dict[str, Any], bucket: Bucket) -> bytes:
     """Bucket ``bucket`` of a version as this module holds it: each tensor's bytes in the wire dtype at its offset
     (what the learner's packing produced, so the learner's digests match)."""
@@ -77,36 +81,47 @@ class PeerCatchUp:
         random.shuffle(found)
         return sorted(found, key=lambda i: -i.weight_version)
 
-    async def run(self, version: int) -> bool:
+    async def run(self, version: int, attempts: int = 3) -> bool:
         """Load the newest version up to ``version`` that a peer holds (``version`` itself where one does: a peer
-        in the middle of a round may still be one behind); True if the engine moved to a newer version."""
+        in the middle of a round may still be one behind); True if the engine moved to a newer version. A peer
+        that moved on to a newer version while we fetched (409: the learner publishes every step) is asked again,
+        for the version it holds now, up to ``attempts`` times in all."""
         sc = self.sidecar
         if version < 1 or not hasattr(sc.sink, "load_buckets"):
             return False
-        records: dict[int, tuple[Manifest, Checksums] | None] = {}
-        for peer in await self.peers(version):
-            v = peer.weight_version
-            if v <= sc.weight_version:
-                continue
-            if v not in records:
-                records[v] = await version_records(sc.redis, sc.run, v)
-            if records[v] is None:
-                continue
-            manifest, sums = records[v]
-            t0 = time.perf_counter()
-            try:
-                buffers = await self._fetch(peer, manifest, sums)
-                fetched = time.perf_counter() - t0
-                await sc.sink.load_buckets(manifest, buffers)
-            except PeerUnavailable as exc:
-                log.warning("peer %s could not serve version %d: %s", peer.name, v, exc)
-                continue
-            self.last_peer = peer.peer_url
-            sc.note_peer_update(v, peer.peer_url, time.perf_counter() - t0,
-                                {"fetch": round(fetched, 4), "apply": round(time.perf_counter() - t0 - fetched, 4)})
-            log.info("weight version %d loaded from peer %s (%d buckets, %d bytes, %.2fs)", v, peer.name,
-                     len(manifest.buckets), manifest.total_bytes, time.perf_counter() - t0)
-            return True
+        for _ in range(attempts):
+            moved_on = False
+            records: dict[int, tuple[Manifest, Checksums] | None] = {}
+            for peer in await self.peers(version):
+                v = peer.weight_version
+                if v <= sc.weight_version:
+                    continue
+                if v not in records:
+                    records[v] = await version_records(sc.redis, sc.run, v)
+                if records[v] is None:
+                    continue
+                manifest, sums = records[v]
+                t0 = time.perf_counter()
+                try:
+                    buffers = await self._fetch(peer, manifest, sums)
+                    fetched = time.perf_counter() - t0
+                    await sc.sink.load_buckets(manifest, buffers)
+                except PeerMovedOn as exc:
+                    log.info("peer %s moved on from version %d: %s", peer.name, v, exc)
+                    moved_on = True
+                    continue
+                except PeerUnavailable as exc:
+                    log.warning("peer %s could not serve version %d: %s", peer.name, v, exc)
+                    continue
+                self.last_peer = peer.peer_url
+                sc.note_peer_update(v, peer.peer_url, time.perf_counter() - t0,
+                                    {"fetch": round(fetched, 4), "apply": round(time.perf_counter() - t0 - fetched, 4)})
+                log.info("weight version %d loaded from peer %s (%d buckets, %d bytes, %.2fs)", v, peer.name,
+                         len(manifest.buckets), manifest.total_bytes, time.perf_counter() - t0)
+                return True
+            if not moved_on:
+                return False
+            version = max(version, await sc.latest())  # the peers hold newer versions now: ask for those
         return False
 
     async def _fetch(self, peer: ReplicaInfo, manifest: Manifest, sums: Checksums) -> list[Any]:
@@ -123,6 +138,8 @@ class PeerCatchUp:
                     r = await client.get(url)
                 except httpx.HTTPError as exc:
                     raise PeerUnavailable(f"{url}: {type(exc).__name__}: {exc}") from exc
+                if r.status_code == 409:
+                    raise PeerMovedOn(f"{url}: HTTP 409 {r.text[:200]}")
                 if r.status_code != 200:
                     raise PeerUnavailable(f"{url}: HTTP {r.status_code} {r.text[:200]}")
                 if len(r.content) != b.nbytes:

@@ -36,6 +36,19 @@ def test_grows_to_the_signal_at_once_then_waits_the_cooldown():
     assert (d.action, d.count) == ("up", 1)
 
 
+def test_never_shrinks_on_a_signal_that_does_not_see_the_replicas_starting():
+    # 1 live replica asked for 3; 2 were started. Before they join, the learner (still on 1) asks for 2: that is
+    # "more than 1", not "fewer than 3" (the elastic drill drained a replica still starting on such a signal)
+    mem = PoolMemory(last_change_at=900.0)
+    early = {**sig(2, at=1000.0), "replicas": 1}
+    for now in (1000.0, 1030.0, 1060.0):
+        d = decide(POOL, running=3, died=[], signal={**early, "at": now}, now=now, memory=mem)
+        assert d.action == "hold" and "waiting for the others to join" in d.reason and mem.fewer_since is None
+    # once the signal is measured on all 3, asking for fewer starts the down_stable_s wait as before
+    d = decide(POOL, running=3, died=[], signal={**sig(2, at=1061.0), "replicas": 3}, now=1061.0, memory=mem)
+    assert d.action == "hold" and "down_stable_s" in d.reason
+
+
 def test_clamped_to_min_and_max():
     mem = PoolMemory()
     assert decide(POOL, running=4, died=[], signal=sig(9), now=1000.0, memory=mem).action == "hold"
