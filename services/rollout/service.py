@@ -107,7 +107,7 @@ class RolloutService:
                     await self._start(self.weight_sidecar)
             if self.settings.sessions.enabled:
                 from services.rollout.sessions.manager import SessionManager
-                from services.rollout.sessions.registry import default_url
+                from shared.advertise import default_url
 
                 s = self.settings
                 self.sessions = SessionManager(

@@ -90,7 +90,7 @@ async def test_the_sidecar_is_built_from_the_section(tiny_model_dir):
 async def test_a_wildcard_bind_advertises_a_reachable_peer_url(tiny_model_dir, host):
     """In a container the service binds 0.0.0.0; its peers must not be told http://0.0.0.0:8001 (a joiner then
     asked itself for the weights: compose's second replica never joined from a peer)."""
-    from services.rollout.sessions.registry import default_url
+    from shared.advertise import default_url
 
     class Engine:
         kind, weight_sink, weight_version = "hf", "services.rollout.weights.sinks.hf:HFSink", 0

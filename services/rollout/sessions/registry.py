@@ -21,7 +21,6 @@ that has not expired yet but whose replica refuses connections (SIGKILLed moment
 from __future__ import annotations
 
 import math
-import socket
 import time
 from typing import Any
 
@@ -29,6 +28,7 @@ import httpx
 import redis.asyncio as aioredis
 
 from shared import keys
+from shared.advertise import default_url
 from shared.service_kit.errors import ServiceError
 
 ENDED = ("finished", "deleted", "expired")
@@ -50,24 +50,6 @@ class SessionElsewhere(ServiceError):
                          headers={"X-Session-Replica": owner})
         self.session_id = session_id
         self.owner = owner
-
-
-def default_url(host: str, port: int) -> str | None:
-    """``http://<host>:<port>``; a wildcard host (0.0.0.0, ::) becomes the address of the machine's hostname
-    (in a container or pod: its IP on the network), else the hostname itself. None for port 0 (the port is
-    known once bound: :func:`url_of_socket`)."""
-    if port == 0:
-        return None
-    if host in ("", "0.0.0.0", "::", "[::]"):
-        name = socket.gethostname()
-        try:
-            addr = socket.gethostbyname(name)
-        except OSError:
-            addr = ""
-        host = addr if addr and not addr.startswith("127.") else name
-    if ":" in host and not host.startswith("["):
-        host = f"[{host}]"
-    return f"http://{host}:{port}"
 
 
 def url_of_socket(host: str, scope: dict[str, Any]) -> str | None:

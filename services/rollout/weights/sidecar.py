@@ -50,7 +50,7 @@ def create_sidecar(engine: Any, settings: Any) -> WeightSidecar | None:
 
     redis = aioredis.from_url(settings.redis_url, socket_connect_timeout=5, socket_timeout=30)
     token = settings.control_token.get_secret_value() if settings.control_token else None
-    from services.rollout.sessions.registry import default_url
+    from shared.advertise import default_url
 
     # where peers reach this replica: a wildcard bind (0.0.0.0 in a container) advertises the container's address,
     # as session mode does; http://0.0.0.0:8001 sent each joiner to itself (compose: no join from a peer)
