@@ -14,6 +14,7 @@ import json
 import secrets
 import shutil
 import signal
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -45,6 +46,7 @@ from .summary import build_summary, heldout_points, read_summary
 
 START_ORDER = {"rollout": 0, "learner": 1, "reward": 2}  # the order services start in (stable within a kind)
 LEARNER_STOP_S = 180.0  # the learner finishes its step and checkpoints before it exits
+FOLLOW_TICK_S = 0.5  # the display's refresh; the learner's exit ends a tick at once
 
 
 class RunError(RuntimeError):
@@ -277,7 +279,7 @@ class RunLauncher:
                     self._next_eval = view.step + self.spec.eval.every
                     self._eval_thread = threading.Thread(target=self._evaluate, args=(rows, view.step), daemon=True)
                     self._eval_thread.start()
-                time.sleep(0.5)
+                _wait_for_exit(learner.proc, FOLLOW_TICK_S)  # a tick, cut short when the learner exits
         finally:
             poller.close()
             if self._autoscaler is not None:
@@ -391,6 +393,14 @@ class RunLauncher:
             self.display.event("stopping the learner (it checkpoints first)")
         fleet.stop("learner", timeout=LEARNER_STOP_S)
         fleet.stop_all()
+
+
+def _wait_for_exit(proc, seconds: float) -> None:
+    """Up to ``seconds``, less if ``proc`` (a service's ``Popen`` or forked process) exits meanwhile."""
+    try:
+        proc.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        pass
 
 
 def run_spec(spec: RunSpec, spec_file: Path, display: Display, *, reset: bool = False,

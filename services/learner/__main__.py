@@ -1,3 +1,7 @@
-from services.learner.cli import app
+"""``python -m services.learner``: the CLI, then the process leaves without the interpreter's teardown once the
+service has shut down in order (shared/service_kit/process_exit.py)."""
 
-app()
+from services.learner.cli import app
+from shared.service_kit.process_exit import run_main
+
+run_main(app)

@@ -24,7 +24,8 @@ import os
 import socket
 import time
 import uuid
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 from services.rollout.weights.peer import PeerCatchUp
 from services.rollout.weights.receiver import RoundWatcher
@@ -34,6 +35,8 @@ from services.rollout.weights.transport import LastUpdate, ReplicaTransport
 from shared import keys
 from shared.weight_sync.registry import ReplicaRegistry
 from shared.weight_sync.wire import ReplicaInfo
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +132,8 @@ class WeightSidecar:
                             latest, self.settings.join_timeout_s, self.weight_version)
 
     async def stop(self) -> None:
-        # loops end at their next sleep; cancelling one inside a redis call can stall the client's cleanup
+        # loops end at their next sleep, the round loop's read of the announcements at once (unless_stopping);
+        # a loop is cancelled only if it has not ended within 5 s
         self._stopping.set()
         _, late = await asyncio.wait(self._tasks, timeout=5.0) if self._tasks else (set(), set())
         for t in late:
@@ -232,6 +236,21 @@ class WeightSidecar:
         except (asyncio.TimeoutError, TimeoutError):
             return True
         return False
+
+    async def unless_stopping(self, read: Awaitable[T]) -> T | None:
+        """``read``'s result, or None as soon as the sidecar is stopping: a loop's blocking read between rounds
+        (``poll_s`` long) is then cancelled, so a stop (and the process's exit) does not wait it out. redis-py
+        drops the connection a cancelled read was on; nothing else is cancelled (a round holds ``busy``)."""
+        task = asyncio.ensure_future(read)
+        stopping = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait({task, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        return None if task.cancelled() else task.result()
 
     async def _heartbeat_loop(self) -> None:
         while await self.sleep(self.settings.heartbeat_s):

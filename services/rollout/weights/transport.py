@@ -17,8 +17,8 @@ import asyncio
 import logging
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Coroutine
-from typing import Any, ClassVar, Literal, Protocol
+from collections.abc import Awaitable, Coroutine
+from typing import Any, ClassVar, Literal, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -26,6 +26,8 @@ from services.rollout.weights.receiver import RoundWatcher, UpdateRefused
 from services.rollout.weights.sinks.base import WeightSink
 from shared.weight_sync import keys as wkeys
 from shared.weight_sync.wire import IpcRound, Manifest, ReportState, Transport
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +66,7 @@ class Sidecar(Protocol):
     def stopping(self) -> bool: ...
     async def advertise(self) -> None: ...
     async def sleep(self, seconds: float) -> bool: ...
+    async def unless_stopping(self, read: Awaitable[T]) -> T | None: ...
     async def notify(self) -> None: ...
 
 
@@ -109,7 +112,8 @@ class CollectiveJoin(ReplicaTransport):
         watcher = self._watcher()
         while not sc.stopping:
             try:
-                found = await watcher.wait(watcher.poll_s)  # returns as soon as a round is announced
+                # returns as soon as a round is announced, or the sidecar stops
+                found = await sc.unless_stopping(watcher.wait(watcher.poll_s))
             except Exception as exc:  # noqa: BLE001 - the loop outlives a failed read (Redis away)
                 log.warning("reading the rendezvous failed: %s", exc)
                 await sc.sleep(1.0)
