@@ -221,7 +221,7 @@ def elastic_rows(rows: list[dict]) -> list[dict]:
             for i, r in enumerate(rows)]
 
 
-PACE_SCORE_S = 1.0  # learner-double-kill's scoring time per answer: the learner's pace (see DRILLS)
+PACE_SCORE_S = 2.0  # learner-double-kill's scoring time per answer: the learner's pace (see DRILLS)
 
 
 def paced_rows(rows: list[dict]) -> list[dict]:
@@ -335,7 +335,8 @@ DRILLS = {d.name: d for d in (
     Drill("rollout-kill", rollout_kill, 240),
     # each answer scored after PACE_SCORE_S (a slow verifier's sleep, no CPU): the tiny learner trains a step in ~0.05 s
     # and, fed from a full window, went through 12 steps in 0.75 s, so under load a /status poll could miss the
-    # 3-step kill windows; paced, two replicas deliver a step in >= ~0.5 s, however idle or busy the machine. Its bound
+    # 3-step kill windows; paced, two replicas (4 groups each in flight) deliver 2 steps per >= 2 s, so each window stays
+    # open >= ~2 s however idle or busy the machine (at 1 s: steps 5, 6 | 7, 8 came 0.2 | 1.1 | 0.2 s apart). Its bound
     # stays under pytest-timeout's 300 s: a hang is the drill's own error, its fleet stopped (at 300 pytest killed the
     # test first and left the fleet running)
     Drill("learner-double-kill", learner_double_kill, 240, scorers=(SLOW_SCORER,), rows=paced_rows),
