@@ -96,16 +96,25 @@ class Ctx:
             time.sleep(poll_s)
 
     def wait_step(self, low: int, high: int | None = None) -> int:
-        """Wait until the learner's step is in [low, high]; returns it."""
-        seen = {}
+        """Wait until the learner's step is in [low, high]; returns it. A step past ``high`` (the learner went
+        through the window between two polls) fails at once, naming the steps the polls saw."""
+        seen: list[int] = []
 
         def ok() -> bool:
             st = self.status()
-            seen["step"] = st.get("step", -1) if st else -1
-            return seen["step"] >= low and (high is None or seen["step"] <= high)
+            step = st.get("step", -1) if st else -1
+            if not seen or seen[-1] != step:
+                seen.append(step)
+            if high is not None and step > high:
+                raise DrillFailed(f"the learner passed step {high} before a poll saw it in [{low}, {high}] "
+                                  f"(steps seen, in order: {seen})")
+            return step >= low
 
-        self.wait_until(f"learner step in [{low}, {high}]", ok, poll_s=0.02)
-        return seen["step"]
+        try:
+            self.wait_until(f"learner step in [{low}, {high}]", ok, poll_s=0.02)
+        except DrillTimeout as exc:
+            raise DrillTimeout(f"{exc} (steps seen, in order: {seen})") from None
+        return seen[-1]
 
     def pending_on(self, consumer: str) -> int:
         r = redis.Redis.from_url(self.fleet.redis_url, socket_timeout=2)
@@ -189,6 +198,7 @@ ELASTIC_PROMPTS = 10 * PROMPTS
 ELASTIC_SLOW_ROWS = 12 * GROUPS_PER_STEP
 SLOW_VERIFIER_S = 2.0
 ELASTIC_MAX = 3
+ELASTIC_COOLDOWN_UP_S = 600.0  # longer than the drill's bound: one growth per run (see elastic())
 SLOW_SCORER = {"name": "slow-verifier", "kind": "python", "function": "deploy.local.drills:slow_verifier",
                "signature": "verl", "max_workers": 256, "timeout_s": 30.0}
 
@@ -211,6 +221,13 @@ def elastic_rows(rows: list[dict]) -> list[dict]:
             for i, r in enumerate(rows)]
 
 
+PACE_SCORE_S = 2.0  # learner-double-kill's scoring time per answer: the learner's pace (see DRILLS)
+
+
+def paced_rows(rows: list[dict]) -> list[dict]:
+    return [{**r, "extra_info": {"delay_s": PACE_SCORE_S}} for r in rows]
+
+
 def elastic(ctx: Ctx) -> None:
     """``fleetrl run``'s controller (``deploy/run/autoscale.py``) drives the pool from the learner's signal; the drill
     only watches: each joiner's first weights come from a peer and it is level with the learner within 2
@@ -226,12 +243,19 @@ def elastic(ctx: Ctx) -> None:
     for i in range(1, ELASTIC_MAX):
         plans.append(ProcessPlan(f"rollout-{i}", "rollout", {
             **config, "port": free_port(), "worker": {**config["worker"], "consumer_name": f"rollout-{i}"}}))
-    pool = RolloutPoolSpec(min=1, max=ELASTIC_MAX, cooldown_up_s=0, cooldown_down_s=1, down_stable_s=1,
-                           drain_timeout_s=20)
+    # cooldown_up_s past the drill's bound: the pool grows once (the first growth has no change before it). Once the
+    # slow prompts are done, one fast replica still starves the tiny learner >= 95 % on a loaded machine (96 % with
+    # a second drill beside it), so the controller rightly grew the pool again (1 -> 3 -> 2 -> 1 -> 3 -> 2 -> 1),
+    # and had that landed at the end of the data the run would have ended at 3
+    pool = RolloutPoolSpec(min=1, max=ELASTIC_MAX, cooldown_up_s=ELASTIC_COOLDOWN_UP_S, cooldown_down_s=1,
+                           down_stable_s=1, drain_timeout_s=20)
     scaler = Autoscaler(pool, plans, ctx.fleet, ctx.fleet.redis_url, RUN, CONTROL_TOKEN, lambda m: say(f"elastic: {m}"))
     learner = ctx.fleet.services["learner"]
     sizes = [1]  # the pool's size after each change
-    joined: dict[str, int] = {}  # joiner -> the learner's version when it joined
+    # every join: (replica, where its log stood when it was started, the learner's version when it joined). A replica
+    # started again appends to the same log, so each join's rounds are read from its own start on
+    joined: list[tuple[str, int, int]] = []
+    log_at: dict[str, int] = {}  # replica -> its log's size when it was last started
     seen = 0
     try:
         while learner.alive:
@@ -251,23 +275,30 @@ def elastic(ctx: Ctx) -> None:
                         raise DrillFailed(f"{name}'s first weights did not come from a peer: {first}")
                     ctx.notes.append(f"{name} joined with v{first['version']} from peer {first['peer']} "
                                      f"(learner on v{at_join})")
-                    joined[name] = at_join
-                elif change["action"] in ("start", "drain"):
+                    joined.append((name, log_at.get(name, 0), at_join))
+                if change["action"] in ("start", "replace"):
+                    log = ctx.fleet.run_dir / "logs" / f"{name}.log"
+                    log_at[name] = log.stat().st_size if log.exists() else 0
+                if change["action"] in ("start", "drain"):
                     ctx.notes.append(f"{change['action']} {name} at step {(ctx.status() or {}).get('step', '?')}: "
                                      f"{change['reason'][:90]}")
             time.sleep(0.2)
     finally:
         scaler.close()
     ctx.notes.append("pool sizes: " + " -> ".join(map(str, sizes)))
-    for name, at_join in joined.items():
+    for name, offset, at_join in joined:
         # the first ordinary round it loaded after its peer's weights: the learner had just published that version,
         # so from then on the joiner is on the learner's current version (the log says it exactly; a poll of both
         # versions races the learner's next publish)
-        log = (ctx.fleet.run_dir / "logs" / f"{name}.log").read_text()
+        with open(ctx.fleet.run_dir / "logs" / f"{name}.log", "rb") as f:
+            f.seek(offset)
+            log = f.read().decode(errors="replace")
         first = ROUND.search(log)
         if first is None or int(first.group(1)) - at_join > 2:
+            weights = [x[:200] for x in log.splitlines() if "weight" in x][:12]
             raise DrillFailed(f"{name} was not on the learner's version within 2 publishes of joining (learner on "
-                              f"v{at_join} then): first round {first and first.group(0)!r}")
+                              f"v{at_join} then): first round {first and first.group(0)!r}; its weight lines since "
+                              f"its start: {weights}")
         ctx.notes.append(f"{name} level with the learner on v{first.group(1)} (v{at_join} when it joined)")
     if max(sizes) != ELASTIC_MAX or sizes[-1] != 1:
         raise DrillFailed(f"the pool went {' -> '.join(map(str, sizes))}, not 1 -> {ELASTIC_MAX} -> 1: "
@@ -302,7 +333,13 @@ class Drill:
 
 DRILLS = {d.name: d for d in (
     Drill("rollout-kill", rollout_kill, 240),
-    Drill("learner-double-kill", learner_double_kill, 300),
+    # each answer scored after PACE_SCORE_S (a slow verifier's sleep, no CPU): the tiny learner trains a step in ~0.05 s
+    # and, fed from a full window, went through 12 steps in 0.75 s, so under load a /status poll could miss the
+    # 3-step kill windows; paced, two replicas (4 groups each in flight) deliver 2 steps per >= 2 s, so each window stays
+    # open >= ~2 s however idle or busy the machine (at 1 s: steps 5, 6 | 7, 8 came 0.2 | 1.1 | 0.2 s apart). Its bound
+    # stays under pytest-timeout's 300 s: a hang is the drill's own error, its fleet stopped (at 300 pytest killed the
+    # test first and left the fleet running)
+    Drill("learner-double-kill", learner_double_kill, 240, scorers=(SLOW_SCORER,), rows=paced_rows),
     Drill("reward-outage", reward_outage, 270),
     Drill("redis-restart", redis_restart, 240),
     Drill("replica-stop", replica_stop, 270),

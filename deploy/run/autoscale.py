@@ -9,7 +9,9 @@ one :class:`Decision` with its reason. In order:
 3. no signal, or one older than ``signal_max_age_s``, or one measured before the last change finished
    (its ``at`` precedes it): hold;
 4. the signal's ``desired_replicas``, clamped to ``[min, max]``, is the target. Above the pool: grow to it once
-   ``cooldown_up_s`` has passed since the last change. Below: never while the signal counts fewer live
+   ``cooldown_up_s`` has passed since the last change, unless the signal asks for no more than the live replicas
+   it counted and that count includes one being drained (a pool of 2 "within the band" while one drains is no
+   reason to start one again: the elastic drill went 2 -> 1 -> 2 on such a signal). Below: never while the signal counts fewer live
    replicas than are running (it was measured before the replicas starting joined: a pool of 1 asking for 2 while
    2 more start is no reason to drain one); else drain one replica once the signal has asked for
    fewer for ``down_stable_s`` and ``cooldown_down_s`` has passed (one at a time: each drain is measured before
@@ -79,6 +81,10 @@ def decide(pool: RolloutPoolSpec, *, running: int, died: list[str], signal: dict
     why = str(signal.get("reason", ""))
     if target > running:
         memory.fewer_since = None
+        seen = int(signal.get("replicas", running))
+        if desired <= seen and seen > running:  # "keep the R I see", R counting a replica being drained
+            return Decision("hold", 0, f"the learner asks for {desired}, no more than the {seen} live replica(s) it "
+                                       f"measured of {running} running: waiting for the drain to finish", target)
         wait = pool.cooldown_up_s - (now - memory.last_change_at)
         if wait > 0:
             return Decision("hold", 0, f"the learner asks for {desired}; cooldown_up_s, {wait:.0f}s left", target)

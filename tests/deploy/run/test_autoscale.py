@@ -49,6 +49,20 @@ def test_never_shrinks_on_a_signal_that_does_not_see_the_replicas_starting():
     assert d.action == "hold" and "down_stable_s" in d.reason
 
 
+def test_never_grows_back_on_a_signal_that_still_counts_a_replica_being_drained():
+    # 2 live, one drained: the learner, still counting 2, says "2, within the band" (keep what I see); that is not
+    # "more than 1" (the elastic drill started the drained replica again on such a signal: 1 -> 3 -> 2 -> 1 -> 2)
+    mem = PoolMemory(last_change_at=1000.0)
+    d = decide(POOL, running=1, died=[], signal={**sig(2, at=1001.0), "replicas": 2}, now=1015.0, memory=mem)
+    assert d.action == "hold" and "waiting for the drain to finish" in d.reason
+    # a learner starved on the 2 it counts does ask for more than it sees: grow
+    d = decide(POOL, running=1, died=[], signal={**sig(3, at=1001.0), "replicas": 2}, now=1015.0, memory=mem)
+    assert (d.action, d.count, d.target) == ("up", 2, 3)
+    # once it counts the 1 left, asking for 2 is asking for more
+    d = decide(POOL, running=1, died=[], signal={**sig(2, at=1016.0), "replicas": 1}, now=1016.0, memory=mem)
+    assert (d.action, d.count) == ("up", 1)
+
+
 def test_clamped_to_min_and_max():
     mem = PoolMemory()
     assert decide(POOL, running=4, died=[], signal=sig(9), now=1000.0, memory=mem).action == "hold"
