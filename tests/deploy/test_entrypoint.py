@@ -151,3 +151,13 @@ while True:
         time.sleep(0.1)
     assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text(), \
         "the engine server was stopped after the service"
+
+
+def test_the_service_replaces_the_entrypoint_so_it_gets_the_containers_signals(tmp_path):
+    """No supervisor in between without an engine: the service runs as the entrypoint's own process (PID 1 in the
+    container), so `docker stop`'s SIGTERM reaches it."""
+    proc = subprocess.Popen([sys.executable, "-m", "deploy.docker.entrypoint", sys.executable, "-c",
+                             "import os; print(os.getpid())"], cwd=REPO, env={"PATH": "/usr/bin:/bin"},
+                            stdout=subprocess.PIPE, text=True)
+    out, _ = proc.communicate(timeout=30)
+    assert int(out.strip()) == proc.pid
