@@ -29,6 +29,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 import redis
@@ -38,6 +39,7 @@ from deploy.compose.elastic_checks import drained_line, grace_seconds, trained_p
 from shared import keys
 from shared.ports import free_port
 from shared.weight_sync import keys as wkeys
+from shared.weight_sync.wire import ReplicaInfo
 
 REPO = Path(__file__).resolve().parents[2]
 STAGE = REPO / "deploy" / "docker" / "stage"
@@ -195,7 +197,10 @@ def scale_down(stack: Stack, n: int, redis_client, dump) -> dict:
     grace = grace_seconds(compose_service("rollout").get("stop_grace_period"))
     before = stack.containers("rollout")
     say(f"scaling rollout {len(before)} -> {n} (stop_grace_period {grace:.0f}s)")
-    hostnames = {c: stack.inspect(c, "{{.Config.Hostname}}") for c in before}
+    ips = {c: stack.ip(c) for c in before}  # a replica's registry entry names its address (peer_url)
+    registry_before = registry_addresses(redis_client)
+    if sorted(registry_before) != sorted(ips.values()):
+        raise Failure(f"the weight registry holds {registry_before}, the rollout containers are {ips}")
     t0 = time.monotonic()
     stack.run("up", "-d", "--no-build", "--scale", f"rollout={n}", "rollout")
     still = stack.containers("rollout")
@@ -211,12 +216,12 @@ def scale_down(stack: Stack, n: int, redis_client, dump) -> dict:
     wait_until(f"{len(gone)} rollout container(s) to exit", lambda: not set(gone) & set(stack.containers("rollout")),
                grace + 30, on_timeout=dump)
     out["scale_down_s"] = round(time.monotonic() - t0, 1)
-    registry = {k.decode() if isinstance(k, bytes) else k for k in redis_client.hkeys(wkeys.replicas(RUN_NAME))}
+    registry = registry_addresses(redis_client)
     for c in gone:
         code = stack.inspect(c, "{{.State.ExitCode}}")
         log = stack.logs(c, tail=400)
         drained = drained_line(log)
-        left_registry = not any(rid.split(":", 1)[0] == hostnames[c] for rid in registry)
+        left_registry = ips[c] not in registry
         out["drained"][c] = {"exit_code": int(code), "stop_s": stop_s.get(c),
                              "drain": drained.__dict__ if drained else None, "left_registry": left_registry}
         problems = [p for p, bad in ((f"exit code {code}", code != "0"), ("no drain in its log", drained is None),
@@ -226,8 +231,17 @@ def scale_down(stack: Stack, n: int, redis_client, dump) -> dict:
             raise Failure(f"{c} did not leave the pool cleanly: {', '.join(problems)}\n{log[-3000:]}")
     for c in surplus:
         sh(stack.podman + ["rm", c], check=False, capture=True)
-    out["registry_after"] = sorted(registry)
+    if sorted(registry) != sorted(ips[c] for c in keep):
+        raise Failure(f"after the scale-down the weight registry holds {registry}, the replicas kept are "
+                      f"{[ips[c] for c in keep]}")
+    out["registry"] = {"before": sorted(registry_before), "after": sorted(registry)}
     return out
+
+
+def registry_addresses(redis_client) -> list[str]:
+    """The host of each replica in the weight-sync registry (its ``peer_url``: the container's address)."""
+    raw = redis_client.hgetall(wkeys.replicas(RUN_NAME))
+    return [urlsplit(ReplicaInfo.loads(v).peer_url).hostname or "" for v in raw.values()]
 
 
 def account(stack: Stack, redis_client, drained: dict) -> dict:
@@ -248,7 +262,7 @@ def account(stack: Stack, redis_client, drained: dict) -> dict:
     out = {"dead_letters": dead, "pending_on_replicas_that_left": held_by_left, "steps": trained.steps,
            "groups_trained": trained.groups, "samples_trained": trained.samples,
            "positions_trained_twice": trained.twice[:10], "positions_trained_short": trained.short[:10],
-           "learner_counters": trained.counters}
+           "learner_counters": trained.counters, "counters_rose_at_steps": trained.rose_at}
     problems = [p for p, bad in (("dead letters", any(dead.values())), ("prompts pending on a replica that left",
                                  held_by_left), ("positions trained twice", trained.twice),
                                  ("groups trained short", trained.short),

@@ -18,6 +18,8 @@ from deploy.local.drill_accounting import committed_samples, position_of
 from services.learner.observability import read_history
 from services.learner.run_state import COUNTERS
 
+# learner counters of work done again or thrown away: the steps at which they rose, to set against the scale's
+WATCHED = ("experiences_dropped_stale", "experiences_deduplicated", "prompts_reissued", "prompts_abandoned")
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(us|ms|s|m|h)")
 _UNIT_S = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 # services/rollout/worker/loop.py RolloutWorker.drain's log line
@@ -67,6 +69,7 @@ class Trained:
     twice: list[str] = field(default_factory=list)       # positions with two groups, or a sample id twice
     short: list[str] = field(default_factory=list)       # positions trained with fewer samples than a group
     counters: dict = field(default_factory=dict)         # the learner's counters at its last step
+    rose_at: dict = field(default_factory=dict)          # counter -> the steps at which it rose (WATCHED)
 
     @property
     def ok(self) -> bool:
@@ -86,6 +89,15 @@ def trained_positions(metrics_jsonl: Path, group_size: int) -> Trained:
     twice = {p for p, g in groups.items() if len(g) > 1} | {position_of(s) for s, n in per_sample.items() if n > 1}
     short = {p for p, n in per_position.items() if p not in twice and n != group_size}
     history = read_history(metrics_jsonl)
+    rose_at: dict[str, list[int]] = {}
+    for name in WATCHED:
+        prev = 0
+        for step in sorted(history):
+            value = int(history[step].get(name, prev) or 0)
+            if value > prev:
+                rose_at.setdefault(name, []).append(step)
+            prev = value
     return Trained(steps=len(history), groups=sum(len(g) for g in groups.values()), samples=len(samples),
                    twice=sorted(twice), short=sorted(short),
-                   counters={k: history[max(history)][k] for k in COUNTERS if k in history[max(history)]})
+                   counters={k: history[max(history)][k] for k in COUNTERS if k in history[max(history)]},
+                   rose_at=rose_at)

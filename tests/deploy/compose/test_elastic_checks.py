@@ -35,9 +35,11 @@ def test_the_drain_line_the_worker_logs_is_read(caplog):
     assert drained_line("rollout worker abc-1 started (run demo, concurrency 32)") is None
 
 
-def _metrics(path, steps):
+def _metrics(path, steps, stale=None):
     path.write_text("".join(json.dumps({"step": s, "sample_ids": ids, "prompts_abandoned": 0,
-                                        "experiences_deduplicated": 2}) + "\n" for s, ids in steps))
+                                        "experiences_deduplicated": 2,
+                                        "experiences_dropped_stale": (stale or {}).get(s, 0)}) + "\n"
+                            for s, ids in steps))
     return path
 
 
@@ -49,7 +51,14 @@ def test_every_group_once_and_whole_is_ok(tmp_path):
     t = trained_positions(_metrics(tmp_path / "m.jsonl", [(1, _group("e0-0") + _group("e0-1")),
                                                           (2, _group("e0-2") + _group("e1-0"))]), group_size=2)
     assert t.ok and (t.steps, t.groups, t.samples) == (2, 4, 8)
-    assert t.counters == {"prompts_abandoned": 0, "experiences_deduplicated": 2}
+    assert t.counters == {"prompts_abandoned": 0, "experiences_deduplicated": 2, "experiences_dropped_stale": 0}
+    assert t.rose_at == {"experiences_deduplicated": [1]}
+
+
+def test_the_steps_at_which_work_was_thrown_away_are_named(tmp_path):
+    steps = [(s, _group(f"e0-{s}")) for s in range(1, 6)]
+    t = trained_positions(_metrics(tmp_path / "m.jsonl", steps, stale={1: 0, 2: 8, 3: 8, 4: 16, 5: 16}), group_size=2)
+    assert t.rose_at["experiences_dropped_stale"] == [2, 4]
 
 
 def test_a_position_trained_in_two_groups_or_a_sample_twice_is_found(tmp_path):
