@@ -426,6 +426,8 @@ def main(argv: list[str] | None = None) -> int:
         if demo:  # the demo service measures held-out accuracy once the learner is done: let it finish
             wait_until("the demo service to exit", lambda: not stack.containers("demo"), 300)
             figures["demo_log_tail"] = stack.logs(demo[0], 4).strip().splitlines()
+            if not any("held-out greedy accuracy after" in line for line in figures["demo_log_tail"]):
+                raise Failure(f"the demo service measured no held-out accuracy:\n{stack.logs(demo[0], 30)}")
         rc = 0
     except (Failure, LearnerGone, subprocess.TimeoutExpired) as exc:
         say(f"FAILED: {exc}")

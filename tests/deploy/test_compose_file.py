@@ -287,6 +287,8 @@ def test_the_reward_service_needs_the_token_and_every_rollout_sends_it():
     assert token.fullmatch(SERVICES["reward"]["environment"]["FLEETRL_REWARD_AUTH_TOKEN"])
     for name in ("rollout", "rollout-vllm", "rollout-sglang"):
         assert token.fullmatch(SERVICES[name]["environment"]["FLEETRL_ROLLOUT_WORKER__REWARD_TOKEN"]), name
+    # the demo scores held-out answers on /score too (it got 401 and exited before measuring anything)
+    assert token.fullmatch(SERVICES["demo"]["environment"]["FLEETRL_DEMO_REWARD_TOKEN"])
 
 
 # 10 s past the drain: handing back what was cut off, the sidecar deregistering, the engine stopping
