@@ -22,7 +22,7 @@ SIGNAL_TTL_S = 600
 class PoolWatch:
     def __init__(self, redis: Any, run: str, settings: PoolSignalSettings) -> None:
         self.redis, self.run, self.settings = redis, run, settings
-        self.window = PoolWindow(settings.window_steps)
+        self.window = PoolWindow(settings.window_steps, warmup=settings.warmup_steps)
         self.registry = ReplicaRegistry(redis, run)
         self.last: PoolSignal | None = None
         self._last_step_end: float | None = None
@@ -46,7 +46,7 @@ class PoolWatch:
         waiting = max(0, int(length) - in_flight)
         replicas = len(await self.registry.alive())
         if self._step is not None:
-            self.window.add(*self._step, replicas=replicas)
+            self.window.add(*self._step, replicas=replicas, waiting=waiting, in_flight=in_flight)
             self._step = None
         sig = pool_signal(self.window, replicas=replicas, prompts_waiting=waiting, groups_in_flight=in_flight,
                           settings=self.settings)
