@@ -7,9 +7,10 @@ into a :class:`PoolSignal`. The learner publishes it every step (``rl_runner``):
 read by ``fleetrl run``'s controller, a KEDA / HPA metric, the Ray launcher).
 
 The formula (``R`` live replicas, ``w`` the learner's wait share over the window = time it waited for
-experiences / its wall time, ``q`` prompts waiting in the stream for any replica, ``b`` the **backlog**: the
-median of ``q`` over the window's steps, each sampled when the step ended, ``g`` the median of the groups in
-flight (taken by a replica, not finished) over the same steps):
+experiences / its wall time, ``q`` prompts waiting in the stream for any replica now, ``b`` the **backlog**: the
+median over the window's steps of the prompts that waited for a replica *while the learner waited* (each step's
+mean of the stream samples ``PoolWatch`` takes during the learner's waits, weighted by the wait; a step without a
+wait: ``q`` at its end), ``g`` the same median of the groups held by a replica (taken, not finished)):
 
 - tokens per second per replica ``p = tokens trained / wall time / R`` (what the pool delivered, per replica);
 - tokens per second the learner can take ``D = tokens trained / (wall time - wait time)`` (its own speed);
@@ -90,8 +91,8 @@ class StepSample:
     wall_s: float  # since the previous step ended
     wait_s: float  # of that, waiting for experiences
     tokens: int  # response tokens trained
-    waiting: int = 0  # prompts waiting in the stream for any replica when it ended
-    in_flight: int = 0  # groups held by a replica when it ended
+    waiting: float = 0.0  # prompts waiting in the stream for any replica while the learner waited (mean)
+    in_flight: float = 0.0  # groups held by a replica then
 
 
 class PoolWindow:
@@ -103,10 +104,10 @@ class PoolWindow:
         self.replicas: int | None = None  # live replicas the steps were measured with
         self.warmup = max(0, warmup)  # steps still to leave out
 
-    def add(self, wall_s: float, wait_s: float, tokens: int, replicas: int | None = None, *, waiting: int = 0,
-            in_flight: int = 0) -> bool:
+    def add(self, wall_s: float, wait_s: float, tokens: int, replicas: int | None = None, *, waiting: float = 0.0,
+            in_flight: float = 0.0) -> bool:
         """Add one step; ``replicas``: live replicas when it ended, ``waiting`` / ``in_flight``: the prompts stream
-        then. A step that ends with another number of live replicas than the window's empties it and is itself left
+        while the learner waited in it (``PoolWatch`` samples it). A step that ends with another number of live replicas than the window's empties it and is itself left
         out (the pool changed during it); so is one of the first ``warmup``. True: added."""
         if self.warmup > 0:
             self.warmup -= 1

@@ -429,8 +429,11 @@ class RLRunner:
         if self._wait_started is None:
             self._wait_started = time.perf_counter()
         before = self.experiences.rejected_signature
+        t0 = time.perf_counter()
         deliveries = await self.experiences.consume(self.s.queue.consumer, count=self.s.queue.consume_count,
                                                     block_ms=self.s.queue.block_ms)
+        with contextlib.suppress(*REDIS_DOWN):  # the pool signal's backlog: what waited for a replica meanwhile
+            await self.pool.sample_wait(time.perf_counter() - t0)
         unsigned = self.experiences.rejected_signature - before
         if unsigned:  # dead-lettered by the queue before decoding (shared/signing.py)
             self.state.bump("experiences_unsigned", unsigned)
