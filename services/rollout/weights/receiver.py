@@ -20,9 +20,9 @@ import json
 import logging
 import threading
 import time
-from dataclasses import dataclass
 from collections.abc import Awaitable
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from shared.weight_sync import keys as wkeys
 from shared.weight_sync import net
@@ -30,6 +30,9 @@ from shared.weight_sync.digest import digest
 from shared.weight_sync.group import CollectiveError, open_group
 from shared.weight_sync.tensors import staging_buffers
 from shared.weight_sync.wire import Checksums, Manifest, Member, MemberReport, Rendezvous, ReportState
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 T = TypeVar("T")
 
@@ -193,7 +196,7 @@ class AbandonWatch:
         self._done = asyncio.Event()
         self._task: asyncio.Task | None = None
 
-    async def __aenter__(self) -> AbandonWatch:
+    async def __aenter__(self) -> Self:
         self._task = asyncio.ensure_future(self._watch())
         return self
 

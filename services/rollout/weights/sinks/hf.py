@@ -16,7 +16,13 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from services.rollout.weights.receiver import AbandonWatch, BucketReceiver, Received, RoundAbandoned, RoundWatcher
+from services.rollout.weights.receiver import (
+    AbandonWatch,
+    BucketReceiver,
+    Received,
+    RoundAbandoned,
+    RoundWatcher,
+)
 from services.rollout.weights.sinks.base import RoundFailed, UpdateRefused, WeightSink
 from shared.weight_sync.phases import PhaseClock
 from shared.weight_sync.wire import IpcRound, Manifest, Member, Rendezvous
