@@ -66,9 +66,16 @@ def _finish(work: Any, timeout_s: float, cancel: threading.Event | None) -> str 
             work.wait(timeout=datetime.timedelta(seconds=step))
             return None
         except Exception as exc:  # noqa: BLE001 - the message is the result; the caller raises CollectiveError
-            if cancel is not None and not work.is_completed():
+            if cancel is None:
+                return str(exc)
+            if not work.is_completed():
                 continue  # this slice ran out; the broadcast goes on
-            return str(exc)
+            break  # it ended just as the slice did: its own outcome, below
+    try:
+        work.wait(timeout=datetime.timedelta(seconds=1))
+        return None
+    except Exception as exc:  # noqa: BLE001 - as above
+        return str(exc)
 
 
 class CollectiveGroup:
