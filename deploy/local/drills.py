@@ -353,7 +353,11 @@ DRILLS = {d.name: d for d in (
     Drill("elastic", elastic, 240, replicas=("rollout-0",), prompts=ELASTIC_PROMPTS, scorers=(SLOW_SCORER,),
           worker={"concurrency": 2},
           rows=elastic_rows, learner={"pool": {"window_steps": 4, "min_steps": 2, "wait_high": 0.95,
-                                               "wait_low": 0.65, "max_wait_share": 0.98}}),
+                                               "wait_low": 0.65, "max_wait_share": 0.98},
+                                      # the last slow prompts share the learner's window with the first fast ones,
+                                      # which step the learner twice in one slow scoring: each went stale on every
+                                      # attempt and was given up after 50 (docs/elastic.md, "Why the drill failed")
+                                      "rollout": {"stale_hold_s": 30.0}}),
 )}
 
 
@@ -438,7 +442,10 @@ def run_drill(drill: Drill, root: Path, model: Path, rows: list[dict], redis_url
             cfg = _rollout_config(model, reward.url, f"rollout-{i}")
             cfg["worker"].update(drill.worker)
             fleet.start(name, "services.rollout", {**cfg, **key, "control_token": CONTROL_TOKEN}, wait=False)
-        fleet.start("learner", "services.learner", {**_learner_config(run, model), **drill.learner, **key}, wait=False)
+        learner = _learner_config(run, model)
+        for section, values in drill.learner.items():  # a drill's section adds to (or overrides) the base's
+            learner[section] = {**learner[section], **values} if isinstance(learner.get(section), dict) else values
+        fleet.start("learner", "services.learner", {**learner, **key}, wait=False)
         for name in ("reward", *drill.replicas, "learner"):
             fleet.wait_healthy(name)
         ctx = Ctx(fleet=fleet, deadline=t0 + drill.bound_s)

@@ -500,11 +500,27 @@ class RLRunner:
             key, attempt = parse_item_id(gid)
             log.info("dropped stale group %s (version %d < %d); re-issuing", gid, oldest, limit)
             item = self.state.in_flight.get(key)
-            if item is not None and item.attempt == attempt:  # not re-issued (or given up) already
-                await self.feeder.reissue(key, f"stale group (weight version {oldest} < {limit})")
+            # (not re-issued, or given up, already)
+            if item is not None and item.attempt == attempt and \
+                    await self.feeder.reissue(key, f"stale group (weight version {oldest} < {limit})"):
+                item.stale_drops += 1
         if self.s.algorithm.dynamic_sampling.enabled:
             self._filter_without_signal()
+        if self._held_for() is not None:
+            return []
         return self.buffer.take(self.s.train.groups_per_step, self.state.in_flight, self._exhausted())
+
+    def _held_for(self) -> str | None:
+        """A position whose group went stale and whose re-issued group is not complete yet, re-issued less than
+        ``rollout.stale_hold_s`` ago: the learner does not step until it lands (or the hold runs out), so a prompt
+        that scores slower than ``max_staleness`` steps is trained, not re-issued until ``max_attempts``."""
+        hold = self.s.rollout.stale_hold_s
+        if hold <= 0:
+            return None
+        complete = {position_of(g) for g in self.buffer.complete}
+        now = time.time()
+        return next((key for key, item in self.state.in_flight.items()
+                     if item.stale_drops and now - item.issued_at < hold and key not in complete), None)
 
     def _filter_without_signal(self) -> None:
         """Dynamic sampling: finish the positions of zero-variance groups untrained (the window then feeds fresh

@@ -338,3 +338,37 @@ async def test_no_trained_sample_is_older_than_the_staleness_bound_while_the_fle
     rows = read_history(tmp_path / "run" / "metrics.jsonl")
     assert max(r["staleness_max"] for r in rows.values()) <= bound
     assert trained_items(tmp_path / "run") == {f"e0-{i}": 4 for i in range(N_PROMPTS)}
+
+
+async def test_a_prompt_dropped_stale_holds_the_step_until_its_new_group_lands(tiny_model_dir, tmp_path, redis_server):
+    """rollout.stale_hold_s: a position whose group went stale and was re-issued holds the learner's steps (bounded)
+    until its new group is complete, so a prompt slower to score than max_staleness steps is trained. Without it
+    the elastic drill's last 4 slow-scored prompts went stale on each of their 50 attempts (2 s of scoring, the
+    learner stepping every second on fast prompts) and were given up. Off (0) the learner steps on what it has."""
+    import time
+
+    from services.learner.observability import MetricsSink
+    from services.learner.rl_runner import RLRunner
+    from services.learner.run_state import InFlight
+    from tests.learner.helpers import group
+
+    def runner_with(hold_s: float, reissued_at: float) -> RLRunner:
+        s = learner_settings(tiny_model_dir, tmp_path, redis_server, rollout={"stale_hold_s": hold_s})
+        sink = MetricsSink(s.observability, tmp_path / "run", __import__("prometheus_client").CollectorRegistry())
+        runner = RLRunner(s, redis=None, sink=sink)
+        # e0-1 went stale once and was re-issued at reissued_at; e0-2 and e0-3 are complete
+        runner.state.in_flight["e0-1"] = InFlight(epoch=0, index=1, attempt=1, issued_at=reissued_at, stale_drops=1)
+        for key in ("e0-2", "e0-3"):
+            runner.state.in_flight[key] = InFlight(epoch=0, index=int(key[3:]), attempt=0, issued_at=time.time())
+            for e in group(key, [[5]] * 4, [1, 0, 1, 0]):
+                runner.buffer.file(f"entry-{key}-{e.index}", e, runner.state.in_flight)
+        return runner
+
+    held = runner_with(30.0, time.time())
+    assert await held._take_batch() == []  # its new group is not back: the step waits
+    for e in group("e0-1-r1", [[5]] * 4, [1, 0, 1, 0]):
+        held.buffer.file(f"entry-e0-1-r1-{e.index}", e, held.state.in_flight)
+    assert len(await held._take_batch()) == held.s.train.groups_per_step  # landed: the learner steps again
+
+    assert await runner_with(30.0, time.time() - 31.0)._take_batch() != []  # the hold ran out
+    assert await runner_with(0.0, time.time())._take_batch() != []  # off: steps on what it has
