@@ -57,7 +57,7 @@ lint: $(STAMP)
 clean:
 	rm -rf $(VENV) runs .pytest_cache site
 
-## the compose stack for real under podman-compose (CPU images, a few training steps, scale to 2); not in `make test`
+## the compose stack for real under podman-compose (CPU images, a few training steps, rollout scaled 1 -> 3 -> 1 mid-run); not in `make test`
 compose-test: $(STAMP)
 	$(BIN)/python -m pip install -q 'podman-compose>=1.1'
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m deploy.compose.compose_test

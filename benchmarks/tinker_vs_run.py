@@ -102,6 +102,13 @@ def tinker_loop(url: str, model: Path, train: list[dict], held: list[dict], args
     from tinker import types
 
     service = tinker.ServiceClient(base_url=url, api_key=KEY)
+    try:
+        return _tinker_steps(service, model, train, held, args, types)
+    finally:
+        service.close("success").result(timeout=30)  # else its heartbeat thread outlives the server
+
+
+def _tinker_steps(service, model: Path, train: list[dict], held: list[dict], args, types) -> dict:
     training = service.create_lora_training_client(base_model=str(model), rank=args.rank, seed=0).result()
     tok = training.get_tokenizer()
     sampler = training.save_weights_and_get_sampling_client().result()

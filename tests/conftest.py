@@ -123,6 +123,29 @@ def pytest_runtest_setup(item):
     yield
 
 
+_BUILTIN = ("services.", "shared.")  # kinds the product registers when its modules are first imported
+
+
+@pytest.fixture(autouse=True)
+def _plugin_registries_put_back():
+    """A kind a test registers (or replaces) is gone after it: the plug-in registries are process-wide, and a
+    kind left behind changed what later tests in the same process saw (CI: the benchmark's ``sleep`` engine,
+    registered by tests/deploy/test_sleep_engine.py, showed up in tests/rollout/engines/test_weight_sinks.py).
+    Builtin kinds registered by a product module imported during the test stay: the module stays imported."""
+    from shared.plugins import POINTS
+
+    before = {name: dict(point._entries) for name, point in POINTS.items()}
+    yield
+    for name, point in list(POINTS.items()):
+        old = before.get(name, {})
+        for kind, entry in list(point._entries.items()):
+            if kind in old:
+                if entry is not old[kind]:
+                    point.register(kind, old[kind].settings, old[kind].impl, doc=old[kind].doc, replace=True)
+            elif not entry.impl_path.startswith(_BUILTIN):
+                point.unregister(kind)
+
+
 @pytest.fixture(autouse=True)
 def _fast_tier_starts_no_python_process(request):
     """Under ``make test-fast``: fail a test that started a Python process but is not marked ``process``."""

@@ -144,7 +144,7 @@ ROLLOUT_LAYERS: tuple[tuple[str, ...], ...] = (
     ("agents",),  # rollout functions over that contract: multi-turn environments and tools, agent programs
     ("settings",),  # the service's settings, put together from each part's section
     ("service",),  # the service object: the parts started in order, admission, tokenisation
-    ("protocol_openai", "protocol_sglang", "protocol_tokens"),  # HTTP request bodies <-> engine sequences
+    ("protocols",),  # HTTP request bodies <-> engine sequences, no FastAPI
     ("deps",),
     ("routes",),  # HTTP
     ("app",),
@@ -220,13 +220,13 @@ def test_the_rollout_check_catches_an_arrow_back_up():
         "services.rollout.chat_tokens": set(),
         "services.rollout.engines.types": set(),
         "services.rollout.newpart.x": {"services.rollout.engines.types"},
-        "services.rollout.protocol_tokens": {"services.rollout.protocol_openai"},
-        "services.rollout.protocol_openai": {"services.rollout.protocol_tokens", "shared.schemas"},
+        "services.rollout.metrics": {"services.rollout.errors"},
+        "services.rollout.errors": {"services.rollout.metrics", "shared.schemas"},
     }
     back = back_arrows(rollout_arrows(graph))
     assert set(back) == {("worker", "agents"), ("newpart", "<no layer>"),
-                         ("protocol_tokens", "protocol_openai"), ("protocol_openai", "protocol_tokens")}
+                         ("metrics", "errors"), ("errors", "metrics")}
     assert back[("worker", "agents")] == ["services.rollout.worker.loop -> services.rollout.agents.multi_turn"]
-    graph["services.rollout.protocol_openai"] = {"shared.schemas"}  # beside each other, one way: fine
+    graph["services.rollout.errors"] = {"shared.schemas"}  # beside each other, one way: fine
     graph["services.rollout.worker.loop"] = {"services.rollout.engines.types"}
     assert set(back_arrows(rollout_arrows(graph))) == {("newpart", "<no layer>")}

@@ -30,6 +30,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--learner", default=env("FLEETRL_DEMO_LEARNER_URL", "http://learner:8003"))
     ap.add_argument("--rollout", default=env("FLEETRL_DEMO_ROLLOUT_URL", "http://rollout:8001"))
     ap.add_argument("--reward", default=env("FLEETRL_DEMO_REWARD_URL", "http://reward:8002"))
+    ap.add_argument("--reward-token", default=env("FLEETRL_DEMO_REWARD_TOKEN"),
+                    help="the reward service's auth_token (its /score needs it)")
     ap.add_argument("--heldout", type=Path, default=Path(env("FLEETRL_DEMO_HELDOUT_FILE", "/models/data/heldout.jsonl")))
     ap.add_argument("--every", type=int, default=int(env("FLEETRL_DEMO_LOG_EVERY", "5")), help="log every N steps")
     ap.add_argument("--gone-after-s", type=float, default=60.0,
@@ -68,10 +70,12 @@ def follow(learner: str, every: int, gone_after_s: float) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     rows = [json.loads(line) for line in args.heldout.read_text().splitlines() if line.strip()]
-    acc0, v0 = greedy_accuracy(args.rollout, args.reward, rows, max_new_tokens=MAX_NEW_TOKENS)
+    acc0, v0 = greedy_accuracy(args.rollout, args.reward, rows, max_new_tokens=MAX_NEW_TOKENS,
+                               reward_token=args.reward_token)
     say(f"held-out greedy accuracy at start: {acc0:.1%} (weight_version {v0})")
     steps = follow(args.learner, args.every, args.gone_after_s)
-    acc1, v1 = greedy_accuracy(args.rollout, args.reward, rows, max_new_tokens=MAX_NEW_TOKENS)
+    acc1, v1 = greedy_accuracy(args.rollout, args.reward, rows, max_new_tokens=MAX_NEW_TOKENS,
+                               reward_token=args.reward_token)
     say(f"held-out greedy accuracy after {steps} learner steps: {acc1:.1%} (weight_version {v1}); "
         f"{100 * (acc1 - acc0):+.1f} points")
     return 0

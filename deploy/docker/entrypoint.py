@@ -10,7 +10,9 @@
 - ``FLEETRL_WAIT_TIMEOUT_S`` (default 900): give up (exit 3) after this long, naming what is missing.
 - ``FLEETRL_ENGINE_CMD`` + ``FLEETRL_ENGINE_HEALTH``: GPU rollout images start the engine server (vLLM,
   SGLang) as a child, wait for its health URL, then run the service beside it; when either exits the
-  other is stopped and the container exits with that code, so the orchestrator restarts the pair.
+  other is stopped and the container exits with that code, so the orchestrator restarts the pair. SIGTERM
+  (``docker stop``, a compose scale-down) goes to the service alone; the engine is stopped once the service
+  exited, so a draining replica finishes its groups on a live engine.
 
 Standard library only: it also runs in the engines' own images.
 """
@@ -89,8 +91,12 @@ def supervise(engine_cmd: str, engine_health: str, service: list[str], timeout_s
     stopping = {"sig": None}
 
     def forward(signum, _frame):
+        # The service first, alone: a rollout replica drains on SIGTERM (docs/elastic.md), finishing the groups it
+        # holds on the engine, so the engine must outlive it. The engine is stopped once the service exited
+        # (_run_pair), or at once while no service runs yet.
         stopping["sig"] = signum
-        for p in procs:
+        service_running = len(procs) > 1 and procs[1].poll() is None
+        for p in procs[1:] if service_running else procs:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
 

@@ -133,11 +133,16 @@ class Fleet:
         return self._redis
 
     def wait_healthy(self, name: str, path: str = "/health", timeout: float = 180.0) -> None:
+        """Until the service answers 200 on ``path``. One that exited with code 0 in the meantime has done its
+        work (a learner with few steps can train, checkpoint and exit between two polls): that is not a failure,
+        its caller sees the exit code; any other exit raises with the service's log tail."""
         svc = self.services[name]
         deadline = time.monotonic() + timeout
         last = "no answer yet"
         with httpx.Client(timeout=5.0) as client:
             while time.monotonic() < deadline:
+                if not svc.alive and svc.proc.returncode == 0:
+                    return
                 if not svc.alive:
                     raise FleetError(f"{name} exited with code {svc.proc.returncode} while starting:\n{svc.log_tail()}")
                 try:

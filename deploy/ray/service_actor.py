@@ -80,11 +80,15 @@ class ServiceProcessActor:
                 "returncode": self.proc.poll(), "restarted": self.restarted, "log": str(self.log_path)}
 
     def wait_healthy(self, timeout_s: float, path: str = "/health") -> str:
-        """Block until the service answers 200 on ``path``; raise with its log tail if it does not."""
+        """Block until the service answers 200 on ``path``; raise with its log tail if it does not. A service that
+        exited with code 0 meanwhile has done its work (a short learner run can train, checkpoint and exit between
+        two polls): its URL is returned and the launcher's ``wait`` reads the exit code."""
         deadline = time.monotonic() + timeout_s
         last = "no answer yet"
         with httpx.Client(timeout=5.0) as client:
             while time.monotonic() < deadline:
+                if self.proc.poll() == 0:
+                    return self.url()
                 if self.proc.poll() is not None:
                     raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{self.log_tail()}")
                 try:

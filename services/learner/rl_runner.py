@@ -1,8 +1,12 @@
 """The RL run owner: issues prompts, takes experiences, trains on complete groups, publishes, checkpoints.
 
 The runner is the loop; its parts each hold one job: :class:`~.prompt_feeder.PromptFeeder` (prompts out: the
-window, re-issues), :class:`~.group_buffer.GroupBuffer` (experiences in: filing, dedupe, staleness, taking a
-batch), :class:`~.commits.Commits` (the ack rule below), the trainer and the weight publisher.
+window, re-issues), :class:`~.experience_intake.ExperienceIntake` (experiences in: checks, dedupe),
+:class:`~.group_buffer.GroupBuffer` (experiences held by group), :class:`~.batch_picker.BatchPicker` (what a step
+takes: staleness, dynamic sampling), :class:`~.positions.Positions` (how a dataset position ends),
+:class:`~.dead_letter_handling.DeadLetterHandler`, :class:`~.commits.Commits` (the ack rule below),
+:class:`~.publish_rounds.PublishRounds` (weights out), ``redis_outage.py``, ``run_status.py`` (``/status``) and
+the trainer.
 
 Loop (one asyncio task; the torch step runs in a worker thread so the HTTP routes stay responsive)::
 
@@ -26,29 +30,12 @@ issued after the checkpoint are issued again with the same ids; their samples ca
 ids, so the copies are dropped as duplicates. The restored weights are published as a new version at
 start, so the fleet leaves the abandoned branch.
 
-**Redis outages.** Any Redis error that means "not answering right now" (down, restarting, loading its
-AOF) makes the loop wait and retry with a capped backoff (phase ``waiting_for_redis`` in ``/status``, a
-log line per attempt) for up to ``queue.redis_outage_max_s``; a publish that fails on Redis fails that
-round, not the run. After an outage the owner re-reads its own pending experiences (anything delivered
-while the connection broke) and re-issues prompts the server lost (not persisted before a crash).
+**Redis outages** are waited out (``redis_outage.py``); a publish that fails on Redis fails that round, not the
+run (``publish_rounds.py``).
 
-**Leases and dead letters.** The experience entries the owner holds (buffered, or trained and awaiting
-the commit) are renewed on the stream (:class:`~shared.experience_queue.Lease`), so they never go idle
-while it runs. Dead-lettered prompts and experiences of the run are followed (:class:`DeadLetterWatch`):
-their prompt is re-issued at once, and after ``rollout.dead_letter_retries`` of them the dataset position
-is given up with the reason (``prompts_abandoned``) — the owner never waits on work that only sits in a
-dead-letter stream. A prompt a worker dead-lettered as one that can never succeed (reason ``permanent: ...``,
-in a dead letter signed by the fleet) is given up at once, not re-issued.
-
-**Staleness.** A complete group holding a token older than ``current - max_staleness`` (a sample's
-``weight_version`` is its oldest token's, partial rollouts included) is dropped (counted) and its prompt
-re-issued under a new attempt id (``e{epoch}-{index}-r{n}``), so no prompt is lost. Dedupe is by sample id
-(ProcessedIds for committed ones, the :class:`GroupBuffer` for held ones) and by dataset position (a
-position already trained takes no more groups).
-
-**Dynamic sampling** (``algorithm.dynamic_sampling``, DAPO): a complete group whose rewards are all equal is
-dropped and its dataset position finished untrained, so the window feeds a fresh prompt in its place; at most
-``max_refills_per_step`` per step, after which such groups are trained (counted).
+**Leases.** The experience entries the owner holds (buffered, or trained and awaiting the commit) are renewed on
+the stream (:class:`~shared.experience_queue.Lease`), so they never go idle while it runs. Dead letters:
+``dead_letter_handling.py``; staleness and dynamic sampling: ``batch_picker.py``.
 """
 
 from __future__ import annotations
@@ -59,43 +46,39 @@ import logging
 import math
 import time
 from collections import deque
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
+from services.learner.batch_picker import BatchPicker
 from services.learner.checkpoint import CheckpointManager
 from services.learner.commits import Commits
-from services.learner.data import PromptSet, epoch_plan, parse_item_id, passes_note
+from services.learner.data import PromptSet, epoch_plan, passes_note
+from services.learner.dead_letter_handling import DeadLetterHandler
 from services.learner.distributed.env import RankInfo
-from services.learner.grants import unissued
-from services.learner.group_buffer import Filed, GroupBuffer, position_of
+from services.learner.experience_intake import ExperienceIntake
+from services.learner.group_buffer import GroupBuffer, position_of
 from services.learner.observability import MetricsSink
 from services.learner.pool_watch import PoolWatch
+from services.learner.positions import Positions
 from services.learner.prompt_feeder import PromptFeeder
-from services.learner.queue_watch import REDIS_DOWN, DeadLetter, DeadLetterWatch
+from services.learner.publish_rounds import PublishRounds
+from services.learner.queue_watch import REDIS_DOWN, DeadLetterWatch
+from services.learner.redis_outage import wait_for_redis
 from services.learner.run_state import RunState
+from services.learner.run_status import run_status
 from services.learner.settings import LearnerSettings
 from services.learner.start_gate import wait_start_gate
-from services.learner.weights.transport import PublishFailed
 from shared import keys
-from shared.experience_queue import PERMANENT, Delivery, Lease, ProcessedIds, StreamQueue
+from shared.experience_queue import Lease, ProcessedIds, StreamQueue
 from shared.schemas import Experience, PromptTask
 from shared.signing import signer_for
-from shared.training_health import Peaks, check_health
+from shared.training_health import Peaks
 
 HEALTH_HISTORY = 100
 """Steps of metrics kept for /status's ``health`` (collapse and spike checks, shared/training_health.py)."""
 HEALTH_KEYS = ("reward_mean", "entropy", "kl", "mismatch_k3")
 
 log = logging.getLogger(__name__)
-
-
-def publish_due(step: int, every: int, waiting: list[str]) -> bool:
-    """Publish after this step? Every ``every`` steps, and sooner while replicas wait for a version the
-    publisher could not serve them (they joined late: see ``WeightPublisher.replicas_waiting``)."""
-    return step % every == 0 or bool(waiting)
 
 
 class RLRunner:
@@ -119,8 +102,14 @@ class RLRunner:
                                       ttl_s=q.processed_ids_ttl_s)
         self.state = RunState()
         self.trainer = None
-        self.feeder: PromptFeeder | None = None  # once the prompt set is loaded (start)
+        # the parts that work on the run state: once it is loaded (start), or once the trainer is (its limits)
+        self.feeder: PromptFeeder | None = None
+        self.positions: Positions | None = None
+        self.picker: BatchPicker | None = None
+        self.intake: ExperienceIntake | None = None
+        self.dead_letters: DeadLetterHandler | None = None
         self.publisher = None
+        self.rounds: PublishRounds | None = None  # once the publisher exists
         self.phase = "starting"
         self.error: str | None = None
         self.total_steps = 0
@@ -128,21 +117,20 @@ class RLRunner:
         self.recent: deque[dict[str, Any]] = deque(maxlen=HEALTH_HISTORY)  # what /status's health is judged on
         self.peaks = Peaks()  # with the run's best windows, so a slow collapse is seen too
         self.buffer = GroupBuffer()
-        self._refills = 0  # groups dropped by dynamic sampling since the last training step
         # stream entry ids we hold (buffered or awaiting the commit), renewed so they never go idle
         self.lease = Lease(self.experiences, settings.queue.consumer, on_lost=self._lease_lost)
         self.ckpt = CheckpointManager(settings.checkpoint_dir, settings.checkpoint.keep)
         self.commits = Commits(self.ckpt, self.processed, self.experiences, self.lease, self.buffer)
-        self.dead_letters: DeadLetterWatch | None = None
-        self._next_dead_letter_poll = 0.0
-        self._publish_failed = False
-        self._published_step = -1
         self._wait_started: float | None = None
         self._wait_s = 0.0
         self._loop_s: dict[str, float] = {}  # where the loop spent the time since the last step's line (loop_s)
         self.pool = PoolWatch(redis, run, settings.pool)  # the elastic pool's demand signal, every step
         self.ranks = RankInfo.from_env()
         self.link = None  # OwnerLink to the follower ranks when WORLD_SIZE > 1
+
+    def _lease_lost(self, entry_ids: list[str]) -> None:
+        log.error("%d experience entries this learner holds were taken by another consumer of group 'learner' "
+                  "(is a second learner running on run %r?)", len(entry_ids), self.s.run_name)
 
     # ---- start -----------------------------------------------------------------------------------
     async def _start(self) -> None:
@@ -155,7 +143,10 @@ class RLRunner:
             self.state = RunState.load(latest / "run_state.json")
             log.info("resuming from %s", latest)
         plan = epoch_plan(self.s.data, self.s.train.groups_per_step, self.s.train.max_steps, len(data))
-        self.feeder = PromptFeeder(self.prompts, data, plan.epochs, self.state, self.s, self.sink, self._abandon)
+        self.positions = Positions(self.state, self.buffer, self.sink)
+        self.feeder = PromptFeeder(self.prompts, data, plan.epochs, self.state, self.s, self.sink,
+                                   self.positions.abandon)
+        self.picker = BatchPicker(self.state, self.buffer, self.positions, self.s, self.sink, self.feeder.reissue)
         if plan.note:
             log.warning("%s", plan.note)
         log.info("%s", passes_note(self.s))
@@ -206,7 +197,8 @@ class RLRunner:
             await asyncio.to_thread(self.link.start, self.total_steps, resume_dir)
         self.trainer = await asyncio.to_thread(RLTrainer, self.s, self.total_steps, resume_dir,
                                                self.ranks.local_rank)
-        self._limits = self.trainer.limits()
+        self.intake = ExperienceIntake(self.experiences, self.processed, self.lease, self.state, self.buffer,
+                                       self.trainer.limits(), self.s, self.sink)
         if latest is not None:
             self.commits.last_checkpoint = str(latest)
         from services.learner.weights import WeightPublisher
@@ -216,13 +208,15 @@ class RLRunner:
         if self.s.publish.in_place and not actor.owns_parameter_memory and not hasattr(actor.model, "merge_and_unload"):
             buckets = await asyncio.to_thread(self.publisher.flatten, actor.model)
             log.info("actor weights laid out in %d publish buckets: publishing sends them without a copy", buckets)
-        self.dead_letters = DeadLetterWatch(self.redis, self.s.run_name, self.state.dead_letter_cursors,
-                                            signer=self.experiences.signer)
+        watch = DeadLetterWatch(self.redis, self.s.run_name, self.state.dead_letter_cursors,
+                                signer=self.experiences.signer)
+        self.dead_letters = DeadLetterHandler(watch, self.state, self.buffer, self.feeder, self.positions,
+                                              self.s.rollout.dead_letter_retries)
         if self.experiences.signer is None:
             log.warning("run_key is unset (allow_unsigned_records): prompts go out unsigned and experiences are "
                         "trained on without checking who wrote them; give every service of the run the same run_key "
                         "(docs/security-redis.md)")
-        self._published_step = -1
+        self.rounds = PublishRounds(self.publisher, self.state, self.sink)
         self.sink.open(self.total_steps, self.trainer.global_step)
 
     async def _start_gate(self, stop: asyncio.Event) -> bool:
@@ -251,7 +245,7 @@ class RLRunner:
         st = self.state
         self.commits.carry_recorded(st)  # finish the commit the resumed checkpoint recorded
         await self.commits.settle()
-        if self._published_step < 0:
+        if self.rounds.published_step < 0:
             published = int(await self.redis.get(keys.weights_version(self.s.run_name)) or 0)
             if published != self.state.weight_version or published > 0:
                 # the fleet holds weights we are not resuming from, or replicas (re)started with the run wait for
@@ -259,7 +253,7 @@ class RLRunner:
                 # weights under a new version (else their workers hold back, past max_staleness, until a step
                 # that cannot come without their experiences)
                 await self._publish(strict=True)
-            self._published_step = self.trainer.global_step
+            self.rounds.published_step = self.trainer.global_step
         self.lease.start()
 
     # ---- the loop ----------------------------------------------------------------------------------
@@ -301,12 +295,12 @@ class RLRunner:
             if self.link is not None:
                 await asyncio.to_thread(self.link.heartbeat)
         with self._lap("dead_letters"):
-            await self._watch_dead_letters()
+            await self.dead_letters.poll()
         with self._lap("feed"):
             await self.feeder.feed()
             await self.feeder.reissue_timeouts({position_of(g) for g in self.buffer.complete})
         with self._lap("take"):
-            groups = await self._take_batch()
+            groups = await self.picker.take(self._exhausted())
         if groups:
             await self._train(groups)
         elif self.commits.waiters:
@@ -344,77 +338,18 @@ class RLRunner:
         self.error = f"Redis unavailable: {type(exc).__name__}: {exc}"
         self.state.bump("redis_outages")
         self.sink.count("redis_outages")
-        start = time.monotonic()
-        delay = 0.25
-        while True:
-            waited = time.monotonic() - start
-            if waited > self.s.queue.redis_outage_max_s:
-                raise RuntimeError(f"Redis did not answer for {waited:.0f}s (queue.redis_outage_max_s="
-                                   f"{self.s.queue.redis_outage_max_s:.0f}); last error: {self.error}") from exc
-            log.warning("Redis unavailable (%s: %s); waited %.1fs, retrying in %.1fs", type(exc).__name__, exc,
-                        waited, delay)
-            if final:
-                await asyncio.sleep(delay)
-            else:
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(stop.wait(), delay)
-            if stop.is_set() and not final:
-                self.phase = phase
-                return
-            delay = min(delay * 2, 2.0)
-            try:
-                await asyncio.wait_for(self.redis.ping(), 5.0)
-                # what an outage can lose: entries delivered while the connection broke, prompts not persisted
-                self.experiences.replay_history(self.s.queue.consumer)
-                await self.feeder.reissue_lost(self.redis)
-                break
-            except REDIS_DOWN + (asyncio.TimeoutError,) as again:
-                exc = again
-        log.info("Redis answers again after %.1fs", time.monotonic() - start)
-        self.phase, self.error = phase, None
+        answered = await wait_for_redis(self.redis, exc, stop, max_s=self.s.queue.redis_outage_max_s,
+                                        error=self.error, recover=self._recover_after_outage, final=final)
+        self.phase = phase
+        if answered:
+            self.error = None
 
-    # ---- dead letters ----------------------------------------------------------------------------------
-    async def _watch_dead_letters(self) -> None:
-        if time.monotonic() < self._next_dead_letter_poll:
-            return
-        self._next_dead_letter_poll = time.monotonic() + 1.0
-        for dl in await self.dead_letters.poll():
-            await self._on_dead_letter(dl)
-        self.state.dead_letter_cursors = dict(self.dead_letters.cursors)
+    async def _recover_after_outage(self) -> None:
+        """What an outage can lose: entries delivered while the connection broke, prompts not persisted."""
+        self.experiences.replay_history(self.s.queue.consumer)
+        await self.feeder.reissue_lost(self.redis)
 
-    async def _on_dead_letter(self, dl: DeadLetter) -> None:
-        parsed = parse_item_id(dl.group_id) if dl.group_id else None
-        if parsed is None:
-            log.warning("dead letter %s in %s belongs to no prompt of this run (%s)", dl.entry, dl.stream, dl.reason)
-            return
-        key, attempt = parsed
-        item = self.state.in_flight.get(key)
-        if item is None or item.attempt != attempt or self.buffer.is_complete(dl.group_id):
-            return  # trained, re-issued already, or complete without the dead-lettered copy
-        item.dead_letters += 1
-        if dl.reason.startswith(PERMANENT):  # the worker knows it can never succeed: issuing it again cannot help
-            self._abandon(key, f"{dl.stream} entry dead-lettered as one that can never succeed: {dl.reason}")
-            return
-        if item.dead_letters > self.s.rollout.dead_letter_retries:
-            self._abandon(key, f"{dl.stream} entry dead-lettered {item.dead_letters} times; last: {dl.reason}")
-            return
-        log.warning("prompt %s: its %s entry was dead-lettered (%s); re-issuing it", dl.group_id, dl.stream, dl.reason)
-        await self.feeder.reissue(key, f"dead-lettered: {dl.reason}")
-
-    def _abandon(self, key: str, reason: str) -> None:
-        """Give dataset position ``key`` up (its retries are spent): out of flight, with the reason, counted."""
-        log.error("giving up dataset position %s: %s", key, reason)
-        self.state.in_flight.pop(key, None)
-        self.state.abandoned[key] = reason
-        for gid in self.buffer.groups_of(key):
-            self._drop_group(gid)
-        self.state.bump("prompts_abandoned")
-        self.sink.count("prompts_abandoned")
-
-    def _lease_lost(self, entry_ids: list[str]) -> None:
-        log.error("%d experience entries this learner holds were taken by another consumer of group 'learner' "
-                  "(is a second learner running on run %r?)", len(entry_ids), self.s.run_name)
-
+    # ---- is the run done --------------------------------------------------------------------------------
     def _exhausted(self) -> bool:
         """Every prompt of the run was issued (a runner not started yet has issued none)."""
         return self.feeder is not None and self.feeder.exhausted()
@@ -428,118 +363,10 @@ class RLRunner:
     async def _receive(self) -> None:
         if self._wait_started is None:
             self._wait_started = time.perf_counter()
-        before = self.experiences.rejected_signature
         t0 = time.perf_counter()
-        deliveries = await self.experiences.consume(self.s.queue.consumer, count=self.s.queue.consume_count,
-                                                    block_ms=self.s.queue.block_ms)
+        await self.intake.receive()
         with contextlib.suppress(*REDIS_DOWN):  # the pool signal's backlog: what waited for a replica meanwhile
             await self.pool.sample_wait(time.perf_counter() - t0)
-        unsigned = self.experiences.rejected_signature - before
-        if unsigned:  # dead-lettered by the queue before decoding (shared/signing.py)
-            self.state.bump("experiences_unsigned", unsigned)
-            self.sink.count("experiences_unsigned", unsigned)
-        await self._admit(deliveries)
-
-    async def _admit(self, deliveries: list[Delivery[Experience]]) -> None:
-        fresh = [d for d in deliveries if d.id not in self.lease.held]  # held already (replayed history)
-        if not fresh:
-            return
-        new = set(await self.processed.filter_new([d.record.id for d in fresh]))
-        st = self.state
-        for d in fresh:
-            e = d.record
-            self.lease.hold([d.id])
-            st.bump("experiences_consumed")
-            self.sink.count("experiences_consumed")
-            problem = unissued(e, st.in_flight, st.grant_key, self.s.rollout.group_size)
-            if problem is not None:
-                log.warning("dropping experience %s: %s", e.id, problem)
-                st.bump("experiences_unissued")
-                self.sink.count("experiences_unissued")
-                st.commit_entry_ids.append(d.id)
-                continue
-            problem = self._invalid(e)
-            if problem is not None:
-                log.warning("rejecting experience %s: %s", e.id, problem)
-                st.bump("experiences_rejected")
-                self.sink.count("experiences_rejected")
-                st.commit_entry_ids.append(d.id)  # its prompt is re-issued when the group times out
-                continue
-            if e.id not in new or self.buffer.file(d.id, e, st.in_flight) is Filed.DUPLICATE:
-                st.bump("experiences_deduplicated")
-                self.sink.count("experiences_deduplicated")
-                st.commit_entry_ids.append(d.id)
-
-    def _invalid(self, e: Experience) -> str | None:
-        vocab, max_len = self._limits
-        length = len(e.prompt_token_ids) + len(e.response_token_ids)
-        if max_len is not None and length > max_len:
-            return f"{length} tokens exceed the model's {max_len} positions"
-        for name in ("prompt_token_ids", "response_token_ids"):
-            ids = np.asarray(getattr(e, name))
-            if ids.size and (ids.min() < 0 or ids.max() >= vocab):
-                return f"{name} holds ids outside the vocabulary [0, {vocab})"
-        if not np.isfinite(np.asarray(e.response_logprobs, dtype=np.float64)).all() or not math.isfinite(e.reward):
-            return "non-finite logprob or reward"
-        return None
-
-    def _drop_group(self, gid: str) -> list[Experience]:
-        held = self.buffer.drop(gid)
-        self.state.commit_entry_ids += [h.entry for h in held]
-        return [h.exp for h in held]
-
-    async def _take_batch(self) -> list[str]:
-        """Up to groups_per_step fresh complete groups (dropping stale ones, and with dynamic sampling those
-        without signal), or [] if not ready."""
-        limit = self.state.weight_version - self.s.rollout.max_staleness
-        for gid in self.buffer.stale(limit):
-            oldest = self.buffer.oldest_version(gid)
-            dropped = self._drop_group(gid)
-            self.state.bump("experiences_dropped_stale", len(dropped))
-            self.sink.count("experiences_dropped_stale", len(dropped))
-            key, attempt = parse_item_id(gid)
-            log.info("dropped stale group %s (version %d < %d); re-issuing", gid, oldest, limit)
-            item = self.state.in_flight.get(key)
-            # (not re-issued, or given up, already)
-            if item is not None and item.attempt == attempt and \
-                    await self.feeder.reissue(key, f"stale group (weight version {oldest} < {limit})"):
-                item.stale_drops += 1
-        if self.s.algorithm.dynamic_sampling.enabled:
-            self._filter_without_signal()
-        if self._held_for() is not None:
-            return []
-        return self.buffer.take(self.s.train.groups_per_step, self.state.in_flight, self._exhausted())
-
-    def _held_for(self) -> str | None:
-        """A position whose group went stale and whose re-issued group is not complete yet, re-issued less than
-        ``rollout.stale_hold_s`` ago: the learner does not step until it lands (or the hold runs out), so a prompt
-        that scores slower than ``max_staleness`` steps is trained, not re-issued until ``max_attempts``."""
-        hold = self.s.rollout.stale_hold_s
-        if hold <= 0:
-            return None
-        complete = {position_of(g) for g in self.buffer.complete}
-        now = time.time()
-        return next((key for key, item in self.state.in_flight.items()
-                     if item.stale_drops and now - item.issued_at < hold and key not in complete), None)
-
-    def _filter_without_signal(self) -> None:
-        """Dynamic sampling: finish the positions of zero-variance groups untrained (the window then feeds fresh
-        prompts), up to the step's refill cap; past the cap they stay and are trained."""
-        cap = self.s.algorithm.dynamic_sampling.max_refills_per_step
-        st = self.state
-        for gid in self.buffer.without_signal():
-            if self._refills >= cap:
-                st.bump("dynamic_sampling_cap_reached")
-                self.sink.count("dynamic_sampling_cap_reached")
-                return
-            key = position_of(gid)
-            self._drop_group(gid)
-            for other in self.buffer.groups_of(key):  # other attempts of a finished position: superseded
-                st.bump("experiences_deduplicated", len(self._drop_group(other)))
-            del st.in_flight[key]
-            self._refills += 1
-            st.bump("groups_filtered")
-            self.sink.count("groups_filtered")
 
     # ---- training --------------------------------------------------------------------------------------
     async def _train(self, gids: list[str]) -> None:
@@ -557,24 +384,16 @@ class RLRunner:
             else:
                 metrics = await asyncio.to_thread(self.trainer.train_step, exps)
         step = self.trainer.global_step
-        self._refills = 0
-        for gid in gids:
-            key = position_of(gid)
-            held = self.buffer.remove(gid)
-            st.commit_entry_ids += [h.entry for h in held]
-            st.commit_sample_ids += [h.exp.id for h in held]
-            del st.in_flight[key]
-            for other in self.buffer.groups_of(key):  # other attempts: superseded
-                st.bump("experiences_deduplicated", len(self._drop_group(other)))
+        self.picker.stepped()
+        self.positions.trained(gids)
         st.bump("groups_trained", len(gids))
         st.bump("samples_trained", len(exps))
         self.sink.count("samples_trained", len(exps))
         self.sink.observe_staleness(staleness)
         self.sink.observe_version_spans(spans)
         self.commits.steps_since += 1
-        due = publish_due(step, self.s.publish.every, self.publisher.replicas_waiting) or self._publish_failed
         with self._lap("publish"):
-            if due and await self._publish():
+            if self.rounds.due(step, self.s.publish.every) and await self._publish():
                 metrics.update(self.sink.observe_publish(self.publisher.last_report))
         metrics.update({
             "step": step, "weight_version": st.weight_version, "groups": len(gids),
@@ -613,34 +432,13 @@ class RLRunner:
         self.sink.observe_pool(sig)
 
     async def _publish(self, strict: bool = False) -> bool:
-        """Publish the actor as a new version. A publish that fails on Redis fails this round, not the run
-        (the next step publishes again), unless ``strict`` (start-up and the final publish: retried)."""
+        """Publish the actor as a new version (``publish_rounds.py``: a failed round fails only itself, unless
+        ``strict``)."""
         if self.link is not None:
             weights = await asyncio.to_thread(self.link.policy_weights, self.trainer)
         else:
             weights = await asyncio.to_thread(self.trainer.policy_weights)
-        try:
-            self.state.weight_version = await self.publisher.publish(weights)
-        except PublishFailed as exc:  # staging, writing or a transport failed: this round, never the learner
-            self._publish_failed = True
-            self.state.bump("publishes_failed")
-            self.sink.count("publishes_failed")
-            log.warning("publishing step %d failed (%s); the fleet keeps version %d, the next step publishes again",
-                        self.trainer.global_step, exc, self.state.weight_version)
-            return False
-        except REDIS_DOWN as exc:
-            if strict:
-                raise
-            self._publish_failed = True
-            self.state.bump("publishes_failed")
-            self.sink.count("publishes_failed")
-            log.warning("publishing step %d failed on Redis (%s: %s); the fleet keeps version %d, the next "
-                        "step publishes again", self.trainer.global_step, type(exc).__name__, exc,
-                        self.state.weight_version)
-            return False
-        self._publish_failed = False
-        self._published_step = self.trainer.global_step
-        return True
+        return await self.rounds.publish(weights, self.trainer.global_step, strict=strict)
 
     # ---- commit ------------------------------------------------------------------------------------------
     async def _commit(self, settle: bool = True) -> None:
@@ -660,7 +458,7 @@ class RLRunner:
     async def _finish(self, stopped: bool) -> None:
         self.phase = "stopping" if stopped else "finishing"
         step = self.trainer.global_step
-        if self._published_step != step and not stopped:
+        if self.rounds.published_step != step and not stopped:
             await self._publish(strict=True)
         if self.commits.needed_at_finish():
             await self._commit(settle=False)
@@ -678,45 +476,7 @@ class RLRunner:
 
     # ---- status --------------------------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
-        st = self.state
-        return {
-            "phase": self.phase,
-            **({"waiting": "the launcher's go to start (train.start_gate): fleetrl run is measuring the starting "
-                           "policy on the held-out set"} if self.phase == "waiting_for_start_gate" else {}),
-            "error": self.error,
-            "algorithm": self.s.algorithm.name,
-            "step": self.trainer.global_step if self.trainer else 0,
-            "total_steps": self.total_steps,
-            "weight_version": st.weight_version,
-            "epoch": st.epoch,
-            "next_index": st.next_index,
-            "prompts_in_flight": len(st.in_flight),
-            "groups_buffered": len(self.buffer),
-            "groups_complete": len(self.buffer.complete),
-            "counters": dict(st.counters),
-            "staleness_histogram": {str(k): v for k, v in sorted(self.sink.staleness_counts.items())},
-            "version_span_histogram": {str(k): v for k, v in sorted(self.sink.version_span_counts.items())},
-            "abandoned": dict(list(st.abandoned.items())[-5:]),
-            "records_signed": self.experiences.signer is not None,  # run_key set: unsigned entries are dead-lettered
-            "last_checkpoint": self.commits.last_checkpoint,
-            "ranks": self.ranks.world_size,
-            "replica_digests": self.link.replica_digests if self.link is not None else [],
-            "last_metrics": {k: v for k, v in self.last_metrics.items() if k != "sample_ids"},
-            "health": [asdict(w) for w in check_health(list(self.recent), peaks=self.peaks)],
-            "last_publish": self._publish_status(),
-            "pool": self.pool.last.to_dict() if self.pool.last is not None else None,
-        }
-
-    def _publish_status(self) -> dict[str, Any] | None:
-        """The last weight publish: version, seconds, phases, replicas per outcome, and who waits for the next."""
-        report = self.publisher.last_report if self.publisher is not None else None
-        if report is None:
-            return None
-        return {"version": report.version, "seconds": round(report.seconds, 4), "phases": report.phases,
-                "loaded": report.loaded, "dropped": report.dropped, "refused": report.refused,
-                "rounds": report.rounds, "errors": report.errors[-3:],
-                "replicas_waiting": self.publisher.replicas_waiting,
-                "failed_in_a_row": self.publisher.history.failed_in_a_row}
+        return run_status(self)
 
     async def weights_problem(self) -> str | None:
         """Which replicas serve old weights and why (e.g. 'rollout-0 on weights v0, learner on v12: the last 5

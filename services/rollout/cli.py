@@ -12,6 +12,9 @@ from shared.settings import SettingsError, load_settings
 app = typer.Typer(add_completion=False, help="FleetRL rollout service (generation fleet).")
 
 Opt = typer.Option
+# uvicorn's wait for open requests on SIGTERM, before the service stops (and the worker drains): part of what a
+# container's stop grace period must cover (tests/deploy/test_compose_file.py)
+GRACEFUL_SHUTDOWN_S = 10
 
 
 @app.callback(invoke_without_command=True)
@@ -67,4 +70,4 @@ def main(
     service = RolloutService(settings)
     service.on_drained = exit_process  # POST /drain ends this process (through uvicorn's own shutdown)
     uvicorn.run(create_app(settings, service=service), host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
-                access_log=False, timeout_graceful_shutdown=10)
+                access_log=False, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)

@@ -120,8 +120,11 @@ class RolloutService:
                 await self._start(self.sessions)
             if self.settings.worker.enabled:
                 from services.rollout.worker.loop import RolloutWorker
+                from services.rollout.worker.settings import WorkerRun
 
-                self.worker = RolloutWorker(self.settings, self, self.metrics.registry)
+                s = self.settings
+                run = WorkerRun(redis_url=s.redis_url, run_name=s.run_name, run_key=s.run_key, worker=s.worker)
+                self.worker = RolloutWorker(run, self, self.metrics.registry)
                 await self._start(self.worker)
         except BaseException:
             await self.stop()

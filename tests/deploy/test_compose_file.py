@@ -287,3 +287,40 @@ def test_the_reward_service_needs_the_token_and_every_rollout_sends_it():
     assert token.fullmatch(SERVICES["reward"]["environment"]["FLEETRL_REWARD_AUTH_TOKEN"])
     for name in ("rollout", "rollout-vllm", "rollout-sglang"):
         assert token.fullmatch(SERVICES[name]["environment"]["FLEETRL_ROLLOUT_WORKER__REWARD_TOKEN"]), name
+    # the demo scores held-out answers on /score too (it got 401 and exited before measuring anything)
+    assert token.fullmatch(SERVICES["demo"]["environment"]["FLEETRL_DEMO_REWARD_TOKEN"])
+
+
+# 10 s past the drain: handing back what was cut off, the sidecar deregistering, the engine stopping
+_AFTER_DRAIN_S = 10.0
+
+
+@pytest.mark.parametrize("name", ["rollout", "rollout-vllm", "rollout-sglang"])
+def test_a_rollout_container_stopped_by_a_scale_down_has_time_to_drain(name):
+    """Compose stops a replica taken away by a scale-down with SIGTERM, then SIGKILL after stop_grace_period
+    (compose's default: 10 s). SIGTERM drains the replica (docs/elastic.md): uvicorn's wait for open requests,
+    then worker.drain_timeout_s for its groups, then the hand-back; a kill before that leaves its prompts leased
+    until claim_idle_ms."""
+    from deploy.compose.elastic_checks import grace_seconds
+    from services.rollout.cli import GRACEFUL_SHUTDOWN_S
+    from services.rollout.settings import WorkerSettings
+
+    svc = SERVICES[name]
+    config = next(v.split(":")[0] for v in svc["volumes"] if v.split(":")[1] == "/config/rollout.yaml")
+    worker = yaml.safe_load((REPO / config).read_text()).get("worker") or {}
+    drain_s = worker.get("drain_timeout_s", WorkerSettings().drain_timeout_s)
+    needed = GRACEFUL_SHUTDOWN_S + drain_s + _AFTER_DRAIN_S
+    assert grace_seconds(svc.get("stop_grace_period")) >= needed, \
+        f"{name}: stop_grace_period {svc.get('stop_grace_period')} is shorter than its drain ({needed:.0f}s)"
+
+
+@pytest.mark.parametrize("name", ["reward", "rollout", "learner"])
+def test_the_service_is_the_containers_pid_1_so_sigterm_reaches_it(name):
+    """The CPU images' entrypoint execs the service (deploy/docker/entrypoint.py main), so SIGTERM from `docker
+    stop` / a scale-down reaches the service itself, which handles it (uvicorn's shutdown: the drain). A shell
+    form ENTRYPOINT or CMD would put /bin/sh in between, which does not forward it."""
+    text = (REPO / "deploy" / "docker" / f"{name}.Dockerfile").read_text()
+    for instr in ("ENTRYPOINT", "CMD"):
+        line = next(x for x in text.splitlines() if x.startswith(instr + " "))
+        assert line.split(None, 1)[1].startswith("["), f"{name}: {instr} must be exec form: {line}"
+    assert 'ENTRYPOINT ["python", "-m", "deploy.docker.entrypoint"]' in text  # which execs it: test_entrypoint.py

@@ -3,6 +3,7 @@ gives up naming what is missing, and supervises an engine server beside the serv
 
 from __future__ import annotations
 
+import signal
 import socket
 import subprocess
 import sys
@@ -104,3 +105,59 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@pytest.mark.process
+def test_sigterm_drains_the_service_on_a_live_engine_then_stops_the_engine(tmp_path):
+    """A GPU rollout container stopped by compose (scale-down) or Kubernetes: SIGTERM goes to the service, which
+    drains on the engine (here: asks the engine's health route 0.5 s later), and only then is the engine stopped."""
+    port = _free_port()
+    engine_pid, seen = tmp_path / "engine.pid", tmp_path / "seen"
+    engine = (f"{sys.executable} -c \"import os,http.server as h; open('{engine_pid}','w').write(str(os.getpid())); "
+              f"h.ThreadingHTTPServer(('127.0.0.1', {port}), h.SimpleHTTPRequestHandler).serve_forever()\"")
+    service = tmp_path / "service.py"
+    service.write_text(f"""
+import signal, sys, time, urllib.request
+def drain(*_):
+    time.sleep(0.5)  # a group still generating on the engine
+    try:
+        urllib.request.urlopen('http://127.0.0.1:{port}/', timeout=5)
+        open({str(seen)!r}, 'w').write('engine up')
+    except OSError as exc:
+        open({str(seen)!r}, 'w').write(f'engine gone: {{exc}}')
+    sys.exit(0)
+signal.signal(signal.SIGTERM, drain)
+open({str(seen)!r} + '.ready', 'w').write('1')
+while True:
+    time.sleep(0.1)
+""")
+    env = {"FLEETRL_ENGINE_CMD": engine, "FLEETRL_ENGINE_HEALTH": f"http://127.0.0.1:{port}/", "PATH": "/usr/bin:/bin"}
+    proc = subprocess.Popen([sys.executable, "-m", "deploy.docker.entrypoint", sys.executable, str(service)],
+                            cwd=tmp_path, env={**env, "PYTHONPATH": str(REPO)}, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30  # the engine's health poll (2 s) and two interpreters starting
+        while not Path(f"{seen}.ready").exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.1)
+        assert Path(f"{seen}.ready").exists(), "the service never started"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0, "the container exits with the drained service's code"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert seen.read_text() == "engine up", "the engine was stopped before the service drained"
+    pid = int(engine_pid.read_text())
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text(), \
+        "the engine server was stopped after the service"
+
+
+def test_the_service_replaces_the_entrypoint_so_it_gets_the_containers_signals(tmp_path):
+    """No supervisor in between without an engine: the service runs as the entrypoint's own process (PID 1 in the
+    container), so `docker stop`'s SIGTERM reaches it."""
+    proc = subprocess.Popen([sys.executable, "-m", "deploy.docker.entrypoint", sys.executable, "-c",
+                             "import os; print(os.getpid())"], cwd=REPO, env={"PATH": "/usr/bin:/bin"},
+                            stdout=subprocess.PIPE, text=True)
+    out, _ = proc.communicate(timeout=30)
+    assert int(out.strip()) == proc.pid

@@ -1,5 +1,5 @@
 """A service stand-in for tests/deploy/test_zygote.py: ``python -m tests.deploy.zygote_probe --config FILE``
-(FILE: JSON ``{"report": path, "exit": code, "raise": bool, "sleep": seconds}``) writes what its process looks like
+(FILE: JSON or YAML ``{"report": path, "exit": code, "raise": bool, "sleep": seconds}``) writes what its process looks like
 to ``report``, then exits with ``exit`` (or raises, or sleeps first)."""
 
 import json
@@ -11,7 +11,9 @@ from pathlib import Path
 
 PRELOADED = sorted(m for m in ("decimal", "fractions") if m in sys.modules)  # before this module imports them
 
-config = json.loads(Path(sys.argv[sys.argv.index("--config") + 1]).read_text())
+import yaml  # (after PRELOADED: what the zygote imported, not this module)
+
+config = yaml.safe_load(Path(sys.argv[sys.argv.index("--config") + 1]).read_text())
 with open(config["report"], "w") as out:
     json.dump({"preloaded": PRELOADED, "pid": os.getpid(), "pgid": os.getpgid(0), "sid": os.getsid(0),
                "stdin": os.readlink("/proc/self/fd/0"), "argv": sys.argv[1:], "name": __name__,

@@ -223,14 +223,6 @@ async def test_sft_run_exports_a_model(tiny_model_dir, tmp_path, redis_server):
     assert history[4]["sft_loss"] < history[1]["sft_loss"]
 
 
-def test_publish_is_due_every_n_steps_and_sooner_while_replicas_wait():
-    from services.learner.rl_runner import publish_due
-
-    assert [s for s in range(1, 11) if publish_due(s, 5, [])] == [5, 10]
-    assert publish_due(3, 5, ["late-replica"])  # a replica that joined late is not left on old weights
-    assert all(publish_due(s, 1, []) for s in range(1, 4))
-
-
 async def test_dead_lettered_prompts_are_reissued_at_once_then_given_up_with_the_reason(
         tiny_model_dir, tmp_path, redis_server, redis_client, prompts_file):
     """The fleet dead-letters every attempt of one prompt. The learner must not wait prompt_timeout_s (900 s)
@@ -272,29 +264,6 @@ async def test_a_prompt_that_never_completes_is_given_up_after_max_attempts_with
     assert c["prompts_abandoned"] == 1 and c["prompts_reissued"] == 1 and c["samples_trained"] == (N_PROMPTS - 1) * 4
     assert "rollout.max_attempts=2" in status["abandoned"]["e0-3"] and "prompt_timeout_s" in status["abandoned"]["e0-3"]
     assert trained_items(tmp_path / "run") == {f"e0-{i}": 4 for i in range(N_PROMPTS) if i != 3}
-
-
-async def test_one_step_never_takes_two_attempts_of_the_same_prompt(tiny_model_dir, tmp_path, redis_server):
-    """A prompt re-issued (timeout, stale drop, restart) can complete twice: the late first attempt and the
-    re-issue. One step must take at most one group per dataset position (else it trains it twice, and the
-    second group's bookkeeping failed the run: KeyError, found by make drills)."""
-    from services.learner.observability import MetricsSink
-    from services.learner.rl_runner import RLRunner
-    from services.learner.run_state import InFlight
-    from tests.learner.helpers import group
-
-    s = learner_settings(tiny_model_dir, tmp_path, redis_server)
-    sink = MetricsSink(s.observability, tmp_path / "run", __import__("prometheus_client").CollectorRegistry())
-    runner = RLRunner(s, redis=None, sink=sink)
-    for key, attempt in (("e0-1", 0), ("e0-1", 1), ("e0-2", 0), ("e0-3", 0)):
-        gid = key if attempt == 0 else f"{key}-r{attempt}"
-        runner.state.in_flight[key] = InFlight(epoch=0, index=int(key[3:]), attempt=1 if key == "e0-1" else 0,
-                                               issued_at=0.0)
-        for e in group(gid, [[5]] * 4, [1, 0, 1, 0]):
-            runner.buffer.file(f"entry-{gid}-{e.index}", e, runner.state.in_flight)
-    assert await runner._take_batch() == ["e0-1", "e0-2"]  # in completion order, one group per position
-    # the other attempt waits (superseded when e0-1 trains)
-    assert [g for g in runner.buffer.complete if g not in ("e0-1", "e0-2")] == ["e0-1-r1", "e0-3"]
 
 
 async def test_dynamic_sampling_drops_groups_without_signal_and_fills_each_step_with_fresh_prompts(
@@ -339,36 +308,3 @@ async def test_no_trained_sample_is_older_than_the_staleness_bound_while_the_fle
     assert max(r["staleness_max"] for r in rows.values()) <= bound
     assert trained_items(tmp_path / "run") == {f"e0-{i}": 4 for i in range(N_PROMPTS)}
 
-
-async def test_a_prompt_dropped_stale_holds_the_step_until_its_new_group_lands(tiny_model_dir, tmp_path, redis_server):
-    """rollout.stale_hold_s: a position whose group went stale and was re-issued holds the learner's steps (bounded)
-    until its new group is complete, so a prompt slower to score than max_staleness steps is trained. Without it
-    the elastic drill's last 4 slow-scored prompts went stale on each of their 50 attempts (2 s of scoring, the
-    learner stepping every second on fast prompts) and were given up. Off (0) the learner steps on what it has."""
-    import time
-
-    from services.learner.observability import MetricsSink
-    from services.learner.rl_runner import RLRunner
-    from services.learner.run_state import InFlight
-    from tests.learner.helpers import group
-
-    def runner_with(hold_s: float, reissued_at: float) -> RLRunner:
-        s = learner_settings(tiny_model_dir, tmp_path, redis_server, rollout={"stale_hold_s": hold_s})
-        sink = MetricsSink(s.observability, tmp_path / "run", __import__("prometheus_client").CollectorRegistry())
-        runner = RLRunner(s, redis=None, sink=sink)
-        # e0-1 went stale once and was re-issued at reissued_at; e0-2 and e0-3 are complete
-        runner.state.in_flight["e0-1"] = InFlight(epoch=0, index=1, attempt=1, issued_at=reissued_at, stale_drops=1)
-        for key in ("e0-2", "e0-3"):
-            runner.state.in_flight[key] = InFlight(epoch=0, index=int(key[3:]), attempt=0, issued_at=time.time())
-            for e in group(key, [[5]] * 4, [1, 0, 1, 0]):
-                runner.buffer.file(f"entry-{key}-{e.index}", e, runner.state.in_flight)
-        return runner
-
-    held = runner_with(30.0, time.time())
-    assert await held._take_batch() == []  # its new group is not back: the step waits
-    for e in group("e0-1-r1", [[5]] * 4, [1, 0, 1, 0]):
-        held.buffer.file(f"entry-e0-1-r1-{e.index}", e, held.state.in_flight)
-    assert len(await held._take_batch()) == held.s.train.groups_per_step  # landed: the learner steps again
-
-    assert await runner_with(30.0, time.time() - 31.0)._take_batch() != []  # the hold ran out
-    assert await runner_with(0.0, time.time())._take_batch() != []  # off: steps on what it has

@@ -113,11 +113,11 @@ def test_special_tokens_strip_in_linear_time():
     query), and the hf_rm scorer strips trailing pad/eos before its own eos (``(<pad>|</s>)+$`` backtracks
     over a run that does not end the text): both were quadratic, on the event loop."""
     svc = RewardService(RewardSettings(scorers=[{"name": "m", "kind": "rule", "check": {"type": "math"}}]))
-    start = time.monotonic()
+    start = time.process_time()  # CPU time: the bound is on work, not on a loaded machine's clock (CI: 2.09 s)
     assert svc._strip("<pad>" * 200_000 + "</s>x<pad></s>" + "<|im_end|></s>" * 50_000) == "x"
     assert strip_tokens("<pad>" * 200_000 + "x", ["<pad>", "</s>"], head=False) == "<pad>" * 200_000 + "x"
     assert strip_tokens("a<pad>b" + "</s><pad>" * 100_000, ["<pad>", "</s>"], head=False) == "a<pad>b"
-    assert time.monotonic() - start < 2.0
+    assert time.process_time() - start < 2.0
 
 
 def test_a_stuck_python_scorer_frees_its_worker(reward):

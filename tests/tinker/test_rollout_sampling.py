@@ -91,11 +91,11 @@ def trainer_logprobs(training, prompt: list[int], seq) -> list[float]:
     return out[n:]
 
 
-def test_samples_come_from_the_replica_with_the_trainers_logprobs(fleet):
+def test_samples_come_from_the_replica_with_the_trainers_logprobs(fleet, tinker_client):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(fleet["model"])
-    service = tinker.ServiceClient(base_url=fleet["url"], api_key=KEY)
+    service = tinker_client(fleet["url"], KEY)
     training = service.create_lora_training_client(base_model=fleet["model"], rank=8, seed=3).result()
     assert sampling_status(fleet["url"])["sampler"] == "rollout"
     data = [sl_datum(tok, f"sort {d:04d}=", "".join(sorted(f"{d:04d}"))) for d in range(1000, 1400, 50)]
@@ -156,7 +156,7 @@ def test_samples_come_from_the_replica_with_the_trainers_logprobs(fleet):
     assert again[len(prompt):] == pytest.approx(list(first.logprobs), abs=2e-4)
 
 
-def test_fleetrl_run_starts_the_rollout_fleet_that_samples(tiny_model_dir, tmp_path):
+def test_fleetrl_run_starts_the_rollout_fleet_that_samples(tiny_model_dir, tmp_path, tinker_client):
     """``fleetrl run FILE`` with ``mode: tinker`` and ``replicas: {rollout: 1}``: Redis, a rollout replica and the
     Tinker API, sampling on the replica; Ctrl-C (SIGTERM here) stops all of them."""
     import time
@@ -186,7 +186,7 @@ def test_fleetrl_run_starts_the_rollout_fleet_that_samples(tiny_model_dir, tmp_p
         status = sampling_status(url)
         assert status["sampler"] == "rollout" and len(status["rollout_urls"]) == 1, status
         rollout_url = status["rollout_urls"][0]
-        service = tinker.ServiceClient(base_url=url, api_key=lines["TINKER_API_KEY"])
+        service = tinker_client(url, lines["TINKER_API_KEY"])
         sampler = service.create_sampling_client(base_model=str(tmp_path / "model")).result()
         out = sampler.sample(types.ModelInput.from_ints([5, 6, 7]), 2,
                              types.SamplingParams(max_tokens=4, temperature=1.0, seed=1)).result()

@@ -14,6 +14,7 @@ from tinker import types
 
 from shared.ports import free_port
 from tests.procs import spawn, stop, wait_http_ok
+from tests.tinker.conftest import close
 
 pytestmark = pytest.mark.process  # starts service processes (tests/procs.py)
 
@@ -49,7 +50,11 @@ def server(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def service(server):
-    return tinker.ServiceClient(base_url=server["url"], api_key=KEY)
+    """Closed before the server stops: an open client's heartbeat thread outlives the test and logs connection
+    errors into later tests' output for minutes."""
+    client = tinker.ServiceClient(base_url=server["url"], api_key=KEY)
+    yield client
+    close(client)
 
 
 @pytest.fixture(scope="module")
@@ -176,8 +181,11 @@ def test_without_the_api_key_every_route_is_401(server):
     import httpx
 
     wrong = tinker.ServiceClient(base_url=server["url"], api_key="tml-not-the-key-000000")  # connects lazily
-    with pytest.raises(tinker.AuthenticationError, match="wrong X-API-Key"):
-        wrong.create_lora_training_client(base_model=server["model"], rank=4).result()
+    try:
+        with pytest.raises(tinker.AuthenticationError, match="wrong X-API-Key"):
+            wrong.create_lora_training_client(base_model=server["model"], rank=4).result()
+    finally:
+        close(wrong)
     for path in ("/api/v1/client/config", "/api/v1/create_session", "/api/v1/retrieve_future",
                  "/api/v1/forward_backward"):
         r = httpx.post(server["url"] + path, json={}, timeout=10)
@@ -230,6 +238,32 @@ def test_the_other_routes_of_the_client(server, service, tok):
     assert r.status_code == 200 and r.json()["model_id"] == training.model_id
     r = httpx.post(f"{url}/get_info", json={"model_id": training.model_id}, headers=h, timeout=30)
     assert r.status_code == 404 and training.model_id in r.text
+
+
+def test_closing_the_client_ends_its_session_and_its_models_at_once(server, tinker_client):
+    """``ServiceClient.close(status)`` (tinker 0.38) posts ``/api/v1/sessions/{id}/finish``: the session and its
+    models end now, not after the heartbeat timeout; a repeated finish is answered the same; an unknown session is
+    a 404 that says so. (The route was missing: close() failed, and the session lived on until it timed out.)"""
+    import httpx
+
+    h = {"X-API-Key": KEY}
+    client = tinker_client(server["url"], KEY)
+    training = client.create_lora_training_client(base_model=server["model"], rank=4).result()
+    session = training.model_id.split(":", 1)[0]
+    before = httpx.get(server["url"] + "/status", timeout=10).json()
+    assert training.model_id in before["models"]
+    client.close("success", detail="done").result(timeout=60)
+    after = httpx.get(server["url"] + "/status", timeout=10).json()
+    assert training.model_id not in after["models"] and after["sessions"] == before["sessions"] - 1
+    url = f"{server['url']}/api/v1/sessions/{session}/finish"
+    again = httpx.post(url, json={"reason": {"type": "errored"}}, headers=h, timeout=30)
+    assert again.status_code == 200, again.text
+    r = httpx.post(f"{server['url']}/api/v1/sessions/nope/finish", json={"reason": {"type": "success"}}, headers=h,
+                   timeout=30)
+    assert r.status_code == 404 and "'nope' is unknown" in r.text
+    bad = httpx.post(url, json={"reason": {"type": "done"}}, headers=h, timeout=30)
+    assert bad.status_code == 400 and "reason" in bad.text
+    assert "finished by its client (success: done)" in server["log"].read_text()
 
 
 def test_rl_loop_learns_the_first_digit_of_sort_digits(server, service, tok):

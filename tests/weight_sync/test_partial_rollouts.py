@@ -67,12 +67,13 @@ async def test_a_streamed_generation_spans_two_publishes_and_reports_the_version
                 await asyncio.sleep(0.01)
             raise AssertionError("the generation made no progress")
 
+        # built before the stream starts: building one mid-stream took long enough on a loaded machine that the
+        # generation's last 600 tokens were out before the second publish (CI, two workers: spans [0, 1])
+        models = {seed: new_weights(model_dir, seed=seed) for seed in (1, 2)}
         consumer = asyncio.create_task(stream())
-        models = {}
         async with WeightPublisher(redis_client, run, WeightSyncSettings(bucket_bytes=64 << 10, **FAST)) as pub:
             for seed, after in ((1, 100), (2, 400)):
                 await tokens_past(after)
-                models[seed] = new_weights(model_dir, seed=seed)
                 version = await pub.publish(models[seed])
                 assert pub.last_report.loaded, pub.last_report
                 assert version == seed

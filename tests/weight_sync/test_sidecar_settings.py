@@ -101,12 +101,14 @@ async def test_a_wildcard_bind_advertises_a_reachable_peer_url(tiny_model_dir, h
     try:
         assert sidecar.peer_url == default_url(host, 8123) and "0.0.0.0" not in sidecar.peer_url
         assert "://::" not in sidecar.peer_url
+        # its name in the registry (the learner's status, lag warnings) is that address, not the wildcard
+        assert sidecar.name == sidecar.peer_url.split("://", 1)[1] and host not in sidecar.name.split(":")[0]
     finally:
         await sidecar.redis.aclose()
     s = load_settings(RolloutSettings, model=str(tiny_model_dir), redis_url="redis://127.0.0.1:1/0", port=8123,
                       host=host, advertise_url="http://rollout-3.internal:8001")
     sidecar = create_sidecar(Engine(), s)
     try:
-        assert sidecar.peer_url == "http://rollout-3.internal:8001"
+        assert sidecar.peer_url == "http://rollout-3.internal:8001" and sidecar.name == "rollout-3.internal:8001"
     finally:
         await sidecar.redis.aclose()

@@ -76,7 +76,7 @@ class OwnerLink:
         return trainer.policy_weights()
 
     def save(self, trainer, out_dir: Path) -> None:
-        from services.learner.distributed.collectives import replica_digests
+        from services.learner.training.collectives import replica_digests
 
         self.channel.send(self.Op.CHECKPOINT, {"path": str(out_dir)})
         trainer.save(out_dir)
@@ -107,7 +107,7 @@ class Follower:
 
     def run(self) -> None:
         from services.learner.distributed.channel import Op
-        from services.learner.distributed.collectives import replica_digests
+        from services.learner.training.collectives import replica_digests
         from services.learner.training.rl_trainer import RLTrainer
 
         channel = _join(self.s, self.info)

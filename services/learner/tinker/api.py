@@ -21,6 +21,17 @@ class SessionRef(_Body):
     session_id: str = Field(max_length=200)
 
 
+class FinishReason(_Body):
+    type: Literal["success", "errored", "interrupted"]
+
+
+class FinishSession(_Body):
+    """``ServiceClient.close(status, detail)``: the session ends now, not after its heartbeat times out."""
+
+    reason: FinishReason
+    detail: str | None = Field(default=None, max_length=4000)
+
+
 class LoraConfig(_Body):
     rank: int = Field(ge=1)
     seed: int | None = None

@@ -3,7 +3,9 @@ TinkerService each. Mutating calls answer ``{request_id, model_id}``; ``retrieve
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request, Response
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Request, Response
 from fastapi.responses import JSONResponse
 
 from services.learner.tinker import api
@@ -43,6 +45,12 @@ async def create_session(body: api.CreateSession, svc: ServiceDep) -> dict:
 async def session_heartbeat(body: api.SessionRef, svc: ServiceDep) -> dict:
     svc.heartbeat(body.session_id)
     return {"type": "session_heartbeat"}
+
+
+@router.post("/sessions/{session_id}/finish")
+async def finish_session(session_id: Annotated[str, Path(max_length=200)], body: api.FinishSession, svc: ServiceDep) -> dict:
+    svc.finish_session(session_id, body.reason.type, body.detail)
+    return {"type": "finish_session"}
 
 
 @router.post("/telemetry")

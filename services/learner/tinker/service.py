@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 NAME = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 MODEL_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,300}$")
 KINDS = ("weights", "sampler_weights")
+FINISHED_KEPT = 10_000  # ended session ids remembered, so that a repeated finish is answered the same
 
 
 @dataclass
@@ -46,6 +47,7 @@ class TinkerService:
         self.run_dir = Path(settings.run_dir)
         self.futures = FutureStore(settings.future_ttl_s)
         self.sessions: dict[str, float] = {}
+        self.finished: dict[str, None] = {}  # the last FINISHED_KEPT ended sessions, oldest first
         self.models: dict[str, ModelSlot] = {}
         self.sampling_sessions: dict[str, Path] = {}
         self.sampler_paths: dict[str, str | None] = {}
@@ -145,24 +147,41 @@ class TinkerService:
             raise NotFound(f"session {session_id!r} is unknown (the server restarted?); create a new ServiceClient")
         self.sessions[session_id] = time.monotonic()
 
+    def finish_session(self, session_id: str, status: str, detail: str | None) -> None:
+        """``ServiceClient.close(status)``: end the session now. The first finish wins; finishing it again is a
+        no-op, so a client that retries its close is answered the same."""
+        if session_id in self.finished:
+            return
+        if session_id not in self.sessions:
+            raise NotFound(f"session {session_id!r} is unknown (the server restarted?)")
+        self._end_session(session_id, f"finished by its client ({status}{': ' + detail if detail else ''})")
+
     def _reap(self) -> None:
         """End the sessions whose client stopped beating: drop their models and sampling sessions."""
         now = time.monotonic()
         for session in [s for s, seen in self.sessions.items() if now - seen > self.settings.session_timeout_s]:
-            del self.sessions[session]
-            for model_id in [m for m in self.models if m.startswith(f"{session}:")]:
-                slot = self.models.pop(model_id)
-                if slot.worker.running is None and not slot.worker.queued():
-                    slot.worker.executor.shutdown(wait=False)
-                    slot.worker.close_nowait()
-                log.info("session %s ended (no heartbeat for %.0fs): dropped %s", session,
-                         self.settings.session_timeout_s, model_id)
-            for sid in [s for s in self.sampling_sessions if s.startswith(f"{session}:")]:
-                del self.sampling_sessions[sid]
-                self.sampler_paths.pop(sid, None)
-                self.clones.pop(sid, None)
-                self.completions.drop(sid)
-                self.session_versions.pop(sid, None)
+            self._end_session(session, f"no heartbeat for {self.settings.session_timeout_s:.0f}s")
+
+    def _end_session(self, session: str, why: str) -> None:
+        del self.sessions[session]
+        self.finished[session] = None
+        while len(self.finished) > FINISHED_KEPT:
+            self.finished.pop(next(iter(self.finished)))
+        dropped = []
+        for model_id in [m for m in self.models if m.startswith(f"{session}:")]:
+            slot = self.models.pop(model_id)
+            if slot.worker.running is None and not slot.worker.queued():
+                slot.worker.executor.shutdown(wait=False)
+                slot.worker.close_nowait()
+            dropped.append(model_id)
+        for sid in [s for s in self.sampling_sessions if s.startswith(f"{session}:")]:
+            del self.sampling_sessions[sid]
+            self.sampler_paths.pop(sid, None)
+            self.clones.pop(sid, None)
+            self.completions.drop(sid)
+            self.session_versions.pop(sid, None)
+            dropped.append(sid)
+        log.info("session %s ended (%s): dropped %s", session, why, ", ".join(dropped) or "nothing")
 
     def capabilities(self) -> dict:
         from transformers import AutoConfig

@@ -5,8 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from services.rollout import protocol_sglang
 from services.rollout.deps import ServiceDep
+from services.rollout.protocols import sglang as protocol_sglang
 from services.rollout.routes.streaming import GENERATION_ERRORS, SSE_OK, sse_response, until_disconnect
 from shared.generate_api import GenerateRequest, GenerateResponse
 

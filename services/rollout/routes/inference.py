@@ -10,8 +10,8 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Request
 from fastapi.responses import JSONResponse, Response
 
-from services.rollout import protocol_tokens
 from services.rollout.deps import ServiceDep
+from services.rollout.protocols import tokens as protocol_tokens
 from services.rollout.routes import recording
 from services.rollout.routes.streaming import GENERATION_ERRORS, SSE_OK, sse_response, until_disconnect
 from shared.inference_api import GENERATE_PATH, SESSION_ID_HEADER, TokenGenerateRequest, TokenGenerateResponse

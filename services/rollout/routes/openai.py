@@ -5,8 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from services.rollout import protocol_openai
 from services.rollout.deps import ServiceDep
+from services.rollout.protocols import openai as protocol_openai
 from services.rollout.routes import recording
 from services.rollout.routes.inference import SESSION_ELSEWHERE, SessionHeader
 from services.rollout.routes.streaming import GENERATION_ERRORS, SSE_OK, sse_response, until_disconnect

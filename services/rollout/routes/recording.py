@@ -20,9 +20,10 @@ from contextlib import aclosing
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from services.rollout import protocol_openai, protocol_tokens
 from services.rollout.engines.types import SequenceOutput, SequenceRequest
 from services.rollout.errors import RequestError
+from services.rollout.protocols import openai as protocol_openai
+from services.rollout.protocols import tokens as protocol_tokens
 from services.rollout.routes.streaming import sse_response, until_disconnect
 from services.rollout.service import RolloutService
 from services.rollout.sessions.auth import authorize_call

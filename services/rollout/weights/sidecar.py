@@ -26,6 +26,7 @@ import time
 import uuid
 from collections.abc import Awaitable
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 from services.rollout.weights.peer import PeerCatchUp
 from services.rollout.weights.receiver import RoundWatcher
@@ -59,7 +60,9 @@ def create_sidecar(engine: Any, settings: Any) -> WeightSidecar | None:
     # as session mode does; http://0.0.0.0:8001 sent each joiner to itself (compose: no join from a peer)
     peer_url = (settings.advertise_url or default_url(settings.host, settings.port)
                 or f"http://{settings.host}:{settings.port}").rstrip("/")
-    return WeightSidecar(engine, redis, settings.run_name, section, name=f"{settings.host}:{settings.port}",
+    # named by that address too: every compose replica was "0.0.0.0:8001" in the learner's status and lag warnings
+    name = urlsplit(peer_url).netloc or f"{settings.host}:{settings.port}"
+    return WeightSidecar(engine, redis, settings.run_name, section, name=name,
                          owns_redis=True, peer_url=peer_url if section.peer else "", peer_token=token)
 
 

@@ -29,7 +29,7 @@ import asyncio
 import logging
 import os
 import socket
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -39,6 +39,7 @@ from services.rollout.reward_client import RewardClient, RewardRejected, RewardU
 from services.rollout.worker.contract import GroupFailed, PermanentTaskError, Replica, RolloutContext
 from services.rollout.worker.functions import load_rollout_function
 from services.rollout.worker.group import experiences, task_sampling
+from services.rollout.worker.settings import WorkerRun
 from services.rollout.worker.trajectory import Trajectory
 from shared import keys
 from shared.experience_queue import BackpressureTimeout, Delivery, Lease, StreamQueue
@@ -58,8 +59,8 @@ class WorkerReplica(Replica, Protocol):
 
 
 class RolloutWorker:
-    def __init__(self, settings: Any, replica: WorkerReplica, registry: CollectorRegistry) -> None:
-        self.settings = settings  # the service's settings: redis_url, run_name, run_key and the worker section
+    def __init__(self, settings: WorkerRun, replica: WorkerReplica, registry: CollectorRegistry) -> None:
+        self.settings = settings
         self.cfg = settings.worker
         self.replica = replica
         self.consumer = self.cfg.consumer_name or f"{socket.gethostname()}-{os.getpid()}"

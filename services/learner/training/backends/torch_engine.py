@@ -7,9 +7,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from services.learner.distributed.collectives import all_reduce_grads
 from services.learner.settings import OptimSettings, TorchBackendSettings
 from services.learner.training.backends.base import TrainEngine, make_schedule
+from services.learner.training.collectives import all_reduce_grads
 
 
 class TorchEngine(TrainEngine):

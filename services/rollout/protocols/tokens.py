@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from services.rollout.engines.types import SamplingParams, SequenceOutput, SequenceRequest
-from services.rollout.protocol_openai import check_model
+from services.rollout.protocols.openai import check_model
 from services.rollout.service import RolloutService, new_request_id
 from shared.generate_api import ChoiceLogprobs, TokenLogprob, TopLogprob
 from shared.inference_api import TokenGenerateChoice, TokenGenerateRequest, TokenGenerateResponse, TokenUsage

@@ -1,0 +1,98 @@
+"""Which complete groups the next training step takes.
+
+**Staleness.** A complete group holding a token older than ``current - max_staleness`` (a sample's
+``weight_version`` is its oldest token's, partial rollouts included) is dropped (counted) and its prompt
+re-issued under a new attempt id (``e{epoch}-{index}-r{n}``), so no prompt is lost. With
+``rollout.stale_hold_s`` no step is taken while such a position's new group is on its way (bounded): a prompt that
+scores slower than ``max_staleness`` steps of a learner fed by faster ones would otherwise go stale on every
+attempt. Dedupe is by sample id
+(ProcessedIds for committed ones, the :class:`GroupBuffer` for held ones) and by dataset position (a
+position already trained takes no more groups).
+
+**Dynamic sampling** (``algorithm.dynamic_sampling``, DAPO): a complete group whose rewards are all equal is
+dropped and its dataset position finished untrained, so the window feeds a fresh prompt in its place; at most
+``max_refills_per_step`` per step, after which such groups are trained (counted).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from services.learner.data import parse_item_id
+from services.learner.group_buffer import GroupBuffer, position_of
+from services.learner.observability import MetricsSink
+from services.learner.positions import Positions
+from services.learner.run_state import RunState
+from services.learner.settings import LearnerSettings
+
+log = logging.getLogger(__name__)
+
+
+class BatchPicker:
+    """Takes a step's groups from ``buffer``; ``reissue(position, reason)`` issues a stale group's prompt again."""
+
+    def __init__(self, state: RunState, buffer: GroupBuffer, positions: Positions, settings: LearnerSettings,
+                 sink: MetricsSink, reissue: Callable[[str, str], Awaitable[bool]]) -> None:
+        self.state = state
+        self.buffer = buffer
+        self.positions = positions
+        self.s = settings
+        self.sink = sink
+        self.reissue = reissue
+        self.refills = 0  # groups dropped by dynamic sampling since the last training step
+
+    async def take(self, exhausted: bool) -> list[str]:
+        """Up to groups_per_step fresh complete groups (dropping stale ones, and with dynamic sampling those
+        without signal), or [] if not ready. ``exhausted``: every prompt of the run was issued (the last, smaller
+        batch may go)."""
+        limit = self.state.weight_version - self.s.rollout.max_staleness
+        for gid in self.buffer.stale(limit):
+            oldest = self.buffer.oldest_version(gid)
+            dropped = self.positions.drop_group(gid)
+            self.state.bump("experiences_dropped_stale", len(dropped))
+            self.sink.count("experiences_dropped_stale", len(dropped))
+            key, attempt = parse_item_id(gid)
+            log.info("dropped stale group %s (version %d < %d); re-issuing", gid, oldest, limit)
+            item = self.state.in_flight.get(key)
+            # (not re-issued, or given up, already)
+            if item is not None and item.attempt == attempt and \
+                    await self.reissue(key, f"stale group (weight version {oldest} < {limit})"):
+                item.stale_drops += 1
+        if self.s.algorithm.dynamic_sampling.enabled:
+            self._filter_without_signal()
+        if self.held_for() is not None:
+            return []
+        return self.buffer.take(self.s.train.groups_per_step, self.state.in_flight, exhausted)
+
+    def held_for(self) -> str | None:
+        """A position whose group went stale and whose re-issued group is not complete yet, re-issued less than
+        ``rollout.stale_hold_s`` ago: no step is taken until it lands (or the hold runs out), so a prompt that
+        scores slower than ``max_staleness`` steps is trained, not re-issued until ``max_attempts``."""
+        hold = self.s.rollout.stale_hold_s
+        if hold <= 0:
+            return None
+        complete = {position_of(g) for g in self.buffer.complete}
+        now = time.time()
+        return next((key for key, item in self.state.in_flight.items()
+                     if item.stale_drops and now - item.issued_at < hold and key not in complete), None)
+
+    def stepped(self) -> None:
+        """A training step took its batch: the next step has its own refills."""
+        self.refills = 0
+
+    def _filter_without_signal(self) -> None:
+        """Dynamic sampling: finish the positions of zero-variance groups untrained (the window then feeds fresh
+        prompts), up to the step's refill cap; past the cap they stay and are trained."""
+        cap = self.s.algorithm.dynamic_sampling.max_refills_per_step
+        st = self.state
+        for gid in self.buffer.without_signal():
+            if self.refills >= cap:
+                st.bump("dynamic_sampling_cap_reached")
+                self.sink.count("dynamic_sampling_cap_reached")
+                return
+            self.positions.finished_untrained(gid)
+            self.refills += 1
+            st.bump("groups_filtered")
+            self.sink.count("groups_filtered")
