@@ -347,10 +347,17 @@ DRILLS = {d.name: d for d in (
     # tiny learner trains a step in ~0.02 s, faster than any number of hf replicas on 2 cores deliver one, so it
     # always waits some: the band says how much waiting is fine (grow at 95 %, shrink at 65 %); the slow verifier
     # makes it ~97 % on one replica, three fast ones 34-56 %, one fast 60-90 % (0.85 made the pool grow back at
-    # the end of one run)
+    # the end of one run). Each replica takes 2 groups at a time: the signal grows the pool only by the replicas
+    # that would find prompts waiting (window 8: with concurrency 4 one replica holds 4 and 4 wait, so only a
+    # second would take work; with 2, 6 wait and three replicas each find some)
     Drill("elastic", elastic, 240, replicas=("rollout-0",), prompts=ELASTIC_PROMPTS, scorers=(SLOW_SCORER,),
+          worker={"concurrency": 2},
           rows=elastic_rows, learner={"pool": {"window_steps": 4, "min_steps": 2, "wait_high": 0.95,
-                                               "wait_low": 0.65, "max_wait_share": 0.98}}),
+                                               "wait_low": 0.65, "max_wait_share": 0.98},
+                                      # the last slow prompts share the learner's window with the first fast ones,
+                                      # which step the learner twice in one slow scoring: each went stale on every
+                                      # attempt and was given up after 50 (docs/elastic.md, "Why the drill failed")
+                                      "rollout": {"stale_hold_s": 30.0}}),
 )}
 
 
@@ -435,7 +442,10 @@ def run_drill(drill: Drill, root: Path, model: Path, rows: list[dict], redis_url
             cfg = _rollout_config(model, reward.url, f"rollout-{i}")
             cfg["worker"].update(drill.worker)
             fleet.start(name, "services.rollout", {**cfg, **key, "control_token": CONTROL_TOKEN}, wait=False)
-        fleet.start("learner", "services.learner", {**_learner_config(run, model), **drill.learner, **key}, wait=False)
+        learner = _learner_config(run, model)
+        for section, values in drill.learner.items():  # a drill's section adds to (or overrides) the base's
+            learner[section] = {**learner[section], **values} if isinstance(learner.get(section), dict) else values
+        fleet.start("learner", "services.learner", {**learner, **key}, wait=False)
         for name in ("reward", *drill.replicas, "learner"):
             fleet.wait_healthy(name)
         ctx = Ctx(fleet=fleet, deadline=t0 + drill.bound_s)

@@ -2,7 +2,10 @@
 
 **Staleness.** A complete group holding a token older than ``current - max_staleness`` (a sample's
 ``weight_version`` is its oldest token's, partial rollouts included) is dropped (counted) and its prompt
-re-issued under a new attempt id (``e{epoch}-{index}-r{n}``), so no prompt is lost. Dedupe is by sample id
+re-issued under a new attempt id (``e{epoch}-{index}-r{n}``), so no prompt is lost. With
+``rollout.stale_hold_s`` no step is taken while such a position's new group is on its way (bounded): a prompt that
+scores slower than ``max_staleness`` steps of a learner fed by faster ones would otherwise go stale on every
+attempt. Dedupe is by sample id
 (ProcessedIds for committed ones, the :class:`GroupBuffer` for held ones) and by dataset position (a
 position already trained takes no more groups).
 
@@ -14,10 +17,11 @@ dropped and its dataset position finished untrained, so the window feeds a fresh
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Callable
 
 from services.learner.data import parse_item_id
-from services.learner.group_buffer import GroupBuffer
+from services.learner.group_buffer import GroupBuffer, position_of
 from services.learner.observability import MetricsSink
 from services.learner.positions import Positions
 from services.learner.run_state import RunState
@@ -52,11 +56,27 @@ class BatchPicker:
             key, attempt = parse_item_id(gid)
             log.info("dropped stale group %s (version %d < %d); re-issuing", gid, oldest, limit)
             item = self.state.in_flight.get(key)
-            if item is not None and item.attempt == attempt:  # not re-issued (or given up) already
-                await self.reissue(key, f"stale group (weight version {oldest} < {limit})")
+            # (not re-issued, or given up, already)
+            if item is not None and item.attempt == attempt and \
+                    await self.reissue(key, f"stale group (weight version {oldest} < {limit})"):
+                item.stale_drops += 1
         if self.s.algorithm.dynamic_sampling.enabled:
             self._filter_without_signal()
+        if self.held_for() is not None:
+            return []
         return self.buffer.take(self.s.train.groups_per_step, self.state.in_flight, exhausted)
+
+    def held_for(self) -> str | None:
+        """A position whose group went stale and whose re-issued group is not complete yet, re-issued less than
+        ``rollout.stale_hold_s`` ago: no step is taken until it lands (or the hold runs out), so a prompt that
+        scores slower than ``max_staleness`` steps is trained, not re-issued until ``max_attempts``."""
+        hold = self.s.rollout.stale_hold_s
+        if hold <= 0:
+            return None
+        complete = {position_of(g) for g in self.buffer.complete}
+        now = time.time()
+        return next((key for key, item in self.state.in_flight.items()
+                     if item.stale_drops and now - item.issued_at < hold and key not in complete), None)
 
     def stepped(self) -> None:
         """A training step took its batch: the next step has its own refills."""

@@ -61,7 +61,7 @@ class MetricsSink:
                                       "span (partial rollouts; 0 = one version made it)", buckets=STALENESS_BUCKETS,
                                       registry=registry)
         self.pool = Gauge("fleetrl_learner_pool", "The rollout pool's demand signal (docs/elastic.md): "
-                          "desired_replicas, replicas, prompts_waiting, groups_in_flight, wait_share, "
+                          "desired_replicas, replicas, prompts_waiting, groups_in_flight, backlog, wait_share, "
                           "tokens_per_s_per_replica", ["field"], registry=registry)
         self.staleness_counts: dict[int, int] = {}
         self.version_span_counts: dict[int, int] = {}
@@ -149,8 +149,8 @@ class MetricsSink:
 
     def observe_pool(self, signal: Any) -> None:
         """The pool signal's numbers as gauges (``fleetrl_learner_pool{field="desired_replicas"}`` ...)."""
-        for name in ("desired_replicas", "replicas", "prompts_waiting", "groups_in_flight", "wait_share",
-                     "tokens_per_s_per_replica", "learner_tokens_per_s"):
+        for name in ("desired_replicas", "replicas", "prompts_waiting", "groups_in_flight", "backlog",
+                     "wait_share", "tokens_per_s_per_replica", "learner_tokens_per_s"):
             self.pool.labels(name).set(float(getattr(signal, name)))
 
     def observe_publish(self, report: Any) -> dict[str, float]:

@@ -7,18 +7,26 @@ into a :class:`PoolSignal`. The learner publishes it every step (``rl_runner``):
 read by ``fleetrl run``'s controller, a KEDA / HPA metric, the Ray launcher).
 
 The formula (``R`` live replicas, ``w`` the learner's wait share over the window = time it waited for
-experiences / its wall time, ``q`` prompts waiting in the stream for any replica):
+experiences / its wall time, ``q`` prompts waiting in the stream for any replica now, ``b`` the **backlog**: the
+median over the window's steps of the prompts that waited for a replica *while the learner waited* (each step's
+mean of the stream samples ``PoolWatch`` takes during the learner's waits, weighted by the wait; a step without a
+wait: ``q`` at its end), ``g`` the same median of the groups held by a replica (taken, not finished)):
 
 - tokens per second per replica ``p = tokens trained / wall time / R`` (what the pool delivered, per replica);
 - tokens per second the learner can take ``D = tokens trained / (wall time - wait time)`` (its own speed);
-- **up**, ``w >= wait_high``: the learner is starved, so the pool delivers ``R p < D``. Replicas add throughput
-  roughly linearly (each takes its own prompts), so supply meets demand at ``D / p = R / (1 - w)`` replicas:
-  ``desired = ceil(D / p)``, at least ``R + 1`` (``w`` is capped at ``max_wait_share`` so one window can ask at
-  most ``R / (1 - max_wait_share)``);
+- **up**, ``w >= wait_high`` **and** ``b >= backlog_min``: the learner is starved *and* prompts wait for a
+  replica, so a replica more would take work. Replicas add throughput roughly linearly (each takes its own
+  prompts), so supply meets demand at ``D / p = R / (1 - w)`` replicas; but only ``ceil(b / c)`` more replicas
+  find anything to take, ``c = max(1, g / R)`` the groups a busy replica holds. So
+  ``desired = max(R + 1, min(ceil(D / p), R + ceil(b / c)))`` (``w`` is capped at ``max_wait_share`` so one
+  window asks at most ``R / (1 - max_wait_share)``);
+- a starved learner with no backlog (``b < backlog_min``) keeps the pool: every prompt the learner has issued is
+  already held by a replica, so a replica more would sit idle (the wait is the pipeline's: the staleness bound,
+  the window, a publish, a slow reward), not the pool's;
 - **down**, ``w <= wait_low`` and ``q == 0``: the learner never waited and no prompt waits for a replica, so the
   pool has room; by how much the learner cannot see (a pool that is too big looks the same as one that is just
   big enough: it is held back by backpressure and the staleness bound), so it asks for one replica fewer:
-  ``desired = R - 1``. If that was one too few, the wait share rises past ``wait_high`` and the up rule brings
+  ``desired = R - 1``. If that was one too few, the wait share and the backlog rise and the up rule brings
   it back; the band between ``wait_low`` and ``wait_high`` is the hysteresis and the controller's cooldowns
   pace the steps;
 - otherwise ``desired = R``; with no live replica at all, ``desired = max(1, ...)``.
@@ -26,7 +34,9 @@ experiences / its wall time, ``q`` prompts waiting in the stream for any replica
 The window holds only steps measured at the current pool size: a step in which the number of live replicas
 changed empties it (what ``R`` old replicas delivered says nothing about ``R`` new ones, and a mixed window made
 one join look like a reason for the next), and until it holds ``min_steps`` steps the signal asks for ``R``
-(measuring). So the run's first steps and every change are measured before the pool moves again.
+(measuring). The run's first ``warmup_steps`` steps are never measured: the pipeline is filling (the replicas
+load weights and take their first prompts, the learner waits for the first groups), which says nothing about
+the pool's size. So the run's start and every change are measured before the pool moves again.
 
 ``desired`` is finally clamped to ``[1, max_replicas]``; a controller clamps it again to its own min / max.
 """
@@ -34,6 +44,7 @@ one join look like a reason for the next), and until it holds ``min_steps`` step
 from __future__ import annotations
 
 import math
+import statistics
 from collections import deque
 from dataclasses import asdict, dataclass
 
@@ -56,6 +67,12 @@ class PoolSignalSettings(BaseModel):
     max_wait_share: float = Field(default=0.9, gt=0.0, lt=1.0,
                                   description="Cap on the wait share in the up rule: one window asks at most "
                                               "R / (1 - max_wait_share) replicas.")
+    backlog_min: float = Field(default=1.0, gt=0.0, le=1_000_000,
+                               description="Prompts that must wait for a replica (the median over the window) "
+                                           "before the pool grows: without a backlog a replica more has nothing "
+                                           "to take.")
+    warmup_steps: int = Field(default=2, ge=0, le=1000,
+                              description="The run's first steps, not measured (the pipeline filling).")
     max_replicas: int = Field(default=64, ge=1, le=100_000, description="Upper bound on desired_replicas.")
 
     @model_validator(mode="after")
@@ -74,18 +91,28 @@ class StepSample:
     wall_s: float  # since the previous step ended
     wait_s: float  # of that, waiting for experiences
     tokens: int  # response tokens trained
+    waiting: float = 0.0  # prompts waiting in the stream for any replica while the learner waited (mean)
+    in_flight: float = 0.0  # groups held by a replica then
 
 
 class PoolWindow:
-    """The last ``size`` steps, all measured with the same number of live replicas."""
+    """The last ``size`` steps, all measured with the same number of live replicas; the first ``warmup`` steps
+    ever added are left out (the run's start)."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, warmup: int = 0) -> None:
         self.steps: deque[StepSample] = deque(maxlen=size)
         self.replicas: int | None = None  # live replicas the steps were measured with
+        self.warmup = max(0, warmup)  # steps still to leave out
 
-    def add(self, wall_s: float, wait_s: float, tokens: int, replicas: int | None = None) -> bool:
-        """Add one step; ``replicas``: live replicas when it ended. A step that ends with another number of live
-        replicas than the window's empties it and is itself left out (the pool changed during it). True: added."""
+    def add(self, wall_s: float, wait_s: float, tokens: int, replicas: int | None = None, *, waiting: float = 0.0,
+            in_flight: float = 0.0) -> bool:
+        """Add one step; ``replicas``: live replicas when it ended, ``waiting`` / ``in_flight``: the prompts stream
+        while the learner waited in it (``PoolWatch`` samples it). A step that ends with another number of live replicas than the window's empties it and is itself left
+        out (the pool changed during it); so is one of the first ``warmup``. True: added."""
+        if self.warmup > 0:
+            self.warmup -= 1
+            self.replicas = replicas if replicas is not None else self.replicas
+            return False
         if replicas is not None and replicas != self.replicas:
             changed = self.replicas is not None
             self.steps.clear()
@@ -93,8 +120,19 @@ class PoolWindow:
             if changed:
                 return False
         wall = max(0.0, wall_s)
-        self.steps.append(StepSample(wall, min(max(0.0, wait_s), wall), max(0, tokens)))
+        self.steps.append(StepSample(wall, min(max(0.0, wait_s), wall), max(0, tokens), max(0, waiting),
+                                     max(0, in_flight)))
         return True
+
+    @property
+    def backlog(self) -> float:
+        """Median of the prompts waiting for a replica at the window's steps' ends (a passing burst is no backlog)."""
+        return statistics.median(s.waiting for s in self.steps) if self.steps else 0.0
+
+    @property
+    def held(self) -> float:
+        """Median of the groups held by replicas at the window's steps' ends."""
+        return statistics.median(s.in_flight for s in self.steps) if self.steps else 0.0
 
     @property
     def wall_s(self) -> float:
@@ -118,6 +156,7 @@ class PoolSignal:
     tokens_per_s_per_replica: float  # p
     learner_tokens_per_s: float  # D
     steps: int  # in the window
+    backlog: float  # median prompts waiting for a replica over the window
     desired_replicas: int
     reason: str
 
@@ -131,6 +170,7 @@ def pool_signal(window: PoolWindow, *, replicas: int, prompts_waiting: int, grou
     s = settings
     wall, wait, tokens = window.wall_s, window.wait_s, window.tokens
     w = wait / wall if wall > 0 else 0.0
+    backlog = window.backlog
     busy = wall - wait
     per_replica = tokens / wall / replicas if wall > 0 and replicas > 0 else 0.0
     demand = tokens / busy if busy > 0 else 0.0
@@ -141,11 +181,18 @@ def pool_signal(window: PoolWindow, *, replicas: int, prompts_waiting: int, grou
         desired, why = r, "no step measured yet"
     elif len(window.steps) < s.min_steps:
         desired, why = r, (f"measuring: {len(window.steps)} of min_steps {s.min_steps} step(s) at {r} replica(s)")
-    elif w >= s.wait_high:
+    elif w >= s.wait_high and backlog >= s.backlog_min:
         need = r / (1.0 - min(w, s.max_wait_share))  # = D / p, with w capped
-        desired = max(r + 1, math.ceil(need - 1e-9))
-        why = (f"learner waited {w:.0%} of the last {len(window.steps)} steps (>= wait_high {s.wait_high:.0%}): "
-               f"{r} replica(s) deliver {per_replica * r:.0f} tokens/s, the learner takes {demand:.0f}")
+        per_taker = max(1.0, window.held / r)  # groups a busy replica holds
+        takers = math.ceil(backlog / per_taker - 1e-9)  # replicas more that would find a prompt to take
+        desired = max(r + 1, min(math.ceil(need - 1e-9), r + takers))
+        why = (f"learner waited {w:.0%} of the last {len(window.steps)} steps (>= wait_high {s.wait_high:.0%}) and "
+               f"{backlog:g} prompt(s) wait for a replica (~{per_taker:g} per replica): {r} replica(s) deliver "
+               f"{per_replica * r:.0f} tokens/s, the learner takes {demand:.0f}")
+    elif w >= s.wait_high:
+        desired = r
+        why = (f"learner waited {w:.0%} of the last {len(window.steps)} steps but no prompt waits for a replica "
+               f"(backlog {backlog:g} < backlog_min {s.backlog_min:g}): a replica more would have nothing to take")
     elif w <= s.wait_low and prompts_waiting == 0:
         desired = r - 1
         why = (f"learner waited {w:.0%} (<= wait_low {s.wait_low:.0%}) and no prompt waits for a replica: "
@@ -156,5 +203,6 @@ def pool_signal(window: PoolWindow, *, replicas: int, prompts_waiting: int, grou
     desired = min(max(1, desired), s.max_replicas)
     return PoolSignal(replicas=r, prompts_waiting=max(0, prompts_waiting), groups_in_flight=max(0, groups_in_flight),
                       wait_share=round(w, 4), tokens_per_s_per_replica=round(per_replica, 3),
-                      learner_tokens_per_s=round(demand, 3), steps=len(window.steps), desired_replicas=desired,
+                      learner_tokens_per_s=round(demand, 3), steps=len(window.steps), backlog=backlog,
+                      desired_replicas=desired,
                       reason=why)

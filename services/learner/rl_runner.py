@@ -363,7 +363,10 @@ class RLRunner:
     async def _receive(self) -> None:
         if self._wait_started is None:
             self._wait_started = time.perf_counter()
+        t0 = time.perf_counter()
         await self.intake.receive()
+        with contextlib.suppress(*REDIS_DOWN):  # the pool signal's backlog: what waited for a replica meanwhile
+            await self.pool.sample_wait(time.perf_counter() - t0)
 
     # ---- training --------------------------------------------------------------------------------------
     async def _train(self, gids: list[str]) -> None:

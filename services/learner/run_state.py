@@ -37,6 +37,7 @@ class InFlight:
     entry: str = ""  # prompt stream entry id of the current attempt (tells a prompt Redis lost in a crash)
     group_size: int = 0  # samples issued per attempt (0: written before it was recorded; the settings' then)
     dead_letters: int = 0  # times this position's prompt or experiences were dead-lettered
+    stale_drops: int = 0  # times this position's group was dropped stale (and the prompt re-issued)
 
 
 @dataclass

@@ -156,6 +156,12 @@ class RolloutRequestSettings(_Section):
     prompt_timeout_s: float = Field(
         default=900.0, gt=0.0, description="Re-issue a prompt whose group is not complete after this long."
     )
+    stale_hold_s: float = Field(
+        default=0.0, ge=0.0, description="After a group was dropped stale and its prompt re-issued, the learner "
+        "holds its steps up to this long for the new group (0: never). Without it, a prompt whose scoring takes "
+        "longer than max_staleness steps goes stale on every attempt while faster prompts keep the learner "
+        "stepping, and is given up after max_attempts (docs/elastic.md, the drill's slow verifier).",
+    )
     stall_warn_s: float = Field(
         default=60.0, gt=0.0, description="Say so (a log warning; /status phase waiting_for_rollout, with why) when "
         "prompts wait and no rollout worker has taken one for this long.",

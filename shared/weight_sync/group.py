@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import itertools
 import logging
 import socket
+import threading
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -44,13 +46,53 @@ class CollectiveError(RuntimeError):
     """Forming the group or a collective failed or timed out; the group is unusable."""
 
 
+#: how often a wait that can be cancelled (:meth:`CollectiveGroup.wait` with ``cancel``) looks at its flag
+CANCEL_POLL_S = 0.05
+
+
+def _finish(work: Any, timeout_s: float, cancel: threading.Event | None) -> str | None:
+    """Wait for a torch work handle up to ``timeout_s``; None when it succeeded, else what went wrong. With
+    ``cancel``, waits in slices of :data:`CANCEL_POLL_S` (a slice that ends unfinished leaves the work as it was;
+    a finished work wakes the wait at once, so slices cost nothing on the way through)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return f"did not finish within {timeout_s:g}s"
+        if cancel is not None and cancel.is_set():
+            return "the round was abandoned by its publisher"
+        step = remaining if cancel is None else min(remaining, CANCEL_POLL_S)
+        try:
+            work.wait(timeout=datetime.timedelta(seconds=step))
+            return None
+        except Exception as exc:  # noqa: BLE001 - the message is the result; the caller raises CollectiveError
+            if cancel is None:
+                return str(exc)
+            if not work.is_completed():
+                continue  # this slice ran out; the broadcast goes on
+            break  # it ended just as the slice did: its own outcome, below
+    try:
+        work.wait(timeout=datetime.timedelta(seconds=1))
+        return None
+    except Exception as exc:  # noqa: BLE001 - as above
+        return str(exc)
+
+
 class CollectiveGroup:
-    """One member's handle on an update group (rank 0 is the publisher)."""
+    """One member's handle on an update group (rank 0 is the publisher).
+
+    :meth:`broadcast` hands out a ticket, not torch's work handle: the group keeps the handles itself, because a
+    gloo work handle holds the group's connections open (its context) for as long as anything references it,
+    aborted group or not. A caller's frame or a traceback still holding one after :meth:`close` kept a broken
+    round's sockets open, so the other ranks, instead of failing at once, sat out their whole collective
+    timeout (tests/weight_sync/test_group_teardown.py). :meth:`close` drops every handle."""
 
     def __init__(self, pg: Any, name: str, rank: int, world_size: int, backend: str, timeout_s: float) -> None:
         self.pg, self.name, self.rank, self.world_size = pg, name, rank, world_size
         self.backend, self.timeout_s = backend, timeout_s
         self.broken = False
+        self._works: dict[int, Any] = {}  # ticket -> torch work handle, until waited for or closed
+        self._tickets = itertools.count()
 
     @classmethod
     def open(cls, *, backend: str, master_addr: str, master_port: int, rank: int, world_size: int,
@@ -82,27 +124,39 @@ class CollectiveGroup:
             raise CollectiveError(f"forming group {group_name} (rank {rank}/{world_size}) failed: {exc}") from exc
         return cls(pg, group_name, rank, world_size, backend, collective_timeout_s)
 
-    def broadcast(self, tensor: torch.Tensor, src: int = 0) -> Any:
-        """Post a broadcast; returns the work handle to pass to :meth:`wait`."""
+    def broadcast(self, tensor: torch.Tensor, src: int = 0) -> int:
+        """Post a broadcast; returns the ticket to pass to :meth:`wait`."""
         import torch.distributed as dist
 
+        if self.pg is None:
+            raise CollectiveError(f"group {self.name} is closed")
         try:
             opts = dist.BroadcastOptions()
             opts.rootRank, opts.rootTensor, opts.asyncOp = src, 0, True
-            return self.pg.broadcast([tensor], opts)
+            work = self.pg.broadcast([tensor], opts)
         except Exception as exc:
             self.broken = True
             raise CollectiveError(f"broadcast in {self.name} failed: {exc}") from exc
+        ticket = next(self._tickets)
+        self._works[ticket] = work
+        return ticket
 
-    def wait(self, work: Any, timeout_s: float | None = None) -> None:
-        try:
-            work.wait(timeout=datetime.timedelta(seconds=timeout_s or self.timeout_s))
-        except Exception as exc:
+    def wait(self, ticket: int, timeout_s: float | None = None, cancel: threading.Event | None = None) -> None:
+        """Wait for a posted broadcast, at most ``timeout_s`` (default: the collective timeout). ``cancel`` (set from
+        another thread: the round was abandoned) ends the wait within :data:`CANCEL_POLL_S`. Raises
+        :class:`CollectiveError` (the group is then broken) without holding on to the work handle."""
+        work = self._works.get(ticket)
+        error = _finish(work, timeout_s or self.timeout_s, cancel) if work is not None else "its group was closed"
+        del work  # the error raised below must not keep the handle (and the connections) alive
+        self._works.pop(ticket, None)
+        if error is not None:
             self.broken = True
-            raise CollectiveError(f"broadcast in {self.name} failed: {exc}") from exc
+            raise CollectiveError(f"broadcast in {self.name} failed: {error}")
 
     def close(self) -> None:
-        """Abort (if broken) and destroy the group; never raises, never blocks on a dead peer."""
+        """Abort (if broken) and destroy the group; never raises, never blocks on a dead peer. Every work handle
+        is dropped first, so the connections close now and the other ranks' collectives fail at once."""
+        self._works.clear()
         pg, self.pg = self.pg, None
         if pg is None:
             return
@@ -270,11 +324,14 @@ class PyNcclGroup:
             raise CollectiveError(f"broadcast in {self.name} failed: {exc}") from exc
         return done, tensor  # the tensor stays referenced until the broadcast is done
 
-    def wait(self, work: Any, timeout_s: float | None = None) -> None:
+    def wait(self, work: Any, timeout_s: float | None = None, cancel: threading.Event | None = None) -> None:
         done, _ = work
         deadline = time.monotonic() + (timeout_s or self.timeout_s)
         pause = 0.0002
         while not done.query():
+            if cancel is not None and cancel.is_set():
+                self.broken = True
+                raise CollectiveError(f"broadcast in {self.name} failed: the round was abandoned by its publisher")
             if time.monotonic() >= deadline:
                 self.broken = True
                 raise CollectiveError(f"broadcast in {self.name} did not finish within {timeout_s or self.timeout_s}s")
@@ -292,7 +349,7 @@ class UpdateGroup(Protocol):
     broken: bool
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0) -> Any: ...
-    def wait(self, work: Any, timeout_s: float | None = None) -> None: ...
+    def wait(self, work: Any, timeout_s: float | None = None, cancel: threading.Event | None = None) -> None: ...
     def close(self) -> None: ...
 
 

@@ -49,6 +49,13 @@ def reported(run: str, round_id: int) -> str:
     return f"{keys.weights_prefix(run)}:reported:{round_id}"
 
 
+def abandoned(run: str, round_id: int) -> str:
+    """Set by the publisher when it gives up on ``round_id`` (a member died or hung, its own side failed): the
+    members still in the round's collectives leave them at once and report, instead of each waiting out its
+    collective timeout (the publisher's connections closing is not enough: a hung member keeps its own open)."""
+    return f"{keys.weights_prefix(run)}:round:{round_id}:abandoned"
+
+
 def round_counter(run: str) -> str:
     """INCR counter that numbers update rounds (every attempt and catch-up is a round)."""
     return f"{keys.weights_prefix(run)}:rounds"

@@ -72,3 +72,34 @@ async def test_dynamic_sampling_finishes_flat_groups_untrained_up_to_the_cap(tmp
     assert p.state.counters["dynamic_sampling_cap_reached"] == 1
     p.stepped()
     assert p.refills == 0
+
+
+async def test_a_prompt_dropped_stale_holds_the_step_until_its_new_group_lands(tmp_path):
+    """rollout.stale_hold_s: a position whose group went stale and was re-issued holds the steps (bounded) until its
+    new group is complete, so a prompt slower to score than max_staleness steps is trained. Without it the elastic
+    drill's last 4 slow-scored prompts went stale on each of their 50 attempts (2 s of scoring, the learner stepping
+    every second on fast prompts) and were given up. Off (0) the learner steps on what it has."""
+    import time
+
+    def picker_with(hold_s: float, reissued_at: float) -> BatchPicker:
+        p = picker(tmp_path, [], rollout={"stale_hold_s": hold_s})
+        fill(p, [("e0-2", 0, 0), ("e0-3", 0, 0)])
+        # e0-1 went stale once and was re-issued at reissued_at; its new group is not back
+        p.state.in_flight["e0-1"] = InFlight(epoch=0, index=1, attempt=1, issued_at=reissued_at, stale_drops=1)
+        return p
+
+    held = picker_with(30.0, time.time())
+    assert await held.take(exhausted=False) == [] and held.held_for() == "e0-1"  # the step waits for it
+    fill(held, [("e0-1", 1, 1)])
+    assert await held.take(exhausted=False) == ["e0-2", "e0-3"] and held.held_for() is None  # landed: steps again
+
+    assert await picker_with(30.0, time.time() - 31.0).take(exhausted=False) == ["e0-2", "e0-3"]  # hold ran out
+    assert await picker_with(0.0, time.time()).take(exhausted=False) == ["e0-2", "e0-3"]  # off
+
+
+async def test_a_stale_drop_is_counted_on_the_position_it_reissues(tmp_path):
+    p = picker(tmp_path, [], rollout={"group_size": 4, "max_staleness": 1, "stale_hold_s": 30.0})
+    p.state.weight_version = 3
+    fill(p, [("e0-1", 0, 0)], version=1)
+    await p.take(exhausted=False)
+    assert p.state.in_flight["e0-1"].stale_drops == 1

@@ -307,3 +307,4 @@ async def test_no_trained_sample_is_older_than_the_staleness_bound_while_the_fle
     rows = read_history(tmp_path / "run" / "metrics.jsonl")
     assert max(r["staleness_max"] for r in rows.values()) <= bound
     assert trained_items(tmp_path / "run") == {f"e0-{i}": 4 for i in range(N_PROMPTS)}
+

@@ -1,5 +1,5 @@
-"""A replica SIGKILLed mid-broadcast is dropped within the timeout and the survivor gets the version; a
-corrupted bucket is refused."""
+"""A replica SIGKILLed or hung mid-broadcast is dropped and the survivor gets the version, leaving the broken round
+as soon as the publisher gives up on it; a corrupted bucket is refused."""
 
 from __future__ import annotations
 
@@ -19,6 +19,11 @@ from tests.weight_sync.conftest import new_weights, reference_ids, wait_register
 # machine (make test's two xdist workers beside other jobs: both replicas were dropped)
 FAST = {"init_timeout_s": 10, "collective_timeout_s": 4, "regroup_timeout_s": 10, "load_timeout_s": 10,
         "catch_up_poll_s": 0.1}
+# a collective bound far past what these tests allow: a survivor must leave a broken round because the publisher gave
+# up on it (its connections closed, the round marked abandoned), not because its own timeout fired. Before, it sat in
+# the broadcast (or in forming the group with a dead peer) until then, and reported after the publisher stopped
+# waiting for it on a loaded machine
+LONG = {**FAST, "collective_timeout_s": 30}
 
 
 class SignallingOutbox(Outbox):
@@ -54,7 +59,7 @@ async def test_replica_killed_mid_broadcast_is_dropped(replicas, redis_client, t
     victim_id = next(i.replica_id for i in await wait_registered(redis_client, run, 2)
                      if i.name.endswith(b.url.rsplit(":", 1)[1]))
     model = new_weights(tiny_model_dir)
-    pub = WeightPublisher(redis_client, run, WeightSyncSettings(bucket_bytes=32 << 10, **FAST))
+    pub = WeightPublisher(redis_client, run, WeightSyncSettings(bucket_bytes=32 << 10, **LONG))
     pub.outbox = SignallingOutbox(pub.settings)
     pub.outbox.victim_pid = b.proc.pid
     t0 = time.monotonic()
@@ -67,8 +72,9 @@ async def test_replica_killed_mid_broadcast_is_dropped(replicas, redis_client, t
     assert b.proc.poll() is not None, "the victim should be dead"
     assert report.dropped == [victim_id], report
     assert len(report.loaded) == 1 and report.rounds == 2, report
-    # bounded by: the broken broadcast's timeout + the regroup wait + one clean round
-    assert took < 2 * FAST["collective_timeout_s"] + FAST["regroup_timeout_s"] + 20, took
+    # the survivor left the broken round at once, not after its 30 s: the victim's heartbeat lapse (2 s), one clean
+    # round, and room for a loaded machine
+    assert took < LONG["collective_timeout_s"] / 2, took
     out = a.generate()
     assert out["meta_info"]["weight_version"] == str(version)
     assert out["output_ids"] == reference_ids(model, tiny_model_dir)

@@ -188,12 +188,14 @@ class CollectiveTransport(WeightTransport):
             log.warning("round %d (version %d, members %s) broke: %s", round_id, manifest.version, ids, exc)
             if group is not None:
                 group.broken = True
-                group.close()
+                group.close()  # drops its work handles: our connections close, members relying on them fail now
             if main:
                 self.held.pop(kind, None)
+            await self._abandon(round_id)
             if isinstance(exc, PublishFailed):  # the publisher's own side failed: no retry would do better
                 raise
-            # survivors may sit in a broadcast until their own collective timeout fires, then report
+            # told, the survivors leave the round and report at once; the bound is for those that cannot hear it (a
+            # member still forming the group, an engine server in its own collective): their collective timeout
             broke = await self._settle(round_id, members, s.collective_timeout_s + s.regroup_timeout_s,
                                        error=str(exc))
             clock.lap("settle")
@@ -230,6 +232,15 @@ class CollectiveTransport(WeightTransport):
                 await asyncio.to_thread(group.wait, pending.popleft())
         while pending:
             await asyncio.to_thread(group.wait, pending.popleft())
+
+    async def _abandon(self, round_id: int) -> None:
+        """Tell the round's members it is over (``wkeys.abandoned``): each leaves its collectives and reports within
+        a fraction of a second, instead of sitting out its collective timeout (a hung member's own connections stay
+        open, so the members it relays to never see a closed socket)."""
+        try:
+            await self.redis.set(wkeys.abandoned(self.run, round_id), "1", ex=self.settings.key_ttl_s)
+        except Exception as exc:  # noqa: BLE001 - the members then leave on their own collective timeout
+            log.warning("marking round %d abandoned failed: %s", round_id, exc)
 
     async def _settle(self, round_id: int, members: list[ReplicaInfo], timeout_s: float, error: str = "") -> _Outcome:
         """Collect members' reports for a round until all reported, died, or ``timeout_s`` passed. Between

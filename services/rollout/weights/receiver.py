@@ -18,9 +18,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import threading
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from shared.weight_sync import keys as wkeys
 from shared.weight_sync import net
@@ -29,11 +31,21 @@ from shared.weight_sync.group import CollectiveError, open_group
 from shared.weight_sync.tensors import staging_buffers
 from shared.weight_sync.wire import Checksums, Manifest, Member, MemberReport, Rendezvous, ReportState
 
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+T = TypeVar("T")
+
 log = logging.getLogger(__name__)
 
 
 class RoundFailed(RuntimeError):
     """The round broke (a peer died, a timeout): the replica is alive and can take part in a retry."""
+
+
+class RoundAbandoned(RoundFailed):
+    """The publisher gave up on the round while this replica was still in it (forming the group, or in a
+    collective): the replica reports at once and leaves whatever still runs to end on its own."""
 
 
 class UpdateRefused(RuntimeError):
@@ -163,6 +175,71 @@ class RoundWatcher:
         await pipe.execute()
 
 
+class AbandonWatch:
+    """While a member takes part in a round: looks every ``poll_s`` at whether the publisher gave up on it
+    (``wkeys.abandoned``, set as soon as the round broke). Then ``flag`` (a ``threading.Event``) is set, which the
+    receiving thread's waits look at (:meth:`BucketReceiver.receive`), and :meth:`outlast` stops waiting for that
+    thread: a member may be where no flag reaches it (forming the group: gloo connects every pair of ranks in one
+    blocking call, and a peer killed or hung mid-connect holds it there for gloo's own connect timeout, however long
+    the publisher waits). A survivor of a broken round so reports within a fraction of a second of the publisher
+    giving up, whatever its collective timeout, and however its peers died.
+
+        async with AbandonWatch(redis, run, rdv.round) as watch:
+            got = await watch.outlast(asyncio.to_thread(receiver.receive, rdv, member, manifest, watch.flag))
+    """
+
+    def __init__(self, redis: Any, run: str, round_id: int, poll_s: float = 0.1) -> None:
+        self.redis, self.key, self.poll_s = redis, wkeys.abandoned(run, round_id), poll_s
+        self.round_id = round_id
+        self.flag = threading.Event()
+        self._abandoned = asyncio.Event()
+        self._done = asyncio.Event()
+        self._task: asyncio.Task | None = None
+
+    async def __aenter__(self) -> Self:
+        self._task = asyncio.ensure_future(self._watch())
+        return self
+
+    async def outlast(self, work: Awaitable[T]) -> T:
+        """``work``'s result, or :class:`RoundAbandoned` as soon as the publisher gives up on the round; ``work`` then
+        goes on in the background (a thread cannot be stopped; it sees ``flag`` and ends its part itself), and what it
+        raises then is dropped."""
+        task = asyncio.ensure_future(work)
+        abandoned = asyncio.ensure_future(self._abandoned.wait())
+        try:
+            await asyncio.wait({task, abandoned}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            abandoned.cancel()
+        if task.done():
+            return task.result()
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved: no "never retrieved" warning
+        raise RoundAbandoned(f"round {self.round_id} was abandoned by its publisher (left while still forming the "
+                             "group or in a collective)")
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._done.set()
+        if self._task is not None:
+            # it ends after the read in flight (a cancelled read costs redis-py its connection): bounded, then cancelled
+            _, late = await asyncio.wait({self._task}, timeout=2.0)
+            for t in late:
+                t.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _watch(self) -> None:
+        while not self._done.is_set():
+            try:
+                if await self.redis.exists(self.key):
+                    self.flag.set()
+                    self._abandoned.set()
+                    return
+            except Exception as exc:  # noqa: BLE001 - Redis away: the round's collective timeout still bounds it
+                log.debug("reading %s failed: %s", self.key, exc)
+            try:
+                await asyncio.wait_for(self._done.wait(), self.poll_s)
+            except (asyncio.TimeoutError, TimeoutError):
+                pass
+
+
 @dataclass
 class Received:
     """A version's buckets as received, with the digest this replica computed of each."""
@@ -229,10 +306,12 @@ class BucketReceiver(StagingSets):
         address on the route to the publisher (127.0.0.1 when the publisher is on this host)."""
         return self.bind_addr or net.route_addr(rdv.master_addr)
 
-    def receive(self, rdv: Rendezvous, member: Member, manifest: Manifest) -> Received:
+    def receive(self, rdv: Rendezvous, member: Member, manifest: Manifest,
+                abandoned: threading.Event | None = None) -> Received:
         """Join (or reuse) the group, receive every bucket and digest it. Blocking.
 
-        Raises :class:`RoundFailed` if the group or a broadcast fails."""
+        Raises :class:`RoundFailed` if the group or a broadcast fails, or as soon as ``abandoned`` is set (the
+        publisher gave up on the round: :class:`AbandonWatch`) while a broadcast is awaited."""
         if self.group is not None and (rdv.fresh_group or self.group.name != rdv.group_name or self.group.broken):
             self.close()  # a fresh group may carry a name seen before (its port was used by an earlier group)
         if self.group is None:
@@ -247,12 +326,15 @@ class BucketReceiver(StagingSets):
             except CollectiveError as exc:
                 raise RoundFailed(str(exc)) from exc
         group = self.group
+        if abandoned is not None and abandoned.is_set():  # formed after the publisher gave up (the caller has left)
+            self.close()
+            raise RoundAbandoned(f"round {rdv.round} was abandoned while this replica formed its group")
         try:
             buffers = self.take([b.nbytes for b in manifest.buckets])
             works = [group.broadcast(buf, src=0) for buf in buffers]
             digests: list[int | None] = []
             for buf, work in zip(buffers, works):
-                group.wait(work)
+                group.wait(work, cancel=abandoned)
                 digests.append(digest(buf, manifest.checksum) if manifest.checksum else None)
         except CollectiveError as exc:
             self.close()

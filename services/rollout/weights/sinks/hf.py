@@ -16,7 +16,13 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from services.rollout.weights.receiver import BucketReceiver, Received, RoundWatcher
+from services.rollout.weights.receiver import (
+    AbandonWatch,
+    BucketReceiver,
+    Received,
+    RoundAbandoned,
+    RoundWatcher,
+)
 from services.rollout.weights.sinks.base import RoundFailed, UpdateRefused, WeightSink
 from shared.weight_sync.phases import PhaseClock
 from shared.weight_sync.wire import IpcRound, Manifest, Member, Rendezvous
@@ -60,14 +66,21 @@ class HFSink(WeightSink):
         if self._prefault is not None:
             await asyncio.gather(self._prefault, return_exceptions=True)
             self._prefault = None
-        # the group needs every rank: start receiving first, check names and shapes while bytes arrive
-        receiving = asyncio.ensure_future(asyncio.to_thread(receiver.receive, rdv, member, manifest))
-        try:
-            loader.check_buckets(manifest.buckets)
-        except (KeyError, ValueError) as exc:
-            await receiving
-            raise UpdateRefused(str(exc)) from exc
-        got: Received = await receiving
+        # the group needs every rank: start receiving first, check names and shapes while bytes arrive; a round the
+        # publisher abandons (a member died or hung) is left at once (AbandonWatch), not after the collective timeout
+        async with AbandonWatch(watcher.redis, watcher.run, rdv.round) as watch:
+            receiving = asyncio.ensure_future(asyncio.to_thread(receiver.receive, rdv, member, manifest, watch.flag))
+            try:
+                try:
+                    loader.check_buckets(manifest.buckets)
+                except (KeyError, ValueError) as exc:
+                    await watch.outlast(receiving)
+                    raise UpdateRefused(str(exc)) from exc
+                got: Received = await watch.outlast(receiving)
+            except RoundAbandoned:
+                if not receiving.done():  # its thread still runs (and closes its group on the way out): not ours now
+                    self._receiver = None
+                raise
         clock.lap("receive")
         await self._install(got, manifest, watcher, rdv, receiver, clock)
 
