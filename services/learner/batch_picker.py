@@ -28,6 +28,7 @@ from services.learner.run_state import RunState
 from services.learner.settings import LearnerSettings
 
 log = logging.getLogger(__name__)
+STARVED_AFTER = 3  # stale drops of one prompt before the run says how to stop it starving
 
 
 class BatchPicker:
@@ -42,6 +43,7 @@ class BatchPicker:
         self.sink = sink
         self.reissue = reissue
         self.refills = 0  # groups dropped by dynamic sampling since the last training step
+        self.warned_starved = False
 
     async def take(self, exhausted: bool) -> list[str]:
         """Up to groups_per_step fresh complete groups (dropping stale ones, and with dynamic sampling those
@@ -60,6 +62,7 @@ class BatchPicker:
             if item is not None and item.attempt == attempt and \
                     await self.reissue(key, f"stale group (weight version {oldest} < {limit})"):
                 item.stale_drops += 1
+                self._warn_if_starved(key, item.stale_drops)
         if self.s.algorithm.dynamic_sampling.enabled:
             self._filter_without_signal()
         if self.held_for() is not None:
@@ -77,6 +80,18 @@ class BatchPicker:
         now = time.time()
         return next((key for key, item in self.state.in_flight.items()
                      if item.stale_drops and now - item.issued_at < hold and key not in complete), None)
+
+    def _warn_if_starved(self, key: str, drops: int) -> None:
+        """Once a run: a prompt that went stale STARVED_AFTER times is slower to generate and score than the
+        learner's steps (a slow verifier, a long answer) and will keep going stale until it is given up; say which
+        settings change that, since nothing else does."""
+        if drops < STARVED_AFTER or self.warned_starved or self.s.rollout.stale_hold_s > 0:
+            return
+        self.warned_starved = True
+        log.warning("prompt %s went stale %d times: its groups take longer to generate and score than %d training "
+                    "steps, so each attempt arrives too old and it will be given up after rollout.max_attempts; set "
+                    "rollout.stale_hold_s (e.g. 30) to hold the steps until it lands, or raise "
+                    "rollout.max_staleness", key, drops, self.s.rollout.max_staleness + 1)
 
     def stepped(self) -> None:
         """A training step took its batch: the next step has its own refills."""

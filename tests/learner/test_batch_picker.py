@@ -103,3 +103,34 @@ async def test_a_stale_drop_is_counted_on_the_position_it_reissues(tmp_path):
     fill(p, [("e0-1", 0, 0)], version=1)
     await p.take(exhausted=False)
     assert p.state.in_flight["e0-1"].stale_drops == 1
+
+
+async def test_a_prompt_that_keeps_going_stale_is_named_once_with_the_settings_that_stop_it(tmp_path, caplog):
+    """A prompt slower to score than the learner's steps goes stale on every attempt until it is given up (the elastic
+    drill's slow verifier: 50 attempts, then dead): on its third drop the run says so once, naming
+    rollout.stale_hold_s and rollout.max_staleness; nothing is said when the hold is on."""
+    import logging
+
+    caplog.set_level(logging.WARNING, logger="services.learner.batch_picker")
+    reissued: list[tuple[str, str]] = []
+    p = picker(tmp_path, reissued, rollout={"group_size": 4, "max_staleness": 1})
+    for attempt in range(4):
+        p.state.weight_version = 3 + attempt
+        fill(p, [("e0-1", attempt, attempt)], version=attempt)  # each attempt arrives 3 versions late
+        p.state.in_flight["e0-1"].attempt = attempt
+        await p.take(exhausted=False)
+        p.state.in_flight["e0-1"].attempt = attempt + 1  # what the re-issue does
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(reissued) == 4 and len(warnings) == 1, warnings
+    assert warnings[0].startswith("prompt e0-1 went stale 3 times") and "rollout.stale_hold_s" in warnings[0]
+    assert "rollout.max_staleness" in warnings[0]
+
+    caplog.clear()
+    held = picker(tmp_path / "held", [], rollout={"group_size": 4, "max_staleness": 1, "stale_hold_s": 0.001})
+    for attempt in range(4):
+        held.state.weight_version = 3 + attempt
+        fill(held, [("e0-1", attempt, attempt)], version=attempt)
+        held.state.in_flight["e0-1"].attempt = attempt
+        await held.take(exhausted=False)
+        held.state.in_flight["e0-1"].attempt = attempt + 1
+    assert not [r for r in caplog.records if r.levelno == logging.WARNING]
