@@ -16,10 +16,10 @@ $(STAMP): pyproject.toml constraints/cpu.txt
 
 install: $(STAMP)
 
-## lint, then the whole CPU suite (what CI runs), in one process by default; TEST_WORKERS=2 runs it on two
-## pytest-xdist workers, a file to a worker (each its own Redis, ports leased: shared/ports.py): ~9 min instead of
-## ~15 here, but on 2 cores 2 of 4 clean runs had a timing-bound process test fail (docs/testing.md)
-TEST_WORKERS ?= 0
+## lint, then the whole CPU suite (what CI runs) on two pytest-xdist workers, a file to a worker (each its own
+## Redis, ports leased: shared/ports.py): 12 min on a clean clone here instead of ~14 in one process (docs/testing.md);
+## TEST_WORKERS=0 runs it in one process
+TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(BIN)/ruff check shared services tests benchmarks deploy
 	$(BIN)/python -m pytest -q -m 'not gpu' -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=20 tests
