@@ -81,6 +81,16 @@ class BatchPicker:
         return next((key for key, item in self.state.in_flight.items()
                      if item.stale_drops and now - item.issued_at < hold and key not in complete), None)
 
+    def holding(self) -> str | None:
+        """Why the steps wait, while a hold (``held_for``) keeps them: for ``/status`` and the ``fleetrl run`` display,
+        which would otherwise show a running learner that does not step."""
+        key = self.held_for()
+        if key is None:
+            return None
+        left = self.s.rollout.stale_hold_s - (time.time() - self.state.in_flight[key].issued_at)
+        return (f"prompt {key} went stale and is being generated again: the steps wait for it "
+                f"(rollout.stale_hold_s {self.s.rollout.stale_hold_s:g}s, {max(left, 0.0):.0f}s left)")
+
     def _warn_if_starved(self, key: str, drops: int) -> None:
         """Once a run: a prompt that went stale STARVED_AFTER times is slower to generate and score than the
         learner's steps (a slow verifier, a long answer) and will keep going stale until it is given up; say which

@@ -38,14 +38,17 @@ class RunView(Protocol):
     peaks: Peaks
     publisher: Any  # WeightPublisher once loaded, else None
     pool: PoolWatch
+    picker: Any  # BatchPicker once the run started (its holding()), else None
 
 
 def run_status(run: RunView) -> dict[str, Any]:
     st = run.state
+    holding = run.picker.holding() if run.picker is not None and run.phase == "running" else None
     return {
         "phase": run.phase,
         **({"waiting": "the launcher's go to start (train.start_gate): fleetrl run is measuring the starting "
                        "policy on the held-out set"} if run.phase == "waiting_for_start_gate" else {}),
+        **({"waiting": holding} if holding else {}),
         "error": run.error,
         "algorithm": run.s.algorithm.name,
         "step": run.trainer.global_step if run.trainer else 0,

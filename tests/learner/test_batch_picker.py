@@ -134,3 +134,17 @@ async def test_a_prompt_that_keeps_going_stale_is_named_once_with_the_settings_t
         await held.take(exhausted=False)
         held.state.in_flight["e0-1"].attempt = attempt + 1
     assert not [r for r in caplog.records if r.levelno == logging.WARNING]
+
+
+async def test_a_hold_says_why_the_steps_wait(tmp_path):
+    """While rollout.stale_hold_s holds the steps, /status's ``waiting`` (and so the fleetrl run display) names the
+    prompt, the setting and the time left; a learner that does not step said nothing before."""
+    import time
+
+    p = picker(tmp_path, [], rollout={"stale_hold_s": 30.0})
+    fill(p, [("e0-2", 0, 0), ("e0-3", 0, 0)])
+    assert p.holding() is None
+    p.state.in_flight["e0-1"] = InFlight(epoch=0, index=1, attempt=1, issued_at=time.time() - 10, stale_drops=1)
+    why = p.holding()
+    assert why is not None and why.startswith("prompt e0-1 went stale and is being generated again")
+    assert "rollout.stale_hold_s 30s, 20s left" in why
