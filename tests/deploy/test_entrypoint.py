@@ -153,6 +153,7 @@ while True:
         "the engine server was stopped after the service"
 
 
+@pytest.mark.process
 def test_the_service_replaces_the_entrypoint_so_it_gets_the_containers_signals(tmp_path):
     """No supervisor in between without an engine: the service runs as the entrypoint's own process (PID 1 in the
     container), so `docker stop`'s SIGTERM reaches it."""
