@@ -30,3 +30,34 @@ def test_join_step_leave_matches_unbatched(model):
         assert torch.allclose(step[1], alone(model, c + [33]), atol=1e-5)
         batch.keep([])
         assert batch.size == 0
+
+
+class _Rows(torch.nn.Module):
+    """Wraps a model and records the rows of every forward pass."""
+
+    def __init__(self, model) -> None:
+        super().__init__()
+        self.inner, self.config, self.rows = model, model.config, []
+
+    def forward(self, input_ids, **kw):
+        self.rows.append(input_ids.shape[0])
+        return self.inner(input_ids=input_ids, **kw)
+
+
+def test_rows_with_one_prompt_share_its_prefill(model):
+    """The n samples of a group (one prompt, n rows) are prefilled once per distinct prompt, and each row then
+    steps exactly as if it had been prefilled alone, joining behind rows already running."""
+    a, b = [5, 6, 7, 8, 9, 10], [11, 12]
+    counted = _Rows(model)
+    batch = KVBatch(counted)
+    with torch.inference_mode():
+        batch.prefill([[40, 41, 42]], pad_id=0, device=torch.device("cpu"))  # a row already running
+        logits = batch.prefill([a, b, a, a, b], pad_id=0, device=torch.device("cpu"))
+        assert counted.rows == [1, 2]  # two distinct prompts: a pass of two rows, not five
+        for i, ids in enumerate([a, b, a, a, b]):
+            assert torch.allclose(logits[i], alone(model, ids), atol=1e-5)
+        assert batch.lengths == [3, 6, 2, 6, 6, 2]
+        step = batch.step(torch.tensor([50, 30, 31, 32, 33, 34]))
+        for i, ids in enumerate([a + [30], b + [31], a + [32], a + [33], b + [34]]):
+            assert torch.allclose(step[i + 1], alone(model, ids), atol=1e-5)
+        assert torch.allclose(step[0], alone(model, [40, 41, 42, 50]), atol=1e-5)

@@ -100,8 +100,34 @@ class KVBatch:
         """Run the prompts and append them as rows. Returns last-position logits [k, V].
 
         ``prefixes[i]``, when given, holds the KV of the first ``length`` ids of ``prompts[i]`` (fewer than all
-        of them): only the rest is fed."""
+        of them): only the rest is fed. Rows with the same prompt (the ``n`` samples of a group) share one pass
+        row: each distinct prompt is fed once and its keys / values are copied to the others' slots (their
+        logits and KV are the same computation, so this changes nothing but the cost)."""
         hits = list(prefixes or [None] * len(prompts))
+        first, k = self.size, len(prompts)
+        source: list[int] = []  # per row: its distinct prompt's index
+        index: dict[tuple, int] = {}
+        for p, h in zip(prompts, hits):
+            source.append(index.setdefault((tuple(p), id(h) if h is not None else None), len(index)))
+        if len(index) == k:
+            return self._prefill_rows(prompts, hits, pad_id, device)
+        distinct = [0] * len(index)
+        for i, u in enumerate(source):
+            distinct[u] = i
+        logits = self._prefill_rows([prompts[i] for i in distinct], [hits[i] for i in distinct], pad_id, device)
+        ends = [len(p) for p in prompts]
+        self._reserve(first + k, max(ends) + 1)
+        src = torch.tensor(source, dtype=torch.long, device=self.keys[0].device) + first
+        used = max(ends)
+        for buffers in (self.keys, self.values):
+            for buf in buffers:  # the right side is gathered first: overlapping slots are safe
+                buf[first:first + k, :, :used] = buf[src, :, :used]
+        self.lengths[first:] = ends
+        return logits[torch.tensor(source, dtype=torch.long, device=logits.device)]
+
+    def _prefill_rows(self, prompts: list[list[int]], hits: list[PrefixHit | None], pad_id: int,
+                      device: torch.device) -> torch.Tensor:
+        """:meth:`prefill`, one pass row per prompt."""
         have = [0 if h is None else h.length for h in hits]
         suffixes = [p[n:] for p, n in zip(prompts, have)]
         width = max(len(s) for s in suffixes)
