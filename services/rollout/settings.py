@@ -68,6 +68,12 @@ class WorkerSettings(BaseModel):
                                      "before the prompt is failed with the reason (then dead-lettered).")
     reward_max_retry_s: float = Field(default=300.0, gt=0, description="Time a group spends retrying /score at most, "
                                       "then the prompt is failed with the reason.")
+    reward_batch_ms: float = Field(
+        default=2.0, ge=0.0, le=1000.0,
+        description="A group's /score call waits up to this long for other groups' calls, and those made together go "
+        "as one request, each group getting its own scores back (the groups of one engine batch finish together; "
+        "one request of 64 items costs about what one of 8 does). A refused combined request is sent again group "
+        "by group, so only the group at fault fails. 0: one request per group.")
     group_retries: int = Field(default=3, ge=0, description="Regenerations of a group whose samples were aborted.")
     max_prompt_chars: int | None = Field(
         default=None, ge=1, description="Characters of a task's prompt (its text, or its messages' contents) at most; "

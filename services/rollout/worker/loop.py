@@ -104,7 +104,8 @@ class RolloutWorker:
         token = self.cfg.reward_token.get_secret_value() if self.cfg.reward_token else None
         self.rewards = RewardClient(self.cfg.reward_url, self.cfg.reward_timeout_s, self.cfg.reward_backoff_max_s,
                                     on_retry=lambda _: self.m_reward_retries.inc(), token=token,
-                                    max_attempts=self.cfg.reward_max_attempts, max_retry_s=self.cfg.reward_max_retry_s)
+                                    max_attempts=self.cfg.reward_max_attempts, max_retry_s=self.cfg.reward_max_retry_s,
+                                    batch_s=self.cfg.reward_batch_ms / 1000.0)
         self.lease = Lease(self.prompts, self.consumer, on_lost=self._lost)
         self.lease.start()
         self._task = asyncio.create_task(self._run(), name="rollout-worker")
