@@ -115,7 +115,7 @@ class RewardClient:
                                                    return_exceptions=True)
                 else:
                     replies = _split(whole, [len(items) for items, _ in calls])
-        except BaseException as exc:  # noqa: BLE001 - handed to every caller (cancelled: they are cancelled too)
+        except BaseException as exc:  # handed to every caller (cancelled: they are cancelled too)
             for _, fut in calls:
                 if not fut.done():
                     fut.cancel() if isinstance(exc, asyncio.CancelledError) else fut.set_exception(exc)
