@@ -11,8 +11,6 @@ alternating from seed to seed:
 - ``fleet-s1`` / ``fleet-s0``: ``fleetrl run`` (embedded Redis, reward, rollout + worker + weight sidecar, learner as
   separate processes, forked from one zygote that imported torch and the services once) with staleness 1 (window
   2 steps) / staleness 0;
-- ``fleet-s2-overlap``: staleness 2 (window 3 steps) with ``publish.overlap`` (step N's weights go out while step
-  N+1 trains);
 - ``fleet-s1-spawn``: ``fleet-s1`` with ``FLEETRL_ZYGOTE=0`` (every service spawned, importing everything itself:
   the start-up before the zygote), for an A/B of the start-up in one run.
 
@@ -57,10 +55,8 @@ PROMPTS, SAMPLES, NEW_TOKENS, LR = 8, 8, 4, 1e-4
 RECIPE = REPO / "examples" / "sort-digits"
 TASKS = {"sort": "deploy.local.sort_task", "add": "deploy.local.add_task"}
 SFT_STEPS = {"sort": 40, "add": 200}  # warm-ups that leave each task room (sort ~30 %, add ~20 % held-out)
-FLEET_MODES = {"fleet-s1": (1, 2 * PROMPTS), "fleet-s0": (0, PROMPTS),  # (staleness, window, extra environment,
-               "fleet-s1-spawn": (1, 2 * PROMPTS, {"FLEETRL_ZYGOTE": "0"}),  # extra settings); A/B: every service
-               # imports itself; publish.overlap (step N's weights sent while N+1 trains) with the staleness it needs
-               "fleet-s2-overlap": (2, 3 * PROMPTS, {}, ["services.learner.publish.overlap=true"])}
+FLEET_MODES = {"fleet-s1": (1, 2 * PROMPTS), "fleet-s0": (0, PROMPTS),  # (staleness, window, extra environment)
+               "fleet-s1-spawn": (1, 2 * PROMPTS, {"FLEETRL_ZYGOTE": "0"})}  # A/B: every service imports itself
 
 
 def load() -> str:
@@ -121,7 +117,7 @@ def fleet_sets(mode: str, run_dir: Path, data: Path, model: Path, seed: int, arg
             "algorithm.kl.coef=0.0", "algorithm.loss_agg=token-mean", f"staleness={staleness}", f"window={window}",
             f"checkpoint_every={args.save_every}", f"services.learner.checkpoint.keep={args.steps}", "export=null",
             "eval.data=null", "services.learner.observability.plot=false",
-            "services.learner.observability.log_samples=true", *(FLEET_MODES[mode][3] if len(FLEET_MODES[mode]) > 3 else [])]
+            "services.learner.observability.log_samples=true"]
 
 
 def mode_env(mode: str) -> dict[str, str]:

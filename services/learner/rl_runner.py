@@ -216,7 +216,10 @@ class RLRunner:
             log.warning("run_key is unset (allow_unsigned_records): prompts go out unsigned and experiences are "
                         "trained on without checking who wrote them; give every service of the run the same run_key "
                         "(docs/security-redis.md)")
-        overlap = self.s.publish.overlap and self.s.rollout.max_staleness >= 1
+        overlap = self.s.publish.overlap
+        if overlap is None:  # auto: on a CPU actor, where the copy is a host copy anyway
+            overlap = str(self.trainer.device).startswith("cpu")
+        overlap = overlap and self.s.rollout.max_staleness >= 1
         self.rounds = PublishRounds(self.publisher, self.state, self.sink, overlap=overlap)
         if overlap:
             log.info("publishes overlap the next step (publish.overlap; rollout.max_staleness %d)",

@@ -225,15 +225,13 @@ class PublishSettings(_Section):
     )
 
 
-    overlap: bool = Field(
-        default=False,
+    overlap: bool | None = Field(
+        default=None,
         description="Send step N's weights while step N+1 trains (rollout.max_staleness >= 1 only): the publisher "
                     "copies them first (one host copy of the weights per publish) and the round goes on in the "
-                    "background, so the step does not wait for the fleet to receive and load them. A version counts "
-                    "as current from its copy on (max_staleness keeps its meaning), so samples generated while a "
-                    "round is on its way are one version older than without overlap: at max_staleness 1 many are "
-                    "dropped stale (1,368 against 9,600 trained in a 150-step benchmarks/vs_trl.py sort run); use "
-                    "it with max_staleness >= 2.",
+                    "background, so the step does not wait for the fleet to receive and load them. max_staleness "
+                    "keeps its meaning: a version counts as current from the copy on. Unset: on for an actor on the "
+                    "CPU, off on a GPU (where the copy goes through host memory; not measured there yet).",
     )
 
 
