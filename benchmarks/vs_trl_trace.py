@@ -9,9 +9,7 @@ prompts issued and the first samples generated
 (``samples.jsonl``: ``created_at`` / ``generated_at``), and step 1 trained (``metrics.jsonl``).
 
 A step, medians over steps 3..N (``metrics.jsonl`` and ``samples.jsonl`` of the learner): the learner's training
-(``step_time_s``), its wait for experiences (``wait_time_s``), the weight publish (the step's time in it,
-``publish_blocking_s``: an overlapped round's own time ``publish_s`` is mostly spent while the next step trains) with
-its phases
+(``step_time_s``), its wait for experiences (``wait_time_s``), the weight publish (``publish_s``) with its phases
 from the publisher's log line (plan, announce, send, settle, ...), and the rest (bookkeeping, Redis commits), broken
 down by the learner's own account of its loop (``loop_s`` of each metrics line: the samples and metrics lines
 written, the pool signal, the prompts fed, the commits settled, ...); and the
@@ -109,11 +107,6 @@ def print_imports(run_dir: Path, launcher_log: Path) -> None:
         print(f"  {name:<10} {total:5.2f} s: " + ", ".join(f"{n} {s:.2f}" for n, s in big))
 
 
-def _blocking(row: dict) -> float:
-    """The step's time in the weight publish (older runs recorded only the round's own time, then the same)."""
-    return row.get("publish_blocking_s", row.get("publish_s", 0.0))
-
-
 def step_trace(run_dir: Path, skip: int = 2) -> dict[str, float]:
     """Medians (seconds) of a step's parts over steps after the first ``skip``."""
     med = statistics.median
@@ -123,9 +116,8 @@ def step_trace(run_dir: Path, skip: int = 2) -> dict[str, float]:
         return {}
     gaps = [b["time"] - a["time"] for a, b in itertools.pairwise(timed)]
     out = {"step": med(gaps), "train": med(r["step_time_s"] for r in timed[1:]),
-           "wait": med(r["wait_time_s"] for r in timed[1:]), "publish": med(_blocking(r) for r in timed[1:]),
-           "publish_round": med(r.get("publish_s", 0.0) for r in timed[1:])}
-    out["rest"] = med(g - r["step_time_s"] - r["wait_time_s"] - _blocking(r)  # per step, then the median
+           "wait": med(r["wait_time_s"] for r in timed[1:]), "publish": med(r.get("publish_s", 0.0) for r in timed[1:])}
+    out["rest"] = med(g - r["step_time_s"] - r["wait_time_s"] - r.get("publish_s", 0.0)  # per step, then the median
                       for g, r in zip(gaps, timed[1:]))
     loops = [(r, r["loop_s"]) for r in timed[1:] if isinstance(r.get("loop_s"), dict)]
     if loops:  # the learner's own account of the loop between two steps' lines (services/learner/rl_runner.py)
@@ -147,7 +139,7 @@ def step_trace(run_dir: Path, skip: int = 2) -> dict[str, float]:
             continue
         generated = max(x["generated_at"] for x in xs)
         issued_scored.append(generated - min(x["created_at"] for x in xs))
-        scored_train.append(r["time"] - r["step_time_s"] - _blocking(r) - generated)
+        scored_train.append(r["time"] - r["step_time_s"] - r.get("publish_s", 0.0) - generated)
     if issued_scored:
         out["issued_to_scored"] = med(issued_scored)
         out["scored_to_train"] = med(scored_train)
@@ -175,9 +167,7 @@ def print_traces(runs: list[tuple[str, int, Path, float]]) -> None:
             continue
         ms = {k: v * 1000 for k, v in t.items()}
         print(f"{mode} seed {seed}: a step (medians, ms): {ms['step']:.0f} = train {ms['train']:.0f} + wait for "
-              f"experiences {ms['wait']:.0f} + weight publish {ms['publish']:.0f} + rest {ms['rest']:.0f}"
-              + (f" (the publish rounds took {ms['publish_round']:.0f}, overlapping the next step)"
-                 if ms["publish_round"] > ms["publish"] + 2 else ""))
+              f"experiences {ms['wait']:.0f} + weight publish {ms['publish']:.0f} + rest {ms['rest']:.0f}")
         if "issued_to_scored" in ms:
             print(f"  its samples: prompts issued -> last sample generated and scored {ms['issued_to_scored']:.0f} ms "
                   f"(worker's Redis read, scheduling, generation, /score); -> training starts "

@@ -216,14 +216,7 @@ class RLRunner:
             log.warning("run_key is unset (allow_unsigned_records): prompts go out unsigned and experiences are "
                         "trained on without checking who wrote them; give every service of the run the same run_key "
                         "(docs/security-redis.md)")
-        overlap = self.s.publish.overlap
-        if overlap is None:  # auto: on a CPU actor, where the copy is a host copy anyway
-            overlap = str(self.trainer.device).startswith("cpu")
-        overlap = overlap and self.s.rollout.max_staleness >= 1
-        self.rounds = PublishRounds(self.publisher, self.state, self.sink, overlap=overlap)
-        if overlap:
-            log.info("publishes overlap the next step (publish.overlap; rollout.max_staleness %d)",
-                     self.s.rollout.max_staleness)
+        self.rounds = PublishRounds(self.publisher, self.state, self.sink)
         self.sink.open(self.total_steps, self.trainer.global_step)
 
     async def _start_gate(self, stop: asyncio.Event) -> bool:
@@ -288,8 +281,6 @@ class RLRunner:
         finally:
             self.commits.fail_waiters(f"run ended ({self.phase}) before the checkpoint")
             await self.lease.stop()
-            if self.rounds is not None:
-                await self.rounds.abandon()
             if self.publisher is not None:
                 await self.publisher.close()
             if self.link is not None:
@@ -402,12 +393,8 @@ class RLRunner:
         self.sink.observe_version_spans(spans)
         self.commits.steps_since += 1
         with self._lap("publish"):
-            t_publish = time.perf_counter()
-            if self.rounds.due(step, self.s.publish.every):
-                await self._publish()
-            metrics.update(self.rounds.take_metrics())  # overlapped: the round that ended meanwhile
-            # the step's time in the publish (an overlapped round's own time, publish_s, is mostly not on it)
-            metrics["publish_blocking_s"] = round(time.perf_counter() - t_publish, 6)
+            if self.rounds.due(step, self.s.publish.every) and await self._publish():
+                metrics.update(self.sink.observe_publish(self.publisher.last_report))
         metrics.update({
             "step": step, "weight_version": st.weight_version, "groups": len(gids),
             "staleness_mean": sum(staleness) / len(staleness), "staleness_max": max(staleness),
@@ -456,7 +443,6 @@ class RLRunner:
     # ---- commit ------------------------------------------------------------------------------------------
     async def _commit(self, settle: bool = True) -> None:
         """Checkpoint (trainer and run state), then settle exactly what it covers (see ``Commits``)."""
-        await self.rounds.settle()  # the version it records is one the fleet has (or was refused)
         def write_trainer(out: Path) -> None:
             if self.link is not None:
                 self.link.save(self.trainer, out)
@@ -472,7 +458,6 @@ class RLRunner:
     async def _finish(self, stopped: bool) -> None:
         self.phase = "stopping" if stopped else "finishing"
         step = self.trainer.global_step
-        await self.rounds.settle()  # an overlapped round that failed leaves published_step behind
         if self.rounds.published_step != step and not stopped:
             await self._publish(strict=True)
         if self.commits.needed_at_finish():

@@ -225,16 +225,6 @@ class PublishSettings(_Section):
     )
 
 
-    overlap: bool | None = Field(
-        default=None,
-        description="Send step N's weights while step N+1 trains (rollout.max_staleness >= 1 only): the publisher "
-                    "copies them first (one host copy of the weights per publish) and the round goes on in the "
-                    "background, so the step does not wait for the fleet to receive and load them. max_staleness "
-                    "keeps its meaning: a version counts as current from the copy on. Unset: on for an actor on the "
-                    "CPU, off on a GPU (where the copy goes through host memory; not measured there yet).",
-    )
-
-
 class CheckpointSettings(_Section):
     """Where and how often to checkpoint; experiences are acknowledged only at a checkpoint."""
 

@@ -25,7 +25,6 @@ class Outcomes:
     def __init__(self, *outcomes) -> None:
         self.outcomes = list(outcomes)
         self.replicas_waiting: list[str] = []
-        self.last_report = None
 
     async def publish(self, weights) -> int:
         outcome = self.outcomes.pop(0)
@@ -55,56 +54,3 @@ async def test_a_strict_round_lets_a_redis_outage_through_to_be_waited_out(tmp_p
     with pytest.raises(RedisConnectionError):
         await r.publish({}, step=0, strict=True)
     assert r.published_step == -1 and r.state.counters.get("publishes_failed", 0) == 0 and not r.failed
-
-
-class Overlapped:
-    """Stands in for the publisher of overlapped rounds: each publish copies at once (resolving ``detached``), then
-    its round takes until the test releases it, and ends with the next outcome."""
-
-    def __init__(self, *outcomes) -> None:
-        import asyncio
-
-        self.outcomes = list(outcomes)
-        self.replicas_waiting: list[str] = []
-        self.last_report = None
-        self.release = asyncio.Event()
-        self.started: list[int] = []
-
-    async def publish(self, weights, detached=None) -> int:
-        outcome = self.outcomes.pop(0)
-        version = len(self.started) + 1
-        self.started.append(version)
-        if detached is not None:  # the copy is made; the outcome is the delivery's
-            detached.set_result(version)
-        await self.release.wait()
-        self.release.clear()
-        self.last_report = None
-        if isinstance(outcome, BaseException):
-            raise outcome
-        return version
-
-
-async def test_an_overlapped_round_returns_at_its_copy_and_the_next_waits_for_it(tmp_path):
-    import asyncio
-
-    sink = MetricsSink(ObservabilitySettings(progress_bar=False), tmp_path, CollectorRegistry())
-    pub = Overlapped(1, PublishFailed("replica refused"), 3)
-    r = PublishRounds(pub, RunState(), sink, overlap=True)
-    assert await r.publish({}, step=1)  # returned at the copy: the round still goes on
-    assert r.in_flight is not None and not r.in_flight.done()
-    assert r.state.weight_version == 1 and r.published_step == 1  # current from the copy on (max_staleness)
-    second = asyncio.create_task(r.publish({}, step=2))
-    await asyncio.sleep(0.05)
-    assert pub.started == [1] and not second.done()  # one round at a time, in order
-    pub.release.set()  # round 1 lands; round 2 starts, copies, returns
-    assert await second and pub.started == [1, 2]
-    assert r.state.weight_version == 2
-    pub.release.set()
-    assert await r.settle() is False  # round 2 failed: the fleet keeps version 1, and step 1 as the last given
-    assert r.state.weight_version == 1 and r.published_step == 1 and r.due(3, every=5)
-    assert r.state.counters["publishes_failed"] == 1
-    strict = asyncio.create_task(r.publish({}, step=3, strict=True))  # the run's last publish: not overlapped
-    await asyncio.sleep(0.05)
-    assert pub.started == [1, 2, 3] and r.in_flight is None and not strict.done()  # it waits for its round
-    pub.release.set()
-    assert await strict and r.state.weight_version == 3 and r.published_step == 3

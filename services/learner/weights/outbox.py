@@ -42,7 +42,6 @@ class Outbox:
         self.manifest: Manifest | None = None
         self.lookup: dict[str, Any] | None = None  # the tensors being published, while packing
         self.send_in_place = False  # set by WeightPublisher.flatten(): use the weights' memory where it can be
-        self.detached = False  # this version's buckets are all copies (detach()): the weights may change meanwhile
         self.buffers: list[Any] = []    # retained host copy of bucket i (copy mode; None until first packed)
         self.wire: list[Any] = []       # what goes out for bucket i
         self.in_place: list[bool] = []  # wire[i] is the weights' own memory
@@ -62,8 +61,7 @@ class Outbox:
     def pooling(self) -> bool:
         """Pack into reused pool buffers instead of retained copies? (A snapshot needs every bucket at once.)"""
         s = self.settings
-        return not self.detached and s.snapshot_dir is None and (
-            s.retain == "none" or (s.retain == "auto" and s.backend == "nccl"))
+        return s.snapshot_dir is None and (s.retain == "none" or (s.retain == "auto" and s.backend == "nccl"))
 
     def begin(self, manifest: Manifest, lookup: dict[str, Any]) -> None:
         """Make ``manifest`` the version held; its buckets get packed on the way out."""
@@ -77,21 +75,11 @@ class Outbox:
             self._host = [None] * n
             self._dev = [None] * n
         self.manifest, self.lookup = manifest, lookup
-        self.detached = False
         self.packed, self.sums = [False] * n, [None] * n
         self.wire, self.in_place, self.pooled = [None] * n, [False] * n, [False] * n
         self._host_ok = [False] * n
         self._dev_ok = [False] * n
         self._owner = [None] * len(self._pool)
-
-    def detach(self) -> None:
-        """Copy every bucket of the version now (into the retained copies, never in place or pooled) and let go
-        of the weights: training may change them while the version is on its way (``publish.overlap``)."""
-        assert self.manifest is not None
-        self.detached = True
-        for i in range(len(self.manifest.buckets)):
-            self.pack(i)
-        self.lookup = None
 
     def forget(self) -> None:
         """Nothing is held any more (a publish failed half-way)."""
@@ -108,7 +96,7 @@ class Outbox:
             if self.lookup is None or self.manifest is None:
                 raise RuntimeError(f"bucket {i} is no longer held: the publish that packed it is over")
             b = self.manifest.buckets[i]
-            buf = self._view(i, b) if self.send_in_place and not self.detached else None
+            buf = self._view(i, b) if self.send_in_place else None
             self.in_place[i], self.pooled[i] = buf is not None, False
             if buf is None and self.pooling:
                 buf = self._pool_slot(i, b)

@@ -87,12 +87,8 @@ class WeightPublisher:
         await self.close()
 
     # ---- public API ----------------------------------------------------------------------------------
-    async def publish(self, weights: Any, *, version: int | None = None, detached: asyncio.Future | None = None) -> int:
-        """Publish ``weights`` as a new version (default: latest + 1) and return the version.
-
-        ``detached``: resolved with the version as soon as the publisher holds its own copy of every bucket
-        (:meth:`Outbox.detach`), before anything is sent: from then on the caller may change ``weights`` (train
-        the next step) while the version goes out (``publish.overlap``)."""
+    async def publish(self, weights: Any, *, version: int | None = None) -> int:
+        """Publish ``weights`` as a new version (default: latest + 1) and return the version."""
         t0 = time.perf_counter()
         s = self.settings
         async with self.lock:
@@ -117,15 +113,6 @@ class WeightPublisher:
                                 buckets=buckets, checksum=self._digest_algo(replicas) if s.checksum else None,
                                 layout_id=self._layout_id)
             self.outbox.begin(manifest, dict(named))
-            if detached is not None:
-                try:
-                    await asyncio.to_thread(self.outbox.detach)
-                except Exception as exc:
-                    self.outbox.forget()
-                    raise PublishFailed(f"copying version {v} for an overlapped publish failed: "
-                                        f"{type(exc).__name__}: {exc}") from exc
-                if not detached.done():
-                    detached.set_result(v)
             self._sums_written = False
             for transport in self.transports.values():
                 transport.waiting.clear()  # this version goes to every live replica

@@ -124,33 +124,6 @@ def test_in_place_buckets_with_pooling_are_digested_for_late_joiners():
     assert len(manifest.buckets) == 5
 
 
-@pytest.mark.parametrize("retain", ["none", "copy"])
-def test_a_detached_version_is_copies_that_training_cannot_change(retain):
-    """publish.overlap: weights laid out in place (and pooled with nccl's default) are copied whole at detach, so
-    the next step training them in place changes nothing of what goes out, and late joiners are served it."""
-    m = model()
-    box = Outbox(WeightSyncSettings(retain=retain, bucket_bytes=1050))
-    named = packing.named_tensors(m)
-    packing.flatten_into_buckets(named, plan_buckets(packing.specs(named), 1050))
-    box.send_in_place = True
-    manifest = begin(box, m)
-    want = expected_bytes(manifest, m)
-    box.detach()
-    assert box.lookup is None and not box.pooling
-    with torch.no_grad():  # the next step trains
-        for p in m.parameters():
-            p.add_(1.0)
-    for i in range(len(manifest.buckets)):
-        assert torch.equal(box.wire_buffer(i), want[i])
-        box.digest(i)
-    assert not any(box.in_place) and not any(box.pooled)
-    box.finish()
-    box.release()
-    assert box.intact()  # copies: a late joiner gets this version whatever the weights do
-    begin(box, m, version=2)  # the next version is laid out in place again
-    assert not box.detached and box.pooling == (retain == "none")
-
-
 def test_pack_bucket_checks_the_buffer_size_and_the_tensors():
     m = model()
     named = packing.named_tensors(m)
