@@ -61,3 +61,25 @@ def test_rows_with_one_prompt_share_its_prefill(model):
         for i, ids in enumerate([a + [30], b + [31], a + [32], a + [33], b + [34]]):
             assert torch.allclose(step[i + 1], alone(model, ids), atol=1e-5)
         assert torch.allclose(step[0], alone(model, [40, 41, 42, 50]), atol=1e-5)
+
+
+def test_an_emptied_batch_reuses_its_buffers_and_the_old_rows_leave_nothing_seen(model):
+    """The next batch writes into the buffers the last one left (no fresh zeroed memory per round); whatever the old
+    rows left in them, a newcomer's logits are those of running alone, at prefill and at each step."""
+    batch = KVBatch(model)
+    cpu = torch.device("cpu")
+    with torch.inference_mode():
+        batch.prefill([[5, 6, 7, 8, 9, 10, 11, 12], [13, 14, 15]], pad_id=0, device=cpu)
+        batch.step(torch.tensor([20, 21]))
+        storage = batch.keys[0].untyped_storage().data_ptr()
+        batch.keep([])
+        assert batch.size == 0
+        first = batch.prefill([[30, 31], [32, 33, 34]], pad_id=0, device=cpu)  # shorter: old keys sit past their ends
+        assert batch.keys[0].untyped_storage().data_ptr() == storage
+        assert torch.allclose(first[0], alone(model, [30, 31]), atol=1e-5)
+        assert torch.allclose(first[1], alone(model, [32, 33, 34]), atol=1e-5)
+        step = batch.step(torch.tensor([40, 41]))
+        assert torch.allclose(step[0], alone(model, [30, 31, 40]), atol=1e-5)
+        assert torch.allclose(step[1], alone(model, [32, 33, 34, 41]), atol=1e-5)
+        batch.drop()
+        assert batch.keys == [] and batch.row_capacity == 0

@@ -9,7 +9,7 @@ import asyncio
 
 import torch
 
-from services.rollout.engines.hf.batch import COLUMNS_STEP, KVBatch
+from services.rollout.engines.hf.batch import COLUMNS_STEP, RETAINED_POSITIONS, KVBatch
 from services.rollout.engines.hf.loop import _fill_holes
 from services.rollout.engines.types import SamplingParams
 from tests.rollout.engines.conftest import make_engine
@@ -82,8 +82,10 @@ def test_rows_of_any_length_join_and_leave_in_any_order_and_the_buffers_grow_and
         assert batch.column_capacity == COLUMNS_STEP
         step([16])
         step([17])
-        batch.keep([])
-        assert batch.size == 0 and batch.keys == []
+        batch.keep([])  # empty: small buffers stay for the next batch, freed on drop()
+        assert batch.size == 0 and batch.keys and batch.row_capacity * batch.column_capacity <= RETAINED_POSITIONS
+        batch.drop()
+        assert batch.keys == [] and batch.row_capacity == batch.column_capacity == 0
 
 
 def test_steps_and_joins_write_the_cache_in_place(model):

@@ -199,7 +199,7 @@ class DecodeLoop:
                     out = [(r, self._finish_delta(r, Finish("abort", message=f"engine error: {exc}")))
                            for r in self._active + joining if not r.done]
                     self._active = []
-                    batch.keep([])
+                    batch.drop()
                     self._forget(out)
         rest = [(r, self._finish_delta(r, Finish("abort", message="engine stopped")))
                 for r in list(self._rows.values()) if not r.done]
@@ -248,7 +248,7 @@ class DecodeLoop:
                 for row in self._active:
                     self._fail(row, exc, out)
                 self._active = []
-                batch.keep([])
+                batch.drop()
             else:
                 stepped = list(self._active)
         if joining:  # prefilled into the slots after the running rows, which stay as they are until sampled
