@@ -54,12 +54,11 @@ class ExperienceIntake:
         self.sink = sink
         self.limits = limits
 
-    async def receive(self, block_ms: int | None = None) -> None:
-        """One consume call (blocks up to ``block_ms``, default ``queue.block_ms``), then admit what came."""
+    async def receive(self) -> None:
+        """One consume call (blocks up to ``queue.block_ms``), then admit what came."""
         q = self.s.queue
         before = self.experiences.rejected_signature
-        deliveries = await self.experiences.consume(q.consumer, count=q.consume_count,
-                                                    block_ms=q.block_ms if block_ms is None else block_ms)
+        deliveries = await self.experiences.consume(q.consumer, count=q.consume_count, block_ms=q.block_ms)
         unsigned = self.experiences.rejected_signature - before
         if unsigned:  # dead-lettered by the queue before decoding (shared/signing.py)
             self.state.bump("experiences_unsigned", unsigned)

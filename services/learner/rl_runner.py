@@ -110,7 +110,6 @@ class RLRunner:
         self.dead_letters: DeadLetterHandler | None = None
         self.publisher = None
         self.rounds: PublishRounds | None = None  # once the publisher exists
-        self._last_train_s = 0.0  # the last step's training time (bounds the read during the next one)
         self.phase = "starting"
         self.error: str | None = None
         self.total_steps = 0
@@ -369,21 +368,6 @@ class RLRunner:
         with contextlib.suppress(*REDIS_DOWN):  # the pool signal's backlog: what waited for a replica meanwhile
             await self.pool.sample_wait(time.perf_counter() - t0)
 
-    async def _receive_while_training(self, train: asyncio.Future) -> None:
-        """While a step trains (in its thread: the event loop is free), read the experiences stream, each read
-        blocking at most until half the last step's training time has passed, so the reads end before the step:
-        what the fleet generated meanwhile is admitted when the step ends instead of after it (that read was 8 ms of
-        a 103 ms step at staleness 1 in ``benchmarks/vs_trl.py``). Not at staleness 0, where the next step's
-        experiences come only after the publish."""
-        if self.s.rollout.max_staleness == 0:
-            return
-        deadline = time.perf_counter() + self._last_train_s / 2
-        try:
-            while not train.done() and (block_ms := int((deadline - time.perf_counter()) * 1000)) >= 1:
-                await self.intake.receive(block_ms=block_ms)
-        except REDIS_DOWN as exc:  # the loop's own read meets the outage after the step and waits it out
-            log.debug("reading experiences during the step failed (%s: %s)", type(exc).__name__, exc)
-
     # ---- training --------------------------------------------------------------------------------------
     async def _train(self, gids: list[str]) -> None:
         if self._wait_started is not None:
@@ -396,12 +380,9 @@ class RLRunner:
         spans = [max(v for _, v in e.version_spans) - e.weight_version if e.version_spans else 0 for e in exps]
         with self._lap("train"):
             if self.link is not None:
-                train = asyncio.ensure_future(asyncio.to_thread(self.link.train, self.trainer, groups))
+                metrics = await asyncio.to_thread(self.link.train, self.trainer, groups)
             else:
-                train = asyncio.ensure_future(asyncio.to_thread(self.trainer.train_step, exps))
-            await self._receive_while_training(train)
-            metrics = await train
-        self._last_train_s = metrics.get("step_time_s", 0.0)
+                metrics = await asyncio.to_thread(self.trainer.train_step, exps)
         step = self.trainer.global_step
         self.picker.stepped()
         self.positions.trained(gids)
