@@ -209,3 +209,33 @@ async def test_groups_longer_than_claim_idle_are_not_taken_from_live_workers(red
     assert sorted(e.id for e in exps) == sorted(sample_id(t.id, i) for t in tasks for i in range(3))
     assert len(entries) == 18, f"{len(entries)} experiences generated for 18 samples: groups were regenerated"
     assert await redis_client.xlen(keys.dead_letter_stream(keys.prompts_stream(run))) == 0
+
+
+async def test_groups_that_finish_together_are_scored_and_pushed_together(redis_server, redis_client, tiny_model_dir,
+                                                                          tmp_path, reward_service):
+    """Four prompts taken at once: their /score calls share one request (worker.reward_batch_ms) and the four groups
+    go to the experiences stream in one push, each group whole and each prompt acknowledged."""
+    run = "worker-together"
+    cfg = worker_config(tiny_model_dir, redis_server.url, run, reward_service, concurrency=4, reward_batch_ms=500)
+    proc, url, _ = start_rollout(tmp_path, "worker-together", cfg)
+    try:
+        async with httpx.AsyncClient() as c:
+            before = (await c.get(f"http://127.0.0.1:{reward_service}/metrics", timeout=10)).text
+            prompts = StreamQueue(redis_client, keys.prompts_stream(run), "rollout", PromptTask)
+            await prompts.produce([PromptTask(id=f"g{i}", prompt=f"say a {i}", n=3) for i in range(4)])
+            await wait_for(lambda: _zero(prompts), 60, "all prompts acked")
+            rollout_metrics = (await c.get(f"{url}/metrics", timeout=10)).text
+            after = (await c.get(f"http://127.0.0.1:{reward_service}/metrics", timeout=10)).text
+    finally:
+        stop(proc)
+    exps = await read_experiences(redis_client, run)
+    assert sorted(e.id for e in exps) == sorted(sample_id(f"g{i}", j) for i in range(4) for j in range(3))
+    assert _sample(rollout_metrics, "fleetrl_rollout_worker_pushes_total") == 1
+    assert _sample(after, "fleetrl_reward_requests_total", 'route="/score"') - \
+        _sample(before, "fleetrl_reward_requests_total", 'route="/score"') == 1
+
+
+def _sample(text: str, name: str, label: str = "") -> float:
+    """The sum of a metric's samples (those whose labels hold ``label``) in a Prometheus text exposition."""
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(name) and (line[len(name)] in " {") and label in line)

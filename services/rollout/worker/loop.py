@@ -5,7 +5,8 @@ function (``worker.rollout_function``; ``single_turn`` generates ``task.n`` samp
 service's engine and scores them with one ``/score`` call, ``multi_turn`` runs environments and tools), push
 one Experience per trajectory to ``keys.experiences_stream(run)``, and only then ack the prompt. While
 a group is being generated and scored, however long that takes, the worker keeps its lease on the prompt
-alive (:class:`~shared.experience_queue.Lease`), so no other worker takes it. A worker that dies or hangs
+alive (:class:`~shared.experience_queue.Lease`), so no other worker takes it. Groups that finish together are
+pushed together (one push of their experiences, then one acknowledgement of their prompts). A worker that dies or hangs
 (stopped) mid-group stops renewing: another worker reclaims the prompt after ``claim_idle_ms`` and
 regenerates it (sample ids are deterministic, so the learner drops duplicates). A Redis outage delays
 pushing and acknowledging a finished group; the group is not thrown away.
@@ -72,12 +73,16 @@ class RolloutWorker:
         self._draining = asyncio.Event()
         self._active: set[asyncio.Task] = set()
         self._settling: set[str] = set()  # entry ids whose group is generated and being pushed / acknowledged
+        self._to_settle: list[tuple[Delivery[PromptTask], list[Experience], asyncio.Future]] = []  # next push
+        self._settler: asyncio.Task | None = None  # pushes and acknowledges what _to_settle holds
         self.drained: dict | None = None  # what drain() did, once it did
         self.redis: aioredis.Redis | None = None
         self._chat_tokens: ChatTokensCache | None = None
         r = registry
         self.m_prompts = Counter("fleetrl_rollout_worker_prompts", "Prompt tasks by outcome.", ["outcome"], registry=r)
         self.m_experiences = Counter("fleetrl_rollout_worker_experiences", "Experiences pushed.", registry=r)
+        self.m_pushes = Counter("fleetrl_rollout_worker_pushes", "Pushes to the experiences stream (groups that finish "
+                                "together share one).", registry=r)
         self.m_reward_retries = Counter("fleetrl_rollout_worker_reward_retries", "Retried /score calls.", registry=r)
         self.m_held = Counter("fleetrl_rollout_worker_held_back", "Admission checks that held back.", ["reason"], registry=r)
         self.m_active = Gauge("fleetrl_rollout_worker_active_groups", "Prompt groups in progress.", registry=r)
@@ -159,6 +164,8 @@ class RolloutWorker:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+        if self._settler is not None:  # the groups generated are pushed before the connection closes
+            await asyncio.wait([self._settler], timeout=30.0)
         if self.lease is not None:
             await self.lease.stop()
         if self.redis is not None:
@@ -246,8 +253,7 @@ class RolloutWorker:
         try:
             group = await self._rollout(d.record)
             self._settling.add(d.id)  # generated: pushed and acknowledged even while draining
-            await self._until_redis_answers(lambda: self._push(group), f"pushing the group of {d.record.id}")
-            await self._until_redis_answers(lambda: self.prompts.ack([d.id]), f"acknowledging {d.record.id}")
+            await self._settle(d, group)
             self.m_prompts.labels("done").inc()
             self.m_experiences.inc(len(group))
         except asyncio.CancelledError:
@@ -302,6 +308,38 @@ class RolloutWorker:
         except ValueError as exc:  # a trajectory the queue's record refuses (misaligned fields ...)
             raise GroupFailed(f"rollout function {name!r} returned a trajectory that is not a valid experience: "
                               f"{exc}") from exc
+
+    async def _settle(self, d: Delivery[PromptTask], group: list[Experience]) -> None:
+        """Push the group and acknowledge its prompt. Groups that finish together (one engine batch, one /score
+        request) go together: one push of all their experiences, then one acknowledgement of all their prompts
+        (two round trips for the lot instead of three per group). Returns once this group is pushed and acked."""
+        done = asyncio.get_running_loop().create_future()
+        self._to_settle.append((d, group, done))
+        if self._settler is None or self._settler.done():
+            self._settler = asyncio.create_task(self._settle_waiting())
+        await asyncio.shield(done)  # a cancelled handler's group is still pushed and acknowledged
+
+    async def _settle_waiting(self) -> None:
+        await asyncio.sleep(0)  # the groups whose last await ended in the same turn join this push
+        while self._to_settle:
+            batch, self._to_settle = self._to_settle, []
+            exps = [e for _, group, _ in batch for e in group]
+            ids = [d.id for d, _, _ in batch]
+            what = batch[0][0].record.id if len(batch) == 1 else f"{len(batch)} groups"
+            try:
+                await self._until_redis_answers(lambda exps=exps: self._push(exps), f"pushing the group of {what}")
+                self.m_pushes.inc()
+                await self._until_redis_answers(lambda ids=ids: self.prompts.ack(ids), f"acknowledging {what}")
+            except BaseException as exc:
+                for _, _, done in batch:
+                    if not done.done():
+                        done.cancel() if isinstance(exc, asyncio.CancelledError) else done.set_exception(exc)
+                if isinstance(exc, asyncio.CancelledError):
+                    raise
+                continue
+            for _, _, done in batch:
+                if not done.done():
+                    done.set_result(None)
 
     async def _push(self, group: list[Experience]) -> None:
         while True:
