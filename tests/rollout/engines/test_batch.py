@@ -83,3 +83,28 @@ def test_an_emptied_batch_reuses_its_buffers_and_the_old_rows_leave_nothing_seen
         assert torch.allclose(step[1], alone(model, [32, 33, 34, 41]), atol=1e-5)
         batch.drop()
         assert batch.keys == [] and batch.row_capacity == 0
+
+
+def test_a_shared_prefill_that_fails_after_its_pass_leaves_the_batch_as_it_was(model, monkeypatch):
+    """If copying the shared rows fails (no memory for the extra rows), the batch holds what it held before, so the
+    decode loop's fallback can prefill the rows one by one on top of it."""
+    batch = KVBatch(model)
+    cpu = torch.device("cpu")
+    with torch.inference_mode():
+        batch.prefill([[40, 41, 42]], pad_id=0, device=cpu)
+
+        real = batch._reserve
+
+        def no_room(rows, columns):  # room for the pass's one distinct row, not for the copies
+            if rows > 2:
+                raise RuntimeError("out of memory")
+            real(rows, columns)
+
+        monkeypatch.setattr(batch, "_reserve", no_room)
+        try:
+            batch.prefill([[5, 6, 7], [5, 6, 7], [5, 6, 7]], pad_id=0, device=cpu)
+        except RuntimeError:
+            pass
+        else:
+            raise AssertionError("the failure was swallowed")
+        assert batch.lengths == [3]

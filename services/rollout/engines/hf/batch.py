@@ -121,12 +121,16 @@ class KVBatch:
             distinct[u] = i
         logits = self._prefill_rows([prompts[i] for i in distinct], [hits[i] for i in distinct], pad_id, device)
         ends = [len(p) for p in prompts]
-        self._reserve(first + k, max(ends) + 1)
-        src = torch.tensor(source, dtype=torch.long, device=self.keys[0].device) + first
-        used = max(ends)
-        for buffers in (self.keys, self.values):
-            for buf in buffers:  # the right side is gathered first: overlapping slots are safe
-                buf[first:first + k, :, :used] = buf[src, :, :used]
+        try:
+            self._reserve(first + k, max(ends) + 1)
+            src = torch.tensor(source, dtype=torch.long, device=self.keys[0].device) + first
+            used = max(ends)
+            for buffers in (self.keys, self.values):
+                for buf in buffers:  # the right side is gathered first: overlapping slots are safe
+                    buf[first:first + k, :, :used] = buf[src, :, :used]
+        except BaseException:
+            del self.lengths[first:]  # as before the call: the caller may prefill the rows again, one by one
+            raise
         self.lengths[first:] = ends
         return logits[torch.tensor(source, dtype=torch.long, device=logits.device)]
 
