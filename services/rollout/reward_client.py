@@ -31,7 +31,7 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
-from shared.reward_api import ItemError, ScoreItem, ScoreRequest, ScoreResponse
+from shared.reward_api import ScoreItem, ScoreRequest, ScoreResponse
 
 log = logging.getLogger(__name__)
 
@@ -177,8 +177,7 @@ def _split(reply: ScoreResponse, sizes: list[int]) -> list[ScoreResponse]:
     out, start = [], 0
     for n in sizes:
         end = start + n
-        errors = [ItemError(**{**e.model_dump(), "index": e.index - start}) for e in reply.errors
-                  if start <= e.index < end]
+        errors = [e.model_copy(update={"index": e.index - start}) for e in reply.errors if start <= e.index < end]
         out.append(ScoreResponse(scores=reply.scores[start:end], components=reply.components[start:end],
                                  errors=errors))
         start = end

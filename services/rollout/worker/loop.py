@@ -325,11 +325,11 @@ class RolloutWorker:
             batch, self._to_settle = self._to_settle, []
             exps = [e for _, group, _ in batch for e in group]
             ids = [d.id for d, _, _ in batch]
-            what = batch[0][0].record.id if len(batch) == 1 else f"{len(batch)} groups"
+            what = f"the group of {batch[0][0].record.id}" if len(batch) == 1 else f"{len(batch)} groups"
             try:
-                await self._until_redis_answers(lambda exps=exps: self._push(exps), f"pushing the group of {what}")
+                await self._until_redis_answers(lambda exps=exps: self._push(exps), f"pushing {what}")
                 self.m_pushes.inc()
-                await self._until_redis_answers(lambda ids=ids: self.prompts.ack(ids), f"acknowledging {what}")
+                await self._until_redis_answers(lambda ids=ids: self.prompts.ack(ids), f"acknowledging the prompt(s) of {what}")
             except BaseException as exc:
                 for _, _, done in batch:
                     if not done.done():

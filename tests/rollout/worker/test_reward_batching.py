@@ -94,3 +94,15 @@ async def test_a_caller_that_gives_up_leaves_the_others_scored(reward_url):
         await client.aclose()
     assert reply.scores == [0.0, 1.0, 0.0, 0.0]
     assert gone.cancelled()
+
+
+def test_a_combined_reply_is_cut_back_with_each_calls_own_errors():
+    """An item a scorer marked (on_error: mark) is reported to the call that sent it, at its index in that call."""
+    from services.rollout.reward_client import _split
+    from shared.reward_api import ItemError, ScoreResponse
+
+    whole = ScoreResponse(scores=[1.0, None, 0.0, None], components=[{"a": 1.0}, {"a": None}, {"a": 0.0}, {"a": None}],
+                          errors=[ItemError(index=1, scorer="a", error="x"), ItemError(index=3, scorer="a", error="y")])
+    first, second = _split(whole, [2, 2])
+    assert first.scores == [1.0, None] and [(e.index, e.error) for e in first.errors] == [(1, "x")]
+    assert second.scores == [0.0, None] and [(e.index, e.error) for e in second.errors] == [(1, "y")]
