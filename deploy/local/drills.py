@@ -221,7 +221,7 @@ def elastic_rows(rows: list[dict]) -> list[dict]:
             for i, r in enumerate(rows)]
 
 
-PACE_SCORE_S = 2.0  # learner-double-kill's scoring time per answer: the learner's pace (see DRILLS)
+PACE_SCORE_S = 2.0  # the step drills' scoring time per answer: the learner's pace (see DRILLS)
 
 
 def paced_rows(rows: list[dict]) -> list[dict]:
@@ -332,7 +332,10 @@ class Drill:
 
 
 DRILLS = {d.name: d for d in (
-    Drill("rollout-kill", rollout_kill, 240),
+    # every drill that acts at a learner step is paced (PACE_SCORE_S per answer): unpaced, a fleet whose rollout shares
+    # each prompt's prefill and scores a round in one request trained all 16 steps in under a second, before the
+    # drill's first /status poll (redis-restart then timed out on "steps seen: [-1]")
+    Drill("rollout-kill", rollout_kill, 240, scorers=(SLOW_SCORER,), rows=paced_rows),
     # each answer scored after PACE_SCORE_S (a slow verifier's sleep, no CPU): the tiny learner trains a step in ~0.05 s
     # and, fed from a full window, went through 12 steps in 0.75 s, so under load a /status poll could miss the
     # 3-step kill windows; paced, two replicas (4 groups each in flight) deliver 2 steps per >= 2 s, so each window stays
@@ -340,9 +343,9 @@ DRILLS = {d.name: d for d in (
     # stays under pytest-timeout's 300 s: a hang is the drill's own error, its fleet stopped (at 300 pytest killed the
     # test first and left the fleet running)
     Drill("learner-double-kill", learner_double_kill, 240, scorers=(SLOW_SCORER,), rows=paced_rows),
-    Drill("reward-outage", reward_outage, 270),
-    Drill("redis-restart", redis_restart, 240),
-    Drill("replica-stop", replica_stop, 270),
+    Drill("reward-outage", reward_outage, 270, scorers=(SLOW_SCORER,), rows=paced_rows),
+    Drill("redis-restart", redis_restart, 240, scorers=(SLOW_SCORER,), rows=paced_rows),
+    Drill("replica-stop", replica_stop, 270, scorers=(SLOW_SCORER,), rows=paced_rows),
     # the pool goes 1 -> 3 -> 1 on the learner's signal; the first prompts' slow verifier starves the learner. The
     # tiny learner trains a step in ~0.02 s, faster than any number of hf replicas on 2 cores deliver one, so it
     # always waits some: the band says how much waiting is fine (grow at 95 %, shrink at 65 %); the slow verifier
