@@ -120,7 +120,7 @@ def step_trace(run_dir: Path, skip: int = 2) -> dict[str, float]:
     out["rest"] = med(g - r["step_time_s"] - r["wait_time_s"] - r.get("publish_s", 0.0)  # per step, then the median
                       for g, r in zip(gaps, timed[1:]))
     loops = [(r, r["loop_s"]) for r in timed[1:] if isinstance(r.get("loop_s"), dict)]
-    if loops:  # the learner's own account of the loop between two steps' lines (services/learner/rl_runner.py)
+    if loops:  # the learner's own account of the loop between two steps' lines (services/learner/rl/runner.py)
         parts = sorted({k for _, x in loops for k in x})
         for k in parts:
             out[f"loop.{k}"] = med(x.get(k, 0.0) for _, x in loops)

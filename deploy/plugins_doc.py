@@ -21,9 +21,9 @@ POINT_MODULES = (
     "services.reward.scorer_config",
     "services.rollout.worker.functions",
     "services.rollout.agents.environments",
-    "services.learner.algorithms.config",
-    "services.learner.algorithms.loss_config",
-    "services.learner.algorithms.offpolicy_config",
+    "services.learner.algorithms.algorithm_settings",
+    "services.learner.algorithms.policy_loss_settings",
+    "services.learner.algorithms.correction_settings",
     "services.rollout.weights.settings",
     "services.learner.weights.transport",
 )

@@ -130,7 +130,7 @@ class StandInRunner:
 
 
 def learner_app(model_dir: Path, tmp: Path, monkeypatch):
-    from services.learner.algorithms.registry import GRPO
+    from services.learner.algorithms.rl_algorithms import GRPO
     from services.learner.app import create_app
     from services.learner.settings import LearnerSettings
 

@@ -1,7 +1,7 @@
 """``fleetrl run``'s controller for an elastic rollout pool (``replicas.rollout: {min: 1, max: 4}``).
 
 :func:`decide` is the whole policy, pure: from the pool's settings, the replicas running, those that died, and
-the learner's demand signal (``shared.keys.pool_signal(run)``, ``services/learner/pool_signal.py``) it returns
+the learner's demand signal (``shared.keys.pool_signal(run)``, ``services/learner/watches/pool_signal.py``) it returns
 one :class:`Decision` with its reason. In order:
 
 1. a replica that died (exited without being drained) is replaced, at once;

@@ -26,9 +26,9 @@ from deploy.local.fleet import Fleet, FleetError
 from deploy.local.zygote import Zygote
 from deploy.private_files import write_private
 from services.learner.data import DataError, check_fields, epoch_plan, read_rows
+from services.learner.rl.start_gate import open_start_gate
 from services.learner.run_guard import clear_run, has_checkpoint, stale_run_problem
-from services.learner.sft_plan import SFTPlan, sft_plan
-from services.learner.start_gate import open_start_gate
+from services.learner.sft.plan import SFTPlan, sft_plan
 from shared import keys
 from shared.redact import redact_url
 from shared.settings import SettingsError

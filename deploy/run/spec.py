@@ -22,7 +22,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from services.learner.algorithms.config import AlgorithmSettings, GRPOSettings
+from services.learner.algorithms.algorithm_settings import AlgorithmSettings, GRPOSettings
 from services.learner.settings import DataSettings, OptimSettings, TrainSettings
 from services.reward.scorer_config import ScorerConfig
 from shared.plugins import import_plugins

@@ -89,7 +89,7 @@ def _refuse_unsigned_records(settings: LearnerSettings) -> None:
     """An RL learner on a Redis it is given (``redis_url``: shared with the rollout fleet) trusts the experiences
     there only when they are signed: no ``run_key`` (and no ``allow_unsigned_records``) is a one-line error, exit 2.
     A private embedded server (no ``redis_url``; its password only in ``run_dir``) is not shared."""
-    from services.learner.algorithms.registry import runner_class
+    from services.learner.algorithms.rl_algorithms import runner_class
 
     shares = bool(settings.redis_url) and runner_class(settings.algorithm).needs_redis
     problem = settings.unsigned_records_problem(shares)
@@ -115,7 +115,7 @@ def _refuse_a_used_run_name(settings: LearnerSettings, embedded: EmbeddedRedis |
     and exit 2 (services/learner/run_guard.py)."""
     from redis.exceptions import RedisError
 
-    from services.learner.algorithms.registry import runner_class
+    from services.learner.algorithms.rl_algorithms import runner_class
     from services.learner.run_guard import stale_run_problem
     from shared.redact import redact_text, redact_url
 
@@ -136,7 +136,7 @@ def _refuse_a_used_run_name(settings: LearnerSettings, embedded: EmbeddedRedis |
 def _embedded_redis_if_needed(settings: LearnerSettings) -> tuple[LearnerSettings, EmbeddedRedis | None]:
     """A run that needs Redis and has no ``redis_url``: start a private server under ``<run_dir>/redis`` and
     return the settings that name it, with the server (stopped by the caller, or by SIGTERM here)."""
-    from services.learner.algorithms.registry import runner_class
+    from services.learner.algorithms.rl_algorithms import runner_class
 
     if settings.redis_url or not runner_class(settings.algorithm).needs_redis:
         return settings, None

@@ -12,12 +12,12 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 from redis.exceptions import RedisError
 
-from services.learner.algorithms.registry import runner_class
+from services.learner.algorithms.rl_algorithms import runner_class
 from services.learner.observability import MetricsSink
-from services.learner.rl_runner import RLRunner
-from services.learner.rollout_watch import RolloutWatch
+from services.learner.rl.runner import RLRunner
 from services.learner.settings import LearnerSettings
-from services.learner.sft_runner import SFTRunner
+from services.learner.sft.runner import SFTRunner
+from services.learner.watches.rollout import RolloutWatch
 from shared.redact import redact_url
 from shared.service_kit.errors import ServiceError
 

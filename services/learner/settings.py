@@ -13,8 +13,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from services.learner.algorithms.config import AlgorithmSettings, GRPOSettings
-from services.learner.pool_signal import PoolSignalSettings
+from services.learner.algorithms.algorithm_settings import AlgorithmSettings, GRPOSettings
+from services.learner.watches.pool_signal import PoolSignalSettings
 from shared.schemas import SamplingOverrides
 from shared.settings import ServiceSettings, service_config
 from shared.weight_sync.settings import WeightSyncSettings

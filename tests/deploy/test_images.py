@@ -218,7 +218,7 @@ def test_the_closure_follows_lazy_imports_and_the_registries_module_strings():
     for plugin in ("engines/vllm", "engines/sglang", "agents/envs/calculator", "agents/openai_agent"):
         assert module_file("services.rollout." + plugin.replace("/", ".")) in rollout, plugin
     learner = closure(["services.learner"])
-    assert REPO / "services/learner/algorithms/registry.py" in learner
+    assert REPO / "services/learner/algorithms/rl_algorithms.py" in learner
     assert not {f for f in reward | rollout | learner if f.relative_to(REPO).parts[0] == "deploy"}
 
 

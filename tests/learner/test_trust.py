@@ -15,7 +15,7 @@ from shared.experience_queue import StreamQueue
 from shared.schemas import Experience, PromptTask, sample_id
 from shared.signing import RecordSigner
 from tests.learner.fake_rollout import FakeFleet
-from tests.learner.test_rl_runner import N_PROMPTS, learner_settings, prompts_file, trained_items  # noqa: F401
+from tests.learner.rl.test_runner import N_PROMPTS, learner_settings, prompts_file, trained_items  # noqa: F401
 
 RUN_KEY = "k" * 32
 

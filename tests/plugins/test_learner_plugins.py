@@ -14,12 +14,12 @@ import pytest
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from services.learner.algorithms.config import ALGORITHMS, RLAlgorithmSettings
+from services.learner.algorithms.algorithm_settings import ALGORITHMS, RLAlgorithmSettings
+from services.learner.algorithms.correction_settings import CORRECTIONS, CorrectionSettingsBase
 from services.learner.algorithms.corrections import Correction, truncated_is
-from services.learner.algorithms.loss_config import POLICY_LOSSES, PolicyLossSettingsBase
-from services.learner.algorithms.offpolicy_config import CORRECTIONS, CorrectionSettingsBase
+from services.learner.algorithms.policy_loss_settings import POLICY_LOSSES, PolicyLossSettingsBase
 from services.learner.algorithms.policy_losses import PolicyLossInputs, PolicyLossOutput
-from services.learner.algorithms.registry import Algorithm, LearnerAlgorithm
+from services.learner.algorithms.rl_algorithms import Algorithm, LearnerAlgorithm
 from tests.learner.helpers import BAD, GOOD, good_bad_batch, response_logprob, settings
 
 CALLS: Counter[str] = Counter()
@@ -180,7 +180,7 @@ async def test_the_learner_service_starts_the_runner_the_algorithm_registered(ti
 
 
 def test_an_algorithm_without_a_runner_class_is_refused_when_the_learner_starts(registered):
-    from services.learner.algorithms.registry import runner_class
+    from services.learner.algorithms.rl_algorithms import runner_class
     from shared.service_kit.loader import LoadError
 
     class NoRunner(LearnerAlgorithm):

@@ -11,7 +11,7 @@ returning a :class:`Correction`: per-token importance ``weights`` (detached) tha
 loss, and a ``keep`` mask of the tokens that stay in the loss. A token (or sequence) a correction rejects
 leaves the loss *and* its denominator (weighting it by 0 but counting it would shrink every other token's
 gradient; slime #657 / verl #3915). Selected by ``algorithm.correction`` through the correction plug-in point
-(``.offpolicy_config.CORRECTIONS``); ``custom`` takes a function of your own by import path.
+(``.correction_settings.CORRECTIONS``); ``custom`` takes a function of your own by import path.
 
 - ``tis``: token-level truncated IS, ``w = min(rho, cap)`` (Yao et al. 2025; today's default).
 - ``mis``: masked IS: tokens (``level: token``) or whole sequences (``level: sequence``, ratio = product of
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
-from services.learner.algorithms.offpolicy_config import CORRECTIONS, CustomCorrection
+from services.learner.algorithms.correction_settings import CORRECTIONS, CustomCorrection
 from shared.plugins import kwargs_of
 from shared.service_kit.loader import load_object
 

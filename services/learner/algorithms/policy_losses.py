@@ -1,5 +1,5 @@
 """Policy losses as plug-ins: typed inputs, typed outputs, chosen by ``policy_loss.kind`` through the
-policy-loss plug-in point (:data:`.loss_config.POLICY_LOSSES`): ``fn(inputs, **the settings' fields)``.
+policy-loss plug-in point (:data:`.policy_loss_settings.POLICY_LOSSES`): ``fn(inputs, **the settings' fields)``.
 
 Every loss maps :class:`PolicyLossInputs` (the current log-probabilities with their graph, the behaviour
 log-probabilities of the step, advantages, the action mask with the off-policy correction's rejections
@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
-from services.learner.algorithms.loss_config import POLICY_LOSSES, CustomLoss
-from services.learner.algorithms.losses import PolicyLossOutput, clipped_surrogate
+from services.learner.algorithms.loss_terms import PolicyLossOutput, clipped_surrogate
+from services.learner.algorithms.policy_loss_settings import POLICY_LOSSES, CustomLoss
 from shared.plugins import kwargs_of
 from shared.service_kit.loader import load_object
 

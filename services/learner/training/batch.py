@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from services.learner.algorithms.losses import entropy_from_logits
+from services.learner.algorithms.loss_terms import entropy_from_logits
 from shared.schemas import Experience
 
 

@@ -13,11 +13,11 @@ import torch
 from services.learner.algorithms.corrections import build_correction, mismatch_metrics
 from services.learner.algorithms.kl import kl_estimate
 from services.learner.algorithms.length_shaping import keep_unless_truncated, soft_overlong_penalty
-from services.learner.algorithms.losses import aggregate, value_loss
+from services.learner.algorithms.loss_terms import aggregate, value_loss
 from services.learner.algorithms.masked import masked_mean
 from services.learner.algorithms.normalize import RunningMeanStd
 from services.learner.algorithms.policy_losses import PolicyLossInputs, build_policy_loss
-from services.learner.algorithms.registry import AdvantageInputs, build_algorithm
+from services.learner.algorithms.rl_algorithms import AdvantageInputs, build_algorithm
 from services.learner.settings import LearnerSettings
 from services.learner.training.backends import TrainEngine
 from services.learner.training.base import TrainerBase

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from services.learner.algorithms.losses import aggregate
+from services.learner.algorithms.loss_terms import aggregate
 from services.learner.settings import LearnerSettings
 from services.learner.training.base import TrainerBase
 from services.learner.training.batch import SequenceBatch, action_logprobs, build_sequences

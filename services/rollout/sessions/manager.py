@@ -7,7 +7,7 @@ reward service. A finish that cannot complete (reward service or Redis unavailab
 so the caller can retry it. Idle sessions expire after ``ttl_s``: dropped and counted, never pushed.
 
 With several replicas, each session is registered in Redis under the URL of the replica holding it
-(:mod:`.registry`): a replica asked about a session it does not hold finds its owner there (:meth:`locate`).
+(:mod:`.rl_algorithms`): a replica asked about a session it does not hold finds its owner there (:meth:`locate`).
 """
 
 from __future__ import annotations

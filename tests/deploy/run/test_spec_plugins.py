@@ -22,9 +22,9 @@ from typing import Literal
 
 from pydantic import Field
 
-from services.learner.algorithms.config import ALGORITHMS, RLAlgorithmSettings
-from services.learner.algorithms.loss_config import POLICY_LOSSES, PolicyLossSettingsBase
-from services.learner.algorithms.registry import Algorithm
+from services.learner.algorithms.algorithm_settings import ALGORITHMS, RLAlgorithmSettings
+from services.learner.algorithms.policy_loss_settings import POLICY_LOSSES, PolicyLossSettingsBase
+from services.learner.algorithms.rl_algorithms import Algorithm
 from services.reward.scorer_config import SCORERS, ScorerSettingsBase
 from services.reward.scorers.base import Scorer
 

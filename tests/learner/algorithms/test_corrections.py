@@ -5,6 +5,13 @@ import math
 import pytest
 import torch
 
+from services.learner.algorithms.correction_settings import (
+    GeoSeqCorrection,
+    IcePopCorrection,
+    MISCorrection,
+    NoCorrection,
+    TISCorrection,
+)
 from services.learner.algorithms.corrections import (
     build_correction,
     geometric_sequence_is,
@@ -13,13 +20,6 @@ from services.learner.algorithms.corrections import (
     mismatch_metrics,
     no_correction,
     truncated_is,
-)
-from services.learner.algorithms.offpolicy_config import (
-    GeoSeqCorrection,
-    IcePopCorrection,
-    MISCorrection,
-    NoCorrection,
-    TISCorrection,
 )
 
 # one sequence, rho = [1, 3, 0.25] (+ a padded position that must stay out of everything)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from services.learner.algorithms.kl import KL_ESTIMATORS, kl_estimate
-from services.learner.algorithms.losses import (
+from services.learner.algorithms.loss_terms import (
     aggregate,
     clipped_surrogate,
     entropy_from_logits,

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from services.learner.algorithms.length_shaping import keep_unless_truncated, soft_overlong_penalty
-from services.learner.algorithms.offpolicy_config import OverlongSoftPenalty
+from services.learner.algorithms.length_shaping_settings import OverlongSoftPenalty
 
 
 def test_soft_overlong_penalty_by_hand():

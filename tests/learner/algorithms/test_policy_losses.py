@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from services.learner.algorithms.loss_config import (
+from services.learner.algorithms.policy_loss_settings import (
     CISPOLoss,
     CustomLoss,
     DPPOLoss,

@@ -1,6 +1,6 @@
 """A user's own policy loss, loaded by import path (algorithm.policy_loss: {kind: custom, path: ...})."""
 
-from services.learner.algorithms.losses import clipped_surrogate
+from services.learner.algorithms.loss_terms import clipped_surrogate
 from services.learner.algorithms.policy_losses import PolicyLossInputs, PolicyLossOutput
 
 

@@ -46,7 +46,7 @@ def test_sampling_change_inside_a_trajectory_is_refused_but_a_new_one_may_differ
 
 def test_a_sessions_experiences_bear_the_grant_it_was_opened_with():
     """An orchestrator passes the learner's task grant to POST /sessions; without one the experiences bear none,
-    and the learner does not train them (services/learner/grants.py)."""
+    and the learner does not train them (services/learner/rl/grants.py)."""
     ts = []
     append(ts, call([1, 2], [3, 4], version=0))
     granted = SessionIdentity(session_id="s", prompt_id="e0-1", group_id="e0-1", group_size=1, index=0, grant="g" * 40)

@@ -1,0 +1,1 @@
+"""The SFT run owner: batches of (prompt, answer) pairs from the dataset, no queue."""

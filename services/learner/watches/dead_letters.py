@@ -1,0 +1,70 @@
+"""What the run owner does with its run's dead letters, so it never waits on work that only sits in a
+dead-letter stream.
+
+Dead-lettered prompts and experiences of the run are followed (:class:`~.queue_watch.DeadLetterWatch`, polled at
+most once a second): their prompt is re-issued at once, and after ``rollout.dead_letter_retries`` of them the
+dataset position is given up with the reason (``prompts_abandoned``). A prompt a worker dead-lettered as one that
+can never succeed (reason ``permanent: ...``, in a dead letter signed by the fleet) is given up at once, not
+re-issued.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from services.learner.data import parse_item_id
+from services.learner.rl.group_buffer import GroupBuffer
+from services.learner.rl.positions import Positions
+from services.learner.rl.prompt_feeder import PromptFeeder
+from services.learner.run_state import RunState
+from services.learner.watches.queue import DeadLetter, DeadLetterWatch
+from shared.experience_queue import PERMANENT
+
+log = logging.getLogger(__name__)
+
+POLL_INTERVAL_S = 1.0
+"""Seconds between two reads of the dead-letter streams (the loop turns far more often)."""
+
+
+class DeadLetterHandler:
+    """Re-issues or gives up the positions whose entries ``watch`` finds dead-lettered; its cursors are saved in
+    ``state`` (and so in checkpoints)."""
+
+    def __init__(self, watch: DeadLetterWatch, state: RunState, buffer: GroupBuffer, feeder: PromptFeeder,
+                 positions: Positions, retries: int) -> None:
+        self.watch = watch
+        self.state = state
+        self.buffer = buffer
+        self.feeder = feeder
+        self.positions = positions
+        self.retries = retries  # rollout.dead_letter_retries
+        self._next_poll = 0.0
+
+    async def poll(self) -> None:
+        """Handle the dead letters that came since the last poll (none when polled within the interval)."""
+        if time.monotonic() < self._next_poll:
+            return
+        self._next_poll = time.monotonic() + POLL_INTERVAL_S
+        for dl in await self.watch.poll():
+            await self.handle(dl)
+        self.state.dead_letter_cursors = dict(self.watch.cursors)
+
+    async def handle(self, dl: DeadLetter) -> None:
+        parsed = parse_item_id(dl.group_id) if dl.group_id else None
+        if parsed is None:
+            log.warning("dead letter %s in %s belongs to no prompt of this run (%s)", dl.entry, dl.stream, dl.reason)
+            return
+        key, attempt = parsed
+        item = self.state.in_flight.get(key)
+        if item is None or item.attempt != attempt or self.buffer.is_complete(dl.group_id):
+            return  # trained, re-issued already, or complete without the dead-lettered copy
+        item.dead_letters += 1
+        if dl.reason.startswith(PERMANENT):  # the worker knows it can never succeed: issuing it again cannot help
+            self.positions.abandon(key, f"{dl.stream} entry dead-lettered as one that can never succeed: {dl.reason}")
+            return
+        if item.dead_letters > self.retries:
+            self.positions.abandon(key, f"{dl.stream} entry dead-lettered {item.dead_letters} times; last: {dl.reason}")
+            return
+        log.warning("prompt %s: its %s entry was dead-lettered (%s); re-issuing it", dl.group_id, dl.stream, dl.reason)
+        await self.feeder.reissue(key, f"dead-lettered: {dl.reason}")
