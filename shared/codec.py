@@ -47,7 +47,7 @@ PACKED_FIELDS: dict[str, dict[str, str]] = {
     "experience": {"prompt_token_ids": "<i4", "response_token_ids": "<i4", "response_logprobs": "<f4",
                    "action_mask": "|u1"},
 }
-_EXCLUDE = {kind: frozenset(fields) for kind, fields in PACKED_FIELDS.items()}
+_EXCLUDE: dict[str, set[str]] = {kind: set(fields) for kind, fields in PACKED_FIELDS.items()}
 _ALLOWED_DTYPES = {"<i4", "<f4", "<i8", "<f8", "|u1"}
 _NP_DTYPES = {d: np.dtype(d) for d in _ALLOWED_DTYPES}  # np.dtype(str) costs ~1 us; look them up once
 _PACKED_KEYS = frozenset({"dtype", "n", "b"})
@@ -98,7 +98,7 @@ def encode(record: BaseModel) -> bytes:
     kind = _KIND_OF.get(type(record))
     if kind is None:
         raise CodecError(f"no wire form for {type(record).__name__}; known: {sorted(RECORD_KINDS)}")
-    if kind == "experience":
+    if isinstance(record, Experience):
         fast = _encode_experience_fast(record)
         if fast is not None:
             return fast

@@ -43,11 +43,13 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Generic, TypeVar, cast
 
 import redis.asyncio as aioredis
 from pydantic import BaseModel
+from redis.commands.core import AsyncScript
 from redis.exceptions import ResponseError
+from redis.typing import EncodableT, FieldT
 
 from shared import keys
 from shared.codec import CodecError, decode, encode
@@ -138,8 +140,9 @@ class _Counters:
     produce_wait_s: float = 0.0
 
 
-def _s(x: bytes | str) -> str:
-    return x.decode() if isinstance(x, bytes) else x
+def _s(x: bytes | str | int | None) -> str:
+    """A Redis reply field as text (bytes decoded; an int or None as its text)."""
+    return x.decode() if isinstance(x, bytes) else x if isinstance(x, str) else str(x)
 
 
 def _entry_age_s(entry_id: str) -> float:
@@ -181,8 +184,8 @@ class StreamQueue(Generic[R]):
         self._history_cursor: dict[str, str] = {}  # consumer -> last own pending entry id handed out again
         self._group_ready = False
         self._next_claim_at = 0.0  # monotonic time of the next XAUTOCLAIM scan
-        self._renew_script = None
-        self._hand_back_script = None
+        self._renew_script: AsyncScript | None = None
+        self._hand_back_script: AsyncScript | None = None
 
     # ---- set-up -------------------------------------------------------------------------------
     async def ensure_group(self, force: bool = False) -> None:
@@ -233,7 +236,7 @@ class StreamQueue(Generic[R]):
         await self._wait_for_room(len(payloads), timeout)
         pipe = self.redis.pipeline(transaction=False)
         for p in payloads:
-            fields = {PAYLOAD: p}
+            fields: dict[FieldT, EncodableT] = {PAYLOAD: p}
             if self.signer is not None:
                 fields[SIGNATURE_FIELD] = self.signer.sign(self.stream, p)
             pipe.xadd(self.stream, fields)
@@ -360,7 +363,7 @@ class StreamQueue(Generic[R]):
             await self.ensure_group(force=True)
             resp = await self.redis.xreadgroup(self.group, consumer, {self.stream: start}, count=count, block=block_ms)
         entries: list[tuple[str, dict | None]] = []
-        for _stream, items in resp or []:
+        for _stream, items in cast("list[tuple[bytes, list[tuple[bytes, dict | None]]]]", resp or []):
             for eid, fields in items:
                 entries.append((_s(eid), fields if fields else None))
         return entries
@@ -447,7 +450,7 @@ class StreamQueue(Generic[R]):
         return False
 
     async def _dead_letter(self, eid: str, payload: bytes | None, reason: str, deliveries: int | None = None) -> None:
-        fields = {
+        fields: dict[FieldT, EncodableT] = {
             "payload": payload if payload is not None else b"",
             "error": reason, "original_id": eid, "stream": self.stream, "group": self.group,
             "at": str(time.time()),
@@ -467,7 +470,7 @@ class StreamQueue(Generic[R]):
         """The newest dead-letter entries (payload omitted), newest first."""
         rows = await self.redis.xrevrange(self.dead_stream, count=count)
         out = []
-        for eid, fields in rows:
+        for eid, fields in cast("list[tuple[bytes, dict[bytes, bytes]]]", rows):
             f = {_s(k): v for k, v in fields.items()}
             out.append({"id": _s(eid), "error": _s(f.get("error", b"")), "original_id": _s(f.get("original_id", b""))})
         return out

@@ -167,7 +167,7 @@ class GenerateRequest(_Strict):
     def is_batch(self) -> bool:
         if self.text is not None:
             return isinstance(self.text, list)
-        return bool(self.input_ids) and isinstance(self.input_ids[0], list)
+        return self.input_ids is not None and bool(self.input_ids) and isinstance(self.input_ids[0], list)
 
     def prompts_raw(self) -> list[str] | list[list[int]]:
         """The prompts as a list (texts or id lists)."""

@@ -10,7 +10,7 @@ and exposes ``.numpy()`` / ``np.asarray(x)`` / ``torch.as_tensor(np.asarray(x))`
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
 from pydantic import GetCoreSchemaHandler
@@ -109,7 +109,7 @@ def _make_validator(dtype: str):
         if raw.size and raw.dtype.kind not in ("iub" if integral else "iuf"):
             kind = "integers" if integral else "numbers"
             raise PydanticCustomError("packed_array", "expected {k}, got values of type {t}", {"k": kind, "t": str(raw.dtype)})
-        if integral and raw.size and (raw.min() < info.min or raw.max() > info.max):
+        if info is not None and raw.size and (raw.min() < info.min or raw.max() > info.max):
             raise PydanticCustomError("packed_array", "values outside the {d} range", {"d": str(np_dtype)})
         if not integral and raw.size and not np.isfinite(raw).all() and np.isnan(raw).any():
             raise PydanticCustomError("packed_array", "NaN is not a valid value", {})
@@ -134,19 +134,25 @@ class _PackedType:
         )
 
 
-class TokenIds(_PackedType):
-    """Pydantic field type: token ids as int32."""
+if TYPE_CHECKING:  # to a type checker a field of these types holds what validation returns
+    TokenIds: TypeAlias = PackedArray
+    Logprobs: TypeAlias = PackedArray
+    TokenMask: TypeAlias = PackedArray
+else:
 
-    dtype = "<i4"
+    class TokenIds(_PackedType):
+        """Pydantic field type: token ids as int32."""
+
+        dtype = "<i4"
 
 
-class Logprobs(_PackedType):
-    """Pydantic field type: per-token logprobs as float32."""
+    class Logprobs(_PackedType):
+        """Pydantic field type: per-token logprobs as float32."""
 
-    dtype = "<f4"
+        dtype = "<f4"
 
 
-class TokenMask(_PackedType):
-    """Pydantic field type: a per-token 0/1 flag as uint8 (e.g. which tokens the model generated)."""
+    class TokenMask(_PackedType):
+        """Pydantic field type: a per-token 0/1 flag as uint8 (e.g. which tokens the model generated)."""
 
-    dtype = "|u1"
+        dtype = "|u1"

@@ -190,8 +190,8 @@ class PluginPoint(Generic[T]):
         if self.tag is None:
             raise TypeError(f"the {self.name} point has no tagged settings; use options()")
         if isinstance(value, BaseModel):
-            entry = self._entries.get(getattr(value, self.tag, None))
-            if entry is not None and isinstance(value, entry.settings):
+            entry = self._entries.get(str(getattr(value, self.tag, None)))
+            if entry is not None and entry.settings is not None and isinstance(value, entry.settings):
                 return value
             value = value.model_dump()
         if not isinstance(value, dict):

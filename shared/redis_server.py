@@ -212,7 +212,7 @@ class EmbeddedRedis:
             before = client.info("persistence").get("aof_rewrites", 0)
             client.bgrewriteaof()
             info = settled()
-            return bool(info) and info.get("aof_rewrites", 0) > before and info.get("aof_last_bgrewrite_status") == "ok"
+            return info is not None and info.get("aof_rewrites", 0) > before and info.get("aof_last_bgrewrite_status") == "ok"
         except (redis.RedisError, OSError):
             return False
         finally:

@@ -57,7 +57,8 @@ class Peaks:
                 tail = self._tails.setdefault(key, deque(maxlen=window))
                 tail.append(value)
                 if len(tail) == window and (key not in self.best or mean(tail) >= self.best[key][1]):
-                    self.best[key] = (int(row.get("step", step)), mean(tail))  # type: ignore[arg-type]
+                    at = row.get("step", step)
+                    self.best[key] = (at if isinstance(at, int) else step, mean(tail))
 
 
 def _fell(points: list[tuple[int, float]], *, window: int, min_peak: float, min_drop: float,

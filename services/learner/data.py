@@ -166,6 +166,8 @@ class PromptSet:
 
     @classmethod
     def load(cls, settings: DataSettings, seed: int, tokenizer: Any = None, need_output: bool = False) -> PromptSet:
+        if settings.path is None:
+            raise ValueError("data.path is not set: name the prompt set (JSONL, Parquet or a saved dataset directory)")
         rows = read_rows(settings.path, settings.split)
         if settings.max_samples is not None:
             rows = rows[: settings.max_samples]

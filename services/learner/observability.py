@@ -66,7 +66,7 @@ class MetricsSink:
         self.staleness_counts: dict[int, int] = {}
         self.version_span_counts: dict[int, int] = {}
         self._bar = None
-        self._tb = None
+        self._tb: Any = None  # a tensorboard SummaryWriter when observability.tensorboard is on (optional import)
         self._wandb = None
 
     # ---- lifecycle ---------------------------------------------------------------------------------
@@ -264,7 +264,7 @@ def plot_reward_curve(jsonl_path: Path, out_path: Path, eval_jsonl: Path | None 
                              label="held-out accuracy (greedy, %)")
         acc_ax.set_ylim(0, 100)
         acc_ax.set_ylabel("held-out accuracy (%)")
-    ax.legend(lines, [line.get_label() for line in lines], loc="lower right")
+    ax.legend(lines, [str(line.get_label()) for line in lines], loc="lower right")
     fig.tight_layout()
     fig.savefig(out_path, dpi=110)
     plt.close(fig)

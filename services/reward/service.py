@@ -190,7 +190,7 @@ class RewardService:
                 "/get_reward protocol has no per-item error marker, so the request fails",
                 [e.model_dump() for e in reply.errors[:50]],
             )
-        rewards = [float(s) for s in reply.scores]
+        rewards = [float(s) if s is not None else float("nan") for s in reply.scores]  # None only beside an error
         extra_logs = {s.name: [float(row[s.name]) for row in reply.components] for s in self.scorers}
         return GetRewardResponse(rewards=rewards, scores=rewards, extra_logs=extra_logs)
 

@@ -18,7 +18,7 @@ class RewardSettings(ServiceSettings):
     model_config = service_config("REWARD")
 
     port: int = Field(default=8002, ge=0, le=65535, description="HTTP port (0 picks a free one).")
-    control_token: ClassVar[None] = None  # not a setting here: the reward service has no control routes (auth_token)
+    control_token: ClassVar[None] = None  # type: ignore[misc]  # not a setting here: the reward service has no control routes (auth_token)
     auth_token: SecretStr | None = Field(
         default=None, description="Bearer token that /score, /get_reward and /scorers require (Authorization: Bearer "
         "<token>); /health and /metrics stay open. Unset: no check (keep host on loopback). fleetrl run sets one.")

@@ -31,13 +31,14 @@ import logging
 import socket
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from shared.weight_sync import net
 
 if TYPE_CHECKING:
     import torch
     import torch.distributed as dist
+    from torch.distributed.distributed_c10d import GroupName
 
 log = logging.getLogger(__name__)
 
@@ -113,12 +114,12 @@ class CollectiveGroup:
             else:
                 store = dial_store(master_addr, master_port, world_size, init_timeout_s)
             store.set_timeout(init)
-            store = c10d.PrefixStore(group_name, store)
+            prefixed = c10d.PrefixStore(group_name, store)
             if backend == "gloo":
-                pg = _gloo_group(store, rank, world_size, group_name, timeout, gloo_addr)
+                pg = _gloo_group(prefixed, rank, world_size, group_name, timeout, gloo_addr)
             else:
-                pg, _ = c10d._new_process_group_helper(world_size, rank, [], c10d.Backend(backend), store,
-                                                       group_name=group_name, timeout=timeout)
+                pg, _ = c10d._new_process_group_helper(world_size, rank, [], c10d.Backend(backend), prefixed,
+                                                       group_name=cast("GroupName", group_name), timeout=timeout)
                 c10d._world.pg_group_ranks[pg] = {i: i for i in range(world_size)}
         except Exception as exc:
             raise CollectiveError(f"forming group {group_name} (rank {rank}/{world_size}) failed: {exc}") from exc
@@ -250,7 +251,7 @@ def _gloo_group(store: Any, rank: int, world_size: int, group_name: str, timeout
     from torch.distributed import distributed_c10d as c10d
 
     prefix_store = c10d.PrefixStore(f"{group_name}/", store)
-    opts = ProcessGroupGloo._Options()
+    opts = ProcessGroupGloo._Options()  # type: ignore[attr-defined]  # torch's private gloo options (no stub)
     opts._timeout = timeout
     opts._devices = [_gloo_device(gloo_addr)]
     opts._threads = 2
@@ -260,7 +261,7 @@ def _gloo_group(store: Any, rank: int, world_size: int, group_name: str, timeout
     pg = ProcessGroup(prefix_store, rank, world_size)
     pg._set_default_backend(ProcessGroup.BackendType.GLOO)
     pg._register_backend(torch.device("cpu"), ProcessGroup.BackendType.GLOO, backend)
-    pg._set_group_name(group_name)
+    pg._set_group_name(cast("GroupName", group_name))
     return pg
 
 

@@ -45,10 +45,14 @@ class ReplicaRegistry:
         for rid in ids:
             pipe.exists(wkeys.alive(self.run, rid))
         flags = await pipe.execute()
-        out, dead = [], []
+        out: list[ReplicaInfo] = []
+        dead: list[str] = []
         for rid, ok in zip(ids, flags):
             value = raw[rid.encode()] if rid.encode() in raw else raw[rid]
-            (out if ok else dead).append(ReplicaInfo.loads(value) if ok else rid)
+            if ok:
+                out.append(ReplicaInfo.loads(value))
+            else:
+                dead.append(rid)
         if dead:
             await self.redis.hdel(wkeys.replicas(self.run), *dead)
         return sorted(out, key=lambda i: i.replica_id)

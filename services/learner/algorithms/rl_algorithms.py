@@ -148,7 +148,7 @@ class SFT(LearnerAlgorithm):
 def build_algorithm(settings: RLAlgorithmSettings) -> Algorithm:
     """The RL algorithm object for ``settings`` (looked up by ``settings.name``)."""
     name = getattr(settings, "name", None)
-    if name not in ALGORITHMS:
+    if not isinstance(name, str) or name not in ALGORITHMS:
         raise ValueError(f"unknown RL algorithm {name!r}; known: {ALGORITHMS.kinds()}")
     cls = ALGORITHMS.load(name)
     if not issubclass(cls, Algorithm):

@@ -14,8 +14,8 @@ from typing import Any
 
 from services.learner.observability import MetricsSink
 from services.learner.run_state import RunState
-from services.learner.watches.queue import REDIS_DOWN
 from services.learner.weights.transport import PublishFailed
+from shared.redis_errors import REDIS_UNAVAILABLE, raise_if_refused
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,8 @@ class PublishRounds:
             log.warning("publishing step %d failed (%s); the fleet keeps version %d, the next step publishes again",
                         step, exc, self.state.weight_version)
             return False
-        except REDIS_DOWN as exc:
+        except REDIS_UNAVAILABLE as exc:
+            raise_if_refused(exc)
             if strict:
                 raise
             self._failed()

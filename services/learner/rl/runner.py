@@ -66,10 +66,11 @@ from services.learner.run_state import RunState
 from services.learner.settings import LearnerSettings
 from services.learner.watches.dead_letters import DeadLetterHandler
 from services.learner.watches.pool import PoolWatch
-from services.learner.watches.queue import REDIS_DOWN, DeadLetterWatch
+from services.learner.watches.queue import DeadLetterWatch
 from services.learner.watches.redis_outage import wait_for_redis
 from shared import keys
 from shared.experience_queue import Lease, ProcessedIds, StreamQueue
+from shared.redis_errors import REDIS_UNAVAILABLE, raise_if_refused
 from shared.schemas import Experience, PromptTask
 from shared.signing import signer_for
 from shared.training_health import Peaks
@@ -184,7 +185,7 @@ class RLRunner:
             await self.experiences.ensure_group()
             await self.prompts.ensure_group()
             await self.feeder.feed()
-        except REDIS_DOWN as exc:
+        except REDIS_UNAVAILABLE as exc:
             log.info("first prompts wait until the trainer is loaded (Redis: %s)", exc)
 
     async def _load_trainer(self, latest: Path | None, resume_dir: Path | None) -> None:
@@ -268,7 +269,8 @@ class RLRunner:
             while not stop.is_set() and not self._done():
                 try:
                     await self._iteration()
-                except REDIS_DOWN as exc:
+                except REDIS_UNAVAILABLE as exc:
+                    raise_if_refused(exc)
                     await self._wait_for_redis(exc, stop)
             await self._until_redis_answers(lambda: self._finish(stopped=stop.is_set()), stop, final=True)
         except asyncio.CancelledError:
@@ -327,7 +329,8 @@ class RLRunner:
             try:
                 await op()
                 return
-            except REDIS_DOWN as exc:
+            except REDIS_UNAVAILABLE as exc:
+                raise_if_refused(exc)
                 await self._wait_for_redis(exc, stop, final=final)
 
     async def _wait_for_redis(self, exc: BaseException, stop: asyncio.Event, final: bool = False) -> None:
@@ -365,7 +368,7 @@ class RLRunner:
             self._wait_started = time.perf_counter()
         t0 = time.perf_counter()
         await self.intake.receive()
-        with contextlib.suppress(*REDIS_DOWN):  # the pool signal's backlog: what waited for a replica meanwhile
+        with contextlib.suppress(*REDIS_UNAVAILABLE):  # the pool signal's backlog: what waited for a replica meanwhile
             await self.pool.sample_wait(time.perf_counter() - t0)
 
     # ---- training --------------------------------------------------------------------------------------
@@ -426,7 +429,7 @@ class RLRunner:
         self.pool.step_done(self._wait_s, tokens)
         try:
             sig = await self.pool.publish(step)
-        except REDIS_DOWN as exc:
+        except REDIS_UNAVAILABLE as exc:
             log.warning("pool signal of step %d not published (%s: %s)", step, type(exc).__name__, exc)
             return
         self.sink.observe_pool(sig)
@@ -464,7 +467,7 @@ class RLRunner:
             await self._commit(settle=False)
         try:
             await self.commits.settle()
-        except REDIS_DOWN as exc:
+        except REDIS_UNAVAILABLE as exc:
             if not stopped:
                 raise  # finishing: wait for Redis and settle (see run)
             log.warning("stopping while Redis is unavailable (%s); %s records what to acknowledge, settled when "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import torch
@@ -16,7 +17,7 @@ def seed_everything(seed: int) -> None:
 
 
 def save_rng(path: Path) -> None:
-    np_state = np.random.get_state()
+    np_state = cast(tuple, np.random.get_state(legacy=True))  # (name, keys, pos, has_gauss, cached_gaussian)
     state = {
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],

@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import cast
 
-from redis.exceptions import BusyLoadingError, ResponseError
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.exceptions import ResponseError
 
 from shared import keys
 from shared.codec import CodecError, decode
@@ -27,7 +26,6 @@ from shared.signing import RecordSigner, dead_letter_bytes
 log = logging.getLogger(__name__)
 
 # Errors that mean "Redis cannot answer right now" (down, restarting, loading its AOF): wait and retry.
-REDIS_DOWN = (RedisConnectionError, RedisTimeoutError, BusyLoadingError, ConnectionError, TimeoutError)
 
 
 @dataclass(frozen=True)
@@ -86,7 +84,7 @@ def _parse(name: str, eid: str, fields: dict, stream: str = "", signer: RecordSi
     if payload:
         try:
             record = decode(payload, expect=PromptTask if name == "prompts" else Experience)
-            group_id = record.id if name == "prompts" else record.group_id
+            group_id = record.id if isinstance(record, PromptTask) else cast(Experience, record).group_id
         except CodecError:
             group_id = None
     return DeadLetter(stream=name, entry=eid, group_id=group_id, reason=reason)

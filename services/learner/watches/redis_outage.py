@@ -1,6 +1,6 @@
 """Waiting out a Redis outage.
 
-Any Redis error that means "not answering right now" (down, restarting, loading its AOF: ``REDIS_DOWN``) makes
+Any Redis error that means "not answering right now" (down, restarting, loading its AOF: ``REDIS_UNAVAILABLE``) makes
 the run owner wait and retry with a capped backoff (phase ``waiting_for_redis`` in ``/status``, a log line per
 attempt) for up to ``queue.redis_outage_max_s``. Once Redis answers a PING, the owner recovers what an outage can
 lose (``recover``: its own pending experiences delivered while the connection broke, prompts the server lost
@@ -16,7 +16,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from services.learner.watches.queue import REDIS_DOWN
+from shared.redis_errors import REDIS_UNAVAILABLE, raise_if_refused
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,8 @@ async def wait_for_redis(redis: Any, exc: BaseException, stop: asyncio.Event, *,
             await asyncio.wait_for(redis.ping(), PING_TIMEOUT_S)
             await recover()
             break
-        except REDIS_DOWN + (asyncio.TimeoutError,) as again:
+        except REDIS_UNAVAILABLE + (asyncio.TimeoutError,) as again:
+            raise_if_refused(again)
             exc = again
     log.info("Redis answers again after %.1fs", time.monotonic() - start)
     return True

@@ -43,6 +43,7 @@ from services.learner.weights.transport import (
 )
 from services.learner.weights.walk import ModuleWalk
 from shared import keys
+from shared.redis_errors import redis_unavailable
 from shared.weight_sync import keys as wkeys
 from shared.weight_sync.phases import PhaseClock
 from shared.weight_sync.registry import ReplicaRegistry
@@ -261,8 +262,4 @@ class WeightPublisher:
 
 def _redis_outage(exc: BaseException) -> bool:
     """Is ``exc`` Redis being away (the caller waits that out), rather than the publish itself failing?"""
-    from redis.exceptions import BusyLoadingError
-    from redis.exceptions import ConnectionError as RedisConnectionError
-    from redis.exceptions import TimeoutError as RedisTimeoutError
-
-    return isinstance(exc, (RedisConnectionError, RedisTimeoutError, BusyLoadingError, ConnectionError, TimeoutError))
+    return redis_unavailable(exc)

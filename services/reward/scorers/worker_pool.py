@@ -38,16 +38,18 @@ class WorkerDied(ScorerFailure):
 
 class _Worker:
     def __init__(self, proc: asyncio.subprocess.Process):
+        assert proc.stdin is not None and proc.stdout is not None, "a worker is started with stdin and stdout pipes"
         self.proc = proc
+        self.stdin, self.stdout = proc.stdin, proc.stdout
 
     async def call(self, request: dict[str, Any]) -> dict[str, Any]:
         try:
-            self.proc.stdin.write(encode_frame(request))
-            await self.proc.stdin.drain()
-            (size,) = HEADER.unpack(await self.proc.stdout.readexactly(HEADER.size))
+            self.stdin.write(encode_frame(request))
+            await self.stdin.drain()
+            (size,) = HEADER.unpack(await self.stdout.readexactly(HEADER.size))
             if size > MAX_FRAME:
                 raise WorkerDied(f"worker {self.proc.pid} sent a frame of {size} bytes")
-            return json.loads(await self.proc.stdout.readexactly(size))
+            return json.loads(await self.stdout.readexactly(size))
         except (asyncio.IncompleteReadError, ConnectionError, BrokenPipeError) as exc:
             code = await _exit_code(self.proc)
             raise WorkerDied(f"worker process {self.proc.pid} died during the call (exit code {code})") from exc

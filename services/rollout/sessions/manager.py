@@ -58,6 +58,7 @@ from services.rollout.sessions.trajectory import (
 )
 from shared import keys
 from shared.experience_queue import BackpressureTimeout, StreamQueue
+from shared.redis_errors import REDIS_UNAVAILABLE
 from shared.reward_api import ScoreItem
 from shared.schemas import Experience
 from shared.session_api import SessionCreate, SessionFinish, SessionFinished, SessionInfo
@@ -424,6 +425,6 @@ class SessionManager:
         except BackpressureTimeout:
             raise SessionUnavailable(f"the experiences stream of run {run!r} stayed full for "
                                      f"{self.cfg.push_timeout_s:g}s (the learner is behind); retry the finish") from None
-        except (aioredis.ConnectionError, aioredis.TimeoutError, aioredis.BusyLoadingError) as exc:
+        except REDIS_UNAVAILABLE as exc:
             raise SessionUnavailable(f"redis unavailable ({type(exc).__name__}); retry the finish") from None
         return q.stream

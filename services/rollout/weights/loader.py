@@ -91,9 +91,9 @@ class InPlaceLoader:
                     else:
                         slow.append((e, buf))
             plan = self._plan = (layout, list(buffers), tuple(dst), tuple(src), slow)
-        _, _, dst, src, slow = plan
-        if dst:
-            torch._foreach_copy_(list(dst), list(src))
+        _, _, dst_views, src_views, slow = plan
+        if dst_views:
+            torch._foreach_copy_(list(dst_views), list(src_views))
         for e, buf in slow:
             self.copy_bytes(e, buf)
 

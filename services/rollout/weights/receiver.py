@@ -29,7 +29,15 @@ from shared.weight_sync import net
 from shared.weight_sync.digest import digest
 from shared.weight_sync.group import CollectiveError, open_group
 from shared.weight_sync.tensors import staging_buffers
-from shared.weight_sync.wire import Checksums, Manifest, Member, MemberReport, Rendezvous, ReportState
+from shared.weight_sync.wire import (
+    Checksums,
+    IpcRound,
+    Manifest,
+    Member,
+    MemberReport,
+    Rendezvous,
+    ReportState,
+)
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -57,7 +65,7 @@ class RoundWatcher:
     (collective rounds: the rendezvous; ``ipc`` rounds: :class:`~shared.weight_sync.wire.IpcRound`)."""
 
     def __init__(self, redis: Any, run: str, replica_id: str, poll_s: float = 0.05, key: str | None = None,
-                 record: type = Rendezvous) -> None:
+                 record: type[Rendezvous | IpcRound] = Rendezvous) -> None:
         self.redis, self.run, self.replica_id, self.poll_s = redis, run, replica_id, poll_s
         self.key = key or wkeys.rendezvous(run)
         self.record = record

@@ -51,6 +51,6 @@ def experiences(task: PromptTask, trajectories: list[Trajectory]) -> list[Experi
             prompt_text=t.prompt_text, response_text=t.response_text, label=task.label,
             metadata={**task.metadata, **t.metadata}, created_at=task.created_at, generated_at=now,
             action_mask=None if all(t.action_mask) else list(t.action_mask),
-            version_spans=[tuple(s) for s in t.version_spans], sampling=t.sampling, grant=task.grant,
+            version_spans=[(s[0], s[1]) for s in t.version_spans], sampling=t.sampling, grant=task.grant,
         ))
     return group

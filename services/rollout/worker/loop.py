@@ -44,6 +44,7 @@ from services.rollout.worker.settings import WorkerRun
 from services.rollout.worker.trajectory import Trajectory
 from shared import keys
 from shared.experience_queue import BackpressureTimeout, Delivery, Lease, StreamQueue
+from shared.redis_errors import REDIS_UNAVAILABLE, raise_if_refused
 from shared.schemas import Experience, PromptTask
 from shared.signing import signer_for
 
@@ -195,7 +196,8 @@ class RolloutWorker:
                         active.add(t)
                         t.add_done_callback(active.discard)
                     self.m_active.set(len(active))
-                except (aioredis.ConnectionError, aioredis.TimeoutError, aioredis.BusyLoadingError) as exc:
+                except REDIS_UNAVAILABLE as exc:
+                    raise_if_refused(exc)
                     log.warning("redis unavailable (%s); retrying", exc)
                     await asyncio.sleep(1.0)
                     # a prompt delivered while the connection broke is pending on us unseen: hand it out again
@@ -284,7 +286,8 @@ class RolloutWorker:
         while True:
             try:
                 return await op()
-            except (aioredis.ConnectionError, aioredis.TimeoutError, aioredis.BusyLoadingError) as exc:
+            except REDIS_UNAVAILABLE as exc:
+                raise_if_refused(exc)
                 log.warning("%s: redis unavailable (%s: %s); retrying in %.1fs", what, type(exc).__name__, exc, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
