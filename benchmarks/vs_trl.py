@@ -62,7 +62,8 @@ RECIPE = REPO / "examples" / "sort-digits"
 TASKS = {"sort": "deploy.local.sort_task", "add": "deploy.local.add_task"}
 SFT_STEPS = {"sort": 40, "add": 200}  # warm-ups that leave each task room (sort ~30 %, add ~20 % held-out)
 SHAPES = {128: {"hidden_size": 128, "layers": 2, "heads": 4}, 64: {"hidden_size": 64, "layers": 2, "heads": 4}}
-THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")  # unset for every launch: each system picks its own
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+CORES = len(os.sched_getaffinity(0))  # unset for every launch: each system picks its own
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,9 @@ MODES = {
     "fleet-s0": Mode(0),
     "fleet-s1-spawn": Mode(1, env={"FLEETRL_ZYGOTE": "0"}, variant="every service spawned (no zygote)"),
     "fleet-s1-1t": Mode(1, sets=("train.torch_threads=1",), variant="the learner held to one torch thread"),
+    "fleet-s1-lc": Mode(1, sets=(f"train.torch_threads={CORES}",), variant="the learner on every core"),
+    "fleet-s1-ac": Mode(1, sets=(f"train.torch_threads={CORES}", f"services.rollout.engine.torch_threads={CORES}"),
+                        variant="the learner and the rollout engine on every core"),
 }
 
 
@@ -105,15 +109,22 @@ def prepare(task: str, shape: int, root: Path, sft_steps: int, heldout: int) -> 
     from deploy.run.load import load_spec
 
     train, held = importlib.import_module(TASKS[task]).make_splits(0, heldout)
+    made = {"task": task, "shape": SHAPES[shape], "sft_steps": sft_steps}
+    marker = root / "prepared.json"
+    if marker.exists() and json.loads(marker.read_text()) == made:  # a kept --run-dir: the same start, made before
+        print(f"[vs-trl] {task}/h{shape}: reusing the start checkpoint in {root}", flush=True)
+        return root / "data" / "train.jsonl", root / ("sft-model" if sft_steps else "base-model"), held
     data = write_jsonl(train, root / "data" / "train.jsonl")
     base = build_tiny_causal_lm(root / "base-model", **SHAPES[shape], max_positions=64, seed=0)
     if sft_steps == 0:  # --quick: RL from the random model (the timings, not the learning, are what it checks)
+        marker.write_text(json.dumps(made))
         return data, base, held
     shutil.copy(RECIPE / "sft.yaml", root / "sft.yaml")
     sets = [f"run_name=vs-trl-{task}-sft", f"run_dir={root / 'sft'}", f"model={base}", f"data.path={data}",
             f"algorithm.max_steps={sft_steps}", f"export={root / 'sft-model'}"]
     if run_spec(load_spec(root / "sft.yaml", sets), root / "sft.yaml", make_display(False)) != 0:
         raise SystemExit(f"{task}: the SFT warm-up failed; logs under {root / 'sft' / 'logs'}")
+    marker.write_text(json.dumps(made))
     return data, root / "sft-model", held
 
 
@@ -244,6 +255,7 @@ def bench_task(task: str, shape: int, root: Path, args) -> list[dict]:
         order = modes if k % 2 == 0 else modes[::-1]
         for mode in order:
             out = root / f"seed{seed}" / mode
+            shutil.rmtree(out, ignore_errors=True)  # a kept --run-dir's earlier run: never resumed, never mixed in
             before = load()
             print(f"[vs-trl] {name} seed {seed}: {mode}, {args.steps} steps (load {before})", flush=True)
             raw = run_trl(mode, out, data, model, seed, args) if MODES[mode].trl else \
