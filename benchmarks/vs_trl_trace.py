@@ -117,9 +117,6 @@ def step_trace(run_dir: Path, skip: int = 2) -> dict[str, float]:
     gaps = [b["time"] - a["time"] for a, b in itertools.pairwise(timed)]
     out = {"step": med(gaps), "train": med(r["step_time_s"] for r in timed[1:]),
            "wait": med(r["wait_time_s"] for r in timed[1:]), "publish": med(r.get("publish_s", 0.0) for r in timed[1:])}
-    threads = [r["torch_threads"] for r in timed[1:] if "torch_threads" in r]
-    if threads:  # the learner's torch threads per step (train.torch_threads_follow_idle moves it)
-        out["threads_min"], out["threads_median"], out["threads_max"] = min(threads), med(threads), max(threads)
     out["rest"] = med(g - r["step_time_s"] - r["wait_time_s"] - r.get("publish_s", 0.0)  # per step, then the median
                       for g, r in zip(gaps, timed[1:]))
     loops = [(r, r["loop_s"]) for r in timed[1:] if isinstance(r.get("loop_s"), dict)]
@@ -168,11 +165,9 @@ def print_traces(runs: list[tuple[str, int, Path, float]]) -> None:
         t = step_trace(run_dir)
         if not t:
             continue
-        ms = {k: v * 1000 for k, v in t.items() if not k.startswith("threads_")}
+        ms = {k: v * 1000 for k, v in t.items()}
         print(f"{mode} seed {seed}: a step (medians, ms): {ms['step']:.0f} = train {ms['train']:.0f} + wait for "
-              f"experiences {ms['wait']:.0f} + weight publish {ms['publish']:.0f} + rest {ms['rest']:.0f}"
-              + (f"; the learner's torch threads {t['threads_min']:.0f}-{t['threads_max']:.0f} (median "
-                 f"{t['threads_median']:.1f})" if "threads_median" in t else ""))
+              f"experiences {ms['wait']:.0f} + weight publish {ms['publish']:.0f} + rest {ms['rest']:.0f}")
         if "issued_to_scored" in ms:
             print(f"  its samples: prompts issued -> last sample generated and scored {ms['issued_to_scored']:.0f} ms "
                   f"(worker's Redis read, scheduling, generation, /score); -> training starts "
