@@ -16,9 +16,7 @@ printed beside the defaults, never the headline:
   the services once) with staleness 1 (window 2 steps) / staleness 0;
 - variants: ``trl-1t`` (TRL held to one torch thread, this benchmark's default before issue 43), ``fleet-s1-spawn``
   (``FLEETRL_ZYGOTE=0``: every service spawned, importing everything itself; an A/B of the start-up),
-  ``fleet-s1-1t`` (the learner held to one torch thread), ``fleet-s1-lc`` (the learner on every core),
-  ``fleet-s1-ac`` (the learner and the rollout engine on every core), ``fleet-s1-idle`` (the learner's threads
-  follow the idle cores: ``train.torch_threads_follow_idle``).
+  ``fleet-s1-1t`` (the learner held to one torch thread: the threads policy before issue 43).
 
 Each side's thread configuration (processes, torch threads of each, the cores they share) is printed per shape.
 
@@ -93,8 +91,6 @@ MODES = {
     "fleet-s1-lc": Mode(1, sets=(f"train.torch_threads={CORES}",), variant="the learner on every core"),
     "fleet-s1-ac": Mode(1, sets=(f"train.torch_threads={CORES}", f"services.rollout.engine.torch_threads={CORES}"),
                         variant="the learner and the rollout engine on every core"),
-    "fleet-s1-idle": Mode(1, sets=(f"train.torch_threads={CORES}", "train.torch_threads_follow_idle=true"),
-                          variant="the learner's threads follow the idle cores"),
 }
 
 

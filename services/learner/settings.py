@@ -87,11 +87,6 @@ class TrainSettings(_Section):
     max_steps: int | None = Field(default=None, ge=1, description="Stop after this many learner steps.")
     seed: int = Field(default=42, description="Seed of torch / python RNGs (saved and restored in checkpoints).")
     torch_threads: int | None = Field(default=None, ge=1, description="torch.set_num_threads; default: torch's choice.")
-    torch_threads_follow_idle: bool = Field(
-        default=False, description="RL: before a step, train with as many torch threads as the machine's idle cores "
-        "plus those the learner used (measured over the last 0.5 s or more; at least 1, at most torch_threads, else "
-        "the cores it may run on): more threads while the rollout leaves cores idle, one while they are busy "
-        "(services/learner/training/threads.py).")
     start_gate: str | None = Field(
         default=None, description="Hold the run after loading, before its first publish and step, until Redis key "
         "fleetrl:<run>:learner:start_gate holds this value (phase 'waiting_for_start_gate' in /status). fleetrl run "

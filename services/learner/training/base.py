@@ -20,7 +20,6 @@ from services.learner.training.models import (
     save_actor_export,
 )
 from services.learner.training.rng import load_rng, save_rng, seed_everything
-from services.learner.training.threads import TorchThreads
 
 log = logging.getLogger(__name__)
 
@@ -35,10 +34,8 @@ class TrainerBase:
         self.device = resolve_device(settings.model.device, local_rank)
         if settings.train.torch_threads:
             torch.set_num_threads(settings.train.torch_threads)
-        self.threads = TorchThreads(settings.train.torch_threads, settings.train.torch_threads_follow_idle)
-        log.info("torch threads: %d intra-op, %d inter-op, on %d cores%s", torch.get_num_threads(),
-                 torch.get_num_interop_threads(), len(os.sched_getaffinity(0)),
-                 f" (following the idle cores, up to {self.threads.cap})" if self.threads.follow_idle else "")
+        log.info("torch threads: %d intra-op, %d inter-op, on %d cores", torch.get_num_threads(),
+                 torch.get_num_interop_threads(), len(os.sched_getaffinity(0)))
         seed_everything(settings.train.seed)
         self.tokenizer = load_tokenizer(settings.model)
         self.pad_id = int(self.tokenizer.pad_token_id)

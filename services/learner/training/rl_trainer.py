@@ -168,7 +168,6 @@ class RLTrainer(TrainerBase):
         give the update of 1 rank x B samples).
         """
         t0 = time.perf_counter()
-        threads = self.threads.before_step()
         a, train = self.algo_settings, self.settings.train
         total = batch_samples if batch_samples is not None else len(experiences)
         if not experiences:
@@ -272,7 +271,6 @@ class RLTrainer(TrainerBase):
             "tokens": float(tokens),
             "tokens_per_s": tokens * a.ppo_epochs / max(elapsed, 1e-9),
             "step_time_s": elapsed,
-            "torch_threads": float(threads),
             "actor_lr": self.actor.lr(),
             "actor_frozen": float(not train_actor),
             **acc.means(),
