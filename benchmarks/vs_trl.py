@@ -16,7 +16,8 @@ printed beside the defaults, never the headline:
   the services once) with staleness 1 (window 2 steps) / staleness 0;
 - variants: ``trl-1t`` (TRL held to one torch thread, this benchmark's default before issue 43), ``fleet-s1-spawn``
   (``FLEETRL_ZYGOTE=0``: every service spawned, importing everything itself; an A/B of the start-up),
-  ``fleet-s1-1t`` (the learner held to one torch thread: the threads policy before issue 43).
+  ``fleet-s1-1t`` (the learner held to one torch thread), ``fleet-s1-lc`` (the learner on every core),
+  ``fleet-s1-ac`` (the learner and the rollout engine on every core).
 
 Each side's thread configuration (processes, torch threads of each, the cores they share) is printed per shape.
 
@@ -34,10 +35,12 @@ seeds, the fleet's time to TRL's final accuracy against TRL's own, and the trace
 
     .venv/bin/python benchmarks/vs_trl.py [--tasks sort,add] [--shapes 128,64] [--seeds 0,1,2] [--steps 300]
         [--save-every 25] [--modes trl,fleet-s1,fleet-s0]
-    .venv/bin/python benchmarks/vs_trl.py --quick     # a smoke run: sort, 1 seed, 6 steps, trl and fleet-s1
+    .venv/bin/python benchmarks/vs_trl.py --quick     # a smoke run: sort, hidden 64, 1 seed, 6 steps, trl and fleet-s1
     .venv/bin/python benchmarks/vs_trl.py --startup   # start-up only: 3 seeds x 4 steps, trl, fleet-s1, fleet-s1-spawn
 
-The machine's load average is printed next to every run (the figures are only comparable within one run).
+The machine's load average is printed next to every run (the figures are only comparable within one run). The
+benchmark passes no thread count on: ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS`` of its own environment are dropped
+from every launch (and said so), so each system picks its own.
 """
 
 from __future__ import annotations
