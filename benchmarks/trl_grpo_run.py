@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     log = (args.out / "steps.jsonl").open("w")
     (args.out / "threads.json").write_text(json.dumps({
         "torch_threads": torch.get_num_threads(), "interop_threads": torch.get_num_interop_threads(),
-        "cores": len(os.sched_getaffinity(0)), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS")}))
+        "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS")}))
 
     class StepTimes(TrainerCallback):
         def on_step_end(self, _args, state, _control, **_kw):

@@ -65,8 +65,8 @@ RECIPE = REPO / "examples" / "sort-digits"
 TASKS = {"sort": "deploy.local.sort_task", "add": "deploy.local.add_task"}
 SFT_STEPS = {"sort": 40, "add": 200}  # warm-ups that leave each task room (sort ~30 %, add ~20 % held-out)
 SHAPES = {128: {"hidden_size": 128, "layers": 2, "heads": 4}, 64: {"hidden_size": 64, "layers": 2, "heads": 4}}
-THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
-CORES = len(os.sched_getaffinity(0))  # unset for every launch: each system picks its own
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")  # unset for every launch: each system picks its own
+CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 @dataclass(frozen=True)
