@@ -369,8 +369,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for m in args.modes.split(","):
         if m not in MODES:
             ap.error(f"--modes: unknown mode {m!r}; choose from {', '.join(MODES)}")
-    if "trl" not in args.modes.split(","):
-        ap.error("--modes: trl (TRL as its users run it) is what every other mode is compared to; include it")
+    modes = args.modes.split(",")
+    if "trl" not in modes and any(MODES[m].trl for m in modes):
+        ap.error("--modes: a TRL variant needs trl (TRL as its users run it) beside it: every ratio is to trl")
     try:
         args.shapes = [int(x) for x in args.shapes.split(",")]
     except ValueError:
