@@ -1,7 +1,8 @@
 """One TRL ``GRPOTrainer`` run for ``benchmarks/vs_trl.py`` (launched as its own process, so that its launch ->
 first step counts its imports as ``fleetrl run``'s does).
 
-Writes ``steps.jsonl`` (one line per optimizer step: ``step``, wall ``time`` at the step's end) and the policy every
+Writes ``steps.jsonl`` (one line per optimizer step: ``step``, wall ``time`` at the step's end), ``threads.json`` (the
+process's torch threads, intra- and inter-op, and the cores it may run on: what it was given) and the policy every
 ``--save-every`` steps (``checkpoint-N/``, model only) under ``--out``. The hyper-parameters are the benchmark's
 (see there); the reward is the exact answer (the completion, stripped, equals the row's label).
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 
@@ -32,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
 
+    import torch
     from datasets import Dataset
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -40,6 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     data = Dataset.from_list([{"prompt": r["input"], "label": r["label"]} for r in rows])
     args.out.mkdir(parents=True, exist_ok=True)
     log = (args.out / "steps.jsonl").open("w")
+    (args.out / "threads.json").write_text(json.dumps({
+        "torch_threads": torch.get_num_threads(), "interop_threads": torch.get_num_interop_threads(),
+        "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS")}))
 
     class StepTimes(TrainerCallback):
         def on_step_end(self, _args, state, _control, **_kw):

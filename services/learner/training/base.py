@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 from pathlib import Path
 
 import torch
@@ -33,6 +34,8 @@ class TrainerBase:
         self.device = resolve_device(settings.model.device, local_rank)
         if settings.train.torch_threads:
             torch.set_num_threads(settings.train.torch_threads)
+        log.info("torch threads: %d intra-op, %d inter-op, on %d cores", torch.get_num_threads(),
+                 torch.get_num_interop_threads(), len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count())
         seed_everything(settings.train.seed)
         self.tokenizer = load_tokenizer(settings.model)
         self.pad_id = int(self.tokenizer.pad_token_id)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -71,6 +72,8 @@ class HFEngine(Engine):
         self._decode.start()
         log.info("hf engine: %s on %s (%s), context %d", self.model_path, self.device,
                  next(self.model.parameters()).dtype, self.context_length)
+        log.info("torch threads: %d intra-op, %d inter-op, on %d cores", torch.get_num_threads(),
+                 torch.get_num_interop_threads(), len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count())
 
     def _load_model(self):
         from transformers import AutoModelForCausalLM
