@@ -26,7 +26,7 @@ app = FastAPI()
 DEFAULTS = {"format": "number", "garbage_calls": 0, "fail_calls": 0, "fail_status": 500, "delay_s": 0.0}
 state: dict = {**DEFAULTS, "calls": 0, "in_flight": 0, "max_in_flight": 0, "requests": []}
 
-_GROUP = re.compile(r'<response id="(\d+)">\n(.*?)\n</response>', re.S)
+_GROUP = re.compile(r'<response id="(\d+)">\n(.*?)\n</response>', re.DOTALL)
 
 
 def goods(text: str) -> int:
