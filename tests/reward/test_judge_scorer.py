@@ -253,3 +253,11 @@ async def test_a_response_cannot_steer_the_template_endpoint_or_parser(stub):
     assert user.count("SECRET-LABEL") == 1 and hostile in user  # {label} in the response stayed text
     # the stand-in judges honestly (no "good" in it): the text "Score: 10" in the response is not the judge's reply
     assert reply.scores == [0.0]
+
+
+async def test_response_extract_shows_the_judge_only_the_answer(stub):
+    async with service(stub, response_extract=r"answer: (\w+)") as svc:
+        reply = await svc.score(items("I think... answer: good", "other words, answer: good", "no marker: good good"))
+    assert reply.scores == [1.0, 1.0, 2.0]
+    sent = [r["messages"][-1]["content"] for r in stub()["requests"]]
+    assert len(sent) == 2 and all("I think" not in s and "other words" not in s for s in sent)

@@ -20,9 +20,10 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import re
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+
+import regex
 
 from services.reward.errors import ScorerFailure, ScorerUnavailable
 from services.reward.scorers.base import Scorer
@@ -40,6 +41,9 @@ from shared.reward_api import Prompt, ScoreItem
 
 OFF_LOOP_CHARS = 8192
 """A reply longer than this is parsed in a thread, not on the event loop."""
+EXTRACT_TIMEOUT_S = 1.0
+"""``response_extract`` that cannot finish on a response within this (catastrophic backtracking): the judge sees
+the whole response."""
 
 
 @dataclass(frozen=True)
@@ -68,7 +72,7 @@ class JudgeScorer(Scorer):
         self.reader = READERS[config.parser.type]
         self.client = JudgeClient(config, metrics)
         self.cache = JudgmentCache(config.cache)
-        self._extract = re.compile(config.response_extract) if config.response_extract else None
+        self._extract = regex.compile(config.response_extract) if config.response_extract else None
         self._identity = json.dumps({
             "url": config.url, "model": config.model, "system": config.system, "template": config.template,
             "sampling": config.sampling.model_dump(mode="json"), "parser": config.parser.model_dump(mode="json"),
@@ -108,8 +112,11 @@ class JudgeScorer(Scorer):
         response = item.response
         if self._extract is not None:
             last = None
-            for last in self._extract.finditer(response):
-                pass
+            try:
+                for last in self._extract.finditer(response, timeout=EXTRACT_TIMEOUT_S):
+                    pass
+            except TimeoutError:
+                last = None
             if last is not None:
                 response = last.group(1) if self._extract.groups else last.group(0)
         response = response[: self.config.max_response_chars]
