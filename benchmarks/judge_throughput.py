@@ -4,10 +4,11 @@ the judge scorer's cache and dedup on and off, on GRPO-group output of the sort 
 1. The policy: the sort task's tiny model (``deploy/local/sort_task.py``, hidden 128, 2 layers) after a short
    supervised warm-up in-process (``--sft-steps``), as an RL run starts from it.
 2. Its output: ``--prompts`` train prompts x ``--samples`` samples each at temperature 1 through the hf rollout
-   engine in-process (the engine a rollout service runs): what a GRPO step's groups hold.
+   engine in-process (the engine a rollout service runs), drawn afresh for each epoch: what GRPO steps' groups
+   hold.
 3. Scoring: a reward-service process with a pointwise ``judge`` scorer; each group is one ``/score`` request (as
    the rollout worker sends it), ``--concurrency`` groups in flight, over ``--epochs`` passes of the prompts (a
-   prompt comes back each epoch; its new samples repeat old answers). Once with cache and dedup on, once off
+   prompt comes back each epoch with fresh samples, which may repeat its earlier answers). Once with cache and dedup on, once off
    (``dedup: false``, ``cache.size: 0``), each with a fresh service.
 
 The judge is the scripted stand-in (``tests/reward/judge_stub_server.py``: an OpenAI-compatible chat endpoint whose
@@ -15,7 +16,7 @@ verdict is rule-based, ``--judge-delay-ms`` per call as a model's latency), or a
 (and ``--judge-model``; the template asks for a 0-10 score on a ``Score: N`` line). Judge calls are the reward
 service's own count (``fleetrl_reward_judge_calls_total``).
 
-    .venv/bin/python benchmarks/judge_throughput.py [--prompts 64 --samples 8 --epochs 2 --sft-steps 300]
+    .venv/bin/python benchmarks/judge_throughput.py [--prompts 64 --samples 8 --epochs 2 --sft-steps 100]
 """
 
 from __future__ import annotations
@@ -78,8 +79,9 @@ def warm_up(model_dir: Path, steps: int, seed: int) -> float:
     return loss.item()
 
 
-async def groups_of_samples(model_dir: Path, prompts: int, samples: int, seed: int) -> list[dict]:
-    """``prompts`` sort prompts, ``samples`` samples each (temperature 1) from the hf engine in-process."""
+async def groups_of_samples(model_dir: Path, prompts: int, samples: int, epochs: int, seed: int) -> list[list[dict]]:
+    """Per epoch: the same ``prompts`` sort prompts, ``samples`` fresh samples each (temperature 1), from the hf
+    engine in-process."""
     from deploy.local.sort_task import make_splits
     from services.rollout.engines.hf.engine import HFEngine
     from services.rollout.engines.settings import HFEngineSettings
@@ -89,20 +91,23 @@ async def groups_of_samples(model_dir: Path, prompts: int, samples: int, seed: i
     rows = random.Random(seed + 1).sample(train, prompts)
     engine = HFEngine(HFEngineSettings(device="cpu", max_batch_size=256, torch_threads=1), str(model_dir))
     await engine.start()
+    params = SamplingParams(max_new_tokens=8, temperature=1.0)
+    out = []
     try:
-        params = SamplingParams(max_new_tokens=8, temperature=1.0)
-        reqs = [SequenceRequest(rid=f"g{g}-{k}", prompt_ids=tuple(engine.tokenizer.encode(r["input"],
-                                                                                         add_special_tokens=False)),
-                                params=params) for g, r in enumerate(rows) for k in range(samples)]
-        outs = await engine.generate_many(reqs)
+        for e in range(epochs):
+            reqs = [SequenceRequest(rid=f"e{e}-g{g}-{k}", params=params, prompt_ids=tuple(
+                engine.tokenizer.encode(r["input"], add_special_tokens=False)))
+                for g, r in enumerate(rows) for k in range(samples)]
+            outs = await engine.generate_many(reqs)
+            out.append([{"prompt": r["input"], "label": r["label"],
+                         "responses": [o.text for o in outs[g * samples:(g + 1) * samples]]} for g, r in enumerate(rows)])
     finally:
         await engine.stop()
-    return [{"prompt": r["input"], "label": r["label"], "responses": [o.text for o in outs[g * samples:(g + 1) * samples]]}
-            for g, r in enumerate(rows)]
+    return out
 
 
-async def score_all(url: str, groups: list[dict], epochs: int, concurrency: int) -> tuple[float, int]:
-    """Every group as one /score request, ``concurrency`` at a time, ``epochs`` passes; (seconds, samples)."""
+async def score_all(url: str, epochs: list[list[dict]], concurrency: int) -> tuple[float, int]:
+    """Every group as one /score request, ``concurrency`` at a time, epoch after epoch; (seconds, samples)."""
     gate = asyncio.Semaphore(concurrency)
     async with httpx.AsyncClient(timeout=600) as client:
         async def one(g: dict) -> None:
@@ -112,9 +117,9 @@ async def score_all(url: str, groups: list[dict], epochs: int, concurrency: int)
                 reply.raise_for_status()
 
         t0 = time.perf_counter()
-        for _ in range(epochs):
+        for groups in epochs:
             await asyncio.gather(*(one(g) for g in groups))
-        return time.perf_counter() - t0, epochs * sum(len(g["responses"]) for g in groups)
+        return time.perf_counter() - t0, sum(len(g["responses"]) for groups in epochs for g in groups)
 
 
 def judge_scorer(args, url: str, model: str, on: bool) -> dict:
@@ -131,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--samples", type=int, default=8, help="samples per prompt (the GRPO group)")
     ap.add_argument("--epochs", type=int, default=2, help="passes over the prompts")
-    ap.add_argument("--sft-steps", type=int, default=300, help="supervised warm-up steps of the policy")
+    ap.add_argument("--sft-steps", type=int, default=100, help="supervised warm-up steps of the policy")
     ap.add_argument("--concurrency", type=int, default=8, help="/score requests (groups) in flight")
     ap.add_argument("--judge-concurrency", type=int, default=32, help="the judge scorer's max_concurrency")
     ap.add_argument("--judge-delay-ms", type=float, default=50.0, help="the stand-in judge's latency per call")
@@ -150,11 +155,12 @@ def main(argv: list[str] | None = None) -> int:
         loss = warm_up(model, args.sft_steps, args.seed)
         print(f"policy: tiny sort model, {args.sft_steps} SFT steps in {time.perf_counter() - t0:.0f} s "
               f"(last loss {loss:.3f})")
-        groups = asyncio.run(groups_of_samples(model, args.prompts, args.samples, args.seed))
+        epochs = asyncio.run(groups_of_samples(model, args.prompts, args.samples, args.epochs, args.seed))
+        groups = [g for e in epochs for g in e]
         distinct = [len(set(g["responses"])) for g in groups]
         right = statistics.mean(r == g["label"] for g in groups for r in g["responses"])
-        print(f"samples: {args.prompts} prompts x {args.samples}: {statistics.mean(distinct):.2f} distinct responses "
-              f"per group (min {min(distinct)}, max {max(distinct)}), {right:.0%} right")
+        print(f"samples: {args.epochs} epochs x {args.prompts} prompts x {args.samples}: {statistics.mean(distinct):.2f} "
+              f"distinct responses per group (min {min(distinct)}, max {max(distinct)}), {right:.0%} right")
 
         stub = None
         if args.judge_url is None:
@@ -173,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
                 proc, url = start_service(root, f"reward-{'on' if on else 'off'}", [judge_scorer(args, judge_url,
                                                                                                judge_model, on)])
                 try:
-                    seconds, samples = asyncio.run(score_all(url, groups, args.epochs, args.concurrency))
+                    seconds, samples = asyncio.run(score_all(url, epochs, args.concurrency))
                     metrics = httpx.get(f"{url}/metrics", timeout=10).text
                 finally:
                     stop(proc)
