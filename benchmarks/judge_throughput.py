@@ -190,6 +190,10 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"cache and dedup {'on ' if on else 'off'}: {samples} samples in {seconds:.2f} s = "
                       f"{samples / seconds:.1f} scored samples/s, {calls:.0f} judge calls, cache hits {hits:.0f}, "
                       f"dedup saved {saved:.0f}")
+                retried = [line for line in (root / f"reward-{'on' if on else 'off'}.log").read_text().splitlines()
+                           if "retrying" in line]
+                if retried:  # a retried /score call judges its batch again (without the cache: all of it)
+                    print(f"  {len(retried)} scorer call(s) retried, e.g. {retried[0][-300:]}")
         finally:
             if stub is not None:
                 stop(stub)

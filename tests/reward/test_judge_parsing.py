@@ -142,3 +142,11 @@ def test_settings_errors_say_how_to_fix(kw, message):
 def test_secrets_are_not_shown():
     cfg = judge(api_key="sk-secret", cache={"redis_url": "redis://:pw@host:6379/0"})
     assert "sk-secret" not in repr(cfg) and "pw@" not in repr(cfg)
+
+
+def test_tokens_come_from_usage_else_an_estimate():
+    from services.reward.scorers.judge_client import usage_tokens
+
+    assert usage_tokens({"usage": {"total_tokens": 42, "prompt_tokens": 1}}, 400, "x") == 42
+    assert usage_tokens({"usage": {"prompt_tokens": 30, "completion_tokens": 5}}, 400, "x") == 35
+    assert usage_tokens({}, 400, "y" * 40) == 110  # (400 + 40) / 4

@@ -261,3 +261,13 @@ async def test_response_extract_shows_the_judge_only_the_answer(stub):
     assert reply.scores == [1.0, 1.0, 2.0]
     sent = [r["messages"][-1]["content"] for r in stub()["requests"]]
     assert len(sent) == 2 and all("I think" not in s and "other words" not in s for s in sent)
+
+
+async def test_a_judgment_whose_request_gave_up_still_lands_in_the_cache(stub):
+    stub(delay_s=0.5)
+    async with service(stub) as svc:
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(svc.score(items("good good")), 0.2)  # the caller gives up (a timeout)
+        await asyncio.sleep(0.8)
+        assert (await svc.score(items("good good"))).scores == [2.0]  # the retry finds the finished judgment
+    assert stub()["calls"] == 1
