@@ -223,6 +223,9 @@ async def test_group_by_metadata(stub):
             for r, g in [("good", "e0-1"), ("bad", "e0-2"), ("good good", "e0-1")]]
     async with service(stub, mode="group", template="{responses}", group_by="metadata") as svc:
         assert (await svc.score(both)).scores == [1.0, 0.0, 2.0]
+        with pytest.raises(RewardRequestError, match=r"needs metadata\['group_id'\]") as err:
+            await svc.score(items("good"))
+        assert err.value.status == 422
     assert stub()["calls"] == 2
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import regex
 
-from services.reward.errors import ScorerFailure, ScorerUnavailable
+from services.reward.errors import InvalidItem, ScorerFailure, ScorerUnavailable
 from services.reward.scorers.base import Scorer
 from services.reward.scorers.judge_cache import Judgment, JudgmentCache, judgment_key
 from services.reward.scorers.judge_client import JudgeClient
@@ -122,7 +122,10 @@ class JudgeScorer(Scorer):
         response = response[: self.config.max_response_chars]
         prompt, label = prompt_text(item.prompt), label_text(item.label)
         if self.config.group_by == "metadata":
-            group = json.dumps(["m", item.metadata.get(self.config.group_key)], sort_keys=True, default=str)
+            if self.config.group_key not in item.metadata:
+                raise InvalidItem(f"group_by: metadata needs metadata[{self.config.group_key!r}] (the group id) on "
+                                  "every item; this item has none")
+            group = json.dumps(["m", item.metadata[self.config.group_key]], sort_keys=True, default=str)
         else:
             group = json.dumps(["p", prompt, label])
         return Judged(prompt, response, label, group)
