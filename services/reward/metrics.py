@@ -41,6 +41,29 @@ class RewardMetrics:
             "fleetrl_reward_python_workers_replaced", "Worker processes of python scorers killed (a call past its "
             "timeout) or found dead, and replaced.", ["scorer"], registry=r,
         )
+        self.judge_calls = Counter(
+            "fleetrl_reward_judge_calls", "Judge calls by outcome: answered, error, refused (budget spent).",
+            ["scorer", "outcome"], registry=r,
+        )
+        self.judge_unreadable = Counter(
+            "fleetrl_reward_judge_unreadable", "Judge replies the parser could not read (each is asked again up to "
+            "max_retries).", ["scorer"], registry=r,
+        )
+        self.judge_tokens = Counter(
+            "fleetrl_reward_judge_tokens", "Tokens the judge's replies say they cost (budget.max_tokens counts these).",
+            ["scorer"], registry=r,
+        )
+        self.judge_in_flight = Gauge(
+            "fleetrl_reward_judge_in_flight", "Judge calls waiting for their reply.", ["scorer"], registry=r
+        )
+        self.judge_cache = Counter(
+            "fleetrl_reward_judge_cache", "Judgments looked up in the cache: hit or miss.", ["scorer", "result"],
+            registry=r,
+        )
+        self.judge_dedup_saved = Counter(
+            "fleetrl_reward_judge_dedup_saved", "Judgments not asked for because the same work was in the batch or "
+            "in flight (group mode: duplicate responses left out of a group's call).", ["scorer"], registry=r,
+        )
         self.requests = Counter(
             "fleetrl_reward_requests", "HTTP scoring requests by route and status.", ["route", "status"], registry=r
         )

@@ -8,39 +8,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 
+from services.reward.judge_config import JudgeScorerConfig
+from services.reward.scorer_settings_base import RetryConfig, ScorerSettingsBase, _Strict  # noqa: F401 (re-exported)
 from shared.plugins import PluginPoint
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class RetryConfig(_Strict):
-    """How a failing scorer call is retried before the failure policy applies."""
-
-    attempts: int = Field(default=3, ge=1, le=20, description="Tries in all (1 = no retry).")
-    backoff_s: float = Field(default=0.2, ge=0.0, le=60.0, description="First wait between tries; doubles each time.")
-    max_backoff_s: float = Field(default=5.0, ge=0.0, le=600.0, description="Longest wait between tries.")
-    max_total_s: float = Field(
-        default=300.0, gt=0.0, le=86_400.0, description="All tries of one call within this: no try starts (or waits) "
-        "past it, and the last try's timeout is cut to what is left.")
-
-
-class ScorerSettingsBase(_Strict):
-    """Fields every scorer kind has (subclass it for your own scorer's settings)."""
-
-    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$", description="Unique name; the key of this scorer's component.")
-    weight: float = Field(default=1.0, description="Factor of this scorer's value in the final reward.")
-    on_error: Literal["fail", "mark"] = Field(
-        default="fail",
-        description="After retries: `fail` fails the request (502/503/504); `mark` answers with score null "
-        "and an entry in `errors` for the affected items. Never a silent 0.0.",
-    )
-    timeout_s: float = Field(default=60.0, gt=0.0, le=3600.0, description="Limit of one scoring call (one try).")
-    retry: RetryConfig = Field(default_factory=RetryConfig)
-
 
 # --- rule checks (a second discriminated union, on `type`) -------------------------------------------
 
@@ -183,6 +155,7 @@ SCORERS.register("rule", RuleScorerConfig, "services.reward.scorers.rule:RuleSco
 SCORERS.register("hf_rm", HfRmScorerConfig, "services.reward.scorers.hf_rm:HfRmScorer")
 SCORERS.register("python", PythonScorerConfig, "services.reward.scorers.python_fn:PythonScorer")
 SCORERS.register("http", HttpScorerConfig, "services.reward.scorers.http_remote:HttpScorer")
+SCORERS.register("judge", JudgeScorerConfig, "services.reward.scorers.judge:JudgeScorer")
 
 #: a settings field holding one scorer kind's settings
 ScorerConfig = SCORERS.settings_type("ScorerConfig")

@@ -83,3 +83,22 @@ def metric_value(text: str, name: str, **labels: str) -> float:
         if all(f'{k}="{v}"' in label_part for k, v in labels.items()):
             total += float(value)
     return total
+
+
+def start_judge_stub(tmp: Path) -> Server:
+    """The scripted stand-in judge (tests/reward/judge_stub_server.py), its own process."""
+    port = free_port()
+    log = tmp / f"judge-stub-{port}.log"
+    proc = spawn(["-m", "tests.reward.judge_stub_server", "--port", str(port)], log, CHILD_ENV)
+    url = f"http://127.0.0.1:{port}"
+    wait_http_ok(f"{url}/health", proc, timeout=60, log=log)
+    return Server(url, proc, log)
+
+
+@pytest.fixture(scope="module")
+@starts_processes
+def judge_stub(tmp_path_factory) -> Iterator[Server]:
+    """The stand-in judge, its own process."""
+    server = start_judge_stub(tmp_path_factory.mktemp("judge-stub"))
+    yield server
+    stop(server.proc)
