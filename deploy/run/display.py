@@ -127,6 +127,8 @@ class LiveDisplay(Display):
         parts.append(table)
         if view.waiting:
             parts.append(Text(f"learner waits: {view.waiting}", style="yellow"))
+        if view.stalled:
+            parts.append(Text(view.stalled, style="bold red"))
         if view.error:
             parts.append(Text(f"error: {view.error}", style="bold red"))
         self.live.update(Panel(Group(*parts), title=f"fleetrl run {view.run_name}"))

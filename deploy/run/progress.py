@@ -46,6 +46,7 @@ class EvalPoint:
     step: int
     accuracy: float
     weight_version: str
+    mean_reward: float | None = None
 
 
 @dataclass
@@ -69,6 +70,9 @@ class RunView:
     #: training health now: signal -> what to try (the learner's /status health, and held-out accuracy's)
     health: dict[str, str] = field(default_factory=dict)
     learner_health: dict[str, str] = field(default_factory=dict)
+    #: scorers whose calls fail now, from every reward service: where (scorer and URL) -> (seconds, last error)
+    reward_failing: dict[str, tuple[float, str]] = field(default_factory=dict)
+    stalled: str | None = None  # the run waits on a failing scorer (deploy/run/reward_stall.py)
 
 
 OFF_POLICY = ("staleness_mean", "staleness_max", "mismatch_k3", "is_rejected_frac")
@@ -97,6 +101,7 @@ class Poller:
 
     def poll(self) -> RunView:
         views = []
+        self.view.reward_failing = {}
         for name, svc in list(self.fleet.services.items()):
             if not svc.alive:
                 views.append(ServiceView(name, f"exited {svc.proc.returncode}", first_error(svc.log_tail(20_000))))
@@ -147,6 +152,16 @@ class Poller:
         code, h = self._get(f"{url}/health")
         if not h:
             return ServiceView(name, "starting")
-        problems = {k: v for k, v in (h.get("scorers") or {}).items() if v not in ("ok", True)}
-        return ServiceView(name, "ok" if code == 200 else "unhealthy",
-                           "scoring" if code == 200 else f"unhealthy: {problems or h}")
+        failing = {k: f for k, f in (h.get("failing") or {}).items() if isinstance(f, dict) and f.get("where")}
+        for f in failing.values():
+            seen = self.view.reward_failing.get(f["where"], (0.0, ""))
+            if float(f.get("for_s") or 0) >= seen[0]:
+                self.view.reward_failing[f["where"]] = (float(f.get("for_s") or 0), str(f.get("error", "")))
+        problems = [f"{failing[k]['where'] if k in failing else f'reward scorer {k!r}'}: {v}"
+                    for k, v in (h.get("scorers") or {}).items() if v not in ("ok", True)]
+        if code == 200 and not failing:
+            return ServiceView(name, "ok", "scoring")
+        if not problems:  # the breaker is closed, but calls fail
+            problems = [f"{f['where']}: failing for {float(f.get('for_s') or 0):.0f} s ({f.get('error', '')})"
+                        for f in failing.values()]
+        return ServiceView(name, "ok" if code == 200 else "unhealthy", "; ".join(problems) or f"answered {code}")
