@@ -39,7 +39,7 @@ from .autoscale import Autoscaler
 from .display import Display, headline
 from .heldout import episode_worker, evaluate, heldout_rows, next_eval_step
 from .plan import RESOLVED_SPEC, RUN_KEY_FILE, ProcessPlan, plan, run_dir_of
-from .preflight import preflight, remote_problems
+from .preflight import extras_problems, preflight, remote_problems
 from .progress import EvalPoint, Poller, RunView, fleet_error_line
 from .reward_stall import RewardStall, before_after
 from .run_record import RunLock, RunLocked, compare, latest_step, read_record, write_record
@@ -106,7 +106,8 @@ class RunLauncher:
             raise RunError(str(exc)) from exc
         try:
             checked = plan(self.spec, self.spec_file, "redis://127.0.0.1:1", "check")  # every setting valid first
-            problems = preflight(self.spec, self.spec_file)  # every path exists, every reward function imports
+            problems = extras_problems(checked)  # every optional package a service needs is installed
+            problems = problems or preflight(self.spec, self.spec_file)  # every path exists, every function imports
             if not problems and not self.skip_preflight:  # every remote scorer answers a probe in its protocol
                 problems = remote_problems(self.spec)
             if problems:

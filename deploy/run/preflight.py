@@ -116,6 +116,24 @@ def _reward_url_problem(url: str) -> str | None:
     return None
 
 
+def extras_problems(procs) -> list[str]:
+    """One line per process of a plan (:func:`deploy.run.plan.plan`) whose settings need an optional package that
+    is not installed (``optional_packages()`` of its settings), with the ``pip install`` that brings it."""
+    from shared.extras import extras_problem
+
+    from .derive import validate
+    from .plan import KINDS
+
+    problems = []
+    for p in procs:
+        settings = validate(KINDS[p.kind].settings_cls, p.kind, p.config)
+        needs = getattr(settings, "optional_packages", None)
+        missing = extras_problem(needs()) if needs else None
+        if missing and f"{p.kind}: {missing}" not in problems:
+            problems.append(f"{p.kind}: {missing}")
+    return problems
+
+
 def preflight(spec: RunSpec, spec_file: Path) -> list[str]:
     """Every problem found before anything starts (paths first; imports only when the paths are right)."""
     return path_problems(spec, spec_file) or import_problems(spec, spec_file)

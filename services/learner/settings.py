@@ -293,6 +293,16 @@ class LearnerSettings(ServiceSettings):
     exit_when_done: bool = Field(default=True, description="Exit the process once training has finished.")
     max_body_bytes: int = Field(default=64 * 1024, ge=1024, description="Larger request bodies get 413.")
 
+    def optional_packages(self) -> dict[str, str]:
+        """Import name -> the setting that needs it, of the optional packages these settings need
+        (:func:`shared.extras.extras_problem` checks them at start)."""
+        needs = {}
+        if self.model.lora is not None:
+            needs["peft"] = "model.lora (LoRA adapters)"
+        if self.backend.name == "deepspeed":
+            needs["deepspeed"] = "backend deepspeed"
+        return needs
+
     @model_validator(mode="after")
     def _consistent(self) -> LearnerSettings:
         if self.data.path is None:
