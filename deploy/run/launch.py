@@ -40,7 +40,7 @@ from .display import Display, headline
 from .heldout import episode_worker, evaluate, heldout_rows, next_eval_step
 from .plan import RESOLVED_SPEC, RUN_KEY_FILE, ProcessPlan, plan, run_dir_of
 from .preflight import extras_problems, preflight, remote_problems
-from .progress import EvalPoint, Poller, RunView, fleet_error_line
+from .progress import EvalPoint, Poller, RunView, SampleTail, fleet_error_line
 from .reward_stall import RewardStall, before_after
 from .run_record import RunLock, RunLocked, compare, latest_step, read_record, write_record
 from .spec import RunSpec
@@ -268,6 +268,7 @@ class RunLauncher:
         if self._autoscaler is not None:  # it replaces and drains rollout replicas: their exits are not the run's
             poller.managed = {p.name for p in self._autoscaler.plans}
         poller.view = self.view
+        samples = SampleTail(self.run_dir / "learner" / "samples.jsonl")  # the learner's run_dir (plan.py)
         every = self.spec.eval.every or 0  # every N steps from step 0, a resumed run's included (not N after it)
         self._next_eval = next_eval_step(self._resumed_step or 0, every) if every else 0
         try:
@@ -277,6 +278,7 @@ class RunLauncher:
                 view = poller.poll()
                 self._health(view)
                 self._reward_stalled(view)
+                view.sample = samples.latest()
                 self.display.update(view)
                 learner = fleet.services["learner"]
                 if not learner.alive:

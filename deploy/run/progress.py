@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from dataclasses import dataclass, field
@@ -32,6 +33,49 @@ def fleet_error_line(exc: BaseException, logs: Path) -> str:
     head, _, tail = str(exc).partition("\n")
     name = head.split(" ", 1)[0]
     return f"{head.rstrip().rstrip(':')}: {first_error(tail)} (its log: {logs / f'{name}.log'})"
+
+
+class SampleTail:
+    """The latest line of the learner's ``samples.jsonl`` as one line to show (read again only when the file
+    grew): ``step 40: 'sort 0123=' -> '0123' (reward 1.00, 5 tokens)``."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._size = -1
+        self.line: str | None = None
+
+    def latest(self) -> str | None:
+        try:
+            size = self.path.stat().st_size
+        except OSError:
+            return self.line
+        if size != self._size:
+            self._size = size
+            with self.path.open("rb") as f:
+                f.seek(max(0, size - 65536))
+                tail = f.read().decode("utf-8", "replace").splitlines()
+            for raw in reversed(tail):
+                try:
+                    row = json.loads(raw)
+                except ValueError:
+                    continue
+                self.line = sample_line(row)
+                break
+        return self.line
+
+
+def sample_line(row: dict[str, Any], width: int = 80) -> str:
+    """A samples.jsonl row in one line: step, prompt -> completion (both cut to ``width``), reward, length."""
+
+    def cut(text: Any) -> str:
+        text = repr(str(text or ""))
+        return text if len(text) <= width else text[:width - 3] + "..."
+
+    at_max = ", hit max_new_tokens" if row.get("finish_reason") == "length" else ""
+    reward = row.get("reward")
+    shown = "--" if not isinstance(reward, (int, float)) else f"{reward:.2f}"
+    return (f"step {row.get('step')}: {cut(row.get('prompt_text'))} -> {cut(row.get('response_text'))} "
+            f"(reward {shown}, {row.get('response_tokens')} tokens{at_max})")
 
 
 @dataclass
@@ -73,6 +117,9 @@ class RunView:
     #: scorers whose calls fail now, from every reward service: where (scorer and URL) -> (seconds, last error)
     reward_failing: dict[str, tuple[float, str]] = field(default_factory=dict)
     stalled: str | None = None  # the run waits on a failing scorer (deploy/run/reward_stall.py)
+    #: the last step's mean completion length (tokens) and share of completions that hit max_new_tokens
+    lengths: tuple[float, float] | None = None
+    sample: str | None = None  # the latest completion the learner logged (samples.jsonl), as one line
 
 
 OFF_POLICY = ("staleness_mean", "staleness_max", "mismatch_k3", "is_rejected_frac")
@@ -130,6 +177,8 @@ class Poller:
         v.algorithm = st.get("algorithm") or v.algorithm
         v.loss = last.get("sft_loss", v.loss)
         v.learner_health = {w["signal"]: w["message"] for w in st.get("health") or [] if isinstance(w, dict)}
+        if isinstance(last.get("response_len_mean"), (int, float)):
+            v.lengths = (float(last["response_len_mean"]), float(last.get("truncated_frac") or 0.0))
         v.off_policy = {k: last[k] for k in OFF_POLICY if isinstance(last.get(k), (int, float))} or v.off_policy
         now = time.monotonic()
         if self._first is None or v.step < self._first[1]:

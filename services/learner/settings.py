@@ -251,6 +251,12 @@ class ObservabilitySettings(_Section):
         default=False, description="Append every trained sample (ids, label, response text, reward and its "
         "components, weight version, finish reason) to samples.jsonl, one line each, tagged with the step.",
     )
+    log_every: int | None = Field(
+        default=10, ge=1, description="Every N steps (and at step 1), append `samples_per_log` trained samples (prompt, "
+        "completion, reward, length) to samples.jsonl, and to TensorBoard / wandb as a table when those are on; "
+        "null: only with log_samples.")
+    samples_per_log: int = Field(default=4, ge=1, le=256, description="Samples logged every log_every steps (one "
+                                 "per prompt group first).")
 
 
 class DistributedSettings(_Section):
