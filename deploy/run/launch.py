@@ -457,7 +457,7 @@ def run_spec(spec: RunSpec, spec_file: Path, display: Display, *, reset: bool = 
     try:
         return launcher.run()
     except KeyboardInterrupt:
-        display.event(f"interrupted: stopped; run {launcher.command} again to resume")
+        display.event(f"interrupted: stopped; run the same command again to resume: {launcher.command}")
         return 130
     except RunDone as exc:
         display.event(str(exc))
