@@ -114,6 +114,7 @@ class RunLauncher:
                 raise RunError("\n".join(problems))
             self._check_data()
             self._check_record(*_checkpoint_dir(checked[-1]))
+            self.view.total = self._step_budget()[0] or 0  # the display's step N/total before the learner answers
             resolved = self.spec.model_dump(mode="json")  # what the learner records in TensorBoard / wandb: no password
             resolved["redis"]["url"] = redact_url(resolved["redis"]["url"])
             (self.run_dir / RESOLVED_SPEC).write_text(yaml.safe_dump(resolved, sort_keys=False))
@@ -123,6 +124,8 @@ class RunLauncher:
                 return self._run(self.fleet)
             finally:
                 self._stop(self.fleet)
+                if self._learner_started:  # however it stopped: the step it checkpointed at, from its last line
+                    self._read_final_metrics()
                 if self._learner_started and self.spec.eval.data:
                     self._plot(checked[-1])  # however the run ended: the learner drew its curve without them
                 if self._learner_started:
@@ -138,6 +141,7 @@ class RunLauncher:
         new = self.spec.model_dump(mode="json")
         if not self.reset and resume and has_checkpoint(ckpt_dir):
             self._resumed_step = latest_step(ckpt_dir)
+            self.view.step = self._resumed_step or 0  # not "step 0/..." while the learner loads its checkpoint
             old = read_record(self.run_dir)
             if old is not None:
                 verdict = compare(old, new, str(self.spec_file), self.command)
@@ -342,7 +346,9 @@ class RunLauncher:
         v.step = int(last.get("step", v.step))
         v.weight_version = last.get("weight_version", v.weight_version)
         v.reward = last.get("reward_mean", v.reward)
-        v.phase = "finished" if self.fleet.services["learner"].proc.returncode == 0 else "exited"
+        learner = self.fleet.services.get("learner") if self.fleet is not None else None
+        if learner is not None:  # (after the fleet stopped, its services are gone: the phase was said already)
+            v.phase = "finished" if learner.proc.returncode == 0 else "exited"
 
     # ---- evaluation -------------------------------------------------------------------------------------
     def _urls(self) -> tuple[str, str]:

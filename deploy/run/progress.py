@@ -150,8 +150,9 @@ class Poller:
         views = []
         self.view.reward_failing = {}
         for name, svc in list(self.fleet.services.items()):
-            if not svc.alive:
-                views.append(ServiceView(name, f"exited {svc.proc.returncode}", first_error(svc.log_tail(20_000))))
+            if not svc.alive:  # a clean exit is "finished", not its log's last line (uvicorn's goodbye)
+                views.append(ServiceView(name, f"exited {svc.proc.returncode}", "finished" if svc.proc.returncode == 0
+                                         else first_error(svc.log_tail(20_000))))
                 if self.view.error is None and svc.proc.returncode not in (0, None) and name not in self.managed:
                     self.view.error = f"{name} exited with code {svc.proc.returncode}: " \
                                       f"{first_error(svc.log_tail(20_000))}  (log: {svc.log_path})"
@@ -168,7 +169,7 @@ class Poller:
         self.learner = st
         v = self.view
         v.phase = st.get("phase", "?")
-        v.step, v.total = int(st.get("step") or 0), int(st.get("total_steps") or 0)
+        v.step, v.total = int(st.get("step") or 0), int(st.get("total_steps") or 0) or v.total
         v.weight_version = st.get("weight_version")
         v.waiting = st.get("waiting") or st.get("weights_problem")
         last = st.get("last_metrics") or {}

@@ -133,6 +133,8 @@ def test_ctrl_c_stops_every_process_and_a_used_run_name_is_refused(spec_file, re
     configs = {p.stem: p.read_text() for p in (run_dir / "configs").glob("*.yaml")}
     assert set(configs) == {"reward-0", "rollout-0", "learner"}
     assert (run_dir / "learner" / "checkpoints" / "latest").exists()  # the learner checkpointed on its way out
+    # summary.json says the step the learner stopped (and checkpointed) at, not the last one the display polled
+    assert json.loads((run_dir / "summary.json").read_text())["steps"] == metrics(run_dir)[-1]["step"]
     listening = subprocess.run(["ss", "-ltn"], capture_output=True, text=True, check=False).stdout
     for cfg in configs.values():
         port = next(line.split(":")[1].strip() for line in cfg.splitlines() if line.startswith("port:"))
