@@ -145,3 +145,37 @@ def test_hints_repeat_the_command_the_user_ran_with_its_sets():
     # a resumed run recorded before these settings existed is not refused over them
     assert compare({"reward": {"url": "u"}}, {"reward": {"url": "u", "stall_after_s": 60.0,
                                                          "give_up_after_s": 600.0}}, "f").ok
+
+
+class Events:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def event(self, msg: str) -> None:
+        self.lines.append(msg)
+
+
+def test_the_launcher_says_stalled_once_and_gives_up_naming_the_command(tmp_path, tiny_model_dir):
+    from deploy.run.launch import RunError, RunLauncher
+
+    spec_file = tiny_spec(tmp_path, tiny_model_dir)
+    spec = load_spec(spec_file, ["reward.stall_after_s=5", "reward.give_up_after_s=30", "run_name=mine"])
+    display = Events()
+    launcher = RunLauncher(spec, spec_file, display, command=command_line("run", spec_file, ["run_name=mine"]))
+    where = "reward scorer 'myrm' at http://127.0.0.1:5099/get_reward"
+    view = RunView("mine")
+    for seconds in (1.0, 6.0, 7.0):
+        view.reward_failing = {where: (seconds, "cannot connect (Connection refused)")}
+        launcher._reward_stalled(view)
+    assert display.lines == [f"stalled: {where} unreachable for 6 s (last error: cannot connect (Connection refused))"]
+    assert view.stalled.endswith("unreachable for 7 s (last error: cannot connect (Connection refused))")
+    view.reward_failing = {}
+    launcher._reward_stalled(view)
+    assert view.stalled is None  # it came back
+    view.reward_failing = {where: (31.0, "answered 503: busy")}
+    with pytest.raises(RunError) as gave_up:
+        launcher._reward_stalled(view)
+    assert str(gave_up.value) == (
+        f"stalled: {where} unreachable for 31 s (last error: answered 503: busy); gave up after "
+        f"reward.give_up_after_s = 30 s (the learner checkpoints; fix the scorer and run fleetrl run {spec_file} "
+        "--set run_name=mine to resume)")
