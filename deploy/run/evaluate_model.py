@@ -70,12 +70,12 @@ def _evaluate(spec: RunSpec, spec_file: Path, rows: list[dict], where: Path, mod
         reward_url = spec.reward.url
         if reward_url is None:
             cfg = {**service_config(spec, "reward", spec_file), "port": free_port()}
-            validate(KINDS["reward"].settings_cls, "reward", cfg)
+            validate(KINDS["reward"].settings_cls, "reward", cfg, spec)
             reward_url = fleet.start("reward-0", "services.reward", cfg, wait=False).url
         if rollout_url is None:
             cfg = deep_merge(service_config(spec, "rollout", spec_file),
                              {"port": free_port(), "model": str(model or spec.model), "worker": {"enabled": False}})
-            validate(KINDS["rollout"].settings_cls, "rollout", cfg)
+            validate(KINDS["rollout"].settings_cls, "rollout", cfg, spec)
             rollout_url = fleet.start("rollout-0", "services.rollout", cfg, wait=False).url
         for name in list(fleet.services):
             fleet.wait_healthy(name)
