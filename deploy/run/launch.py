@@ -236,8 +236,9 @@ class RunLauncher:
         if rows and (not self.view.evals or self.view.evals[-1].step != self.view.step):
             self._wait_for_final_weights(fleet)
             self._evaluate(rows, step=self.view.step)
-        if len(self.view.evals) >= 2:
-            say(before_after(self.view.evals, time.monotonic() - self._t0))
+        if len(self.view.evals) >= 2:  # the whole run's: a resumed run's earlier launches included
+            earlier = (read_summary(self.run_dir / "summary.json") or {}) if self._resuming else {}
+            say(before_after(self.view.evals, float(earlier.get("wall_time_s") or 0) + time.monotonic() - self._t0))
         return 0
 
     def _run_key(self) -> str:
