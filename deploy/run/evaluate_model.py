@@ -42,7 +42,8 @@ def evaluate_model(spec: RunSpec, spec_file: Path, model: str | None = None, rol
     what = rollout_url or str(model or spec.model)
     where = eval_dir(spec)
     try:
-        result = _evaluate(spec, spec_file, rows, where, model, rollout_url, samples, temperature, seed)
+        result = _evaluate(spec, spec_file, rows, where, model, rollout_url, samples, temperature, seed,
+                           probe=not skip_preflight)
     except FleetError as exc:
         raise ValueError(fleet_error_line(exc, where / "logs")) from exc
     answers = result.pop("answers")
@@ -65,11 +66,12 @@ def eval_dir(spec: RunSpec) -> Path:
 
 
 def _evaluate(spec: RunSpec, spec_file: Path, rows: list[dict], where: Path, model: str | None,
-              rollout_url: str | None, samples: int, temperature: float | None, seed: int | None) -> dict[str, Any]:
+              rollout_url: str | None, samples: int, temperature: float | None, seed: int | None,
+              probe: bool = True) -> dict[str, Any]:
     with Fleet(run_dir=where) as fleet:
         reward_url = spec.reward.url
         if reward_url is None:
-            cfg = {**service_config(spec, "reward", spec_file), "port": free_port()}
+            cfg = {**service_config(spec, "reward", spec_file), "port": free_port(), "probe_remote_scorers": probe}
             validate(KINDS["reward"].settings_cls, "reward", cfg, spec)
             reward_url = fleet.start("reward-0", "services.reward", cfg, wait=False).url
         if rollout_url is None:
