@@ -116,11 +116,21 @@ class GetRewardResponse(BaseModel):
     )
 
 
+class ScorerFailing(BaseModel):
+    """A scorer whose calls have failed since its last success (``GET /health``'s ``failing``)."""
+
+    where: str = Field(description="The scorer as errors name it: reward scorer 'name' at URL (or (kind)).")
+    for_s: float = Field(ge=0.0, description="Seconds since the first failed call after its last success.")
+    error: str = Field(description="The last failure's cause.")
+
+
 class RewardHealth(BaseModel):
     """``GET /health`` (200 when every scorer's check passed, else 503: the same body)."""
 
     status: Literal["ok", "unhealthy"]
     scorers: dict[str, str] = Field(description="Per scorer: \"ok\", or what its check said.")
+    failing: dict[str, ScorerFailing] = Field(
+        default_factory=dict, description="Per scorer whose calls fail now: since when and why (none: all fine).")
 
 
 class ScorerInfo(BaseModel):

@@ -2,7 +2,9 @@
 collapse of the reward, of held-out accuracy or of the policy's entropy, or a spike in the engine/trainer
 mismatch or the KL — each said with what to try. The learner puts it in ``/status`` (``health``), ``fleetrl
 run`` on its display and in ``summary.json``. Torch-free; inputs are the learner's metrics lines
-(``metrics.jsonl``: ``step``, ``reward_mean``, ``entropy``, ``kl``, ``mismatch_k3``) and held-out points.
+(``metrics.jsonl``: ``step``, ``reward_mean``, ``entropy``, ``kl``, ``mismatch_k3``, ``response_len_mean``,
+``truncated_frac``) and held-out points. A collapse that comes with completions blowing up to the length limit
+is said as that (a reward hack: babbling for partial credit), not as a learning-rate problem.
 """
 
 from __future__ import annotations
@@ -93,6 +95,27 @@ def _spiked(points: list[tuple[int, float]], *, floor: float, factor: float,
     return None
 
 
+def length_blowup(history: Sequence[Mapping[str, object]]) -> tuple[float, float, float] | None:
+    """(mean length before, now, share of completions at max_new_tokens now) when the mean completion length of
+    the last ``WINDOW`` steps is at least twice that of the first ``WINDOW`` and half of them hit the limit."""
+    lengths = _series(history, "response_len_mean")
+    if len(lengths) < 2 * WINDOW:
+        return None
+    before, now = mean(v for _, v in lengths[:WINDOW]), mean(v for _, v in lengths[-WINDOW:])
+    capped = _series(history, "truncated_frac")[-WINDOW:]
+    at_max = mean(v for _, v in capped) if capped else 0.0
+    if now >= 2 * max(before, 1.0) and at_max >= 0.5:
+        return before, now, at_max
+    return None
+
+
+def _length_hint(blowup: tuple[float, float, float]) -> str:
+    before, now, at_max = blowup
+    return (f"completions grew {before:.0f} -> {now:.0f} tokens and {at_max:.0%} hit max_new_tokens: the policy may "
+            f"be padding its answers for partial credit (read samples.jsonl); penalise length (a `length` rule "
+            f"check) or lower sampling.max_new_tokens")
+
+
 def check_health(history: Sequence[Mapping[str, object]],
                  heldout: Sequence[tuple[int, float]] = (), peaks: Peaks | None = None) -> list[HealthWarning]:
     """The warnings for a run's recent metrics ``history`` (oldest first), its held-out ``(step, accuracy)``
@@ -100,22 +123,27 @@ def check_health(history: Sequence[Mapping[str, object]],
     looks wrong."""
     out = []
     run_best = peaks.best if peaks is not None else {}
+    blowup = length_blowup(history)
+    hint = _length_hint(blowup) if blowup else LR_HINT  # what a collapse is blamed on
     if fell := _fell(_series(history, "reward_mean"), window=FALL_WINDOWS["reward_mean"], min_peak=0.2, min_drop=0.15,
                      ratio=0.5, best=run_best.get("reward_mean")):
         peak, now, steps = fell
-        out.append(HealthWarning("reward", f"reward fell {peak:.2f} -> {now:.2f} in {steps} steps: {LR_HINT}"))
+        out.append(HealthWarning("reward", f"reward fell {peak:.2f} -> {now:.2f} in {steps} steps: {hint}"))
     points = [(int(s), float(a)) for s, a in heldout]
     if len(points) >= 2:
         best_step, best = max(points[:-1], key=lambda p: p[1])
         step, acc = points[-1]
         if best >= 0.1 and acc <= 0.5 * best and best - acc >= 0.1:
             out.append(HealthWarning("heldout", f"held-out accuracy fell {best:.0%} -> {acc:.0%} in {step - best_step} "
-                                                f"steps: {LR_HINT}"))
+                                                f"steps: {hint}"))
     if fell := _fell(_series(history, "entropy"), window=FALL_WINDOWS["entropy"], min_peak=0.05, min_drop=0.02,
                      ratio=0.1, best=run_best.get("entropy")):
         peak, now, steps = fell
         out.append(HealthWarning("entropy", f"entropy fell {peak:.3g} -> {now:.3g} in {steps} steps: the policy is "
-                                            f"collapsing onto few answers; {LR_HINT}, or raise sampling.temperature"))
+                                            f"collapsing onto few answers; {hint}"
+                                            + ("" if blowup else ", or raise sampling.temperature")))
+    if blowup and not out:
+        out.append(HealthWarning("length", _length_hint(blowup)))
     # a mismatch that lasts: one step's spike is the policy moving under staleness >= 1 (the engine sampled with
     # the previous version), seen in make demo at lr 5e-4; a sync or dtype fault stays
     if spike := _spiked(_series(history, "mismatch_k3"), floor=0.05, factor=10.0, sustained=3):

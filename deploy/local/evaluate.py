@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import httpx
+
+SUCCESS_THRESHOLD = 1.0
+"""An answer is correct when its reward is at least this (``eval.success_threshold``; 1.0: full credit)."""
 
 
 def one_version(versions: set[str], mixed_ok: bool = False) -> str:
@@ -41,15 +46,56 @@ def reward_prompt(row: dict):
     return row.get("prompt", row["input"])
 
 
-def greedy_accuracy(rollout_url: str, reward_url: str, rows: list[dict], *, max_new_tokens: int = 8,
-                    batch: int = 100, timeout: float = 300.0, mixed_ok: bool = False,
-                    reward_token: str | None = None) -> tuple[float, str]:
-    """Generate greedily for each row (its ``input_ids``, else its ``input`` text) through /generate, score
-    against ``label`` with /score.
+class RewardUnavailable(Exception):
+    """The reward service could not score held-out answers; the message names the user's scorer and its URL
+    (what the reward service said), never the reward service's own port or a client library's text."""
 
-    Returns (accuracy, weight_version the answers came from; see :func:`one_version` for ``mixed_ok``).
-    """
-    correct = 0.0
+
+def score(client: httpx.Client, reward_url: str, items: list[dict], headers: dict[str, str] | None = None) -> list:
+    """``/score`` of ``items``: their scores (None for a marked failure). A failed call raises
+    :class:`RewardUnavailable` with the reward service's own words (which scorer, which URL, why)."""
+    try:
+        s = client.post(f"{reward_url}/score", headers=headers or {}, json={"items": items})
+    except httpx.TransportError as exc:
+        raise RewardUnavailable(f"the reward service does not answer ({type(exc).__name__}); its log says why") \
+            from exc
+    if s.status_code != 200:
+        raise RewardUnavailable(reward_error_line(s))
+    return s.json()["scores"]
+
+
+def reward_error_line(response: httpx.Response) -> str:
+    """A reward service's error reply in one line: the ``detail`` of its envelope (it names each failing scorer
+    and its URL: ``reward scorer 'myrm' at http://host:5099/get_reward failed after 3 tries: cannot connect``)."""
+    try:
+        detail = response.json().get("detail")
+    except (ValueError, AttributeError):
+        detail = None
+    if isinstance(detail, str) and detail:
+        return detail.splitlines()[0]
+    return f"the reward service answered {response.status_code}: {' '.join(response.text.split())[:200]}"
+
+
+@dataclass
+class GreedyPass:
+    """One greedy pass over held-out rows: accuracy (the share of rewards >= ``success_threshold``), the mean
+    reward, the weight version the answers came from, and every answer (prompt, completion, reward, tokens)."""
+
+    accuracy: float
+    mean_reward: float | None
+    weight_version: str
+    samples: list[dict]
+
+
+def greedy_pass(rollout_url: str, reward_url: str, rows: list[dict], *, max_new_tokens: int = 8,
+                batch: int = 100, timeout: float = 300.0, mixed_ok: bool = False,
+                reward_token: str | None = None, success_threshold: float = SUCCESS_THRESHOLD) -> GreedyPass:
+    """Generate greedily for each row (its ``input_ids``, else its ``input`` text) through /generate, score
+    against ``label`` with /score. An answer is correct when its reward is >= ``success_threshold``; an answer
+    the reward service marked failed (score null) counts as wrong and is left out of the mean."""
+    correct = 0
+    rewards: list[float] = []
+    samples: list[dict] = []
     versions: set[str] = set()
     auth = {"Authorization": f"Bearer {reward_token}"} if reward_token else {}  # the reward's auth_token
     with httpx.Client(timeout=timeout) as client:
@@ -57,10 +103,24 @@ def greedy_accuracy(rollout_url: str, reward_url: str, rows: list[dict], *, max_
             chunk = rows[i:i + batch]
             outs = generate(client, rollout_url, chunk, {"temperature": 0.0, "max_new_tokens": max_new_tokens})
             versions.update(str(o["meta_info"]["weight_version"]) for o in outs)
-            s = client.post(f"{reward_url}/score", headers=auth, json={"items": [
+            scores = score(client, reward_url, [
                 {"prompt": reward_prompt(row), "response": o["text"], "label": row["label"],
-                 "metadata": row.get("metadata", {})} for row, o in zip(chunk, outs)
-            ]})
-            s.raise_for_status()
-            correct += sum(1.0 for v in s.json()["scores"] if v is not None and v >= 0.999)
-    return correct / len(rows), one_version(versions, mixed_ok)
+                 "metadata": row.get("metadata", {})} for row, o in zip(chunk, outs)], auth)
+            for row, o, v in zip(chunk, outs, scores):
+                correct += int(v is not None and v >= success_threshold)
+                rewards.extend([float(v)] if v is not None else [])
+                meta = o.get("meta_info") or {}
+                samples.append({"prompt": row["input"], "completion": o["text"], "label": row.get("label"),
+                                "reward": v, "tokens": meta.get("completion_tokens"),
+                                "hit_max_new_tokens": (meta.get("finish_reason") or {}).get("type") == "length"})
+    return GreedyPass(correct / len(rows), sum(rewards) / len(rewards) if rewards else None,
+                      one_version(versions, mixed_ok), samples)
+
+
+def greedy_accuracy(rollout_url: str, reward_url: str, rows: list[dict], *, max_new_tokens: int = 8,
+                    batch: int = 100, timeout: float = 300.0, mixed_ok: bool = False,
+                    reward_token: str | None = None) -> tuple[float, str]:
+    """(accuracy, weight_version) of :func:`greedy_pass` at the default success threshold."""
+    p = greedy_pass(rollout_url, reward_url, rows, max_new_tokens=max_new_tokens, batch=batch, timeout=timeout,
+                    mixed_ok=mixed_ok, reward_token=reward_token)
+    return p.accuracy, p.weight_version

@@ -10,6 +10,9 @@ from typing import Annotated
 import typer
 
 SpecFile = Annotated[Path, typer.Argument(help="The run spec (fleetrl.yaml; see examples/).")]
+SkipPreflight = Annotated[bool, typer.Option(
+    "--skip-preflight", help="Do not probe the remote (http) reward scorers before starting (for a server that "
+    "cannot take a probe item).")]
 Sets = Annotated[list[str] | None, typer.Option("--set", help="Override a setting: --set train.max_steps=20 "
                                                  "(repeatable; validated like the file).")]
 
@@ -23,6 +26,14 @@ def _load(file: Path, sets: list[str] | None):
         for line in str(exc).splitlines():
             typer.echo(f"error: {line}", err=True)
         raise typer.Exit(2) from exc
+
+
+def command_line(verb: str, file: Path, sets: list[str] | None) -> str:
+    """The command the user ran, as hints repeat it: ``fleetrl run FILE --set k=v ...`` (``--set`` decides the
+    run, e.g. its run_name, so a hint without it would name another run)."""
+    import shlex
+
+    return " ".join(["fleetrl", verb, shlex.quote(str(file)), *(f"--set {shlex.quote(s)}" for s in sets or [])])
 
 
 def _mode(file: Path) -> str | None:
@@ -43,6 +54,7 @@ def run_cmd(
                                         "learner's checkpoints and logs in run_dir.")] = False,
     live: Annotated[bool | None, typer.Option("--live/--lines", help="Live panel or plain lines (default: a "
                                               "live panel on a terminal).")] = None,
+    skip_preflight: SkipPreflight = False,
 ) -> None:
     """Start the whole fleet of a run spec on this machine and follow it (Ctrl-C stops; the same command
     resumes)."""
@@ -65,7 +77,8 @@ def run_cmd(
     from .display import make_display
     from .launch import run_spec
 
-    code = run_spec(spec, file.resolve(), make_display(live), reset=reset, zygote=zygote)
+    code = run_spec(spec, file.resolve(), make_display(live), reset=reset, zygote=zygote,
+                    command=command_line("run", file, set_), skip_preflight=skip_preflight)
     # every process, the zygote and the Redis of the run are stopped and the display is closed: leave without
     # the interpreter's teardown of the launcher's modules (0.5-0.7 s at load 5; shared/service_kit/process_exit.py)
     leave(code)
@@ -141,13 +154,18 @@ def eval_cmd(
     seed: Annotated[int | None, typer.Option(min=0, help="Seed of --samples: answer j of every prompt uses seed + j, "
                                              "so the same model gives the same figures again (default: unseeded).")]
     = None,
+    show: Annotated[int, typer.Option(min=0, help="Also print this many held-out prompts with the greedy "
+                                      "completion, its reward and its length (all of them go to samples.jsonl).")] = 0,
+    skip_preflight: SkipPreflight = False,
 ) -> None:
-    """Held-out greedy accuracy (eval.data, judged by the spec's reward) of a model or a running rollout
-    service, with --samples K also sampled accuracy and pass@k; prints a JSON summary."""
+    """Held-out greedy accuracy (the share of answers whose reward is >= eval.success_threshold, default 1.0) and
+    mean reward (eval.data, judged by the spec's reward) of a model or a running rollout service, with --samples
+    K also sampled accuracy and pass@k; prints a JSON summary (and with --show N, N answers first)."""
     import json
 
     import httpx
 
+    from deploy.local.evaluate import RewardUnavailable
     from deploy.local.fleet import FleetError
     from shared.settings import SettingsError
 
@@ -158,8 +176,23 @@ def eval_cmd(
     try:
         model = None if model is None else local_model(model, "--model")  # against the current directory
         result = evaluate_model(spec, file.resolve(), model=model, rollout_url=rollout_url, samples=samples,
-                                temperature=temperature, seed=seed)
+                                temperature=temperature, seed=seed, skip_preflight=skip_preflight)
+    except RewardUnavailable as exc:
+        typer.echo(f"error: the held-out answers could not be scored: {str(exc).splitlines()[0]}", err=True)
+        raise typer.Exit(1) from exc
     except (ValueError, SettingsError, FleetError, httpx.HTTPError, OSError) as exc:
         typer.echo(f"error: {str(exc).splitlines()[0]}", err=True)
         raise typer.Exit(1) from exc
+    answers = result.pop("answers")
+    for a in answers[:show]:
+        typer.echo(show_answer(a))
     typer.echo(json.dumps(result, indent=2))
+
+
+def show_answer(answer: dict) -> str:
+    """One held-out answer as ``fleetrl eval --show`` prints it: the prompt, the completion, the label, the
+    reward and the length (``max`` when it hit max_new_tokens)."""
+    reward = "failed" if answer.get("reward") is None else f"{answer['reward']:.3f}"
+    length = f"{answer.get('tokens')} tokens" + (" (hit max_new_tokens)" if answer.get("hit_max_new_tokens") else "")
+    return (f"--- reward {reward}, {length}, label {answer.get('label')!r}\n"
+            f"prompt:     {answer.get('prompt')!r}\ncompletion: {answer.get('completion')!r}")

@@ -163,13 +163,31 @@ def with_plugins(spec: RunSpec, config: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def validate(service_cls: type[BaseModel], service: str, config: dict[str, Any]) -> BaseModel:
-    """Build the service's settings from ``config`` as its process will; SettingsError names the setting."""
+def validate(service_cls: type[BaseModel], service: str, config: dict[str, Any],
+             spec: RunSpec | None = None) -> BaseModel:
+    """Build the service's settings from ``config`` as its process will; SettingsError names the setting: by the
+    spec's own path (``services.rollout.engin: unknown setting``) when ``spec``'s ``services.<service>`` wrote it,
+    else as the service's setting (``rollout settings: ...``)."""
     from shared.settings import load_settings
 
     try:
         return load_settings(service_cls, **config)
     except SettingsError as exc:
+        own, where = own_settings(spec, service) if spec is not None else ({}, "")
         body = str(exc).split("\n", 1)[-1]
         lines = [line.strip().replace(": Value error, ", ": ") for line in body.splitlines() if line.strip()]
-        raise SettingsError("\n".join(f"{service} settings: {line}" for line in lines)) from exc
+        raise SettingsError("\n".join(_named(service, line, own, where) for line in lines)) from exc
+
+
+def _named(service: str, line: str, own: dict[str, Any], where: str) -> str:
+    """A service's settings error named where the user wrote the setting, when they did (``services.rollout`` of
+    the spec, or the file it names)."""
+    key = line.split(":", 1)[0].strip()
+    node: Any = own
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return f"{service} settings: {line}"
+        node = node[part]
+    if where.startswith("services."):
+        return f"{where}.{line}"
+    return f"{where}: {line}"

@@ -29,8 +29,16 @@ def headline(v: RunView) -> str:
         return f"step {v.step}/{v.total or '?'}  ETA {_eta(v.eta_s)}  loss {_num(v.loss, '.4f')}{warn}  [{v.phase}]"
     acc = f"{v.evals[-1].accuracy:.1%} (step {v.evals[-1].step})" if v.evals else "--"
     return (f"step {v.step}/{v.total or '?'}  ETA {_eta(v.eta_s)}  reward {_num(v.reward)}  held-out {acc}  "
-            f"weights v{v.weight_version if v.weight_version is not None else '-'}{_off_policy(v.off_policy)}"
-            f"{warn}  [{v.phase}]")
+            f"weights v{v.weight_version if v.weight_version is not None else '-'}{_lengths(v.lengths)}"
+            f"{_off_policy(v.off_policy)}{warn}  [{v.phase}]")
+
+
+def _lengths(lengths: tuple[float, float] | None) -> str:
+    """Mean completion length and the share that hit max_new_tokens (a policy babbling to the limit shows here)."""
+    if lengths is None:
+        return ""
+    mean, at_max = lengths
+    return f"  len {mean:.0f}" + (f" ({at_max:.0%} at max)" if at_max else "")
 
 
 def _off_policy(o: dict[str, float]) -> str:
@@ -68,6 +76,7 @@ class LineDisplay(Display):
         self._last = (0.0, -1)
         self._waiting: str | None = None
         self._error: str | None = None
+        self._sample: str | None = None
 
     def _print(self, msg: str) -> None:
         print(f"[fleetrl {time.strftime('%H:%M:%S')}] {msg}", file=self.stream, flush=True)
@@ -84,6 +93,10 @@ class LineDisplay(Display):
             self._waiting = view.waiting
             if view.waiting:
                 self._print(f"learner waits: {view.waiting}")
+        if view.sample != self._sample:
+            self._sample = view.sample
+            if view.sample:
+                self._print(f"sample {view.sample}")
         t, step = self._last
         if (now - t >= self.every_s and view.step != step) or now - t >= 6 * self.every_s:
             self._last = (now, view.step)
@@ -127,6 +140,10 @@ class LiveDisplay(Display):
         parts.append(table)
         if view.waiting:
             parts.append(Text(f"learner waits: {view.waiting}", style="yellow"))
+        if view.sample:
+            parts.append(Text(f"sample {view.sample}", style="dim", overflow="ellipsis", no_wrap=True))
+        if view.stalled:
+            parts.append(Text(view.stalled, style="bold red"))
         if view.error:
             parts.append(Text(f"error: {view.error}", style="bold red"))
         self.live.update(Panel(Group(*parts), title=f"fleetrl run {view.run_name}"))

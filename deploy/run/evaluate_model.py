@@ -15,7 +15,7 @@ from shared.ports import free_port
 from .derive import deep_merge, service_config, validate
 from .heldout import episode_worker, evaluate, heldout_rows
 from .plan import KINDS, run_dir_of
-from .preflight import preflight
+from .preflight import preflight, remote_problems
 from .progress import fleet_error_line
 from .sampled_eval import sampled_accuracy
 from .spec import RunSpec
@@ -23,7 +23,7 @@ from .spec import RunSpec
 
 def evaluate_model(spec: RunSpec, spec_file: Path, model: str | None = None, rollout_url: str | None = None,
                    samples: int = 0, temperature: float | None = None,
-                   seed: int | None = None) -> dict[str, Any]:
+                   seed: int | None = None, skip_preflight: bool = False) -> dict[str, Any]:
     """``{"accuracy" (greedy), "n", "weight_version", "model", "eval_data"}``, and with ``samples`` > 0
     ``"sampled"``: that many answers per prompt at ``temperature`` (default: the spec's sampling; ``seed``: the
     same answers on every call), their accuracy
@@ -35,19 +35,23 @@ def evaluate_model(spec: RunSpec, spec_file: Path, model: str | None = None, rol
         raise ValueError("eval.data is not set: name the held-out prompts (--set eval.data=FILE)")
     if spec.reward is None:
         raise ValueError("reward is not set: held-out answers are judged by the spec's reward")
-    problems = preflight(spec, spec_file)
+    problems = preflight(spec, spec_file) or ([] if skip_preflight else remote_problems(spec))
     if problems:
         raise ValueError(problems[0])
     rows = heldout_rows(spec, model=model)
     what = rollout_url or str(model or spec.model)
     where = eval_dir(spec)
     try:
-        result = _evaluate(spec, spec_file, rows, where, model, rollout_url, samples, temperature, seed)
+        result = _evaluate(spec, spec_file, rows, where, model, rollout_url, samples, temperature, seed,
+                           probe=not skip_preflight)
     except FleetError as exc:
         raise ValueError(fleet_error_line(exc, where / "logs")) from exc
+    answers = result.pop("answers")
     out = {**result, "model": what, "eval_data": spec.eval.data}
     (where / "result.json").write_text(json.dumps(out, indent=2))
-    return out
+    with (where / "samples.jsonl").open("w") as f:  # every held-out answer, with its reward and length
+        f.writelines(json.dumps(a) + "\n" for a in answers)
+    return {**out, "answers": answers}
 
 
 def eval_dir(spec: RunSpec) -> Path:
@@ -62,26 +66,31 @@ def eval_dir(spec: RunSpec) -> Path:
 
 
 def _evaluate(spec: RunSpec, spec_file: Path, rows: list[dict], where: Path, model: str | None,
-              rollout_url: str | None, samples: int, temperature: float | None, seed: int | None) -> dict[str, Any]:
+              rollout_url: str | None, samples: int, temperature: float | None, seed: int | None,
+              probe: bool = True) -> dict[str, Any]:
     with Fleet(run_dir=where) as fleet:
         reward_url = spec.reward.url
         if reward_url is None:
-            cfg = {**service_config(spec, "reward", spec_file), "port": free_port()}
-            validate(KINDS["reward"].settings_cls, "reward", cfg)
+            cfg = {**service_config(spec, "reward", spec_file), "port": free_port(), "probe_remote_scorers": probe}
+            validate(KINDS["reward"].settings_cls, "reward", cfg, spec)
             reward_url = fleet.start("reward-0", "services.reward", cfg, wait=False).url
         if rollout_url is None:
             cfg = deep_merge(service_config(spec, "rollout", spec_file),
                              {"port": free_port(), "model": str(model or spec.model), "worker": {"enabled": False}})
-            validate(KINDS["rollout"].settings_cls, "rollout", cfg)
+            validate(KINDS["rollout"].settings_cls, "rollout", cfg, spec)
             rollout_url = fleet.start("rollout-0", "services.rollout", cfg, wait=False).url
         for name in list(fleet.services):
             fleet.wait_healthy(name)
+        answers: list[dict] = []
         point = evaluate(rollout_url.rstrip("/"), reward_url.rstrip("/"), rows, 0, spec.sampling.max_new_tokens,
-                         worker=episode_worker(service_config(spec, "rollout", spec_file)))
+                         worker=episode_worker(service_config(spec, "rollout", spec_file)),
+                         success_threshold=spec.eval.success_threshold, samples_out=answers)
         sampled = None if samples <= 0 else sampled_accuracy(
             rollout_url.rstrip("/"), reward_url.rstrip("/"), rows, samples=samples,
             max_new_tokens=spec.sampling.max_new_tokens,
             temperature=spec.sampling.temperature if temperature is None else temperature, top_p=spec.sampling.top_p,
-            seed=seed)
-    out = {"accuracy": point.accuracy, "n": len(rows), "weight_version": point.weight_version}
+            seed=seed, success_threshold=spec.eval.success_threshold)
+    out = {"accuracy": point.accuracy, "mean_reward": point.mean_reward,
+           "success_threshold": spec.eval.success_threshold, "n": len(rows), "weight_version": point.weight_version,
+           "answers": answers}
     return out if sampled is None else {**out, "sampled": sampled}

@@ -1,5 +1,6 @@
 """Held-out accuracy during a run: the held-out prompts of the spec, answered greedily by a rollout replica
-(whatever version it serves) and judged by the reward service (a reward >= 0.999 is correct). A run whose
+(whatever version it serves) and judged by the reward service (a reward >= ``eval.success_threshold``,
+default 1.0, is correct; the mean reward is kept beside the accuracy). A run whose
 rollout workers run another rollout function than ``single_turn`` (``multi_turn``: an agent with tools) is
 evaluated by that function: one greedy episode per held-out prompt (``deploy/local/evaluate_agent.py``)."""
 
@@ -11,7 +12,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from deploy.local.evaluate import greedy_accuracy
+from deploy.local.evaluate import SUCCESS_THRESHOLD, greedy_pass
 from services.learner.data import check_fields, field_value, read_rows, row_metadata, row_prompt
 from shared.chat_prompt import ChatPromptError, chat_prompt_ids, chat_prompt_text
 
@@ -63,6 +64,12 @@ def load_tokenizer(model: str) -> Any:
                          f"{str(exc).splitlines()[0]}") from exc
 
 
+def next_eval_step(step: int, every: int) -> int:
+    """The step of the next held-out evaluation after ``step``: the next multiple of ``eval.every`` (a resumed
+    run at step 64 with every 25 evaluates at 75, 100, ..., not at 64, 90, 115)."""
+    return (step // every + 1) * every
+
+
 def episode_worker(rollout_config: dict) -> Any | None:
     """The rollout workers' settings when held-out prompts are episodes of their rollout function (one other
     than ``single_turn``), else None."""
@@ -74,19 +81,27 @@ def episode_worker(rollout_config: dict) -> Any | None:
 
 def evaluate(rollout_url: str, reward_url: str, rows: list[dict], step: int, max_new_tokens: int,
              log_path: Path | None = None, attempts: int = 3, worker: Any | None = None,
-             reward_token: str | None = None) -> EvalPoint:
+             reward_token: str | None = None, success_threshold: float = SUCCESS_THRESHOLD,
+             samples_out: list[dict] | None = None) -> EvalPoint:
     """Greedy accuracy at ``step``; a pass whose answers span a weight update is taken again, and the last of
     ``attempts`` is kept anyway, its weight version said as the range (``"83-84"``: under async RL the learner
     can publish faster than a pass takes, and a missing point would hide the curve). With ``worker``
     (:func:`episode_worker`), each prompt is a greedy episode of its rollout function, and the first few are
     written beside ``log_path`` as ``heldout_samples_step<step>.md`` (turns, tool calls, reward), and the log
-    line has ``tool_call_rate``: the share of episodes in which the model called a tool."""
+    line has ``tool_call_rate``: the share of episodes in which the model called a tool. An answer is correct
+    when its reward is >= ``success_threshold`` (``eval.success_threshold``); the mean reward is kept beside
+    the accuracy; ``samples_out`` (single-turn) gets every answer with its reward and length."""
     extra: dict[str, float] = {}
+    mean_reward = None
     for attempt in range(attempts):
         try:
             if worker is None:
-                acc, version = greedy_accuracy(rollout_url, reward_url, rows, max_new_tokens=max_new_tokens,
-                                               mixed_ok=attempt == attempts - 1, reward_token=reward_token)
+                done = greedy_pass(rollout_url, reward_url, rows, max_new_tokens=max_new_tokens,
+                                   mixed_ok=attempt == attempts - 1, reward_token=reward_token,
+                                   success_threshold=success_threshold)
+                acc, version, mean_reward = done.accuracy, done.weight_version, done.mean_reward
+                if samples_out is not None:
+                    samples_out[:] = done.samples
             else:
                 from deploy.local.evaluate_agent import greedy_success
 
@@ -100,7 +115,7 @@ def evaluate(rollout_url: str, reward_url: str, rows: list[dict], step: int, max
         except RuntimeError:  # answers from several weight versions (the fleet updated mid-pass), or a failed episode
             if attempt == attempts - 1:
                 raise
-    point = EvalPoint(step=step, accuracy=acc, weight_version=version)
+    point = EvalPoint(step=step, accuracy=acc, weight_version=version, mean_reward=mean_reward)
     if log_path is not None:
         with log_path.open("a") as f:
             f.write(json.dumps({**asdict(point), **extra, "time": time.time(), "n": len(rows)}) + "\n")

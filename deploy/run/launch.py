@@ -22,6 +22,7 @@ from pathlib import Path
 import httpx
 import yaml
 
+from deploy.local.evaluate import RewardUnavailable
 from deploy.local.fleet import Fleet, FleetError
 from deploy.local.zygote import Zygote
 from deploy.private_files import write_private
@@ -36,10 +37,11 @@ from shared.training_health import check_health
 
 from .autoscale import Autoscaler
 from .display import Display, headline
-from .heldout import episode_worker, evaluate, heldout_rows
+from .heldout import episode_worker, evaluate, heldout_rows, next_eval_step
 from .plan import RESOLVED_SPEC, RUN_KEY_FILE, ProcessPlan, plan, run_dir_of
-from .preflight import preflight
-from .progress import EvalPoint, Poller, RunView, fleet_error_line
+from .preflight import extras_problems, preflight, remote_problems
+from .progress import EvalPoint, Poller, RunView, SampleTail, fleet_error_line
+from .reward_stall import RewardStall, before_after
 from .run_record import RunLock, RunLocked, compare, latest_step, read_record, write_record
 from .spec import RunSpec
 from .summary import build_summary, heldout_points, read_summary
@@ -65,8 +67,12 @@ def _checkpoint_dir(learner: ProcessPlan) -> tuple[Path, bool]:
 
 class RunLauncher:
     def __init__(self, spec: RunSpec, spec_file: Path, display: Display, *, reset: bool = False,
-                 zygote: Zygote | None = None) -> None:
+                 zygote: Zygote | None = None, command: str | None = None, skip_preflight: bool = False) -> None:
         self.spec = spec
+        #: the command the user ran (``--set`` included): every hint that says "run it again with ..." repeats it
+        self.command = command or f"fleetrl run {spec_file}"
+        self.skip_preflight = skip_preflight
+        self._stall = RewardStall(spec.reward)
         self.zygote = zygote
         self.spec_file = spec_file
         self.display = display
@@ -93,18 +99,22 @@ class RunLauncher:
         # the services later (deploy/local/zygote.py), while this process checks the run
         zygote, self.zygote = self.zygote or Zygote.for_run(self.spec.model, self.run_dir), None
         try:  # first of all: a second fleetrl run of this run dir is refused at once
-            self._lock.acquire(f"fleetrl run {self.spec_file}")
+            self._lock.acquire(self.command)
         except RunLocked as exc:
             if zygote is not None:
                 zygote.close()
             raise RunError(str(exc)) from exc
         try:
             checked = plan(self.spec, self.spec_file, "redis://127.0.0.1:1", "check")  # every setting valid first
-            problems = preflight(self.spec, self.spec_file)  # every path exists, every reward function imports
+            problems = extras_problems(checked)  # every optional package a service needs is installed
+            problems = problems or preflight(self.spec, self.spec_file)  # every path exists, every function imports
+            if not problems and not self.skip_preflight:  # every remote scorer answers a probe in its protocol
+                problems = remote_problems(self.spec)
             if problems:
                 raise RunError("\n".join(problems))
             self._check_data()
             self._check_record(*_checkpoint_dir(checked[-1]))
+            self.view.total = self._step_budget()[0] or 0  # the display's step N/total before the learner answers
             resolved = self.spec.model_dump(mode="json")  # what the learner records in TensorBoard / wandb: no password
             resolved["redis"]["url"] = redact_url(resolved["redis"]["url"])
             (self.run_dir / RESOLVED_SPEC).write_text(yaml.safe_dump(resolved, sort_keys=False))
@@ -114,6 +124,8 @@ class RunLauncher:
                 return self._run(self.fleet)
             finally:
                 self._stop(self.fleet)
+                if self._learner_started:  # however it stopped: the step it checkpointed at, from its last line
+                    self._read_final_metrics()
                 if self._learner_started and self.spec.eval.data:
                     self._plot(checked[-1])  # however the run ended: the learner drew its curve without them
                 if self._learner_started:
@@ -129,9 +141,10 @@ class RunLauncher:
         new = self.spec.model_dump(mode="json")
         if not self.reset and resume and has_checkpoint(ckpt_dir):
             self._resumed_step = latest_step(ckpt_dir)
+            self.view.step = self._resumed_step or 0  # not "step 0/..." while the learner loads its checkpoint
             old = read_record(self.run_dir)
             if old is not None:
-                verdict = compare(old, new, str(self.spec_file))
+                verdict = compare(old, new, str(self.spec_file), self.command)
                 if not verdict.ok:
                     raise RunError(verdict.problem)
                 for note in verdict.notes:
@@ -140,7 +153,7 @@ class RunLauncher:
             if budget is not None and self._resumed_step is not None and self._resumed_step >= budget:
                 raise RunDone(f"nothing to train: the run in {self.run_dir} finished at step {self._resumed_step} "
                               f"of {budget}; raise {name} and it continues, or start over with "
-                              f"fleetrl run {self.spec_file} --reset")
+                              f"{self.command} --reset")
         write_record(self.run_dir, new)
 
     def _step_budget(self) -> tuple[int | None, str]:
@@ -165,6 +178,9 @@ class RunLauncher:
         token = secrets.token_urlsafe(16)
         procs = plan(spec, self.spec_file, redis_url, token, self._run_key())
         self._reward_token = token if any(p.kind == "reward" for p in procs) else None  # held-out /score calls
+        for p in procs:  # the reward services probe their remote scorers at start, unless the user said not to
+            if p.kind == "reward" and self.skip_preflight:
+                p.config["probe_remote_scorers"] = False
         learner = procs[-1]
         if spec.is_rl:
             self._eval_worker = episode_worker(next(p for p in procs if p.kind == "rollout").config)
@@ -178,7 +194,7 @@ class RunLauncher:
             self._reset(redis_url, Path(learner.config["run_dir"]), ckpt_dir)
         if redis_url is not None:
             problem = stale_run_problem(redis_url, spec.run_name, ckpt_dir, resume,
-                                        reset_hint=f"fleetrl run {self.spec_file} --reset (deletes it)")
+                                        reset_hint=f"{self.command} --reset (deletes it)")
             if problem:
                 raise RunError(problem)
         resuming = self._resuming = resume and has_checkpoint(ckpt_dir)
@@ -187,7 +203,8 @@ class RunLauncher:
             for stale in [self.run_dir / "eval.jsonl", *self.run_dir.glob("heldout_samples_step*.md")]:
                 stale.unlink(missing_ok=True)
         else:  # a resumed run's display (and health) goes on from the earlier launches' held-out points
-            self.view.evals = [EvalPoint(int(p["step"]), float(p["accuracy"]), str(p.get("weight_version", "")))
+            self.view.evals = [EvalPoint(int(p["step"]), float(p["accuracy"]), str(p.get("weight_version", "")),
+                                         p.get("mean_reward"))
                                for p in heldout_points(self.run_dir / "eval.jsonl") if "accuracy" in p and "step" in p]
         rows = heldout_rows(spec) if spec.eval.data else []
         # a fresh run measures the starting policy before the learner moves it: the learner starts with the others
@@ -219,6 +236,9 @@ class RunLauncher:
         if rows and (not self.view.evals or self.view.evals[-1].step != self.view.step):
             self._wait_for_final_weights(fleet)
             self._evaluate(rows, step=self.view.step)
+        if len(self.view.evals) >= 2:  # the whole run's: a resumed run's earlier launches included
+            earlier = (read_summary(self.run_dir / "summary.json") or {}) if self._resuming else {}
+            say(before_after(self.view.evals, float(earlier.get("wall_time_s") or 0) + time.monotonic() - self._t0))
         return 0
 
     def _run_key(self) -> str:
@@ -253,13 +273,17 @@ class RunLauncher:
         if self._autoscaler is not None:  # it replaces and drains rollout replicas: their exits are not the run's
             poller.managed = {p.name for p in self._autoscaler.plans}
         poller.view = self.view
-        self._next_eval = self.spec.eval.every or 0
+        samples = SampleTail(self.run_dir / "learner" / "samples.jsonl")  # the learner's run_dir (plan.py)
+        every = self.spec.eval.every or 0  # every N steps from step 0, a resumed run's included (not N after it)
+        self._next_eval = next_eval_step(self._resumed_step or 0, every) if every else 0
         try:
             while True:
                 if self._autoscaler is not None:
                     self._autoscaler.tick()
                 view = poller.poll()
                 self._health(view)
+                self._reward_stalled(view)
+                view.sample = samples.latest()
                 self.display.update(view)
                 learner = fleet.services["learner"]
                 if not learner.alive:
@@ -270,13 +294,13 @@ class RunLauncher:
                             self.display.event(
                                 f"nothing was trained: the run had already finished at step {self._resumed_step}; "
                                 f"raise train.max_steps (or data.epochs) and it continues, or start over with "
-                                f"fleetrl run {self.spec_file} --reset")
+                                f"{self.command} --reset")
                         return
                     raise RunError(view.error or f"learner exited with code {learner.proc.returncode}")
                 if view.error:
                     raise RunError(view.error)
                 if rows and self.spec.eval.every and view.step >= self._next_eval > 0 and not self._evaluating():
-                    self._next_eval = view.step + self.spec.eval.every
+                    self._next_eval = next_eval_step(view.step, self.spec.eval.every)
                     self._eval_thread = threading.Thread(target=self._evaluate, args=(rows, view.step), daemon=True)
                     self._eval_thread.start()
                 _wait_for_exit(learner.proc, FOLLOW_TICK_S)  # a tick, cut short when the learner exits
@@ -298,6 +322,17 @@ class RunLauncher:
         self._said_health &= set(view.health)  # a warning that cleared is said again if it comes back
         self._health_seen.update(view.health)
 
+    def _reward_stalled(self, view: RunView) -> None:
+        """A scorer failing for ``reward.stall_after_s`` is said once (and shown while it lasts); one failing
+        for ``reward.give_up_after_s`` stops the run (the learner checkpoints on the way out)."""
+        line, give_up = self._stall.check(view.reward_failing)
+        if line and line.split(" for ", 1)[0] != (view.stalled or "").split(" for ", 1)[0]:
+            self.display.event(line)
+        view.stalled = line
+        if give_up:
+            raise RunError(f"{line}; gave up after reward.give_up_after_s = {self.spec.reward.give_up_after_s:g} s "
+                           f"(the learner checkpoints; fix the scorer and run {self.command} to resume)")
+
     def _read_final_metrics(self) -> None:
         """The learner's last metrics line (its /status is gone with it): the step and version it ended at."""
         path = self.run_dir / "learner" / "metrics.jsonl"
@@ -312,7 +347,9 @@ class RunLauncher:
         v.step = int(last.get("step", v.step))
         v.weight_version = last.get("weight_version", v.weight_version)
         v.reward = last.get("reward_mean", v.reward)
-        v.phase = "finished" if self.fleet.services["learner"].proc.returncode == 0 else "exited"
+        learner = self.fleet.services.get("learner") if self.fleet is not None else None
+        if learner is not None:  # (after the fleet stopped, its services are gone: the phase was said already)
+            v.phase = "finished" if learner.proc.returncode == 0 else "exited"
 
     # ---- evaluation -------------------------------------------------------------------------------------
     def _urls(self) -> tuple[str, str]:
@@ -328,13 +365,20 @@ class RunLauncher:
         rollout, reward = self._urls()
         try:
             point = evaluate(rollout, reward, rows, step, self.spec.sampling.max_new_tokens,
-                             self.run_dir / "eval.jsonl", worker=self._eval_worker, reward_token=self._reward_token)
-        except (httpx.HTTPError, RuntimeError) as exc:
+                             self.run_dir / "eval.jsonl", worker=self._eval_worker, reward_token=self._reward_token,
+                             success_threshold=self.spec.eval.success_threshold)
+        except RewardUnavailable as exc:
             self.display.event(f"held-out evaluation at step {step} failed: {exc}")
             return
+        except (httpx.HTTPError, RuntimeError) as exc:  # the rollout replica (a service of the run, named)
+            self.display.event(f"held-out evaluation at step {step} failed: rollout-0: "
+                               f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+            return
         self.view.evals.append(point)
-        self.display.event(f"held-out accuracy at step {step}: {point.accuracy:.1%} "
-                           f"({len(rows)} prompts, weights v{point.weight_version})")
+        mean = "" if point.mean_reward is None else f", mean reward {point.mean_reward:.3f}"
+        self.display.event(f"held-out accuracy at step {step}: {point.accuracy:.1%}{mean} "
+                           f"({len(rows)} prompts, reward >= {self.spec.eval.success_threshold:g}; "
+                           f"weights v{point.weight_version})")
 
     def _wait_for_final_weights(self, fleet: Fleet, timeout: float = 60.0) -> None:
         """The rollout replica serves the learner's last version before the final evaluation."""
@@ -404,7 +448,7 @@ def _wait_for_exit(proc, seconds: float) -> None:
 
 
 def run_spec(spec: RunSpec, spec_file: Path, display: Display, *, reset: bool = False,
-             zygote: Zygote | None = None) -> int:
+             zygote: Zygote | None = None, command: str | None = None, skip_preflight: bool = False) -> int:
     """Run ``spec`` to the end; 0 done, 1 failed, 130 interrupted. Problems are shown on ``display``. ``zygote``:
     one the caller started as early as it could (:meth:`Zygote.for_run`); it is closed however the run ends."""
     stop = threading.Event()
@@ -415,11 +459,12 @@ def run_spec(spec: RunSpec, spec_file: Path, display: Display, *, reset: bool = 
             raise KeyboardInterrupt(f"signal {signum}")
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
-    launcher = RunLauncher(spec, spec_file, display, reset=reset, zygote=zygote)
+    launcher = RunLauncher(spec, spec_file, display, reset=reset, zygote=zygote, command=command,
+                           skip_preflight=skip_preflight)
     try:
         return launcher.run()
     except KeyboardInterrupt:
-        display.event("interrupted: stopped; run the same command again to resume")
+        display.event(f"interrupted: stopped; run the same command again to resume: {launcher.command}")
         return 130
     except RunDone as exc:
         display.event(str(exc))

@@ -104,5 +104,5 @@ def plan(spec: RunSpec, spec_file: str | Path, redis_url: str | None, token: str
         place(out[-1].config, [p.config for p in out if p.kind == "rollout"], spec.placement,
               gpu_count() if gpus is None else gpus)
     for p in out:
-        validate(KINDS[p.kind].settings_cls, p.kind, p.config)
+        validate(KINDS[p.kind].settings_cls, p.kind, p.config, spec)
     return out

@@ -87,6 +87,53 @@ def import_problems(spec: RunSpec, spec_file: Path) -> list[str]:
         return [f"{todo[0][0]}: importing it failed: {tail[-1] if tail else f'exit code {out.returncode}'}"]
 
 
+def remote_problems(spec: RunSpec) -> list[str]:
+    """One line per remote reward the run depends on that does not answer as it should: each ``http`` scorer
+    gets one probe item in its protocol (:mod:`services.reward.scorers.probe`), a ``reward.url`` its ``/health``.
+    Each line names the scorer and its URL and ends with how to skip the check."""
+    if spec.reward is None:
+        return []
+    skip = " (fleetrl run --skip-preflight skips this check)"
+    if spec.reward.url is not None:
+        return [p + skip for p in [_reward_url_problem(spec.reward.url)] if p]
+    from services.reward.scorers.probe import probe_problems
+
+    return [p + skip for p in probe_problems(spec.reward.scorers or [])]
+
+
+def _reward_url_problem(url: str) -> str | None:
+    import httpx
+
+    from shared.redact import redact_url
+
+    shown = redact_url(url)
+    try:
+        r = httpx.get(f"{url.rstrip('/')}/health", timeout=httpx.Timeout(10.0, connect=5.0))
+    except httpx.HTTPError as exc:
+        return f"reward.url {shown}: cannot connect ({type(exc).__name__})"
+    if r.status_code == 404:
+        return f"reward.url {shown}: answered 404 to /health (is it a FleetRL reward service's base URL?)"
+    return None
+
+
+def extras_problems(procs) -> list[str]:
+    """One line per process of a plan (:func:`deploy.run.plan.plan`) whose settings need an optional package that
+    is not installed (``optional_packages()`` of its settings), with the ``pip install`` that brings it."""
+    from shared.extras import extras_problem
+
+    from .derive import validate
+    from .plan import KINDS
+
+    problems = []
+    for p in procs:
+        settings = validate(KINDS[p.kind].settings_cls, p.kind, p.config)
+        needs = getattr(settings, "optional_packages", None)
+        missing = extras_problem(needs()) if needs else None
+        if missing and f"{p.kind}: {missing}" not in problems:
+            problems.append(f"{p.kind}: {missing}")
+    return problems
+
+
 def preflight(spec: RunSpec, spec_file: Path) -> list[str]:
     """Every problem found before anything starts (paths first; imports only when the paths are right)."""
     return path_problems(spec, spec_file) or import_problems(spec, spec_file)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from dataclasses import dataclass, field
@@ -34,6 +35,49 @@ def fleet_error_line(exc: BaseException, logs: Path) -> str:
     return f"{head.rstrip().rstrip(':')}: {first_error(tail)} (its log: {logs / f'{name}.log'})"
 
 
+class SampleTail:
+    """The latest line of the learner's ``samples.jsonl`` as one line to show (read again only when the file
+    grew): ``step 40: 'sort 0123=' -> '0123' (reward 1.00, 5 tokens)``."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._size = -1
+        self.line: str | None = None
+
+    def latest(self) -> str | None:
+        try:
+            size = self.path.stat().st_size
+        except OSError:
+            return self.line
+        if size != self._size:
+            self._size = size
+            with self.path.open("rb") as f:
+                f.seek(max(0, size - 65536))
+                tail = f.read().decode("utf-8", "replace").splitlines()
+            for raw in reversed(tail):
+                try:
+                    row = json.loads(raw)
+                except ValueError:
+                    continue
+                self.line = sample_line(row)
+                break
+        return self.line
+
+
+def sample_line(row: dict[str, Any], width: int = 80) -> str:
+    """A samples.jsonl row in one line: step, prompt -> completion (both cut to ``width``), reward, length."""
+
+    def cut(text: Any) -> str:
+        text = repr(str(text or ""))
+        return text if len(text) <= width else text[:width - 3] + "..."
+
+    at_max = ", hit max_new_tokens" if row.get("finish_reason") == "length" else ""
+    reward = row.get("reward")
+    shown = "--" if not isinstance(reward, (int, float)) else f"{reward:.2f}"
+    return (f"step {row.get('step')}: {cut(row.get('prompt_text'))} -> {cut(row.get('response_text'))} "
+            f"(reward {shown}, {row.get('response_tokens')} tokens{at_max})")
+
+
 @dataclass
 class ServiceView:
     name: str
@@ -46,6 +90,7 @@ class EvalPoint:
     step: int
     accuracy: float
     weight_version: str
+    mean_reward: float | None = None
 
 
 @dataclass
@@ -69,6 +114,12 @@ class RunView:
     #: training health now: signal -> what to try (the learner's /status health, and held-out accuracy's)
     health: dict[str, str] = field(default_factory=dict)
     learner_health: dict[str, str] = field(default_factory=dict)
+    #: scorers whose calls fail now, from every reward service: where (scorer and URL) -> (seconds, last error)
+    reward_failing: dict[str, tuple[float, str]] = field(default_factory=dict)
+    stalled: str | None = None  # the run waits on a failing scorer (deploy/run/reward_stall.py)
+    #: the last step's mean completion length (tokens) and share of completions that hit max_new_tokens
+    lengths: tuple[float, float] | None = None
+    sample: str | None = None  # the latest completion the learner logged (samples.jsonl), as one line
 
 
 OFF_POLICY = ("staleness_mean", "staleness_max", "mismatch_k3", "is_rejected_frac")
@@ -97,9 +148,11 @@ class Poller:
 
     def poll(self) -> RunView:
         views = []
+        self.view.reward_failing = {}
         for name, svc in list(self.fleet.services.items()):
-            if not svc.alive:
-                views.append(ServiceView(name, f"exited {svc.proc.returncode}", first_error(svc.log_tail(20_000))))
+            if not svc.alive:  # a clean exit is "finished", not its log's last line (uvicorn's goodbye)
+                views.append(ServiceView(name, f"exited {svc.proc.returncode}", "finished" if svc.proc.returncode == 0
+                                         else first_error(svc.log_tail(20_000))))
                 if self.view.error is None and svc.proc.returncode not in (0, None) and name not in self.managed:
                     self.view.error = f"{name} exited with code {svc.proc.returncode}: " \
                                       f"{first_error(svc.log_tail(20_000))}  (log: {svc.log_path})"
@@ -116,7 +169,7 @@ class Poller:
         self.learner = st
         v = self.view
         v.phase = st.get("phase", "?")
-        v.step, v.total = int(st.get("step") or 0), int(st.get("total_steps") or 0)
+        v.step, v.total = int(st.get("step") or 0), int(st.get("total_steps") or 0) or v.total
         v.weight_version = st.get("weight_version")
         v.waiting = st.get("waiting") or st.get("weights_problem")
         last = st.get("last_metrics") or {}
@@ -125,6 +178,8 @@ class Poller:
         v.algorithm = st.get("algorithm") or v.algorithm
         v.loss = last.get("sft_loss", v.loss)
         v.learner_health = {w["signal"]: w["message"] for w in st.get("health") or [] if isinstance(w, dict)}
+        if isinstance(last.get("response_len_mean"), (int, float)):
+            v.lengths = (float(last["response_len_mean"]), float(last.get("truncated_frac") or 0.0))
         v.off_policy = {k: last[k] for k in OFF_POLICY if isinstance(last.get(k), (int, float))} or v.off_policy
         now = time.monotonic()
         if self._first is None or v.step < self._first[1]:
@@ -147,6 +202,16 @@ class Poller:
         code, h = self._get(f"{url}/health")
         if not h:
             return ServiceView(name, "starting")
-        problems = {k: v for k, v in (h.get("scorers") or {}).items() if v not in ("ok", True)}
-        return ServiceView(name, "ok" if code == 200 else "unhealthy",
-                           "scoring" if code == 200 else f"unhealthy: {problems or h}")
+        failing = {k: f for k, f in (h.get("failing") or {}).items() if isinstance(f, dict) and f.get("where")}
+        for f in failing.values():
+            seen = self.view.reward_failing.get(f["where"], (0.0, ""))
+            if float(f.get("for_s") or 0) >= seen[0]:
+                self.view.reward_failing[f["where"]] = (float(f.get("for_s") or 0), str(f.get("error", "")))
+        problems = [f"{failing[k]['where'] if k in failing else f'reward scorer {k!r}'}: {v}"
+                    for k, v in (h.get("scorers") or {}).items() if v not in ("ok", True)]
+        if code == 200 and not failing:
+            return ServiceView(name, "ok", "scoring")
+        if not problems:  # the breaker is closed, but calls fail
+            problems = [f"{f['where']}: failing for {float(f.get('for_s') or 0):.0f} s ({f.get('error', '')})"
+                        for f in failing.values()]
+        return ServiceView(name, "ok" if code == 200 else "unhealthy", "; ".join(problems) or f"answered {code}")

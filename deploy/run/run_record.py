@@ -27,7 +27,8 @@ LOCK = ".fleetrl-run.lock"
 
 BUDGETS = ("train.max_steps", "algorithm.max_steps", "data.epochs", "algorithm.epochs")
 """Settings a run may continue under when they grew: it trains further."""
-FREE = ("eval.", "replicas.", "placement.", "checkpoint_every", "export", "run_dir")
+FREE = ("eval.", "replicas.", "placement.", "checkpoint_every", "export", "run_dir", "reward.stall_after_s",
+        "reward.give_up_after_s")
 """Settings (or prefixes) that change how a run is watched or where it is written, not what it trains."""
 
 
@@ -58,8 +59,10 @@ def _budget(value: Any) -> float:
     return float("inf") if value is None else float(value)
 
 
-def compare(old: dict[str, Any], new: dict[str, Any], spec_file: str) -> Verdict:
-    """May a run started with spec ``old`` continue under spec ``new`` (both ``model_dump(mode="json")``)?"""
+def compare(old: dict[str, Any], new: dict[str, Any], spec_file: str, command: str | None = None) -> Verdict:
+    """May a run started with spec ``old`` continue under spec ``new`` (both ``model_dump(mode="json")``)?
+    ``command``: the command the user ran (``--set`` included), which the refusal's hint repeats with
+    ``--reset``; default ``fleetrl run SPEC_FILE``."""
     a, b = leaves(old), leaves(new)
     changed = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
     notes, refused = [], []
@@ -77,7 +80,7 @@ def compare(old: dict[str, Any], new: dict[str, Any], spec_file: str) -> Verdict
         more = f" and {len(refused) - 3} more" if len(refused) > 3 else ""
         return Verdict(False, problem=(
             f"{spec_file} changed since this run was started: {'; '.join(refused[:3])}{more}. A run continues only "
-            f"when budgets such as train.max_steps grew; start it over with fleetrl run {spec_file} --reset, or give "
+            f"when budgets such as train.max_steps grew; start it over with {command or f'fleetrl run {spec_file}'} --reset, or give "
             "the changed spec a new run_name"))
     return Verdict(True, notes=tuple(f"spec changed since the last start: {n}" for n in notes))
 

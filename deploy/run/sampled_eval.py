@@ -1,5 +1,5 @@
 """Sampled held-out accuracy and pass@k: ``k`` samples per prompt from a rollout service, each judged by the
-reward service (a reward >= 0.999 is correct), summarised with the unbiased pass@k estimator of Chen et al.
+reward service (a reward >= eval.success_threshold, default 1.0, is correct), summarised with the unbiased pass@k estimator of Chen et al.
 (2021): per prompt with ``n`` samples of which ``c`` are correct, ``1 - C(n-c, k) / C(n, k)``, averaged."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 
-from deploy.local.evaluate import generate, reward_prompt
+from deploy.local.evaluate import SUCCESS_THRESHOLD, generate, reward_prompt, score
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -33,7 +33,7 @@ def ks_for(n: int) -> list[int]:
 
 def sampled_accuracy(rollout_url: str, reward_url: str, rows: list[dict], *, samples: int, max_new_tokens: int,
                      temperature: float = 1.0, top_p: float = 1.0, seed: int | None = None, batch: int = 100,
-                     timeout: float = 300.0) -> dict[str, Any]:
+                     timeout: float = 300.0, success_threshold: float = SUCCESS_THRESHOLD) -> dict[str, Any]:
     """``samples`` answers per row (``{"input", "label", "metadata"?}``) sampled at ``temperature`` / ``top_p``
     (``n`` = ``samples`` per prompt; with ``seed``, answer j of every prompt uses ``seed + j``, so the same
     model gives the same answers again); returns ``{"samples_per_prompt", "temperature", "top_p", "seed",
@@ -53,12 +53,11 @@ def sampled_accuracy(rollout_url: str, reward_url: str, rows: list[dict], *, sam
             outs = generate(client, rollout_url, [row for _, row in chunk], params)  # prompt-major
             versions.update(str(o["meta_info"]["weight_version"]) for o in outs)
             judged = [(i, row) for i, row in chunk for _ in range(samples)]
-            s = client.post(f"{reward_url}/score", json={"items": [
+            scores = score(client, reward_url, [
                 {"prompt": reward_prompt(row), "response": o["text"], "label": row["label"],
-                 "metadata": row.get("metadata", {})} for (_, row), o in zip(judged, outs, strict=True)]})
-            s.raise_for_status()
-            for (i, _), v in zip(judged, s.json()["scores"], strict=True):
-                correct[i] += int(v is not None and v >= 0.999)
+                 "metadata": row.get("metadata", {})} for (_, row), o in zip(judged, outs, strict=True)])
+            for (i, _), v in zip(judged, scores, strict=True):
+                correct[i] += int(v is not None and v >= success_threshold)
     n = len(rows)
     return {
         "samples_per_prompt": samples, "temperature": temperature, "top_p": top_p, "seed": seed,

@@ -40,6 +40,12 @@ class RewardSpec(_Strict):
     scorers: list[ScorerConfig] | None = Field(
         default=None, description="The reward service's scorers (see examples/reward/); it is started with the run.")
     url: str | None = Field(default=None, description="Base URL of a reward service already running (POST /score).")
+    stall_after_s: float = Field(
+        default=60.0, gt=0.0, le=86_400.0, description="A scorer failing this long makes the display say the run "
+        "is stalled on it (its name, URL and last error).")
+    give_up_after_s: float = Field(
+        default=600.0, ge=0.0, le=604_800.0, description="A scorer failing this long stops the run (the learner "
+        "checkpoints; the same command resumes); 0: never give up.")
 
     @model_validator(mode="after")
     def _one_source(self) -> RewardSpec:
@@ -132,6 +138,9 @@ class EvalSpec(_Strict):
     data: str | None = Field(default=None, description="Held-out prompts (same format and keys as data); unset: none.")
     every: int | None = Field(default=None, ge=1, description="Evaluate every N learner steps (and before and after).")
     max_samples: int | None = Field(default=None, ge=1, description="Use only the first N held-out rows.")
+    success_threshold: float = Field(
+        default=1.0, description="Held-out accuracy is the share of answers whose reward is at least this (1.0: "
+        "full credit; lower it for graded rewards). The mean reward is reported beside it.")
 
 
 class ServicesSpec(_Strict):

@@ -11,17 +11,20 @@ from typing import Any
 
 
 def heldout_points(eval_log: Path) -> list[dict[str, Any]]:
-    """Every held-out point of the run (``eval.jsonl``), oldest first."""
+    """Every held-out point of the run (``eval.jsonl``), oldest first, one per step (a step evaluated again, as
+    the last step of a run that was then extended, keeps its latest point)."""
     if not eval_log.exists():
         return []
-    out = []
+    by_step: dict[Any, dict[str, Any]] = {}
     for line in eval_log.read_text().splitlines():
         try:
             row = json.loads(line)
         except ValueError:
             continue
-        out.append({k: row[k] for k in ("step", "accuracy", "weight_version") if k in row})
-    return out
+        point = {k: row[k] for k in ("step", "accuracy", "mean_reward", "weight_version") if k in row}
+        by_step.pop(point.get("step"), None)  # re-inserted: the dict keeps the order of the latest points
+        by_step[point.get("step")] = point
+    return sorted(by_step.values(), key=lambda p: p.get("step") if isinstance(p.get("step"), int) else -1)
 
 
 def build_summary(previous: dict[str, Any] | None, *, run_name: str, steps: int, total_steps: int,

@@ -23,7 +23,12 @@ SCORE = "services.rollout.routes.score:scoring"
 
 
 def serve_tinker(file: Path) -> int:
-    from services.learner.tinker.cli import serve_run_file
+    from services.learner.tinker.cli import missing_extras, serve_run_file
+
+    missing = missing_extras()  # before any replica starts
+    if missing:
+        typer.echo(f"error: {file}: {missing}", err=True)
+        return 2
 
     try:
         raw = {k: v for k, v in read_config_file(file).items() if k != "mode"}

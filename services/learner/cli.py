@@ -44,6 +44,13 @@ def main(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
 
+    from shared.extras import extras_problem
+
+    missing = extras_problem(settings.optional_packages())
+    if missing:
+        typer.echo(f"error: {missing}", err=True)
+        raise typer.Exit(2)
+
     from services.learner.distributed.env import RankInfo
     from shared.telemetry import setup_logging
 

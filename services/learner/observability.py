@@ -190,18 +190,61 @@ class MetricsSink:
 
 
     def log_samples(self, step: int, samples: list[Any]) -> None:
-        """One samples.jsonl line per trained sample (``observability.log_samples``)."""
-        if not self.settings.log_samples:
+        """Trained samples to samples.jsonl, tagged with the step: every one with ``observability.log_samples``,
+        else a few (:func:`pick_samples`) every ``observability.log_every`` steps (and at step 1), which also go to
+        TensorBoard (a markdown table) and wandb (a table) when those are on."""
+        o = self.settings
+        if o.log_samples:
+            chosen = list(samples)
+        elif o.log_every and (step % o.log_every == 0 or step == 1):
+            chosen = pick_samples(samples, o.samples_per_log)
+        else:
             return
+        rows = [sample_row(step, e) for e in chosen]
         with self.samples_path.open("a") as f:
-            for e in samples:
-                f.write(json.dumps({
-                    "step": step, "id": e.id, "group_id": e.group_id, "label": e.label,
-                    "prompt_text": e.prompt_text, "response_text": e.response_text, "reward": e.reward,
-                    "reward_components": e.reward_components, "weight_version": e.weight_version,
-                    "finish_reason": e.finish_reason, "response_tokens": len(e.response_token_ids),
-                    "created_at": e.created_at, "generated_at": e.generated_at,  # task issued, sample scored
-                }) + "\n")
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+        shown = rows if not o.log_samples else [sample_row(step, e) for e in pick_samples(samples, o.samples_per_log)]
+        if self._tb is not None and shown:
+            self._tb.add_text("samples", samples_markdown(shown), step)
+        if self._wandb is not None and shown:
+            import wandb
+
+            columns = ["step", "prompt_text", "response_text", "reward", "response_tokens", "finish_reason"]
+            self._wandb.log({"samples": wandb.Table(columns=columns, data=[[r[c] for c in columns] for r in shown])},
+                            step=step)
+
+
+def sample_row(step: int, e: Any) -> dict[str, Any]:
+    """One samples.jsonl line: a trained sample's prompt, completion, reward (and its components), length."""
+    return {
+        "step": step, "id": e.id, "group_id": e.group_id, "label": e.label,
+        "prompt_text": e.prompt_text, "response_text": e.response_text, "reward": e.reward,
+        "reward_components": e.reward_components, "weight_version": e.weight_version,
+        "finish_reason": e.finish_reason, "response_tokens": len(e.response_token_ids),
+        "created_at": e.created_at, "generated_at": e.generated_at,  # task issued, sample scored
+    }
+
+
+def pick_samples(samples: list[Any], n: int) -> list[Any]:
+    """Up to ``n`` of ``samples``: the first of each prompt group first (different prompts), then the rest."""
+    seen: set[str] = set()
+    firsts, rest = [], []
+    for e in samples:
+        (rest if e.group_id in seen else firsts).append(e)
+        seen.add(e.group_id)
+    return (firsts + rest)[:n]
+
+
+def samples_markdown(rows: list[dict[str, Any]]) -> str:
+    """``rows`` (:func:`sample_row`) as a markdown table (TensorBoard's text tab renders it)."""
+
+    def cell(text: Any) -> str:
+        return str(text).replace("|", "\\|").replace("\n", "\\n")[:500]
+
+    lines = ["| prompt | completion | reward | tokens | finish |", "|---|---|---|---|---|"]
+    lines += [f"| {cell(r['prompt_text'])} | {cell(r['response_text'])} | {r['reward']} | {r['response_tokens']} | "
+              f"{r['finish_reason']} |" for r in rows]
+    return "\n".join(lines)
 
 
 def read_history(jsonl_path: Path) -> dict[int, dict]:

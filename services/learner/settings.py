@@ -251,6 +251,12 @@ class ObservabilitySettings(_Section):
         default=False, description="Append every trained sample (ids, label, response text, reward and its "
         "components, weight version, finish reason) to samples.jsonl, one line each, tagged with the step.",
     )
+    log_every: int | None = Field(
+        default=10, ge=1, description="Every N steps (and at step 1), append `samples_per_log` trained samples (prompt, "
+        "completion, reward, length) to samples.jsonl, and to TensorBoard / wandb as a table when those are on; "
+        "null: only with log_samples.")
+    samples_per_log: int = Field(default=4, ge=1, le=256, description="Samples logged every log_every steps (one "
+                                 "per prompt group first).")
 
 
 class DistributedSettings(_Section):
@@ -292,6 +298,16 @@ class LearnerSettings(ServiceSettings):
                                      description="The elastic rollout pool's demand signal (docs/elastic.md).")
     exit_when_done: bool = Field(default=True, description="Exit the process once training has finished.")
     max_body_bytes: int = Field(default=64 * 1024, ge=1024, description="Larger request bodies get 413.")
+
+    def optional_packages(self) -> dict[str, str]:
+        """Import name -> the setting that needs it, of the optional packages these settings need
+        (:func:`shared.extras.extras_problem` checks them at start)."""
+        needs = {}
+        if self.model.lora is not None:
+            needs["peft"] = "model.lora (LoRA adapters)"
+        if self.backend.name == "deepspeed":
+            needs["deepspeed"] = "backend deepspeed"
+        return needs
 
     @model_validator(mode="after")
     def _consistent(self) -> LearnerSettings:

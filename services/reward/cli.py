@@ -29,6 +29,15 @@ def main(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
 
+    if settings.probe_remote_scorers:  # a wrong URL is refused now, not at the first request (or never)
+        from services.reward.scorers.probe import probe_problems
+
+        problems = probe_problems(settings.scorers)
+        if problems:
+            for line in problems:
+                typer.echo(f"error: {line} (probed at start; probe_remote_scorers: false skips the probe)", err=True)
+            raise typer.Exit(2)
+
     import uvicorn
 
     from services.reward.app import create_app

@@ -47,7 +47,7 @@ async def health(svc: ServiceDep, response: Response) -> RewardHealth:
     checks = await svc.health()
     ok = all(v == "ok" for v in checks.values())
     response.status_code = 200 if ok else 503
-    return RewardHealth(status="ok" if ok else "unhealthy", scorers=checks)
+    return RewardHealth(status="ok" if ok else "unhealthy", scorers=checks, failing=svc.failing())
 
 
 @router.get("/metrics", response_class=PrometheusText)

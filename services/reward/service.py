@@ -27,6 +27,7 @@ from shared.reward_api import (
     ItemError,
     ScoreItem,
     ScoreResponse,
+    ScorerFailing,
     ScorerInfo,
 )
 
@@ -44,6 +45,8 @@ class RewardService:
         self.settings = settings
         self.metrics = RewardMetrics()
         self.scorers: list[Scorer] = [build_scorer(cfg, self.metrics) for cfg in settings.scorers]
+        #: per scorer whose calls fail now: (monotonic time of the first failure since its last success, last cause)
+        self._failing: dict[str, tuple[float, str]] = {}
 
     async def start(self) -> None:
         for scorer in self.scorers:
@@ -72,11 +75,29 @@ class RewardService:
                 return "ok"
             except asyncio.TimeoutError:
                 return f"check timed out after {self.settings.health_timeout_s}s"
+            except ScorerFailure as exc:
+                return exc.message
             except Exception as exc:  # noqa: BLE001 - reported, not raised
                 return f"{type(exc).__name__}: {exc}"
 
         results = await asyncio.gather(*(one(s) for s in self.scorers))
         return {s.name: r for s, r in zip(self.scorers, results)}
+
+    def failing(self) -> dict[str, ScorerFailing]:
+        """The scorers whose calls have failed since their last success: where, for how long, the last cause."""
+        now = time.monotonic()
+        by_name = {s.name: s for s in self.scorers}
+        return {name: ScorerFailing(where=by_name[name].where, for_s=round(now - since, 1), error=error)
+                for name, (since, error) in self._failing.items()}
+
+    def _note(self, scorer: Scorer, failure: BaseException | None) -> None:
+        """A call's outcome: a success clears the scorer's failing streak, a failure starts or extends it."""
+        if failure is None:
+            self._failing.pop(scorer.name, None)
+            return
+        cause = failure.message if isinstance(failure, ScorerFailure) else f"{type(failure).__name__}: {failure}"
+        since = self._failing.get(scorer.name, (time.monotonic(), ""))[0]
+        self._failing[scorer.name] = (since, cause)
 
     # --- scoring -------------------------------------------------------------------------------------
 
@@ -135,9 +156,12 @@ class RewardService:
             ):
                 with attempt:
                     tries = attempt.retry_state.attempt_number
-                    return await self._call_once(scorer, items, deadline)
+                    values = await self._call_once(scorer, items, deadline)
+                    self._note(scorer, None)
+                    return values
         except ScorerFailure as exc:
             exc.tries = tries
+            self._note(scorer, exc)
             raise
         raise AssertionError("unreachable: tenacity reraises the last failure")
 
@@ -218,7 +242,7 @@ class RewardService:
     def _describe_failure(scorer: Scorer, exc: BaseException) -> str:
         tries = getattr(exc, "tries", 1)
         cause = exc.message if isinstance(exc, ScorerFailure) else f"{type(exc).__name__}: {exc}"
-        return f"scorer {scorer.name!r} ({scorer.kind}) failed after {tries} tr{'y' if tries == 1 else 'ies'}: {cause}"
+        return f"{scorer.where} failed after {tries} tr{'y' if tries == 1 else 'ies'}: {cause}"
 
     def _request_error(self, failures: list[tuple[Scorer, BaseException]]) -> RewardRequestError:
         status = max(getattr(exc, "status", 502) for _, exc in failures)

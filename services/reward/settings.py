@@ -27,6 +27,10 @@ class RewardSettings(ServiceSettings):
     )
     max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024, description="Larger request bodies get 413.")
     max_items: int = Field(default=8192, ge=1, description="Items (or queries) per request at most; more gets 413.")
+    probe_remote_scorers: bool = Field(
+        default=True, description="At start, call each http scorer once with a probe item in its protocol and refuse "
+        "to start, in one line naming the scorer and its URL, when one cannot score it (false: for a remote that "
+        "cannot take a probe; fleetrl run --skip-preflight sets false).")
     health_timeout_s: float = Field(default=10.0, gt=0.0, description="Limit of the scorer checks behind GET /health.")
     strip_tokens: list[str] = Field(
         default_factory=lambda: list(DEFAULT_STRIP_TOKENS),

@@ -78,3 +78,19 @@ def test_a_slow_entropy_collapse_is_seen_past_the_recent_history():
     for row in steps(entropy=[0.56 - (0.4 * i / 299) for i in range(300)]):
         healthy.add(row)
     assert check_health(steps(entropy=[0.2] * 100), peaks=healthy) == []
+
+
+def test_a_collapse_with_completions_blowing_up_to_the_limit_is_said_as_length_not_learning_rate():
+    """Issue 41: the policy learned to babble up to max_new_tokens for partial prefix credit; the warning said only
+    "the learning rate may be too high"."""
+    entropy = [0.6] * 10 + [0.02] * 10
+    lengths = [6.0] * 10 + [32.0] * 10
+    (w,) = check_health(steps(entropy=entropy, response_len_mean=lengths, truncated_frac=[0.0] * 10 + [0.9] * 10))
+    assert w.signal == "entropy"
+    assert "completions grew 6 -> 32 tokens and 90% hit max_new_tokens" in w.message
+    assert "learning rate" not in w.message and "samples.jsonl" in w.message
+    # no collapse yet, but the length blew up: said on its own
+    (w,) = check_health(steps(response_len_mean=lengths, truncated_frac=[0.0] * 10 + [0.9] * 10))
+    assert w.signal == "length" and w.message.startswith("completions grew 6 -> 32 tokens")
+    # longer answers that stay under the limit are learning, not a blow-up
+    assert check_health(steps(response_len_mean=lengths, truncated_frac=[0.0] * 20)) == []

@@ -77,7 +77,7 @@ from shared.training_health import Peaks
 
 HEALTH_HISTORY = 100
 """Steps of metrics kept for /status's ``health`` (collapse and spike checks, shared/training_health.py)."""
-HEALTH_KEYS = ("reward_mean", "entropy", "kl", "mismatch_k3")
+HEALTH_KEYS = ("reward_mean", "entropy", "kl", "mismatch_k3", "response_len_mean", "truncated_frac")
 
 log = logging.getLogger(__name__)
 

@@ -38,6 +38,14 @@ def main(
     serve(settings)
 
 
+def missing_extras() -> str | None:
+    """One line when the Tinker mode's optional packages (peft, tinker) are not installed, else None."""
+    from shared.extras import extras_problem
+
+    return extras_problem({"peft": "mode: tinker (it trains LoRA adapters)",
+                           "tinker": "mode: tinker (the client's wire schema)"}, extra="tinker")
+
+
 def serve_run_file(file: Path, raw: dict | None = None) -> int:
     """``fleetrl run FILE`` with ``mode: tinker``: the file's other keys (or ``raw``, what the launcher made of
     them) are Tinker settings, paths relative to the file; without an api_key (file or FLEETRL_TINKER_API_KEY) a
@@ -47,6 +55,10 @@ def serve_run_file(file: Path, raw: dict | None = None) -> int:
     from services.learner.tinker.settings import TinkerSettings
     from shared.settings import SettingsError, load_settings, read_config_file
 
+    missing = missing_extras()
+    if missing:
+        typer.echo(f"error: {file}: {missing}", err=True)
+        return 2
     if raw is None:
         try:
             raw = {k: v for k, v in read_config_file(file).items() if k != "mode"}

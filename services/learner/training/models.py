@@ -69,12 +69,23 @@ def apply_lora(model: nn.Module, lora: LoraSettings, adapter_dir: str | None = N
     from peft import LoraConfig, PeftModel, get_peft_model
 
     if adapter_dir is not None:
-        return PeftModel.from_pretrained(model, adapter_dir, is_trainable=True)
-    config = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                        target_modules=lora.target_modules, task_type="CAUSAL_LM")
-    if getattr(model, "is_gradient_checkpointing", False):
-        model.enable_input_require_grads()
-    return get_peft_model(model, config)
+        peft_model = PeftModel.from_pretrained(model, adapter_dir, is_trainable=True)
+    else:
+        config = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                            target_modules=lora.target_modules, task_type="CAUSAL_LM")
+        if getattr(model, "is_gradient_checkpointing", False):
+            model.enable_input_require_grads()
+        peft_model = get_peft_model(model, config)
+    log.info("%s", lora_line(peft_model, lora))
+    return peft_model
+
+
+def lora_line(model: nn.Module, lora: LoraSettings) -> str:
+    """The line the learner logs at start with LoRA on: its shape and how many parameters train."""
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in model.parameters())
+    return (f"LoRA on: rank {lora.rank}, alpha {lora.alpha}, target {lora.target_modules}: {trainable:,} of "
+            f"{total:,} parameters train ({trainable / max(total, 1):.2%})")
 
 
 def load_reference(settings: ModelSettings, device: torch.device) -> nn.Module:

@@ -27,6 +27,12 @@ class Scorer(ABC):
             self.kind = config.kind
         self.metrics = metrics
 
+    @property
+    def where(self) -> str:
+        """The scorer as every error a user sees names it: ``reward scorer 'name' (kind)``; a remote one adds
+        its URL (:class:`~services.reward.scorers.http_remote.HttpScorer`)."""
+        return f"reward scorer {self.name!r} ({self.kind})"
+
     async def start(self) -> None:
         """Load models, open clients. Called once before the first ``score``."""
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -31,6 +32,8 @@ class FleetRLProtocol:
 
     @staticmethod
     def values(body: Any, n: int) -> list[float]:
+        if not isinstance(body, dict) or not isinstance(body.get("scores"), list):
+            raise ScorerFailure(f"the reply has no scores (it was {str(body)[:120]})")
         reply = ScoreResponse.model_validate(body)
         if reply.errors:
             first = reply.errors[0]
@@ -56,7 +59,7 @@ class OpenRLHFProtocol:
     def values(body: Any, n: int) -> list[float]:
         # Lenient like OpenRLHF's own client: `rewards`, else `scores`; other keys are the server's business.
         if not isinstance(body, dict) or not isinstance(body.get("rewards", body.get("scores")), list):
-            raise ScorerFailure(f"remote reply has no `rewards` list: {str(body)[:200]}")
+            raise ScorerFailure(f"the reply has no rewards (it was {str(body)[:120]})")
         rewards = body.get("rewards", body.get("scores"))
         if len(rewards) != n:
             raise ScorerFailure(f"remote returned {len(rewards)} rewards for {n} queries")
@@ -77,6 +80,39 @@ def shown_url(url: str) -> str:
     return str(u.copy_with(username=None, password=None, query=None, fragment=None))
 
 
+def short_reason(exc: BaseException) -> str:
+    """A transport error in a few words (``Connection refused``, not ``[Errno 111] Connection refused``)."""
+    inner: BaseException | None = exc
+    while inner is not None:  # the innermost OS error says it best (asyncio's "All connection attempts failed" not)
+        if isinstance(inner, OSError) and inner.errno:
+            return os.strerror(inner.errno)
+        inner = inner.__cause__ or inner.__context__
+    text = str(exc) or type(exc).__name__
+    return text.split("] ", 1)[-1] if text.startswith("[Errno") else text
+
+
+def first_error(exc: ValueError) -> str:
+    """A reply that is not what the protocol says, in one line: pydantic's first error (where and what)."""
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        first = errors()[0]
+        return f"{'.'.join(str(x) for x in first.get('loc', ())) or 'the body'}: {first.get('msg')}"
+    return (str(exc).splitlines() or [type(exc).__name__])[0]
+
+
+def where(config) -> str:
+    """An http scorer as errors name it: ``reward scorer 'name' at URL`` (the URL as :func:`shown_url` shows it)."""
+    return f"reward scorer {config.name!r} at {shown_url(config.url)}"
+
+
+def request_headers(config) -> dict[str, str]:
+    """The headers every call to the remote carries (``headers`` and ``api_key``; secrets, never logged)."""
+    headers = {k: v.get_secret_value() for k, v in config.headers.items()}
+    if config.api_key is not None:
+        headers["Authorization"] = f"Bearer {config.api_key.get_secret_value()}"
+    return headers
+
+
 class HttpScorer(Scorer):
     """Scores by calling another reward service over HTTP."""
 
@@ -93,15 +129,17 @@ class HttpScorer(Scorer):
         )
 
     async def start(self) -> None:
-        headers = {k: v.get_secret_value() for k, v in self.config.headers.items()}
-        if self.config.api_key is not None:
-            headers["Authorization"] = f"Bearer {self.config.api_key.get_secret_value()}"
+        headers = request_headers(self.config)
         self._client = httpx.AsyncClient(
             timeout=httpx.Timeout(self.config.timeout_s, connect=min(10.0, self.config.timeout_s)),
             limits=httpx.Limits(max_connections=self.config.max_concurrency,
                                 max_keepalive_connections=self.config.max_concurrency),
             headers=headers,
         )
+
+    @property
+    def where(self) -> str:
+        return where(self.config)
 
     async def close(self) -> None:
         if self._client is not None:
@@ -134,25 +172,25 @@ class HttpScorer(Scorer):
             return values
 
     async def _request(self, items: Sequence[ScoreItem]) -> list[float]:
-        url = shown_url(self.config.url)
         try:
             response = await self._client.post(self.config.url, json=self._protocol.payload(items))
         except httpx.TimeoutException as exc:
-            raise ScorerTimeout(f"{url} did not answer within {self.config.timeout_s}s ({type(exc).__name__})") from exc
+            raise ScorerTimeout(f"did not answer within {self.config.timeout_s}s ({type(exc).__name__})") from exc
         except httpx.ConnectError as exc:
-            raise ScorerUnavailable(f"cannot connect to {url}: {exc}") from exc
+            raise ScorerUnavailable(f"cannot connect ({short_reason(exc)})") from exc
         except httpx.HTTPError as exc:
-            raise ScorerFailure(f"{url}: {type(exc).__name__}: {exc}") from exc
+            raise ScorerFailure(f"{type(exc).__name__}: {exc}") from exc
         if response.status_code != 200:
             text = response.text[:300]
             status = response.status_code
             error = ScorerUnavailable if status in (429, 503) else ScorerFailure
-            raise error(f"{url} answered {status}: {text}", retryable=status >= 500 or status == 429)
+            raise error(f"answered {status}: {text}", retryable=status >= 500 or status == 429)
         try:
             body = response.json()
         except ValueError as exc:
-            raise ScorerFailure(f"{url} answered with a body that is not JSON: {response.text[:200]!r}") from exc
+            raise ScorerFailure(f"the reply is not JSON: {response.text[:200]!r}") from exc
         try:
             return self._protocol.values(body, len(items))
         except ValueError as exc:  # pydantic ValidationError included
-            raise ScorerFailure(f"{url} answered with an unexpected body: {exc}") from exc
+            raise ScorerFailure(f"the reply is not what the {self.config.protocol} protocol says: "
+                               f"{first_error(exc)}") from exc

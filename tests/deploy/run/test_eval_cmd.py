@@ -27,11 +27,18 @@ def test_fleetrl_eval_prints_the_accuracy_of_a_model(spec_file, tiny_model_dir):
     rows = [json.loads(line) for line in (spec_file.parent / "heldout.jsonl").read_text().splitlines()]
     write_rows(spec_file.parent / "chat.jsonl", [{**r, "input": [{"role": "user", "content": r["input"]}]}
                                                  for r in rows])  # verl / OpenRLHF chat prompts
-    out = fleetrl_eval(spec_file, "--model", tiny_model_dir.name, "--set", "eval.data=chat.jsonl",
+    out = fleetrl_eval(spec_file, "--model", tiny_model_dir.name, "--set", "eval.data=chat.jsonl", "--show", "2",
                        cwd=tiny_model_dir.parent)  # a relative --model: a directory under the current one
     assert out.returncode == 0, out.stderr[-3000:]
-    result = json.loads(out.stdout)
+    shown, _, body = out.stdout.partition("\n{")
+    result = json.loads("{" + body)
     assert result["n"] == 8 and 0.0 <= result["accuracy"] <= 1.0 and result["weight_version"] == "0"
+    # what is measured (issue 41): accuracy = share of rewards >= eval.success_threshold, the mean reward beside it;
+    # --show 2 prints two answers with their reward and length, and every answer is kept in samples.jsonl
+    assert result["success_threshold"] == 1.0 and 0.0 <= result["mean_reward"] <= 1.0
+    assert shown.count("--- reward ") == 2 and shown.count("\ncompletion: ") == 2 and " tokens" in shown
+    (answers,) = (spec_file.parent / "run" / "evals").glob("*/samples.jsonl")
+    assert len(answers.read_text().splitlines()) == 8
     assert result["model"] == str(tiny_model_dir)
     run_dir = spec_file.parent / "run"
     (kept,) = (run_dir / "evals").glob("*/result.json")  # each evaluation in its own folder under evals/

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -50,6 +51,14 @@ def test_a_tiny_run_trains_and_the_same_command_resumes(spec_file):
     out = first.stdout
     assert out.index("starting rollout-0") < out.index("starting learner") < out.index("starting reward-0"), out
     assert [m["step"] for m in metrics(run_dir)] == [1, 2]
+    # issue 41: what is measured, said at the end (accuracy = reward >= eval.success_threshold, the mean beside it),
+    # and what the model wrote: a few samples of step 1 (observability.log_every) with their reward and length
+    assert re.search(r"held-out accuracy: [\d.]+% -> [\d.]+% \(mean reward [\d.-]+ -> [\d.-]+\), 2 steps, \d+ s",
+                     first.stdout), first.stdout[-3000:]
+    assert "mean reward" in step0 and "reward >= 1;" in step0
+    logged = [json.loads(x) for x in (run_dir / "learner" / "samples.jsonl").read_text().splitlines()]
+    assert logged and {r["step"] for r in logged} == {1} and all("response_tokens" in r for r in logged)
+    assert all(k in metrics(run_dir)[-1] for k in ("response_len_mean", "truncated_frac"))
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == 2 and [e["step"] for e in summary["heldout"]] == [0, 2]
     assert summary["heldout"][-1]["weight_version"] == "2"  # measured on the learner's last version
@@ -90,6 +99,8 @@ def test_a_tiny_run_trains_and_the_same_command_resumes(spec_file):
     (line,) = [line for line in other.stdout.splitlines() if "error:" in line]
     assert "changed since this run was started: optim.actor_lr 0.001 -> 0.0005." in line
     assert "--reset" in line and "new run_name" in line
+    # the hint repeats the command that was run, its --set included (issue 41: not another run's file)
+    assert f"fleetrl run {spec_file} --set train.max_steps=4 --set optim.actor_lr=0.0005 --reset" in line
     assert [m["step"] for m in metrics(run_dir)] == [1, 2, 3]
     fresh = fleetrl_run(spec_file, "train.max_steps=1", flags=("--reset",))  # start over in the same run dir
     assert fresh.returncode == 0, fresh.stdout[-3000:] + fresh.stderr[-3000:]
@@ -122,6 +133,8 @@ def test_ctrl_c_stops_every_process_and_a_used_run_name_is_refused(spec_file, re
     configs = {p.stem: p.read_text() for p in (run_dir / "configs").glob("*.yaml")}
     assert set(configs) == {"reward-0", "rollout-0", "learner"}
     assert (run_dir / "learner" / "checkpoints" / "latest").exists()  # the learner checkpointed on its way out
+    # summary.json says the step the learner stopped (and checkpointed) at, not the last one the display polled
+    assert json.loads((run_dir / "summary.json").read_text())["steps"] == metrics(run_dir)[-1]["step"]
     listening = subprocess.run(["ss", "-ltn"], capture_output=True, text=True, check=False).stdout
     for cfg in configs.values():
         port = next(line.split(":")[1].strip() for line in cfg.splitlines() if line.startswith("port:"))

@@ -80,8 +80,12 @@ def test_a_service_setting_that_contradicts_the_spec_names_both_places(spec_file
 
 def test_a_service_setting_its_own_class_refuses_is_named(spec_file):
     spec = load_spec(spec_file, ["services.rollout.engine.max_batch=3"])
-    with pytest.raises(SettingsError, match=r"rollout settings: engine.max_batch: unknown setting"):
+    # named by the spec's own path, where the user wrote it (issue 41), not by the service's
+    with pytest.raises(SettingsError, match=r"^services\.rollout\.engine\.max_batch: unknown setting"):
         plan(spec, spec_file, "redis://127.0.0.1:1/0", "tok")
+    typo = load_spec(spec_file, ["services.rollout.engin={kind: hf}"])
+    with pytest.raises(SettingsError, match=r"^services\.rollout\.engin: unknown setting \(did you mean engine\?\)"):
+        plan(typo, spec_file, "redis://127.0.0.1:1/0", "tok")
     missing = load_spec(spec_file, ["model=./no-such-model"])
     with pytest.raises(SettingsError, match="model .*no Hugging Face checkpoint there"):
         plan(missing, spec_file, "redis://127.0.0.1:1/0", "tok")

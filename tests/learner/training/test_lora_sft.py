@@ -1,5 +1,7 @@
 """LoRA on CPU (trains adapters only, saves adapters and merged weights) and SFT (loss on answers only)."""
 
+import logging
+
 import torch
 from transformers import AutoModelForCausalLM
 
@@ -9,11 +11,16 @@ from services.learner.training.sft_trainer import SFTTrainer
 from tests.learner.helpers import GOOD, good_bad_batch, response_logprob, settings
 
 
-def test_lora_trains_adapters_and_exports_merged_weights(tiny_model_dir, tmp_path):
+def test_lora_trains_adapters_and_exports_merged_weights(tiny_model_dir, tmp_path, caplog):
     s = settings(tiny_model_dir, tmp_path, algorithm={"name": "grpo"},
                  model={"lora": {"rank": 4, "alpha": 8}}, optim={"actor_lr": 1e-2})
-    trainer = RLTrainer(s, total_steps=3)
+    with caplog.at_level(logging.INFO, logger="services.learner.training.models"):
+        trainer = RLTrainer(s, total_steps=3)
     model = trainer.actor.model
+    # the learner says at start that LoRA is on and how many parameters train (issue 41)
+    n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    n_all = sum(p.numel() for p in model.parameters())
+    assert f"LoRA on: rank 4, alpha 8, target all-linear: {n_train:,} of {n_all:,} parameters train (" in caplog.text
     base = {k: v.clone() for k, v in model.named_parameters() if not v.requires_grad}
     good0 = response_logprob(trainer, [GOOD] * 3)
     for step in range(3):
