@@ -108,6 +108,9 @@ class Engine(ABC):
     #: of its weight sink, a ``services.rollout.weights.sinks.WeightSink`` (imported only when a weight
     #: sidecar starts beside the engine); None: the engine cannot load weights, and no sidecar runs with it.
     weight_sink: ClassVar[str | None] = None
+    #: The optional sampling features (:data:`~services.rollout.engines.types.FEATURES`) this engine applies; a
+    #: sequence asking for another is refused (HTTP 400 naming the field and this engine's ``kind``).
+    honours: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, settings: EngineSettingsBase, model_path: str) -> None:
         self.settings = settings

@@ -41,6 +41,8 @@ def _resolve_device(name: str) -> torch.device:
 
 class HFEngine(Engine):
     kind = "hf"
+    honours = frozenset({"min_new_tokens", "stop_regex", "spaces_between_special_tokens", "frequency_penalty",
+                         "presence_penalty", "repetition_penalty"})
     weight_sink = "services.rollout.weights.sinks.hf:HFSink"  # receives the buckets itself, swaps them in
     settings: HFEngineSettings
 
@@ -62,6 +64,7 @@ class HFEngine(Engine):
             self.model, self.tokenizer, self.device,
             max_batch_size=self.settings.max_batch_size,
             max_wait_s=self.settings.max_wait_ms / 1000.0,
+            stop_regex_bounds=(self.settings.stop_regex_window_chars, self.settings.stop_regex_timeout_s),
             context_length=self.context_length,
             eos_ids=self._eos_ids(),
             deliver=self._deliver_threadsafe,
