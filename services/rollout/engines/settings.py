@@ -51,6 +51,11 @@ class HFEngineSettings(EngineSettingsBase):
     stop_regex_timeout_s: float = Field(
         default=0.005, gt=0, le=1.0, description="One stop_regex search gives up after this long (the `regex` "
         "module's timeout): the sequence then ends with finish_reason abort, naming the pattern.")
+    max_grammar_chars: int = Field(
+        default=65536, ge=1, le=16 * 1024 * 1024, description="Characters of one structured-output grammar (regex, "
+        "JSON schema, EBNF) at most; beyond it 400.")
+    grammar_compile_timeout_s: float = Field(
+        default=10.0, gt=0, le=600, description="Compiling one grammar (in a worker thread) stops after this long (400).")
     health_stall_s: float = Field(
         default=60.0, gt=0, le=3600,
         description="/health: a decode loop with work that made no step for this long is unhealthy (503). "

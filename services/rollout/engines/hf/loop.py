@@ -37,6 +37,7 @@ import torch
 
 from services.rollout.engines.base import SequenceRejected
 from services.rollout.engines.hf.batch import KVBatch
+from services.rollout.engines.hf.grammar import RowGrammar
 from services.rollout.engines.hf.prefix_cache import PrefixCache, PrefixHit
 from services.rollout.engines.hf.sampling import (
     Penalties,
@@ -63,6 +64,7 @@ class Row:
     generator: torch.Generator | None
     sampling: RowParams
     penalties: Penalties | None = None
+    grammar: RowGrammar | None = None  # structured output: which tokens may come next
     out_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     top: list[list[tuple[int, float]]] | None = None
@@ -139,9 +141,11 @@ class DecodeLoop:
         """Seconds the loop has had work without finishing a step (0 while idle)."""
         return time.monotonic() - self.progress_at if self.busy else 0.0
 
-    def submit(self, req: SequenceRequest) -> Row:
-        """Queue a sequence. :class:`SequenceRejected` when its parameters are out of what the engine holds."""
+    def submit(self, req: SequenceRequest, grammar: RowGrammar | None = None) -> Row:
+        """Queue a sequence (with its structured-output matcher, compiled beforehand). :class:`SequenceRejected`
+        when its parameters are out of what the engine holds."""
         row = self._row(req)
+        row.grammar = grammar
         with self._cond:
             if self._stopping:
                 raise RuntimeError("the decode loop is stopped")
@@ -390,7 +394,7 @@ class DecodeLoop:
         changed = None
         for i, row in enumerate(rows):
             short = len(row.out_ids) < row.req.params.min_new_tokens and row.stop_ids
-            if row.penalties is None and not short:
+            if row.penalties is None and not short and row.grammar is None:
                 continue
             if changed is None:
                 changed = logits.float().clone()
@@ -399,6 +403,11 @@ class DecodeLoop:
             if short:
                 ids = [t for t in row.stop_ids if t < changed.shape[-1]]
                 changed[i, torch.tensor(ids, dtype=torch.long, device=changed.device)] = float("-inf")
+            if row.grammar is not None:
+                allowed = row.grammar.allowed(changed.device)
+                width = min(allowed.numel(), changed.shape[-1])
+                changed[i, :width] = changed[i, :width].masked_fill(~allowed[:width], float("-inf"))
+                changed[i, width:] = float("-inf")
         return logits if changed is None else changed
 
     def _sample(self, rows: list[Row], logits: torch.Tensor) -> list[tuple[int, float, list | None]]:
@@ -428,6 +437,8 @@ class DecodeLoop:
             row.top.append(top)
         if row.penalties is not None:
             row.penalties.add(tok)
+        if row.grammar is not None:
+            row.grammar.consume(tok)
         finish = None
         early = len(row.out_ids) < p.min_new_tokens  # no stop ends it yet
         if row.text is not None:
@@ -439,6 +450,8 @@ class DecodeLoop:
             finish = Finish("stop", matched=matched)
         elif len(row.out_ids) >= p.max_new_tokens or len(row.req.prompt_ids) + len(row.out_ids) >= self.context_length:
             finish = Finish("length", length=len(row.out_ids))
+        elif row.grammar is not None and row.grammar.complete:  # the structured output is whole: nothing may follow
+            finish = Finish("stop", matched=None)
         if finish is not None:
             out.append((row, self._finish_delta(row, finish, sampled=True)))
         elif row.req.stream:
