@@ -3,6 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 SGLANG_FRONTEND := 0.5.23
+OPENRLHF_CLIENT := 0.11.2
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints/cpu.txt | cksum | cut -d' ' -f1)
 export TOKENIZERS_PARALLELISM := false
 export HF_HUB_OFFLINE := 1
@@ -16,6 +17,8 @@ $(STAMP): pyproject.toml constraints/cpu.txt
 	# SGLang's frontend (tests/rollout/clients: sgl.RuntimeEndpoint against /generate) without its server's
 	# dependencies (CUDA kernels, its own torch / transformers pins): what its client imports is in the dev extra
 	$(BIN)/python -m pip install -q --no-deps 'sglang==$(SGLANG_FRONTEND)'
+	# OpenRLHF's remote reward client (tests/reward/test_score_api.py) without its training stack (Ray, DeepSpeed, vLLM)
+	$(BIN)/python -m pip install -q --no-deps 'openrlhf==$(OPENRLHF_CLIENT)'
 	rm -f $(VENV)/.installed-* && touch $(STAMP)
 
 install: $(STAMP)
