@@ -18,7 +18,7 @@ from tests.procs import REPO
 from tests.rollout.clients.sglang_frontend import PREFIX, QUESTIONS
 from tests.rollout.conftest import THREAD_ENV
 
-pytestmark = pytest.mark.process
+pytestmark = [pytest.mark.process, pytest.mark.slow]  # `import sglang` alone takes 20-60 s here
 
 
 def _greedy(url: str, question: str) -> str:

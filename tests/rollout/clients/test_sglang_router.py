@@ -17,7 +17,7 @@ from tests.procs import REPO, spawn, starts_processes, stop, wait_http_ok
 from tests.rollout.clients.sglang_frontend import PREFIX, QUESTIONS
 from tests.rollout.conftest import THREAD_ENV, start_rollouts
 
-pytestmark = pytest.mark.process
+pytestmark = [pytest.mark.process, pytest.mark.slow]  # `import sglang` alone takes 20-60 s here
 
 
 @pytest.fixture(scope="module")
