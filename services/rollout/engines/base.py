@@ -215,7 +215,9 @@ class Engine(ABC):
         prompt = request.prompt_ids + tuple(produced)
         if left <= 0 or len(prompt) >= self.context_length:
             return None
-        return replace(request, prompt_ids=prompt, params=replace(request.params, max_new_tokens=left))
+        params = replace(request.params, max_new_tokens=left,
+                         min_new_tokens=max(0, request.params.min_new_tokens - len(produced)))
+        return replace(request, prompt_ids=prompt, params=params, resumed=len(produced))
 
     async def generate(self, request: SequenceRequest, admit_timeout: float | None = None) -> SequenceOutput:
         """One finished sequence."""

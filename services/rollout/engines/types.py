@@ -88,6 +88,9 @@ class SequenceRequest:
     prompt_ids: tuple[int, ...]
     params: SamplingParams
     stream: bool = False  # emit a delta per token (else one delta at the end)
+    #: the last ``resumed`` prompt ids are this sequence's own earlier output (a partial-rollout continuation): its
+    #: grammar and penalties carry on from them
+    resumed: int = 0
 
 
 @dataclass

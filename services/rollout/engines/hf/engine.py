@@ -135,7 +135,8 @@ class HFEngine(Engine):
             raise ValueError(f"request id {request.rid!r} is already in flight")
         grammar = None
         if request.params.grammar is not None:  # compiled in a worker thread, bounded (engines/hf/grammar.py)
-            grammar = await self._grammars.matcher(request.params.grammar)
+            resumed = request.prompt_ids[len(request.prompt_ids) - request.resumed:] if request.resumed else ()
+            grammar = await self._grammars.matcher(request.params.grammar, resumed)
         q: asyncio.Queue[SequenceDelta] = asyncio.Queue()
         self._queues[request.rid] = q
         finished = False

@@ -97,21 +97,21 @@ class Grammars:
         self._lock = threading.Lock()
         self._texts: OrderedDict[Grammar, str] = OrderedDict()
 
-    async def matcher(self, g: Grammar) -> RowGrammar:
-        """A fresh matcher for one sequence (SequenceRejected, a 400, for a grammar that is too large, too slow to
-        compile or invalid)."""
+    async def matcher(self, g: Grammar, resumed: tuple[int, ...] = ()) -> RowGrammar:
+        """A fresh matcher for one sequence, past its ``resumed`` tokens (a partial-rollout continuation's own
+        earlier output); SequenceRejected, a 400, for a grammar that is too large, too slow to compile or invalid."""
         if len(g.spec) > self.max_chars:
             raise SequenceRejected(f"the {g.kind} has {len(g.spec)} characters; this engine takes at most "
                                    f"{self.max_chars} (engine.max_grammar_chars)")
         try:
-            return await asyncio.wait_for(asyncio.to_thread(self._build, g), self.timeout_s)
+            return await asyncio.wait_for(asyncio.to_thread(self._build, g, resumed), self.timeout_s)
         except TimeoutError:
             raise SequenceRejected(f"compiling the {g.kind} took over {self.timeout_s} s "
                                    "(engine.grammar_compile_timeout_s)") from None
         except (ValueError, TypeError, RuntimeError) as exc:
             raise SequenceRejected(f"{g.kind}: {exc}") from None
 
-    def _build(self, g: Grammar) -> RowGrammar:
+    def _build(self, g: Grammar, resumed: tuple[int, ...] = ()) -> RowGrammar:
         from llguidance import LLMatcher
 
         with self._lock:
@@ -135,4 +135,7 @@ class Grammars:
         matcher = LLMatcher(self._lltok, text, log_level=0)
         if matcher.is_error():
             raise ValueError(matcher.get_error())
-        return RowGrammar(matcher, self._vocab)
+        row = RowGrammar(matcher, self._vocab)
+        for token in resumed:
+            row.consume(token)
+        return row

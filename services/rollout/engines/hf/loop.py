@@ -180,8 +180,11 @@ class DecodeLoop:
             stops = frozenset(p.stop_token_ids) | (frozenset() if p.ignore_eos else self.eos_ids)
             if isinstance(p.min_new_tokens, bool) or not isinstance(p.min_new_tokens, int) or p.min_new_tokens < 0:
                 raise ValueError(f"min_new_tokens={p.min_new_tokens!r} must be an integer >= 0")
-            penalties = Penalties.of(p.frequency_penalty, p.presence_penalty, p.repetition_penalty, ids,
+            own = len(ids) - req.resumed  # a continuation's earlier output counts as output for the penalties
+            penalties = Penalties.of(p.frequency_penalty, p.presence_penalty, p.repetition_penalty, ids[:own],
                                      self.vocab_size, self.device)
+            for t in ids[own:] if penalties is not None else ():
+                penalties.add(t)
             window, timeout = self.stop_regex_bounds
             stop_regex = StopRegex.of(p.stop_regex, window, timeout)
             # incremental text only where it is needed during decoding (stop strings / regex, streaming)
