@@ -2,6 +2,8 @@
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+SGLANG_FRONTEND := 0.5.23
+OPENRLHF_CLIENT := 0.11.2
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints/cpu.txt | cksum | cut -d' ' -f1)
 export TOKENIZERS_PARALLELISM := false
 export HF_HUB_OFFLINE := 1
@@ -12,6 +14,11 @@ $(STAMP): pyproject.toml constraints/cpu.txt
 	@$(PY) -c 'import sys; assert sys.version_info >= (3, 10), "FleetRL needs Python >= 3.10"'
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q -c constraints/cpu.txt -e '.[learner,dev]'
+	# SGLang's frontend (tests/rollout/clients: sgl.RuntimeEndpoint against /generate) without its server's
+	# dependencies (CUDA kernels, its own torch / transformers pins): what its client imports is in the dev extra
+	$(BIN)/python -m pip install -q --no-deps 'sglang==$(SGLANG_FRONTEND)'
+	# OpenRLHF's remote reward client (tests/reward/test_score_api.py) without its training stack (Ray, DeepSpeed, vLLM)
+	$(BIN)/python -m pip install -q --no-deps 'openrlhf==$(OPENRLHF_CLIENT)'
 	rm -f $(VENV)/.installed-* && touch $(STAMP)
 
 install: $(STAMP)

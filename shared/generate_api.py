@@ -12,9 +12,12 @@ prompt-major: result ``i * n + j`` is sample ``j`` of prompt ``i``.
 agents keep token-level fidelity: ``return_token_ids`` adds ``prompt_token_ids`` and per-choice
 ``token_ids``; a completion prompt given as token ids is used as is.
 
-Unknown fields are rejected (HTTP 400 naming the field), never silently ignored. Fields FleetRL cannot
-honour (the penalties of :data:`PENALTIES` on every route, OpenAI's ``logit_bias``, ``echo``, ``suffix``) are
-accepted only at their neutral value: clients that send every default work, any other value is a 400 naming it.
+Every field the upstream API defines is accepted, ``null`` meaning the default (:mod:`shared.upstream_fields`:
+SGLang's frontend sends its whole ``SamplingParams``); fields no upstream API defines are rejected (HTTP 400 naming
+the field), never silently ignored. Optional sampling features (``min_new_tokens``, ``stop_regex``, penalties,
+structured outputs, ...) reach the engine, and the service refuses those its engine cannot honour with a 400 naming
+field and engine; upstream fields FleetRL has no use for are accepted at their neutral value only (``echo``,
+``suffix``, ``logit_bias``, ``lora_path``, ...).
 
 Numbers and text follow :mod:`shared.wire_checks`: strict JSON types (no ``"10"`` for an int, an int is fine
 for a float), finite floats, ints the engines hold (token ids and counts in int32, seeds in int64), and text
@@ -24,10 +27,19 @@ service kit's envelope (:class:`shared.service_kit.envelope.ErrorResponse`).
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import json
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+import regex
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
+from shared.upstream_fields import (
+    OPENAI_CHAT,
+    OPENAI_COMPLETION,
+    SGLANG_GENERATE,
+    SGLANG_SAMPLING,
+    take_upstream,
+)
 from shared.wire_checks import (
     INT32_MAX,
     SEED_MAX,
@@ -73,32 +85,85 @@ def _only_neutral(model: BaseModel, fields: dict[str, Any]) -> None:
             raise ValueError(f"{name}={value!r} is not supported by this server (leave it at {neutral!r})")
 
 
-PENALTIES = {"frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0}
-"""Sampling penalties (SGLang's and vLLM's names) and their neutral values: every generation route accepts them
-at these values (clients such as sglang-router and OpenAI SDK wrappers send every default) and refuses any
-other value with a 400 naming the field, since no engine path here applies them."""
+class _Upstream(_Strict):
+    """A wire model that takes its upstream API's whole schema (:mod:`shared.upstream_fields`): ``null`` means the
+    default, upstream-only fields at their neutral value are dropped, others are kept in :meth:`unhonoured` for
+    the service to refuse naming its engine; a field the upstream API does not define is still a 400 naming it."""
+
+    _upstream_table: ClassVar[dict[str, Any]] = {}
+    _null_not_default: ClassVar[frozenset[str]] = frozenset()  # fields whose null means something of its own
+    _unhonoured: dict[str, Any] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _take_upstream(cls, data: Any, handler):
+        if not isinstance(data, dict):
+            return handler(data)
+        kept, aside = take_upstream(data, cls._upstream_table, set(cls.model_fields),
+                                    set(cls.model_fields) - cls._null_not_default)
+        model = handler(kept)
+        model._unhonoured = aside
+        return model
+
+    def unhonoured(self) -> dict[str, Any]:
+        """Upstream-only fields set to a value FleetRL cannot honour, with their paths (nested models' included)."""
+        out = dict(self._unhonoured)
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            if isinstance(value, _Upstream):
+                out.update({f"{name}.{k}": v for k, v in value.unhonoured().items()})
+        return out
+
+
+GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf")
+"""SGLang's structured-output fields of ``sampling_params`` (at most one per request)."""
+
+
+def _pattern_list(v: str | list[str] | None, what: str) -> list[str]:
+    items = [] if v is None else [v] if isinstance(v, str) else list(v)
+    for pattern in items:
+        if not pattern:
+            raise ValueError(f"{what} patterns must be non-empty")
+        try:
+            regex.compile(pattern)
+        except (regex.error, RecursionError, OverflowError) as exc:
+            raise ValueError(f"{what} {pattern[:60]!r} is not a valid regular expression: {exc}") from None
+    return items
 
 
 # ---- SGLang /generate ----------------------------------------------------------------------------------
-class SamplingParamsIn(_Strict):
-    """``sampling_params`` of ``/generate`` (SGLang names and defaults)."""
+class SamplingParamsIn(_Upstream):
+    """``sampling_params`` of ``/generate``: SGLang 0.5.x's ``SamplingParams``, names and defaults; ``null`` means
+    the default (``max_new_tokens: null``: the rest of the context). Fields beyond the core (``min_new_tokens``,
+    ``stop_regex``, penalties, structured outputs, ...) are applied when the serving engine honours them, else
+    refused with a 400 naming the field and the engine."""
 
-    max_new_tokens: StrictInt = Field(default=128, ge=1, le=INT32_MAX, description="Tokens to generate at most.")
+    _upstream_table = SGLANG_SAMPLING
+    _null_not_default = frozenset({"max_new_tokens"})
+
+    max_new_tokens: StrictInt | None = Field(default=128, ge=0, le=INT32_MAX, description="Tokens to generate at "
+                                             "most; 0: the prompt only (SGLang's prefix caching); null: the context.")
+    min_new_tokens: StrictInt = Field(default=0, ge=0, le=INT32_MAX, description="No stop ends it before this many.")
     temperature: FiniteFloat = Field(default=1.0, ge=0.0, description="0 means greedy.")
     top_p: FiniteFloat = Field(default=1.0, gt=0.0, le=1.0)
     top_k: StrictInt = Field(default=-1, ge=-1, le=INT32_MAX, description="-1 (or 0) disables top-k.")
     min_p: FiniteFloat = Field(default=0.0, ge=0.0, le=1.0)
     stop: str | list[str] | None = Field(default=None, description="Stop strings (trimmed from the text).")
     stop_token_ids: TokenIds | None = Field(default=None, description="Token ids that end a sequence (kept in output_ids).")
+    stop_regex: str | list[str] | None = Field(default=None, description="A match ends the sequence (trimmed like a "
+                                               "stop string).")
     ignore_eos: StrictBool = False
     skip_special_tokens: StrictBool = True
+    spaces_between_special_tokens: StrictBool = True
     no_stop_trim: StrictBool = Field(default=False, description="Keep the matched stop string in the text.")
     n: StrictInt = Field(default=1, ge=1, le=_MAX_N, description="Samples per prompt.")
     sampling_seed: StrictInt | None = Field(default=None, ge=0, le=SEED_MAX, description="Sample j of a prompt uses seed + j.")
-    # SGLang's penalties, which clients that send every default send: accepted at their neutral value only.
-    frequency_penalty: FiniteFloat = Field(default=0.0, description="Only 0 (no penalty) is supported.")
-    presence_penalty: FiniteFloat = Field(default=0.0, description="Only 0 (no penalty) is supported.")
-    repetition_penalty: FiniteFloat = Field(default=1.0, description="Only 1 (no penalty) is supported.")
+    frequency_penalty: FiniteFloat = Field(default=0.0, ge=-2.0, le=2.0, description="Minus this times a token's count.")
+    presence_penalty: FiniteFloat = Field(default=0.0, ge=-2.0, le=2.0, description="Minus this once a token is out.")
+    repetition_penalty: FiniteFloat = Field(default=1.0, gt=0.0, le=2.0, description="1 = none (CTRL's penalty).")
+    json_schema: str | None = Field(default=None, description="The text is JSON matching this schema (JSON text).")
+    regex: str | None = Field(default=None, description="The text matches this regular expression.")
+    ebnf: str | None = Field(default=None, description="The text matches this EBNF grammar.")
 
     @field_validator("stop")
     @classmethod
@@ -106,19 +171,39 @@ class SamplingParamsIn(_Strict):
         _stop_list(v)
         return v
 
-    @model_validator(mode="after")
-    def _neutral_only(self) -> SamplingParamsIn:
-        _only_neutral(self, PENALTIES)
-        return self
+    @field_validator("stop_regex")
+    @classmethod
+    def _stop_regex(cls, v):
+        _pattern_list(v, "stop_regex")
+        return v
 
     @field_validator("stop_token_ids", mode="before")
     @classmethod
     def _ids(cls, v):
         return check_token_ids(v, "stop_token_ids", nested=False)
 
+    @model_validator(mode="after")
+    def _checks(self) -> SamplingParamsIn:
+        if self.max_new_tokens is not None and self.min_new_tokens > self.max_new_tokens:
+            raise ValueError(f"min_new_tokens={self.min_new_tokens} is over max_new_tokens={self.max_new_tokens}")
+        given = [f for f in GRAMMAR_FIELDS if getattr(self, f)]
+        if len(given) > 1:
+            raise ValueError(f"give at most one of {', '.join(GRAMMAR_FIELDS)} (got {', '.join(given)})")
+        return self
 
-class GenerateRequest(_Strict):
-    """Body of ``POST /generate``: exactly one of ``text`` and ``input_ids``, single or batch."""
+    def stop_regex_list(self) -> list[str]:
+        return _pattern_list(self.stop_regex, "stop_regex")
+
+    def grammar(self) -> tuple[str, str] | None:
+        """(kind, spec) of the structured output asked for, if any."""
+        return next(((f, getattr(self, f)) for f in GRAMMAR_FIELDS if getattr(self, f)), None)
+
+
+class GenerateRequest(_Upstream):
+    """Body of ``POST /generate``: SGLang 0.5.x's ``GenerateReqInput``; exactly one of ``text`` and ``input_ids``,
+    single or batch."""
+
+    _upstream_table = SGLANG_GENERATE
 
     text: str | list[str] | None = None
     input_ids: TokenIds | list[TokenIds] | None = None
@@ -205,7 +290,34 @@ class StreamOptions(_Strict):
     continuous_usage_stats: StrictBool = False
 
 
-class _OpenAICommon(_Strict):
+class ResponseFormat(_Strict):
+    """OpenAI's ``response_format``: ``text`` (free), ``json_object`` (any JSON object) or ``json_schema``."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: dict[str, Any] | None = Field(default=None, description="{name, schema, strict?, description?}.")
+
+    @model_validator(mode="after")
+    def _schema(self) -> ResponseFormat:
+        schema = self.json_schema.get("schema") if isinstance(self.json_schema, dict) else None
+        if self.type == "json_schema" and not isinstance(schema, dict):
+            raise ValueError("response_format json_schema needs json_schema.schema (a JSON schema object)")
+        return self
+
+    def grammar(self) -> tuple[str, str] | None:
+        """(kind, spec) as SGLang names it, or None for free text."""
+        if self.type == "json_schema":
+            return "json_schema", json.dumps(self.json_schema["schema"])  # type: ignore[index]
+        if self.type == "json_object":
+            return "json_object", ""
+        return None
+
+
+class _OpenAICommon(_Upstream):
+    """OpenAI's fields plus vLLM's extras; ``null`` means the default (``max_tokens: null``: the context). Other
+    fields OpenAI or vLLM define are accepted at their neutral value (:mod:`shared.upstream_fields`)."""
+
+    _null_not_default = frozenset({"max_tokens", "max_completion_tokens"})
+
     model: str | None = Field(default=None, description="Must name the served model when given.")
     temperature: FiniteFloat = Field(default=1.0, ge=0.0)
     top_p: FiniteFloat = Field(default=1.0, gt=0.0, le=1.0)
@@ -215,16 +327,18 @@ class _OpenAICommon(_Strict):
     stop: str | list[str] | None = None
     seed: StrictInt | None = Field(default=None, ge=0, le=SEED_MAX)
     user: str | None = None
-    presence_penalty: FiniteFloat = 0.0
-    frequency_penalty: FiniteFloat = 0.0
-    logit_bias: dict[str, FiniteFloat] | None = None
+    presence_penalty: FiniteFloat = Field(default=0.0, ge=-2.0, le=2.0)
+    frequency_penalty: FiniteFloat = Field(default=0.0, ge=-2.0, le=2.0)
+    response_format: ResponseFormat | None = Field(default=None, description="Structured output (OpenAI's shape).")
     # vLLM extras
-    repetition_penalty: FiniteFloat = Field(default=1.0, description="Only 1 (no penalty) is supported.")
+    repetition_penalty: FiniteFloat = Field(default=1.0, gt=0.0, le=2.0, description="1 = none (CTRL's penalty).")
     top_k: StrictInt = Field(default=-1, ge=-1, le=INT32_MAX)
     min_p: FiniteFloat = Field(default=0.0, ge=0.0, le=1.0)
+    min_tokens: StrictInt = Field(default=0, ge=0, le=INT32_MAX, description="No stop ends it before this many tokens.")
     stop_token_ids: TokenIds | None = None
     ignore_eos: StrictBool = False
     skip_special_tokens: StrictBool = True
+    spaces_between_special_tokens: StrictBool = True
     include_stop_str_in_output: StrictBool = False
     return_token_ids: StrictBool = Field(default=False, description="Add prompt_token_ids and per-choice token_ids (vLLM).")
     return_tokens_as_token_ids: StrictBool = Field(default=False, description="Logprob tokens as 'token_id:<id>' (vLLM).")
@@ -239,17 +353,20 @@ class _OpenAICommon(_Strict):
 
     @model_validator(mode="after")
     def _neutral_only(self):
-        _only_neutral(self, {"no_stop_trim": False, "return_hidden_states": False, **PENALTIES})
-        if self.logit_bias:
-            raise ValueError("logit_bias is not supported")
+        _only_neutral(self, {"no_stop_trim": False, "return_hidden_states": False})
         _stop_list(self.stop)
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options is only allowed with stream=true")
         return self
 
+    def grammar(self) -> tuple[str, str] | None:
+        return self.response_format.grammar() if self.response_format is not None else None
+
 
 class CompletionRequest(_OpenAICommon):
     """Body of ``POST /v1/completions``."""
+
+    _upstream_table = OPENAI_COMPLETION
 
     prompt: str | list[str] | TokenIds | list[TokenIds]
     max_tokens: StrictInt | None = Field(default=16, ge=1, le=INT32_MAX)
@@ -311,6 +428,8 @@ class ChatMessageIn(_Strict):
 
 class ChatCompletionRequest(_OpenAICommon):
     """Body of ``POST /v1/chat/completions``; the prompt is the tokenizer's chat template applied."""
+
+    _upstream_table = OPENAI_CHAT
 
     messages: list[ChatMessageIn] = Field(min_length=1)
     max_tokens: StrictInt | None = Field(default=None, ge=1, le=INT32_MAX)

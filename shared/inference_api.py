@@ -10,8 +10,10 @@ response ``{"request_id", "choices": [{"index", "token_ids", "logprobs": {"conte
 "token_id:<id>", "logprob", "top_logprobs": [...]}, ...]}, "finish_reason"}], "usage", "prompt_token_ids"?}``.
 
 Unknown fields are handled as vLLM handles them: ignored (vLLM's request model and its msgspec
-``SamplingParams`` both drop what they do not know); the route logs their names. Known vLLM fields FleetRL
-cannot honour (penalties, ``logit_bias``, structured outputs, prompt logprobs, multimodal ``features``,
+``SamplingParams`` both drop what they do not know); the route logs their names. ``null`` means the default.
+``min_tokens``, the penalties and ``structured_outputs`` are applied when the serving engine honours them (else a
+400 naming the field and the engine). Known vLLM fields FleetRL cannot honour (``logit_bias``, prompt logprobs,
+multimodal ``features``,
 ``priority`` other than 0) are accepted at their neutral value only: anything else is a 400 naming the
 field, never silently ignored. Fields that only shape vLLM's own output (``detokenize``, ``flat_logprobs``,
 ``skip_special_tokens``, ...) are accepted and have no effect here: this endpoint returns no text.
@@ -19,6 +21,7 @@ field, never silently ignored. Fields that only shape vLLM's own output (``detok
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -50,6 +53,12 @@ def _neutral(model: BaseModel, fields: dict[str, Any]) -> None:
 class _VLLMShaped(Utf8Fields):
     model_config = ConfigDict(extra="allow")  # vLLM ignores unknown fields; so does this endpoint (and logs them)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_default(cls, data: Any) -> Any:
+        """``null`` means the default, as in vLLM's own request models."""
+        return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
+
 
 class TokenSamplingParams(_VLLMShaped):
     """``sampling_params``: vLLM's ``SamplingParams`` names and defaults."""
@@ -78,16 +87,19 @@ class TokenSamplingParams(_VLLMShaped):
     extra_args: dict[str, Any] | None = Field(default=None, description="For vLLM plug-ins; ignored here.")
     skip_reading_prefix_cache: StrictBool | None = None
     routed_experts_prompt_start: StrictInt = Field(default=0, ge=0, description="MoE routing data: none is returned here.")
+    # Applied when the serving engine honours them (else a 400 naming the field and the engine).
+    min_tokens: StrictInt = Field(default=0, ge=0, le=INT32_MAX, description="No stop ends it before this many.")
+    presence_penalty: FiniteFloat = Field(default=0.0, ge=-2.0, le=2.0)
+    frequency_penalty: FiniteFloat = Field(default=0.0, ge=-2.0, le=2.0)
+    repetition_penalty: FiniteFloat = Field(default=1.0, gt=0.0, le=2.0)
+    structured_outputs: dict[str, Any] | None = Field(
+        default=None, description="vLLM's StructuredOutputsParams: one of `regex`, `json` (a schema, or true for any "
+        "object), `grammar` (EBNF), `json_object`; the others (choice, structural_tag, ...) are refused.")
     # vLLM fields honoured only at their neutral value.
-    min_tokens: StrictInt = 0
-    presence_penalty: FiniteFloat = 0.0
-    frequency_penalty: FiniteFloat = 0.0
-    repetition_penalty: FiniteFloat = 1.0
     prompt_logprobs: StrictInt | None = None
     logit_bias: dict[str, FiniteFloat] | None = None
     allowed_token_ids: list[StrictInt] | None = None
     bad_words: list[str] | None = None
-    structured_outputs: dict[str, Any] | None = None
     logprob_token_ids: list[StrictInt] | None = None
     trace_decode_token_ids: list[StrictInt] | None = None
     thinking_token_budget: StrictInt | None = None
@@ -107,12 +119,34 @@ class TokenSamplingParams(_VLLMShaped):
 
     @model_validator(mode="after")
     def _neutral_only(self) -> TokenSamplingParams:
-        _neutral(self, {"min_tokens": 0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0,
-                        "prompt_logprobs": None, "logit_bias": None, "allowed_token_ids": None, "bad_words": None,
-                        "structured_outputs": None, "logprob_token_ids": None, "trace_decode_token_ids": None})
+        _neutral(self, {"prompt_logprobs": None, "logit_bias": None, "allowed_token_ids": None, "bad_words": None,
+                        "logprob_token_ids": None, "trace_decode_token_ids": None})
+        self.grammar()
         if self.thinking_token_budget not in (None, -1):
             raise ValueError("thinking_token_budget is not supported by this server (leave it out)")
         return self
+
+    def grammar(self) -> tuple[str, str] | None:
+        """(kind, spec) of ``structured_outputs`` in SGLang's names (ValueError naming what is not supported)."""
+        so = {k: v for k, v in (self.structured_outputs or {}).items() if v not in (None, False)}
+        for key in ("disable_fallback", "disable_any_whitespace", "disable_additional_properties", "whitespace_pattern",
+                    "_backend", "_backend_was_auto"):
+            so.pop(key, None)  # backend options: the grammar's meaning is the same
+        if not so:
+            return None
+        if len(so) > 1:
+            raise ValueError(f"structured_outputs: give one constraint (got {', '.join(so)})")
+        (key, value), = so.items()
+        if key == "regex" and isinstance(value, str):
+            return "regex", value
+        if key == "grammar" and isinstance(value, str):
+            return "ebnf", value
+        if key == "json_object" and value is True:
+            return "json_object", ""
+        if key == "json" and isinstance(value, (dict, str)):
+            return "json_schema", value if isinstance(value, str) else json.dumps(value)
+        raise ValueError(f"structured_outputs.{key} is not supported by this server (regex, json, grammar and "
+                         "json_object are)")
 
     def stop_list(self) -> tuple[str, ...]:
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())

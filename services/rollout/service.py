@@ -32,6 +32,7 @@ from services.rollout.engines.types import (
 from services.rollout.errors import Overloaded, RequestError
 from services.rollout.metrics import RolloutMetrics
 from services.rollout.settings import RolloutSettings
+from shared.upstream_fields import describe
 
 if TYPE_CHECKING:
     from services.rollout.sessions.manager import SessionManager
@@ -316,6 +317,31 @@ class RolloutService:
             raise RequestError(f"a stop string of {len(long)} characters; this server takes at most {chars} per "
                                "string (limits.max_stop_string_chars)")
 
+    def check_stop_regex(self, patterns: Sequence[str]) -> None:
+        """stop_regex within ``limits.max_stop_regexes`` / ``limits.max_stop_regex_chars`` (searched on every
+        generated token on the engine's thread, each search under ``limits.stop_regex_timeout_s``)."""
+        if len(patterns) > self.limits.max_stop_regexes:
+            raise RequestError(f"{len(patterns)} stop_regex patterns; this server takes at most "
+                               f"{self.limits.max_stop_regexes} (limits.max_stop_regexes)")
+        long = next((p for p in patterns if len(p) > self.limits.max_stop_regex_chars), None)
+        if long is not None:
+            raise RequestError(f"a stop_regex of {len(long)} characters; this server takes at most "
+                               f"{self.limits.max_stop_regex_chars} (limits.max_stop_regex_chars)")
+
+    def check_features(self, params: SamplingParams) -> None:
+        """400 naming each optional sampling feature the request uses that the serving engine cannot apply."""
+        missing = [name if name != "grammar" else f"{params.grammar.kind} (structured output)"
+                   for name in params.features_used() if name not in self.engine.honours]
+        if missing:
+            raise RequestError(f"{', '.join(missing)}: the `{self.engine.kind}` engine serving this model cannot "
+                               "honour it (leave it out or null)")
+
+    def check_upstream(self, fields: dict[str, Any]) -> None:
+        """400 naming the upstream-API fields a request set that no engine here honours (``shared.upstream_fields``)."""
+        if fields:
+            raise RequestError(f"{describe(fields)}: not supported by the `{self.engine.kind}` engine serving this "
+                               "model (leave it out, null, or at its default)")
+
     # ---- sequences ---------------------------------------------------------------------------------
     def sequences(self, prompts: list[list[int]], params: list[SamplingParams], n: int, stream: bool,
                   request_id: str) -> list[SequenceRequest]:
@@ -326,6 +352,8 @@ class RolloutService:
             raise RequestError(f"n={n} is over this server's limit of {self.limits.max_n} (limits.max_n)")
         for p in {id(p): p for p in params}.values():
             self.check_stops(p.stop)
+            self.check_stop_regex(p.stop_regex)
+            self.check_features(p)
         out = []
         for i, (ids, p) in enumerate(zip(prompts, params)):
             for j in range(n):

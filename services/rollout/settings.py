@@ -32,6 +32,10 @@ class LimitsSettings(BaseModel):
         "generated token); beyond it 400.")
     max_stop_string_chars: int = Field(default=256, ge=1, le=65536, description="Characters of one stop string at most.")
     max_stop_token_ids: int = Field(default=256, ge=0, le=65536, description="stop_token_ids per request at most.")
+    max_stop_regexes: int = Field(
+        default=8, ge=0, le=256, description="stop_regex patterns per request at most (each is searched on every "
+        "generated token, on the engine's thread); beyond it 400.")
+    max_stop_regex_chars: int = Field(default=256, ge=1, le=4096, description="Characters of one stop_regex at most.")
     max_chat_template_chars: int = Field(
         default=65536, ge=1, description="Characters of a request's own chat template at most "
         "(with trust_request_chat_template).")

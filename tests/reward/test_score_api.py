@@ -61,6 +61,22 @@ def test_get_reward_as_openrlhf_sends_it(svc):
     assert body["extra_logs"] == {"math": [1.0, 1.0], "boxed": [1.0, 0.0], "length": [0.0, 0.0]}
 
 
+def test_openrlhf_own_remote_reward_client(svc):
+    """OpenRLHF 0.11.2's own client code (``SingleTurnAgentExecutor._fetch_rewards_via_http``, what its trainer
+    runs with ``remote_rm_url``; installed with --no-deps by the Makefile), sharding a batch over two endpoints."""
+    import asyncio
+
+    from openrlhf.utils.agent import SingleTurnAgentExecutor
+
+    executor = SingleTurnAgentExecutor([f"{svc.url}/get_reward", f"{svc.url}/get_reward"])
+    prompts = ["Q: 2+2? A:", "Q: 1/4 as a decimal? A:", "Q: 3*3? A:"]
+    responses = [r" \boxed{4}", " 0.25", " 8"]
+    shards = asyncio.run(executor._fetch_rewards_via_http([p + r for p, r in zip(prompts, responses)], prompts,
+                                                          ["4", "0.250", "9"]))
+    rewards = [x for shard in shards for x in shard["rewards"]]
+    assert rewards == pytest.approx([1.5, 1.0, 0.0]) and len(shards) == 2
+
+
 def test_get_reward_query_only(svc):
     r = httpx.post(f"{svc.url}/get_reward", json={"query": [r"... so \boxed{3}"], "labels": [3]}, timeout=30)
     assert r.status_code == 200, r.text

@@ -36,6 +36,16 @@ class SGLSampling(_S):
     skip_special_tokens: bool = True
     no_stop_trim: bool = False
     sampling_seed: int | None = None
+    # SGLang 0.5.23's optional features (FleetRL sends them only when a request uses them)
+    min_new_tokens: int = 0
+    stop_regex: list[str] | str | None = None
+    spaces_between_special_tokens: bool = True
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    regex: str | None = None
+    json_schema: str | None = None
+    ebnf: str | None = None
 
 
 class SGLGenerate(_S):
@@ -66,6 +76,13 @@ class VCompletion(_S):
     return_tokens_as_token_ids: bool = False
     stream: bool = False
     seed: int | None = None
+    # vLLM 0.33's optional features (FleetRL sends them only when a request uses them)
+    min_tokens: int = 0
+    spaces_between_special_tokens: bool = True
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    structured_outputs: dict | None = None
 
 
 def tokens_for(prompt: list[int], limit: int, stop_ids: list[int]) -> tuple[list[int], list[float], dict]:
@@ -111,7 +128,7 @@ async def abort_request(body: dict):
 
 @app.post("/generate")
 async def generate(body: SGLGenerate):
-    LAST["generate"] = body.model_dump()
+    LAST["generate"] = body.model_dump(exclude_unset=True)  # what FleetRL sent, no defaults
     sp = body.sampling_params
     ids, lps, finish = tokens_for(body.input_ids, sp.max_new_tokens, sp.stop_token_ids or [])
 
@@ -139,7 +156,7 @@ async def generate(body: SGLGenerate):
 
 @app.post("/v1/completions")
 async def completions(body: VCompletion):
-    LAST["completions"] = body.model_dump()
+    LAST["completions"] = body.model_dump(exclude_unset=True)
     if body.n != 1 or not body.return_token_ids:
         return JSONResponse({"error": "adapter must send n=1 and return_token_ids"}, status_code=400)
     ids, lps, finish = tokens_for(body.prompt, body.max_tokens, body.stop_token_ids)

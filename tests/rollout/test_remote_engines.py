@@ -62,6 +62,40 @@ def test_generate_maps_request_and_response(remote_rollout, standin):
         assert sent["seed"] == 11 and sent["top_k"] == 7 and sent["max_tokens"] == 6 and sent["return_token_ids"]
 
 
+def test_optional_features_pass_through_in_each_servers_names(remote_rollout, standin):
+    kind, url = remote_rollout
+    sp = {"max_new_tokens": 6, "min_new_tokens": 2, "frequency_penalty": 0.5, "repetition_penalty": 1.2,
+          "spaces_between_special_tokens": False, "json_schema": '{"type": "object"}'}
+    r = httpx.post(f"{url}/generate", json={"input_ids": [10, 20], "sampling_params": sp}, timeout=30)
+    assert r.status_code == 200, r.text
+    sent = httpx.get(f"{standin}/_last/{'generate' if kind == 'sglang' else 'completions'}", timeout=5).json()
+    if kind == "sglang":
+        got = {k: sent["sampling_params"].get(k) for k in sp if k != "max_new_tokens"}
+        assert got == {k: v for k, v in sp.items() if k != "max_new_tokens"}
+    else:
+        assert (sent["min_tokens"], sent["frequency_penalty"], sent["repetition_penalty"]) == (2, 0.5, 1.2)
+        assert sent["spaces_between_special_tokens"] is False
+        assert sent["structured_outputs"] == {"json": {"type": "object"}}
+    plain = httpx.post(f"{url}/generate", json={"input_ids": [10, 20], "sampling_params": {"max_new_tokens": 2}},
+                       timeout=30)
+    assert plain.status_code == 200, plain.text
+    sent = httpx.get(f"{standin}/_last/{'generate' if kind == 'sglang' else 'completions'}", timeout=5).json()
+    fields = sent["sampling_params"] if kind == "sglang" else sent
+    assert not {"min_new_tokens", "min_tokens", "json_schema", "structured_outputs"} & set(fields)  # defaults: unsent
+
+
+def test_a_feature_the_engine_lacks_is_refused_naming_it_and_the_engine(remote_rollout):
+    kind, url = remote_rollout
+    r = httpx.post(f"{url}/generate", json={"input_ids": [10, 20], "sampling_params": {"max_new_tokens": 2,
+                                                                                       "stop_regex": "x+"}}, timeout=30)
+    if kind == "sglang":
+        assert r.status_code == 200, r.text
+    else:
+        assert r.status_code == 400 and "stop_regex: the `vllm` engine" in r.json()["detail"], r.text
+    r = httpx.post(f"{url}/generate", json={"input_ids": [10, 20], "lora_path": "adapter"}, timeout=30)
+    assert r.status_code == 400 and f"lora_path='adapter': not supported by the `{kind}` engine" in r.json()["detail"]
+
+
 def test_stop_token_and_openai_route(remote_rollout):
     _, url = remote_rollout
     ids, _, _ = tokens_for([1, 2], 10, [])

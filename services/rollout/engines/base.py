@@ -108,6 +108,9 @@ class Engine(ABC):
     #: of its weight sink, a ``services.rollout.weights.sinks.WeightSink`` (imported only when a weight
     #: sidecar starts beside the engine); None: the engine cannot load weights, and no sidecar runs with it.
     weight_sink: ClassVar[str | None] = None
+    #: The optional sampling features (:data:`~services.rollout.engines.types.FEATURES`) this engine applies; a
+    #: sequence asking for another is refused (HTTP 400 naming the field and this engine's ``kind``).
+    honours: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, settings: EngineSettingsBase, model_path: str) -> None:
         self.settings = settings
@@ -212,7 +215,9 @@ class Engine(ABC):
         prompt = request.prompt_ids + tuple(produced)
         if left <= 0 or len(prompt) >= self.context_length:
             return None
-        return replace(request, prompt_ids=prompt, params=replace(request.params, max_new_tokens=left))
+        params = replace(request.params, max_new_tokens=left,
+                         min_new_tokens=max(0, request.params.min_new_tokens - len(produced)))
+        return replace(request, prompt_ids=prompt, params=params, resumed=len(produced))
 
     async def generate(self, request: SequenceRequest, admit_timeout: float | None = None) -> SequenceOutput:
         """One finished sequence."""

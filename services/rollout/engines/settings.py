@@ -45,6 +45,17 @@ class HFEngineSettings(EngineSettingsBase):
         "and a prompt that starts with one prefills only the rest (multi-turn rollouts: each turn extends the "
         "last). Memory: tokens x layers x 2 x kv_heads x head_dim x dtype bytes. 0 = off.",
     )
+    stop_regex_window_chars: int = Field(
+        default=1024, ge=16, le=65536, description="A stop_regex is searched in the last this many characters of "
+        "the text, after each token (on the decode thread every sequence shares).")
+    stop_regex_timeout_s: float = Field(
+        default=0.005, gt=0, le=1.0, description="One stop_regex search gives up after this long (the `regex` "
+        "module's timeout): the sequence then ends with finish_reason abort, naming the pattern.")
+    max_grammar_chars: int = Field(
+        default=65536, ge=1, le=16 * 1024 * 1024, description="Characters of one structured-output grammar (regex, "
+        "JSON schema, EBNF) at most; beyond it 400.")
+    grammar_compile_timeout_s: float = Field(
+        default=10.0, gt=0, le=600, description="Compiling one grammar (in a worker thread) stops after this long (400).")
     health_stall_s: float = Field(
         default=60.0, gt=0, le=3600,
         description="/health: a decode loop with work that made no step for this long is unhealthy (503). "

@@ -7,7 +7,7 @@ import logging
 from collections.abc import AsyncIterator
 
 from services.rollout.engines.remote import RemoteEngine
-from services.rollout.engines.types import Finish, SequenceDelta, SequenceRequest
+from services.rollout.engines.types import FEATURES, Finish, SamplingParams, SequenceDelta, SequenceRequest
 
 log = logging.getLogger(__name__)
 
@@ -23,8 +23,23 @@ def parse_finish(obj: dict | None, n_tokens: int) -> Finish | None:
     return Finish("abort", message=str(obj.get("message") or kind))
 
 
+def _features(p: SamplingParams) -> dict:
+    """The optional features a sequence uses, in SGLang's ``sampling_params`` names (only those not at their
+    default, so a server that predates one is not sent it unless asked)."""
+    out: dict = {}
+    for name in p.features_used():
+        if name == "grammar":
+            kind, spec = p.grammar.kind, p.grammar.spec
+            out.update({"json_schema": '{"type": "object"}'} if kind == "json_object" else {kind: spec})
+        else:
+            value = getattr(p, name)
+            out[name] = list(value) if isinstance(value, tuple) else value
+    return out
+
+
 class SGLangEngine(RemoteEngine):
     kind = "sglang"
+    honours = frozenset(FEATURES)  # SGLang defines every one of them (0.5.x)
     weight_sink = "services.rollout.weights.sinks.sglang:SGLangSink"  # the server's own weight-update API
 
     async def _start(self) -> None:
@@ -57,6 +72,7 @@ class SGLangEngine(RemoteEngine):
         }
         if p.seed is not None:
             sp["sampling_seed"] = p.seed
+        sp.update(_features(p))
         body = {"input_ids": list(request.prompt_ids), "sampling_params": sp, "return_logprob": True,
                 "stream": request.stream, "rid": request.rid}
         if p.top_logprobs:

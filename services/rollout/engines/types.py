@@ -49,6 +49,35 @@ class SamplingParams:
     no_stop_trim: bool = False  # keep the matched stop string in `text`
     seed: int | None = None
     top_logprobs: int = 0  # alternatives per position to return (0 = only the sampled token's logprob)
+    # Optional features: an engine applies those in its ``honours`` (see :meth:`features_used`).
+    min_new_tokens: int = 0  # no stop token / string / regex ends the sequence before this many tokens
+    stop_regex: tuple[str, ...] = ()  # a match in the text ends the sequence (trimmed like a stop string)
+    spaces_between_special_tokens: bool = True  # passed to the tokenizer's decode
+    frequency_penalty: float = 0.0  # minus this times the token's count in the output so far
+    presence_penalty: float = 0.0  # minus this once a token is in the output
+    repetition_penalty: float = 1.0  # CTRL's: logits of prompt / output tokens divided (> 0) or multiplied by it
+    grammar: Grammar | None = None  # structured output: the text matches this
+
+    def features_used(self) -> list[str]:
+        """The optional features (:data:`FEATURES`) this sequence asks for: those not at their default."""
+        return [name for name, default in FEATURES.items() if getattr(self, name) != default]
+
+
+@dataclass(frozen=True)
+class Grammar:
+    """A structured-output constraint: ``kind`` says how ``spec`` reads (SGLang's and vLLM's names)."""
+
+    kind: Literal["regex", "json_schema", "ebnf", "json_object"]
+    spec: str  # the regex, the JSON schema as JSON text, the EBNF grammar ("" for json_object)
+
+
+FEATURES: dict[str, object] = {
+    "min_new_tokens": 0, "stop_regex": (), "spaces_between_special_tokens": True, "frequency_penalty": 0.0,
+    "presence_penalty": 0.0, "repetition_penalty": 1.0, "grammar": None,
+}
+"""Sampling features beyond the core (length, temperature, top-k/p, min-p, stops, seeds, logprobs) and their
+"not used" values. Each engine class lists those it applies in ``Engine.honours``; a request that uses another
+is refused with a 400 naming the field and the engine, never run without it."""
 
 
 @dataclass(frozen=True)
@@ -59,6 +88,9 @@ class SequenceRequest:
     prompt_ids: tuple[int, ...]
     params: SamplingParams
     stream: bool = False  # emit a delta per token (else one delta at the end)
+    #: the last ``resumed`` prompt ids are this sequence's own earlier output (a partial-rollout continuation): its
+    #: grammar and penalties carry on from them
+    resumed: int = 0
 
 
 @dataclass

@@ -7,18 +7,39 @@ the token was sampled from.
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 
 from services.rollout.engines.remote import RemoteEngine
-from services.rollout.engines.types import Finish, SequenceDelta, SequenceRequest
+from services.rollout.engines.types import FEATURES, Finish, SamplingParams, SequenceDelta, SequenceRequest
 
 
 def _token_id(key: str) -> int:
     return int(key.rsplit(":", 1)[1]) if key.startswith("token_id:") else -1
 
 
+_STRUCTURED = {"regex": "regex", "json_schema": "json", "ebnf": "grammar", "json_object": "json_object"}
+"""Grammar kinds (SGLang's names) -> vLLM's ``structured_outputs`` keys."""
+
+
+def _features(p: SamplingParams) -> dict:
+    """The optional features a sequence uses, in vLLM's request names (only those not at their default)."""
+    out: dict = {}
+    for name in p.features_used():
+        if name == "grammar":
+            kind, spec = p.grammar.kind, p.grammar.spec
+            value = True if kind == "json_object" else json.loads(spec) if kind == "json_schema" else spec
+            out["structured_outputs"] = {_STRUCTURED[kind]: value}
+        elif name == "min_new_tokens":
+            out["min_tokens"] = p.min_new_tokens
+        else:
+            out[name] = getattr(p, name)
+    return out
+
+
 class VLLMEngine(RemoteEngine):
     kind = "vllm"
+    honours = frozenset(FEATURES) - {"stop_regex"}  # vLLM has no stop regex
     weight_sink = "services.rollout.weights.sinks.vllm:VLLMSink"  # vLLM's native weight-transfer API
 
     @property
@@ -41,6 +62,7 @@ class VLLMEngine(RemoteEngine):
         }
         if p.seed is not None:
             body["seed"] = p.seed
+        body.update(_features(p))
         return body
 
     async def _remote(self, request: SequenceRequest) -> AsyncIterator[SequenceDelta]:

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from services.rollout.agents.tool_calls import ToolCallStream, parse_tool_calls
-from services.rollout.engines.types import SamplingParams, SequenceOutput, SequenceRequest
+from services.rollout.engines.types import Grammar, SamplingParams, SequenceOutput, SequenceRequest
 from services.rollout.errors import RequestError
 from services.rollout.service import RolloutService, new_request_id
 from shared.generate_api import (
@@ -59,16 +59,22 @@ def _stop(r: Req) -> list[str]:
 
 
 def _params(service: RolloutService, r: Req, ids: list[int], max_tokens: int | None, top_n: int, what: str) -> SamplingParams:
+    budget = service.check_prompt(ids, max_tokens, what)
+    grammar = r.grammar()
     return SamplingParams(
-        max_new_tokens=service.check_prompt(ids, max_tokens, what), temperature=r.temperature, top_p=r.top_p,
+        max_new_tokens=budget, temperature=r.temperature, top_p=r.top_p,
         top_k=r.top_k, min_p=r.min_p, stop=tuple(_stop(r)), stop_token_ids=tuple(r.stop_token_ids or ()),
         ignore_eos=r.ignore_eos, skip_special_tokens=r.skip_special_tokens,
         no_stop_trim=r.include_stop_str_in_output, seed=r.seed, top_logprobs=top_n,
+        min_new_tokens=min(r.min_tokens, budget), spaces_between_special_tokens=r.spaces_between_special_tokens,
+        frequency_penalty=r.frequency_penalty, presence_penalty=r.presence_penalty,
+        repetition_penalty=r.repetition_penalty, grammar=Grammar(*grammar) if grammar else None,
     )
 
 
 async def plan_completion(service: RolloutService, r: CompletionRequest) -> OpenAIPlan:
     model = check_model(service, r.model)
+    service.check_upstream(r.unhonoured())
     service.check_stop_ids(r.stop_token_ids)
     service.check_stops(_stop(r))
     prompts = await service.encode_all(r.prompts_raw())
@@ -101,6 +107,7 @@ async def plan_chat(service: RolloutService, r: ChatCompletionRequest,
     """``prompt_ids``: the prompt already built (a session continuing its exact ids); else the template renders it
     (off the event loop)."""
     model = check_model(service, r.model)
+    service.check_upstream(r.unhonoured())
     service.check_stop_ids(r.stop_token_ids)
     service.check_stops(_stop(r))
     messages = chat_messages(r)

@@ -7,7 +7,14 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from services.rollout.engines.types import SamplingParams, SequenceOutput, SequenceRequest
+from services.rollout.engines.types import (
+    Finish,
+    Grammar,
+    SamplingParams,
+    SequenceDelta,
+    SequenceOutput,
+    SequenceRequest,
+)
 from services.rollout.service import RolloutService, new_request_id
 from shared.generate_api import GenerateRequest, GenerateResponse, MetaInfo, SamplingParamsIn
 
@@ -20,6 +27,7 @@ class GeneratePlan:
     seqs: list[SequenceRequest]
     ids: list[str]  # meta_info.id per sequence
     started: float
+    prompts_only: list[list[int]] | None = None  # max_new_tokens=0: no sequence runs; the prompts to answer for
 
     @property
     def as_list(self) -> bool:
@@ -32,32 +40,59 @@ def _stops(sp: SamplingParamsIn) -> list[str]:
 
 def sampling_params(sp: SamplingParamsIn, max_new_tokens: int, top_logprobs: int) -> SamplingParams:
     stop = _stops(sp)
+    grammar = sp.grammar()
     return SamplingParams(
         max_new_tokens=max_new_tokens, temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k, min_p=sp.min_p,
         stop=tuple(stop), stop_token_ids=tuple(sp.stop_token_ids or ()), ignore_eos=sp.ignore_eos,
         skip_special_tokens=sp.skip_special_tokens, no_stop_trim=sp.no_stop_trim, seed=sp.sampling_seed,
-        top_logprobs=top_logprobs,
+        top_logprobs=top_logprobs, min_new_tokens=min(sp.min_new_tokens, max_new_tokens),
+        stop_regex=tuple(sp.stop_regex_list()), spaces_between_special_tokens=sp.spaces_between_special_tokens,
+        frequency_penalty=sp.frequency_penalty, presence_penalty=sp.presence_penalty,
+        repetition_penalty=sp.repetition_penalty, grammar=Grammar(*grammar) if grammar else None,
     )
 
 
 async def plan(service: RolloutService, req: GenerateRequest) -> GeneratePlan:
     sp = req.sampling_params
+    service.check_upstream(req.unhonoured())
     service.check_stop_ids(sp.stop_token_ids)
     service.check_stops(_stops(sp))
     prompts = await service.encode_all(req.prompts_raw())
     params = []
     for i, ids in enumerate(prompts):
         what = "prompt" if len(prompts) == 1 else f"prompt {i}"
-        params.append(sampling_params(sp, service.check_prompt(ids, sp.max_new_tokens, what), req.top_logprobs_num))
+        budget = service.check_prompt(ids, sp.max_new_tokens or None, what)
+        params.append(sampling_params(sp, budget, req.top_logprobs_num))
+    if sp.max_new_tokens == 0:  # SGLang's prefix caching (its frontend's cache_prefix): the prompt, no output
+        for p in params:  # the request is still checked as a whole, as it would be if it ran
+            service.check_features(p)
+        return GeneratePlan(req, [], _ids(req, new_request_id(), len(prompts), sp.n), time.monotonic(),
+                            prompts_only=prompts)
     rid = new_request_id()
     seqs = service.sequences(prompts, params, sp.n, req.stream, rid)
+    return GeneratePlan(req, seqs, _ids(req, rid, len(prompts), sp.n), time.monotonic())
+
+
+def _ids(req: GenerateRequest, rid: str, prompts: int, n: int) -> list[str]:
+    """meta_info.id of each sequence (prompt-major)."""
     if isinstance(req.rid, list):
         per_prompt = req.rid
     else:
         base = req.rid or rid
-        per_prompt = [f"{base}-{i}" for i in range(len(prompts))] if req.is_batch else [base]
-    ids = [per_prompt[k // sp.n] if sp.n == 1 else f"{per_prompt[k // sp.n]}-{k % sp.n}" for k in range(len(seqs))]
-    return GeneratePlan(req, seqs, ids, time.monotonic())
+        per_prompt = [f"{base}-{i}" for i in range(prompts)] if req.is_batch else [base]
+    return [per_prompt[k // n] if n == 1 else f"{per_prompt[k // n]}-{k % n}" for k in range(prompts * n)]
+
+
+async def prompt_only_deltas(p: GeneratePlan) -> AsyncIterator[tuple[int, SequenceDelta]]:
+    """A ``max_new_tokens=0`` plan's answers as the engine would give them: no token, finish length 0."""
+    for k in range(len(p.ids)):
+        yield k, SequenceDelta([], [], "", Finish("length", length=0))
+
+
+def prompt_only_outputs(service: RolloutService, p: GeneratePlan) -> list[SequenceOutput]:
+    n = p.request.sampling_params.n
+    return [SequenceOutput(rid=p.ids[k], prompt_ids=tuple(p.prompts_only[k // n]), finish=Finish("length", length=0),
+                           weight_version=service.engine.weight_version) for k in range(len(p.ids))]
 
 
 def _logprob_triples(service: RolloutService, ids: list[int], lps: list[float], with_text: bool):
@@ -99,7 +134,10 @@ def response(service: RolloutService, p: GeneratePlan, outs: list[SequenceOutput
 async def sse_chunks(service: RolloutService, p: GeneratePlan, deltas: AsyncIterator) -> AsyncIterator[bytes]:
     """SSE ``data: {json}`` chunks, SGLang style (cumulative text / ids unless incremental), then ``[DONE]``."""
     incremental = service.settings.incremental_streaming_output
-    state = [SequenceOutput(rid=s.rid, prompt_ids=s.prompt_ids) for s in p.seqs]
+    if p.prompts_only is not None:
+        state = [SequenceOutput(rid=o.rid, prompt_ids=o.prompt_ids) for o in prompt_only_outputs(service, p)]
+    else:
+        state = [SequenceOutput(rid=s.rid, prompt_ids=s.prompt_ids) for s in p.seqs]
     sent = [0] * len(state)
     async for k, delta in deltas:
         out = state[k]

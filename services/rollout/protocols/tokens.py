@@ -13,7 +13,7 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
-from services.rollout.engines.types import SamplingParams, SequenceOutput, SequenceRequest
+from services.rollout.engines.types import Grammar, SamplingParams, SequenceOutput, SequenceRequest
 from services.rollout.protocols.openai import check_model
 from services.rollout.service import RolloutService, new_request_id
 from shared.generate_api import ChoiceLogprobs, TokenLogprob, TopLogprob
@@ -46,12 +46,17 @@ def ignored_fields(r: TokenGenerateRequest) -> list[str]:
 
 def sampling(service: RolloutService, r: TokenGenerateRequest) -> SamplingParams:
     sp = r.sampling_params
+    budget = service.check_prompt(r.token_ids, sp.max_tokens, "token_ids")
+    grammar = sp.grammar()
     return SamplingParams(
-        max_new_tokens=service.check_prompt(r.token_ids, sp.max_tokens, "token_ids"), temperature=sp.temperature,
+        max_new_tokens=budget, temperature=sp.temperature,
         top_p=sp.top_p, top_k=sp.top_k, min_p=sp.min_p, stop=sp.stop_list(), stop_token_ids=tuple(sp.stop_token_ids or ()),
         ignore_eos=sp.ignore_eos, skip_special_tokens=sp.skip_special_tokens,
         no_stop_trim=sp.include_stop_str_in_output, seed=sp.seed,
         top_logprobs=sp.logprobs if (sp.logprobs or 0) > 1 else 0,  # the sampled token comes first anyway
+        min_new_tokens=min(sp.min_tokens, budget), spaces_between_special_tokens=sp.spaces_between_special_tokens,
+        frequency_penalty=sp.frequency_penalty, presence_penalty=sp.presence_penalty,
+        repetition_penalty=sp.repetition_penalty, grammar=Grammar(*grammar) if grammar else None,
     )
 
 

@@ -108,3 +108,26 @@ async def test_a_streamed_generation_interrupted_by_a_switch_streams_on_with_eac
     assert [d.finish.type for d in deltas if d.finish is not None] == ["length"]  # one finish, at the end
     versions = [d.weight_version for d in deltas if d.token_ids]
     assert versions == sorted(versions) and set(versions) == {0, 1}
+
+
+async def test_a_structured_output_interrupted_by_a_switch_carries_its_grammar_on(engine):
+    """The continuation's matcher is past the tokens already produced: the answer still parses as a whole."""
+    import json
+
+    from services.rollout.engines.types import Grammar
+
+    schema = {"type": "object", "properties": {"words": {"type": "array", "items": {"type": "string", "maxLength": 6},
+                                                         "minItems": 6, "maxItems": 8}},
+              "required": ["words"], "additionalProperties": False}
+    req = seq("json", SamplingParams(max_new_tokens=NEW, temperature=1.0, seed=3,
+                                     grammar=Grammar("json_schema", json.dumps(schema))))
+    gen = asyncio.create_task(engine.generate(req))
+    await steps_later(engine, 12)
+    await engine.pause("partial", timeout=10)
+    engine.set_weight_version(1)
+    await engine.resume()
+    out = await asyncio.wait_for(gen, 120)
+    assert out.version_spans is not None and len(out.version_spans) == 2, "the switch came mid-answer"
+    assert out.finish.type == "stop"
+    words = json.loads(out.text)["words"]
+    assert 6 <= len(words) <= 8

@@ -107,9 +107,10 @@ def test_unknown_fields_are_ignored_as_vllm_does(rollout):
     ({"sampling_params": {"max_tokens": 0}}, "max_tokens"),
     ({"sampling_params": {"max_tokens": 600}}, "exceeds the context length"),
     ({"sampling_params": {"temperature": -1}}, "temperature"),
-    ({"sampling_params": {"presence_penalty": 0.5}}, "presence_penalty"),
+    ({"sampling_params": {"presence_penalty": 2.5}}, "presence_penalty"),
+    ({"sampling_params": {"logit_bias": {"3": 1.0}}}, "logit_bias"),
     ({"sampling_params": {"logprobs": 50}}, "logprobs"),
-    ({"sampling_params": {"structured_outputs": {"regex": "a"}}}, "structured_outputs"),
+    ({"sampling_params": {"structured_outputs": {"choice": ["a"]}}}, "structured_outputs.choice"),
     ({"priority": 1}, "priority"),
     ({"model": "other"}, "not served here"),
 ])

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from services.rollout.engines.base import Engine, EnginePaused
+from services.rollout.engines.hf.grammar import Grammars
 from services.rollout.engines.hf.loop import DecodeLoop, Row
 from services.rollout.engines.hf.prefix_cache import PrefixCache
 from services.rollout.engines.settings import HFEngineSettings
@@ -42,6 +43,8 @@ def _resolve_device(name: str) -> torch.device:
 
 class HFEngine(Engine):
     kind = "hf"
+    honours = frozenset({"min_new_tokens", "stop_regex", "spaces_between_special_tokens", "frequency_penalty",
+                         "presence_penalty", "repetition_penalty", "grammar"})
     weight_sink = "services.rollout.weights.sinks.hf:HFSink"  # receives the buckets itself, swaps them in
     settings: HFEngineSettings
 
@@ -53,6 +56,7 @@ class HFEngine(Engine):
         self._queues: dict[str, asyncio.Queue[SequenceDelta]] = {}
         self._aloop: asyncio.AbstractEventLoop | None = None
         self.prefix_cache = PrefixCache(settings.prefix_cache_tokens)
+        self._grammars: Grammars | None = None
 
     async def _start(self) -> None:
         if self.settings.torch_threads:
@@ -63,12 +67,15 @@ class HFEngine(Engine):
             self.model, self.tokenizer, self.device,
             max_batch_size=self.settings.max_batch_size,
             max_wait_s=self.settings.max_wait_ms / 1000.0,
+            stop_regex_bounds=(self.settings.stop_regex_window_chars, self.settings.stop_regex_timeout_s),
             context_length=self.context_length,
             eos_ids=self._eos_ids(),
             deliver=self._deliver_threadsafe,
             on_step=self._observe_step,
             prefix_cache=self.prefix_cache,
         )
+        self._grammars = Grammars(self.tokenizer, self._decode.vocab_size, self._decode.eos_ids,
+                                  self.settings.max_grammar_chars, self.settings.grammar_compile_timeout_s)
         self._decode.start()
         log.info("hf engine: %s on %s (%s), context %d", self.model_path, self.device,
                  next(self.model.parameters()).dtype, self.context_length)
@@ -129,11 +136,15 @@ class HFEngine(Engine):
     async def _stream(self, request: SequenceRequest) -> AsyncIterator[SequenceDelta]:
         if request.rid in self._queues:
             raise ValueError(f"request id {request.rid!r} is already in flight")
+        grammar = None
+        if request.params.grammar is not None:  # compiled in a worker thread, bounded (engines/hf/grammar.py)
+            resumed = request.prompt_ids[len(request.prompt_ids) - request.resumed:] if request.resumed else ()
+            grammar = await self._grammars.matcher(request.params.grammar, resumed)
         q: asyncio.Queue[SequenceDelta] = asyncio.Queue()
         self._queues[request.rid] = q
         finished = False
         try:
-            self._decode.submit(request)
+            self._decode.submit(request, grammar)
             while True:
                 delta = await q.get()
                 finished = delta.finish is not None

@@ -32,13 +32,23 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import regex
 import torch
 
 from services.rollout.engines.base import SequenceRejected
 from services.rollout.engines.hf.batch import KVBatch
+from services.rollout.engines.hf.grammar import RowGrammar
 from services.rollout.engines.hf.prefix_cache import PrefixCache, PrefixHit
-from services.rollout.engines.hf.sampling import RowParams, RowSampling, row_generator, row_params, sample
-from services.rollout.engines.hf.text import IncrementalText
+from services.rollout.engines.hf.sampling import (
+    Penalties,
+    RowParams,
+    RowSampling,
+    penalised,
+    row_generator,
+    row_params,
+    sample,
+)
+from services.rollout.engines.hf.text import IncrementalText, StopRegex
 from services.rollout.engines.types import Finish, SequenceDelta, SequenceRequest
 
 log = logging.getLogger(__name__)
@@ -53,6 +63,8 @@ class Row:
     text: IncrementalText | None
     generator: torch.Generator | None
     sampling: RowParams
+    penalties: Penalties | None = None
+    grammar: RowGrammar | None = None  # structured output: which tokens may come next
     out_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     top: list[list[tuple[int, float]]] | None = None
@@ -69,12 +81,14 @@ Deliver = Callable[[list[tuple[Row, SequenceDelta]]], None]
 class DecodeLoop:
     def __init__(self, model, tokenizer, device: torch.device, *, max_batch_size: int, max_wait_s: float,
                  context_length: int, eos_ids: frozenset[int], deliver: Deliver,
+                 stop_regex_bounds: tuple[int, float] = (1024, 0.005),
                  on_step: Callable[[int], None] | None = None, prefix_cache: PrefixCache | None = None) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.device = device
         self.max_batch_size = max_batch_size
         self.max_wait_s = max_wait_s
+        self.stop_regex_bounds = stop_regex_bounds  # (window chars, timeout s) of one stop_regex search
         self.context_length = context_length
         self.eos_ids = eos_ids
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (min(eos_ids) if eos_ids else 0)
@@ -127,9 +141,11 @@ class DecodeLoop:
         """Seconds the loop has had work without finishing a step (0 while idle)."""
         return time.monotonic() - self.progress_at if self.busy else 0.0
 
-    def submit(self, req: SequenceRequest) -> Row:
-        """Queue a sequence. :class:`SequenceRejected` when its parameters are out of what the engine holds."""
+    def submit(self, req: SequenceRequest, grammar: RowGrammar | None = None) -> Row:
+        """Queue a sequence (with its structured-output matcher, compiled beforehand). :class:`SequenceRejected`
+        when its parameters are out of what the engine holds."""
         row = self._row(req)
+        row.grammar = grammar
         with self._cond:
             if self._stopping:
                 raise RuntimeError("the decode loop is stopped")
@@ -162,12 +178,22 @@ class DecodeLoop:
             sampling = row_params(p.temperature, p.top_k, p.top_p, p.min_p, self.vocab_size)
             gen = row_generator(p.seed, self.device) if p.seed is not None else None
             stops = frozenset(p.stop_token_ids) | (frozenset() if p.ignore_eos else self.eos_ids)
-            # incremental text only where it is needed during decoding (stop strings, streaming)
-            text = (IncrementalText(self.tokenizer, p.skip_special_tokens, p.stop, p.no_stop_trim)
-                    if p.stop or req.stream else None)
-        except (ValueError, TypeError, OverflowError) as exc:
+            if isinstance(p.min_new_tokens, bool) or not isinstance(p.min_new_tokens, int) or p.min_new_tokens < 0:
+                raise ValueError(f"min_new_tokens={p.min_new_tokens!r} must be an integer >= 0")
+            own = len(ids) - req.resumed  # a continuation's earlier output counts as output for the penalties
+            penalties = Penalties.of(p.frequency_penalty, p.presence_penalty, p.repetition_penalty, ids[:own],
+                                     self.vocab_size, self.device)
+            for t in ids[own:] if penalties is not None else ():
+                penalties.add(t)
+            window, timeout = self.stop_regex_bounds
+            stop_regex = StopRegex.of(p.stop_regex, window, timeout)
+            # incremental text only where it is needed during decoding (stop strings / regex, streaming)
+            text = (IncrementalText(self.tokenizer, p.skip_special_tokens, p.stop, p.no_stop_trim, stop_regex,
+                                    p.spaces_between_special_tokens)
+                    if p.stop or stop_regex or req.stream else None)
+        except (ValueError, TypeError, OverflowError, regex.error) as exc:
             raise SequenceRejected(f"the engine cannot run this sequence: {exc}") from exc
-        return Row(req=req, stop_ids=stops, text=text, generator=gen, sampling=sampling,
+        return Row(req=req, stop_ids=stops, text=text, generator=gen, sampling=sampling, penalties=penalties,
                    top=[] if p.top_logprobs else None)
 
     def abort(self, rid: str, message: str = "aborted") -> None:
@@ -365,8 +391,31 @@ class DecodeLoop:
             except Exception as exc:  # noqa: BLE001 - ends this row only
                 self._fail(row, exc, out)
 
+    def _adjusted(self, rows: list[Row], logits: torch.Tensor) -> torch.Tensor:
+        """The logits with each row's penalties applied and, for a row short of ``min_new_tokens``, its stop
+        tokens masked (a copy when anything changes)."""
+        changed = None
+        for i, row in enumerate(rows):
+            short = len(row.out_ids) < row.req.params.min_new_tokens and row.stop_ids
+            if row.penalties is None and not short and row.grammar is None:
+                continue
+            if changed is None:
+                changed = logits.float().clone()
+            if row.penalties is not None:
+                changed[i] = penalised(changed[i], row.penalties)
+            if short:
+                ids = [t for t in row.stop_ids if t < changed.shape[-1]]
+                changed[i, torch.tensor(ids, dtype=torch.long, device=changed.device)] = float("-inf")
+            if row.grammar is not None:
+                allowed = row.grammar.allowed(changed.device)
+                width = min(allowed.numel(), changed.shape[-1])
+                changed[i, :width] = changed[i, :width].masked_fill(~allowed[:width], float("-inf"))
+                changed[i, width:] = float("-inf")
+        return logits if changed is None else changed
+
     def _sample(self, rows: list[Row], logits: torch.Tensor) -> list[tuple[int, float, list | None]]:
         """(token, logprob, top alternatives or None) per row."""
+        logits = self._adjusted(rows, logits)
         rs = RowSampling.of([r.sampling for r in rows], [r.generator for r in rows], logits.device)
         tokens, chosen, full = sample(logits, rs, self._shared_gen)
         tops = None
@@ -389,14 +438,23 @@ class DecodeLoop:
         row.logprobs.append(lp)
         if top is not None:
             row.top.append(top)
+        if row.penalties is not None:
+            row.penalties.add(tok)
+        if row.grammar is not None:
+            row.grammar.consume(tok)
         finish = None
+        early = len(row.out_ids) < p.min_new_tokens  # no stop ends it yet
+        if row.text is not None:
+            row.text.armed = not early
         matched = row.text.push(tok) if row.text is not None else None
-        if tok in row.stop_ids:
+        if tok in row.stop_ids and not early:
             finish = Finish("stop", matched=tok)
         elif matched is not None:
             finish = Finish("stop", matched=matched)
         elif len(row.out_ids) >= p.max_new_tokens or len(row.req.prompt_ids) + len(row.out_ids) >= self.context_length:
             finish = Finish("length", length=len(row.out_ids))
+        elif row.grammar is not None and row.grammar.complete:  # the structured output is whole: nothing may follow
+            finish = Finish("stop", matched=None)
         if finish is not None:
             out.append((row, self._finish_delta(row, finish, sampled=True)))
         elif row.req.stream:

@@ -134,3 +134,47 @@ def sample(logits: torch.Tensor, rs: RowSampling, shared: torch.Generator | None
             tokens[idx] = torch.multinomial(probs[idx], 1, generator=shared).squeeze(-1)
     chosen = logprobs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
     return tokens, chosen, logprobs
+
+
+@dataclass
+class Penalties:
+    """One row's sampling penalties and what they read: the counts of its output tokens so far ``[V]`` and, for
+    the repetition penalty, which tokens its prompt holds ``[V]`` (tensors on the logits' device)."""
+
+    frequency: float
+    presence: float
+    repetition: float
+    counts: torch.Tensor  # [V] float32
+    prompt_seen: torch.Tensor | None  # [V] bool; None when repetition == 1
+
+    @classmethod
+    def of(cls, frequency: float, presence: float, repetition: float, prompt_ids: Sequence[int], vocab: int,
+           device: torch.device) -> Penalties | None:
+        """None when every penalty is neutral; ValueError when one is out of range (SGLang's and vLLM's bounds)."""
+        frequency = _number("frequency_penalty", frequency, -2.0, 2.0)
+        presence = _number("presence_penalty", presence, -2.0, 2.0)
+        repetition = _number("repetition_penalty", repetition, 0.0, 2.0, lo_open=True)
+        if frequency == 0.0 and presence == 0.0 and repetition == 1.0:
+            return None
+        seen = None
+        if repetition != 1.0:
+            seen = torch.zeros(vocab, dtype=torch.bool, device=device)
+            seen[torch.tensor(list(prompt_ids), dtype=torch.long, device=device)] = True
+        return cls(frequency, presence, repetition, torch.zeros(vocab, dtype=torch.float32, device=device), seen)
+
+    def add(self, token: int) -> None:
+        self.counts[token] += 1
+
+
+def penalised(logits: torch.Tensor, p: Penalties) -> torch.Tensor:
+    """One row's logits ``[V]`` with its penalties applied, as vLLM applies them: the repetition penalty (CTRL's)
+    divides the positive and multiplies the negative logits of tokens in the prompt or the output; then the
+    frequency penalty subtracts ``frequency * count`` and the presence penalty ``presence`` from each token the
+    output holds."""
+    out = logits.float()
+    if p.repetition != 1.0 and p.prompt_seen is not None:
+        seen = p.prompt_seen | (p.counts > 0)
+        out = torch.where(seen, torch.where(out > 0, out / p.repetition, out * p.repetition), out)
+    if p.frequency or p.presence:
+        out = out - p.frequency * p.counts - p.presence * (p.counts > 0).to(out.dtype)
+    return out

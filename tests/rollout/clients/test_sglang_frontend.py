@@ -1,0 +1,43 @@
+"""SGLang 0.5.23's own frontend (``sgl.RuntimeEndpoint`` + an ``sgl.function`` program) gets its answers from a
+FleetRL rollout service: one run, ``run_batch`` of 8 (which first caches the shared prefix with
+``max_new_tokens=0``) and a streamed run. Issue 37: main refused every one of its requests with 400
+``sampling_params.spaces_between_special_tokens: unknown field``. The client runs in its own process
+(``tests/rollout/clients/sglang_frontend.py``); its answers are checked against ``/generate`` called directly."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+from tests.procs import REPO
+from tests.rollout.clients.sglang_frontend import PREFIX, QUESTIONS
+from tests.rollout.conftest import THREAD_ENV
+
+pytestmark = [pytest.mark.process, pytest.mark.slow]  # `import sglang` alone takes 20-60 s here
+
+
+def _greedy(url: str, question: str) -> str:
+    body = {"text": PREFIX + question, "sampling_params": {"max_new_tokens": 4, "temperature": 0}}
+    r = httpx.post(f"{url}/generate", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    return r.json()["text"]
+
+
+@pytest.mark.timeout(600)  # `import sglang` (torch, transformers patches) took 23-60 s on a loaded 2-core machine
+def test_sglang_frontend_program_single_batch_and_stream(rollout):
+    proc = subprocess.run([sys.executable, "-m", "tests.rollout.clients.sglang_frontend", rollout.url], check=False,
+                          cwd=REPO, env={**os.environ, **THREAD_ENV}, capture_output=True, text=True, timeout=420)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["version"] == "0.5.23"
+    expected = [_greedy(rollout.url, q) for q in QUESTIONS]
+    assert all(expected), expected  # the tiny model answers something to every question
+    assert out["single"] == expected[0]
+    assert out["batch"] == expected
+    assert "".join(out["stream_pieces"]) == out["stream"] == expected[0]
+    assert len(out["stream_pieces"]) >= 2  # streamed as it was generated, not in one piece
