@@ -22,7 +22,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from services.learner.algorithms.algorithm_settings import AlgorithmSettings, GRPOSettings
+from services.learner.algorithms.algorithm_settings import AlgorithmSettings, GRPOSettings, runs_fleet
 from services.learner.settings import DataSettings, OptimSettings, TrainSettings
 from services.reward.scorer_config import ScorerConfig
 from shared.plugins import import_plugins
@@ -199,7 +199,7 @@ class RunSpec(_Strict):
         if not self.is_rl and "groups_per_step" in self.train.model_fields_set:
             raise ValueError("train.groups_per_step: an sft run takes algorithm.batch_size pairs per step; set that "
                              "instead")
-        if self.eval.data is not None and not self.is_rl:
+        if self.eval.data is not None and not self.is_rl and not self.heldout_pairs:
             raise ValueError("eval.data: held-out evaluation goes through the rollout fleet, which an sft run does "
                              "not start; evaluate its export with an RL run's eval or fleetrl eval")
         return self
@@ -207,7 +207,12 @@ class RunSpec(_Strict):
     @property
     def is_rl(self) -> bool:
         """RL runs start the rollout and reward fleets; SFT is the learner alone."""
-        return self.algorithm.name != "sft"
+        return runs_fleet(self.algorithm)
+
+    @property
+    def heldout_pairs(self) -> bool:
+        """A preference run (rm, dpo): eval.data holds held-out pairs, measured by the learner itself."""
+        return getattr(self.algorithm, "data_kind", None) == "pairs"
 
     @property
     def group_window(self) -> int:
