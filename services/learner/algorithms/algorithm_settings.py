@@ -23,7 +23,7 @@ from services.learner.algorithms.preference_settings import (
 from shared.plugins import PluginPoint
 
 __all__ = ["ALGORITHMS", "AlgorithmSettings", "DynamicSamplingSettings", "GRPOSettings", "KLSettings", "LossAggregation",
-           "PPOSettings", "RLAlgorithmSettings", "runs_fleet", "RLOOSettings", "ReinforcePPSettings", "SFTSettings"]
+           "PPOSettings", "RLAlgorithmSettings", "RLOOSettings", "ReinforcePPSettings", "SFTSettings", "runs_fleet"]
 
 
 class KLSettings(BaseModel):
