@@ -49,7 +49,7 @@ def rm_served(trained_rm, tmp_path_factory):
 
 @pytest.mark.process
 def test_export_scores_the_same_through_score_and_get_reward(trained_rm, rm_served):
-    export, tokenizer, heldout, chosen, rejected, (mean, std) = trained_rm
+    _, tokenizer, heldout, chosen, rejected, (mean, std) = trained_rm
     assert std > 0 and (chosen != rejected).any()
     service = rm_served
     items = [{"prompt": p.prompt, "response": side} for p in heldout for side in (p.chosen, p.rejected)]
