@@ -160,6 +160,9 @@ class RunSpec(_Strict):
     model: str = Field(description="The policy to start from: a local Hugging Face model directory.")
     data: DataSettings = Field(description="The prompt set (learner data settings: path, input_key, label_key, ...).")
     reward: RewardSpec | None = Field(default=None, description="How samples are scored (RL algorithms).")
+    mode: str | None = Field(default=None, description="Shorthand for algorithm.name, e.g. mode: rm (reward-model "
+                             "training), dpo, online_dpo, rejection_sampling, sft, grpo: the algorithm with its "
+                             "defaults; an algorithm section of another name is an error.")
     algorithm: AlgorithmSettings = Field(default_factory=GRPOSettings, description="The learner's algorithm.")
     optim: OptimSettings = Field(default_factory=OptimSettings, description="Optimizer and LR schedule.")
     train: TrainSettings = Field(default_factory=TrainSettings, description="Batch shapes, max_steps, seed.")
@@ -187,6 +190,17 @@ class RunSpec(_Strict):
         if isinstance(data, dict):
             import_spec_plugins(data)  # the sections below validate against the kinds they register
         return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _mode_names_the_algorithm(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or data.get("mode") is None:
+            return data
+        mode, algorithm = data["mode"], data.get("algorithm")
+        algorithm = dict(algorithm) if isinstance(algorithm, dict) else {}
+        if algorithm.get("name", mode) != mode:
+            raise ValueError(f"mode {mode} and algorithm.name {algorithm['name']} disagree: set one of them")
+        return {**data, "algorithm": {**algorithm, "name": mode}}
 
     @model_validator(mode="after")
     def _consistent(self) -> RunSpec:
