@@ -304,7 +304,7 @@ class LearnerSettings(ServiceSettings):
         if self.data.path is None:
             raise ValueError("data.path is required: a JSONL/Parquet prompt set or a saved HF dataset directory")
         name = self.algorithm.name
-        if name in ("grpo", "rloo") and self.rollout.group_size < 2:
+        if name in ("grpo", "rloo", "online_dpo") and self.rollout.group_size < 2:
             raise ValueError(f"{name} compares samples within a group: set rollout.group_size >= 2")
         fleet = runs_fleet(self.algorithm)
         if fleet and self.rollout.window < self.train.groups_per_step:
