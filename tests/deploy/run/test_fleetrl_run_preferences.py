@@ -12,7 +12,8 @@ from deploy.local.sort_prefs import preference_rows
 from tests.deploy.run.conftest import tiny_spec, write_rows
 from tests.deploy.run.test_fleetrl_run import fleetrl_run, metrics
 
-pytestmark = [pytest.mark.slow, pytest.mark.process]  # whole `fleetrl run`s (~20-60 s each)
+pytestmark = [pytest.mark.slow, pytest.mark.process, pytest.mark.timeout(600)]  # whole `fleetrl run`s (~20-60 s
+# each on a quiet machine; minutes when 2 cores are shared: a module import took 144 s under load 20)
 
 
 def _offline_spec(tmp, model, algorithm: dict):
@@ -35,7 +36,7 @@ def _offline_spec(tmp, model, algorithm: dict):
                                        {"name": "dpo", "batch_size": 8, "beta": 0.1}], ids=["rm", "dpo"])
 def test_offline_preference_run(tmp_path, tiny_model_dir, algorithm):
     spec = _offline_spec(tmp_path, tiny_model_dir, algorithm)
-    out = fleetrl_run(spec, timeout=300)
+    out = fleetrl_run(spec, timeout=560)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "learner finished: step 2/2" in out.stdout
     assert "starting reward" not in out.stdout and "starting rollout" not in out.stdout  # the learner alone
@@ -57,7 +58,7 @@ def test_offline_preference_run(tmp_path, tiny_model_dir, algorithm):
 def test_online_preference_run(tmp_path, tiny_model_dir, algorithm):
     spec = tiny_spec(tmp_path, tiny_model_dir, algorithm=algorithm, eval={"data": None},
                      sampling={"group_size": 4, "max_new_tokens": 4})
-    out = fleetrl_run(spec, timeout=300)
+    out = fleetrl_run(spec, timeout=560)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "learner finished: step 2/2" in out.stdout
     rows = metrics(tmp_path / "run")
