@@ -23,11 +23,23 @@ def _num(value: float | None, fmt: str = ".3f") -> str:
     return "--" if value is None else format(value, fmt)
 
 
+OFFLINE = ("sft", "rm", "dpo")
+"""Algorithms whose runs are the learner alone (a loss to show, no reward)."""
+
+
 def headline(v: RunView) -> str:
     warn = f"  health: {', '.join(sorted(v.health))}!" if v.health else ""
-    if v.algorithm == "sft":  # no reward, no rollout fleet: the loss is the figure to watch
-        return f"step {v.step}/{v.total or '?'}  ETA {_eta(v.eta_s)}  loss {_num(v.loss, '.4f')}{warn}  [{v.phase}]"
+    if v.algorithm in OFFLINE:  # no reward, no rollout fleet: the loss is the figure to watch
+        pairs = ""
+        if v.pair_accuracy is not None:
+            pairs = f"  pair acc {v.pair_accuracy:.1%}"
+        if v.heldout_pairs is not None:
+            pairs += f"  held-out pairs {v.heldout_pairs:.1%}"
+        return (f"step {v.step}/{v.total or '?'}  ETA {_eta(v.eta_s)}  loss {_num(v.loss, '.4f')}{pairs}{warn}  "
+                f"[{v.phase}]")
     acc = f"{v.evals[-1].accuracy:.1%} (step {v.evals[-1].step})" if v.evals else "--"
+    if v.pair_accuracy is not None:  # online_dpo: the step's pairs
+        warn = f"  pair acc {v.pair_accuracy:.1%}{warn}"
     return (f"step {v.step}/{v.total or '?'}  ETA {_eta(v.eta_s)}  reward {_num(v.reward)}  held-out {acc}  "
             f"weights v{v.weight_version if v.weight_version is not None else '-'}{_lengths(v.lengths)}"
             f"{_off_policy(v.off_policy)}{warn}  [{v.phase}]")

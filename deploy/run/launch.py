@@ -126,7 +126,7 @@ class RunLauncher:
                 self._stop(self.fleet)
                 if self._learner_started:  # however it stopped: the step it checkpointed at, from its last line
                     self._read_final_metrics()
-                if self._learner_started and self.spec.eval.data:
+                if self._learner_started and self.spec.eval.data and self.spec.is_rl:
                     self._plot(checked[-1])  # however the run ended: the learner drew its curve without them
                 if self._learner_started:
                     self._write_summary()
@@ -206,7 +206,7 @@ class RunLauncher:
             self.view.evals = [EvalPoint(int(p["step"]), float(p["accuracy"]), str(p.get("weight_version", "")),
                                          p.get("mean_reward"))
                                for p in heldout_points(self.run_dir / "eval.jsonl") if "accuracy" in p and "step" in p]
-        rows = heldout_rows(spec) if spec.eval.data else []
+        rows = heldout_rows(spec) if spec.eval.data and spec.is_rl else []  # preference runs: the learner's
         # a fresh run measures the starting policy before the learner moves it: the learner starts with the others
         # and loads meanwhile, held at its start gate until the evaluation is done (a resumed run has no gate:
         # replicas wait at start for the latest version, which the learner publishes)
@@ -233,6 +233,8 @@ class RunLauncher:
             self._evaluate(rows, step=0)
             open_start_gate(redis_url, keys.learner_start_gate(spec.run_name), gate)
         self._follow(fleet, rows)
+        if spec.heldout_pairs:
+            self._say_heldout_pairs()
         if rows and (not self.view.evals or self.view.evals[-1].step != self.view.step):
             self._wait_for_final_weights(fleet)
             self._evaluate(rows, step=self.view.step)
@@ -240,6 +242,16 @@ class RunLauncher:
             earlier = (read_summary(self.run_dir / "summary.json") or {}) if self._resuming else {}
             say(before_after(self.view.evals, float(earlier.get("wall_time_s") or 0) + time.monotonic() - self._t0))
         return 0
+
+    def _say_heldout_pairs(self) -> None:
+        """A preference run's held-out pairwise accuracy, first and last point (the learner measured them)."""
+        from services.learner.preference.runner import heldout_line
+
+        path = self.run_dir / "learner" / "heldout_pairs.jsonl"
+        points = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.is_file() else []
+        line = heldout_line(points)
+        if line:
+            self.display.event(line)
 
     def _run_key(self) -> str:
         """The run's signing key: read from ``run_dir/run_key`` (a resumed run keeps it: records in flight stay
@@ -399,7 +411,10 @@ class RunLauncher:
             rows = read_rows(self.spec.data.path, self.spec.data.split)
             if not rows:
                 raise DataError(f"data.path {self.spec.data.path} holds no rows")
-            check_fields(rows, self.spec.data, need_output=not self.spec.is_rl)
+            if self.spec.heldout_pairs:
+                self._check_pairs(rows)
+            else:
+                check_fields(rows, self.spec.data, need_output=not self.spec.is_rl)
             n = min(len(rows), self.spec.data.max_samples or len(rows))
             if self.spec.is_rl:
                 note = epoch_plan(self.spec.data, self.spec.train.groups_per_step, self.spec.train.max_steps, n).note
@@ -407,10 +422,22 @@ class RunLauncher:
                 note = self._sft_plan(n).note
             if note:
                 self.display.event(note)
-            if self.spec.eval.data:
+            if self.spec.eval.data and not self.spec.heldout_pairs:
                 heldout_rows(self.spec)
         except (DataError, ValueError, OSError) as exc:
             raise RunError(str(exc)) from exc
+
+    def _check_pairs(self, rows: list[dict]) -> None:
+        """Every training and held-out row of a preference run is a pair (one line naming the row otherwise)."""
+        from services.learner.preference_data import pair_of_row, read_pairs
+
+        a, data = self.spec.algorithm, self.spec.data
+        margin = getattr(a, "margin_key", None)
+        ref = (a.ref_chosen_key, a.ref_rejected_key) if getattr(a, "ref_chosen_key", None) else None
+        for n, row in enumerate(rows):
+            pair_of_row(row, n, data, str(data.path), margin, ref)
+        if self.spec.eval.data:
+            read_pairs(self.spec.eval.data, data, margin, ref, self.spec.eval.max_samples)
 
     def _reset(self, redis_url: str | None, learner_dir: Path, ckpt_dir: Path) -> None:
         if redis_url is not None:
@@ -429,7 +456,7 @@ class RunLauncher:
             weight_version=v.weight_version, last_reward_mean=v.reward,
             heldout=heldout_points(self.run_dir / "eval.jsonl"), launch_s=time.monotonic() - self._t0,
             health=self._health_seen, metrics=str(self.run_dir / "learner" / "metrics.jsonl"),
-            extra={"last_loss": v.loss} if v.algorithm == "sft" else None)
+            extra={"last_loss": v.loss} if not self.spec.is_rl else None)
         path.write_text(json.dumps(summary, indent=2))
 
     def _stop(self, fleet: Fleet) -> None:

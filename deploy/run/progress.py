@@ -110,7 +110,11 @@ class RunView:
     services: list[ServiceView] = field(default_factory=list)
     error: str | None = None
     algorithm: str = ""
-    loss: float | None = None  # SFT: the last step's loss
+    loss: float | None = None  # SFT, rm, dpo: the last step's loss
+    #: preference runs (rm, dpo, online_dpo): TRL's rewards/accuracies of the last step's pairs, and the last
+    #: held-out pairwise accuracy (rm, dpo)
+    pair_accuracy: float | None = None
+    heldout_pairs: float | None = None
     #: training health now: signal -> what to try (the learner's /status health, and held-out accuracy's)
     health: dict[str, str] = field(default_factory=dict)
     learner_health: dict[str, str] = field(default_factory=dict)
@@ -176,7 +180,10 @@ class Poller:
         reward = last.get("reward_mean")
         v.reward = reward if reward is not None else v.reward
         v.algorithm = st.get("algorithm") or v.algorithm
-        v.loss = last.get("sft_loss", v.loss)
+        v.loss = last.get("sft_loss", last.get("loss", v.loss))
+        v.pair_accuracy = last.get("rewards/accuracies", v.pair_accuracy)
+        points = st.get("heldout_pairs") or []
+        v.heldout_pairs = points[-1]["accuracy"] if points and isinstance(points[-1], dict) else v.heldout_pairs
         v.learner_health = {w["signal"]: w["message"] for w in st.get("health") or [] if isinstance(w, dict)}
         if isinstance(last.get("response_len_mean"), (int, float)):
             v.lengths = (float(last["response_len_mean"]), float(last.get("truncated_frac") or 0.0))

@@ -22,7 +22,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from services.learner.algorithms.algorithm_settings import AlgorithmSettings, GRPOSettings
+from services.learner.algorithms.algorithm_settings import AlgorithmSettings, GRPOSettings, runs_fleet
 from services.learner.settings import DataSettings, OptimSettings, TrainSettings
 from services.reward.scorer_config import ScorerConfig
 from shared.plugins import import_plugins
@@ -169,6 +169,9 @@ class RunSpec(_Strict):
     model: str = Field(description="The policy to start from: a local Hugging Face model directory.")
     data: DataSettings = Field(description="The prompt set (learner data settings: path, input_key, label_key, ...).")
     reward: RewardSpec | None = Field(default=None, description="How samples are scored (RL algorithms).")
+    mode: str | None = Field(default=None, description="Shorthand for algorithm.name, e.g. mode: rm (reward-model "
+                             "training), dpo, online_dpo, rejection_sampling, sft, grpo: the algorithm with its "
+                             "defaults; an algorithm section of another name is an error.")
     algorithm: AlgorithmSettings = Field(default_factory=GRPOSettings, description="The learner's algorithm.")
     optim: OptimSettings = Field(default_factory=OptimSettings, description="Optimizer and LR schedule.")
     train: TrainSettings = Field(default_factory=TrainSettings, description="Batch shapes, max_steps, seed.")
@@ -197,6 +200,17 @@ class RunSpec(_Strict):
             import_spec_plugins(data)  # the sections below validate against the kinds they register
         return data
 
+    @model_validator(mode="before")
+    @classmethod
+    def _mode_names_the_algorithm(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or data.get("mode") is None:
+            return data
+        mode, algorithm = data["mode"], data.get("algorithm")
+        algorithm = dict(algorithm) if isinstance(algorithm, dict) else {}
+        if algorithm.get("name", mode) != mode:
+            raise ValueError(f"mode {mode} and algorithm.name {algorithm['name']} disagree: set one of them")
+        return {**data, "algorithm": {**algorithm, "name": mode}}
+
     @model_validator(mode="after")
     def _consistent(self) -> RunSpec:
         if self.data.path is None:
@@ -208,7 +222,7 @@ class RunSpec(_Strict):
         if not self.is_rl and "groups_per_step" in self.train.model_fields_set:
             raise ValueError("train.groups_per_step: an sft run takes algorithm.batch_size pairs per step; set that "
                              "instead")
-        if self.eval.data is not None and not self.is_rl:
+        if self.eval.data is not None and not self.is_rl and not self.heldout_pairs:
             raise ValueError("eval.data: held-out evaluation goes through the rollout fleet, which an sft run does "
                              "not start; evaluate its export with an RL run's eval or fleetrl eval")
         return self
@@ -216,7 +230,12 @@ class RunSpec(_Strict):
     @property
     def is_rl(self) -> bool:
         """RL runs start the rollout and reward fleets; SFT is the learner alone."""
-        return self.algorithm.name != "sft"
+        return runs_fleet(self.algorithm)
+
+    @property
+    def heldout_pairs(self) -> bool:
+        """A preference run (rm, dpo): eval.data holds held-out pairs, measured by the learner itself."""
+        return getattr(self.algorithm, "data_kind", None) == "pairs"
 
     @property
     def group_window(self) -> int:

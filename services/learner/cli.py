@@ -55,8 +55,9 @@ def main(
     from shared.telemetry import setup_logging
 
     ranks = RankInfo.from_env()
-    if ranks.multi and settings.algorithm.name == "sft":
-        typer.echo("error: SFT runs on one rank (WORLD_SIZE=1); data-parallel ranks are for RL algorithms", err=True)
+    if ranks.multi and not getattr(settings.algorithm, "data_parallel", settings.algorithm.name != "sft"):
+        typer.echo(f"error: algorithm {settings.algorithm.name} runs on one rank (WORLD_SIZE=1); data-parallel ranks "
+                   "are for the RL algorithms", err=True)
         raise typer.Exit(2)
     setup_logging(settings.log_level, service="learner")
     if not ranks.owner:  # a follower rank: no HTTP, no Redis; trains on the shards rank 0 ships

@@ -184,7 +184,8 @@ class MetricsSink:
             self._wandb.log(scalars, step=step)
         if self._bar is not None:
             self._bar.update(max(0, step - self._bar.n))
-            shown = {k: f"{metrics[k]:.3g}" for k in ("reward_mean", "kl", "sft_loss", "weight_version")
+            shown = {k: f"{metrics[k]:.3g}" for k in ("reward_mean", "kl", "sft_loss", "loss", "rewards/accuracies",
+                                                       "weight_version")
                      if isinstance(metrics.get(k), (int, float))}
             self._bar.set_postfix(shown, refresh=False)
 

@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from services.learner.algorithms.algorithm_settings import AlgorithmSettings, GRPOSettings
+from services.learner.algorithms.algorithm_settings import AlgorithmSettings, GRPOSettings, runs_fleet
 from services.learner.watches.pool_signal import PoolSignalSettings
 from shared.schemas import SamplingOverrides
 from shared.settings import ServiceSettings, service_config
@@ -128,6 +128,12 @@ class DataSettings(_Section):
         "prompt, to the reward function (ScoreItem.metadata; verl's compute_score gets data_source and extra_info "
         "from there) when a row has them.")
     output_key: str = Field(default="output", description="SFT: field holding the answer.")
+    chosen_key: str = Field(default="chosen", description="Preference runs (rm, dpo): field holding the preferred "
+                            "response (text, or chat messages ending with the assistant's turn).")
+    rejected_key: str = Field(default="rejected", description="Preference runs: field holding the other response.")
+    eval_path: str | None = Field(default=None, description="Preference runs: held-out pairs (same format and keys "
+                                  "as path), whose pairwise accuracy the run measures; fleetrl run sets it from "
+                                  "eval.data.")
     apply_chat_template: bool = Field(default=False, description="Render prompts with the tokenizer's chat template.")
     input_template: str | None = Field(default=None, description="Python format string wrapping the prompt, e.g. 'Q: {}\\nA:'.")
     max_samples: int | None = Field(default=None, ge=1, description="Use only the first N rows.")
@@ -314,9 +320,10 @@ class LearnerSettings(ServiceSettings):
         if self.data.path is None:
             raise ValueError("data.path is required: a JSONL/Parquet prompt set or a saved HF dataset directory")
         name = self.algorithm.name
-        if name in ("grpo", "rloo") and self.rollout.group_size < 2:
+        if name in ("grpo", "rloo", "online_dpo") and self.rollout.group_size < 2:
             raise ValueError(f"{name} compares samples within a group: set rollout.group_size >= 2")
-        if name != "sft" and self.rollout.window < self.train.groups_per_step:
+        fleet = runs_fleet(self.algorithm)
+        if fleet and self.rollout.window < self.train.groups_per_step:
             raise ValueError(f"rollout.window ({self.rollout.window}) must be >= train.groups_per_step "
                              f"({self.train.groups_per_step}), or a step can never fill")
         if self.train.freeze_actor_steps and name != "ppo":
@@ -326,7 +333,7 @@ class LearnerSettings(ServiceSettings):
         if self.train.micro_batch_tokens is not None and self.backend.name != "torch":
             raise ValueError("train.micro_batch_tokens needs backend torch: DeepSpeed accumulates a fixed number of "
                              "micro-batches per update (use train.micro_batch_size with it)")
-        if name != "sft":
+        if fleet:
             self._sampling_fits_correction()
         return self
 

@@ -6,17 +6,24 @@ computes advantages and names the runner). Defaults follow OpenRLHF / the papers
 from __future__ import annotations
 
 import warnings
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from services.learner.algorithms.correction_settings import CorrectionSettings, TISCorrection
+from services.learner.algorithms.dynamic_sampling_settings import DynamicSamplingSettings
 from services.learner.algorithms.length_shaping_settings import OverlongNone, OverlongSettings
 from services.learner.algorithms.policy_loss_settings import LossAggregation, PolicyLossSettings, PPOClipLoss
+from services.learner.algorithms.preference_settings import (
+    DPOSettings,
+    OnlineDPOSettings,
+    RejectionSamplingSettings,
+    RMSettings,
+)
 from shared.plugins import PluginPoint
 
 __all__ = ["ALGORITHMS", "AlgorithmSettings", "DynamicSamplingSettings", "GRPOSettings", "KLSettings", "LossAggregation",
-           "PPOSettings", "RLAlgorithmSettings", "RLOOSettings", "ReinforcePPSettings", "SFTSettings"]
+           "PPOSettings", "RLAlgorithmSettings", "RLOOSettings", "ReinforcePPSettings", "SFTSettings", "runs_fleet"]
 
 
 class KLSettings(BaseModel):
@@ -31,23 +38,12 @@ class KLSettings(BaseModel):
     )
 
 
-class DynamicSamplingSettings(BaseModel):
-    """DAPO's dynamic sampling: complete groups whose rewards are all equal carry no group-relative signal; drop
-    them (their dataset position is done) so that fresh prompts fill the step's batch."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    enabled: bool = Field(default=False, description="Drop zero-variance groups and fill the batch with fresh ones.")
-    max_refills_per_step: int = Field(
-        default=16, ge=0, description="Groups dropped per training step at most; past it, zero-variance groups are "
-        "trained (counted as dynamic_sampling_cap_reached) so a task the policy always solves or always fails "
-        "cannot starve the run.")
-
-
 class RLAlgorithmSettings(BaseModel):
     """Fields every policy-gradient algorithm has (subclass it for your own RL algorithm's settings)."""
 
     model_config = ConfigDict(extra="forbid")
+    runs_fleet: ClassVar[bool] = True  # a run starts the rollout and reward fleets
+    data_kind: ClassVar[str] = "prompts"  # what the rows hold: prompts (RL), answers (SFT), pairs (preferences)
 
     kl: KLSettings = Field(default_factory=KLSettings, description="KL penalty / loss to the reference policy.")
     policy_loss: PolicyLossSettings = Field(
@@ -141,6 +137,8 @@ class SFTSettings(BaseModel):
     """Supervised fine-tuning on prompt / answer pairs, loss on the answer tokens only."""
 
     model_config = ConfigDict(extra="forbid")
+    runs_fleet: ClassVar[bool] = False
+    data_kind: ClassVar[str] = "answers"
 
     name: Literal["sft"] = "sft"
     epochs: int = Field(default=1, ge=1, description="Passes over the dataset.")
@@ -164,6 +162,17 @@ ALGORITHMS.register("grpo", GRPOSettings, "services.learner.algorithms.rl_algori
 ALGORITHMS.register("reinforce_pp", ReinforcePPSettings, "services.learner.algorithms.rl_algorithms:ReinforcePP")
 ALGORITHMS.register("rloo", RLOOSettings, "services.learner.algorithms.rl_algorithms:RLOO")
 ALGORITHMS.register("sft", SFTSettings, "services.learner.algorithms.rl_algorithms:SFT")
+ALGORITHMS.register("rm", RMSettings, "services.learner.algorithms.preference_algorithms:RewardModel")
+ALGORITHMS.register("dpo", DPOSettings, "services.learner.algorithms.preference_algorithms:DPO")
+ALGORITHMS.register("rejection_sampling", RejectionSamplingSettings,
+                    "services.learner.algorithms.preference_algorithms:RejectionSampling")
+ALGORITHMS.register("online_dpo", OnlineDPOSettings, "services.learner.algorithms.preference_algorithms:OnlineDPO")
 
 #: a settings field holding one algorithm's settings (chosen by ``name``)
 AlgorithmSettings = ALGORITHMS.settings_type("AlgorithmSettings")
+
+
+def runs_fleet(settings: Any) -> bool:
+    """Whether a run of ``settings`` (an algorithm's) starts the rollout and reward fleets; an algorithm settings
+    class of a plug-in without ``runs_fleet`` is an RL one unless it is named sft."""
+    return bool(getattr(settings, "runs_fleet", settings.name != "sft"))

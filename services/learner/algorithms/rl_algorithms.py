@@ -57,6 +57,8 @@ class LearnerAlgorithm:
     name: ClassVar[str]
     #: the runner class, or its import path (loaded when the learner starts)
     runner: ClassVar[str | type] = "services.learner.rl.runner:RLRunner"
+    #: the RL runner's trainer (what trains a step of complete groups), or its import path
+    trainer: ClassVar[str | type] = "services.learner.training.rl_trainer:RLTrainer"
 
     def __init__(self, settings: Any) -> None:
         self.settings = settings
@@ -165,3 +167,14 @@ def runner_class(settings: Any) -> type:
     if not isinstance(runner, type) or not callable(getattr(runner, "run", None)):
         raise LoadError(f"runner of algorithm {name!r}: {runner!r} is not a runner class (one with async run(stop))")
     return runner
+
+
+def trainer_class(settings: Any) -> type:
+    """The trainer the RL runner builds for the algorithm ``settings.name`` names (``train_step(experiences)``)."""
+    name = settings.name
+    trainer = ALGORITHMS.load(name).trainer
+    if isinstance(trainer, str):
+        trainer = load_object(trainer, what=f"trainer of algorithm {name!r}")
+    if not isinstance(trainer, type) or not callable(getattr(trainer, "train_step", None)):
+        raise LoadError(f"trainer of algorithm {name!r}: {trainer!r} is not a trainer class (one with train_step)")
+    return trainer

@@ -189,14 +189,14 @@ class RLRunner:
             log.info("first prompts wait until the trainer is loaded (Redis: %s)", exc)
 
     async def _load_trainer(self, latest: Path | None, resume_dir: Path | None) -> None:
-        from services.learner.training.rl_trainer import RLTrainer
+        from services.learner.algorithms.rl_algorithms import trainer_class
 
         if self.ranks.multi:
             from services.learner.distributed.ranks import OwnerLink
 
             self.link = await asyncio.to_thread(OwnerLink, self.s, self.ranks)
             await asyncio.to_thread(self.link.start, self.total_steps, resume_dir)
-        self.trainer = await asyncio.to_thread(RLTrainer, self.s, self.total_steps, resume_dir,
+        self.trainer = await asyncio.to_thread(trainer_class(self.s.algorithm), self.s, self.total_steps, resume_dir,
                                                self.ranks.local_rank)
         self.intake = ExperienceIntake(self.experiences, self.processed, self.lease, self.state, self.buffer,
                                        self.trainer.limits(), self.s, self.sink)

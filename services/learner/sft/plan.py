@@ -36,7 +36,9 @@ def _one(name: str, a: tuple[str, int | None, bool], b: tuple[str, int | None, b
 
 
 def sft_plan(data: DataSettings, sft, train_max_steps: int | None, train_max_steps_set: bool, rows: int) -> SFTPlan:
-    """``sft``: the SFT algorithm settings (epochs, max_steps, batch_size); ``rows``: pairs in the data."""
+    """``sft``: the SFT algorithm settings (epochs, max_steps, batch_size; a preference algorithm's, rm or dpo,
+    have the same); ``rows``: pairs in the data."""
+    name = getattr(sft, "name", "sft")
     ep_name, epochs, epochs_set = _one("passes", ("data.epochs", data.epochs, "epochs" in data.model_fields_set),
                                        ("algorithm.epochs", sft.epochs, "epochs" in sft.model_fields_set))
     ms_name, max_steps, _ = _one("steps", ("train.max_steps", train_max_steps, train_max_steps_set),
@@ -46,16 +48,16 @@ def sft_plan(data: DataSettings, sft, train_max_steps: int | None, train_max_ste
     what = f"{rows} pairs / algorithm.batch_size {bs} = {per_pass} steps a pass"
     if max_steps is None:
         total = per_pass * epochs
-        return SFTPlan(epochs, total, f"sft: {total} steps: {ep_name} {epochs} x ({what})")
+        return SFTPlan(epochs, total, f"{name}: {total} steps: {ep_name} {epochs} x ({what})")
     if not epochs_set:
         passes = max_steps * bs / rows
-        return SFTPlan(CYCLE, max_steps, f"sft: {max_steps} steps ({ms_name}): {max_steps * bs} pairs from {rows}, "
+        return SFTPlan(CYCLE, max_steps, f"{name}: {max_steps} steps ({ms_name}): {max_steps * bs} pairs from {rows}, "
                        f"{passes:.1f} passes over the data, each reshuffled ({what}); set data.epochs to cap the run "
                        "at whole passes")
     total = min(max_steps, per_pass * epochs)
     if total < max_steps:
-        return SFTPlan(epochs, total, f"sft: {total} steps: {ms_name} {max_steps} is more than the data holds: "
+        return SFTPlan(epochs, total, f"{name}: {total} steps: {ms_name} {max_steps} is more than the data holds: "
                        f"{ep_name} {epochs} x ({what}), so the run stops at step {total}; raise {ep_name}, or leave it "
                        "unset to cycle the data until max_steps")
-    return SFTPlan(epochs, total, f"sft: {total} steps ({ms_name}; {ep_name} {epochs} x ({what}) would allow "
+    return SFTPlan(epochs, total, f"{name}: {total} steps ({ms_name}; {ep_name} {epochs} x ({what}) would allow "
                    f"{per_pass * epochs})")

@@ -23,7 +23,8 @@ def close(a, b, tol=1e-4):
 
 
 def test_registry_names():
-    assert ALGORITHMS.kinds() == ["ppo", "grpo", "reinforce_pp", "rloo", "sft"]
+    assert ALGORITHMS.kinds() == ["ppo", "grpo", "reinforce_pp", "rloo", "sft", "rm", "dpo", "rejection_sampling",
+                                  "online_dpo"]
 
 
 @pytest.mark.parametrize("name", ["ppo", "grpo", "reinforce_pp", "rloo", "sft"])
@@ -90,7 +91,10 @@ def test_ppo_gae_with_values():
         algo.advantages(AdvantageInputs(scores=T([1.0]), groups=T([0]), mask=torch.ones(1, 3), kl=torch.zeros(1, 3)))
 
 
-@pytest.mark.parametrize("name", [k for k in ALGORITHMS.kinds() if k != "sft"])
+ADVANTAGE_BASED = ["ppo", "grpo", "reinforce_pp", "rloo"]  # the others train on samples, pairs or best samples
+
+
+@pytest.mark.parametrize("name", ADVANTAGE_BASED)
 def test_every_algorithm_zero_on_padding(name):
     settings = TypeAdapter(AlgorithmSettings).validate_python({"name": name})
     algo = build_algorithm(settings)
@@ -107,11 +111,24 @@ def test_every_algorithm_zero_on_padding(name):
 def test_each_algorithm_names_its_runner_and_sft_is_not_an_rl_algorithm():
     from services.learner.algorithms.algorithm_settings import SFTSettings
     from services.learner.algorithms.rl_algorithms import runner_class
+    from services.learner.preference.runner import PreferenceRunner
     from services.learner.rl.runner import RLRunner
     from services.learner.sft.runner import SFTRunner
 
+    own = {"sft": SFTRunner, "rm": PreferenceRunner, "dpo": PreferenceRunner}
     for name in ALGORITHMS.kinds():
         settings = TypeAdapter(AlgorithmSettings).validate_python({"name": name})
-        assert runner_class(settings) is (SFTRunner if name == "sft" else RLRunner), name
+        assert runner_class(settings) is own.get(name, RLRunner), name
     with pytest.raises(TypeError, match="not an RL algorithm"):
         build_algorithm(SFTSettings())
+
+
+def test_the_rl_runner_builds_each_algorithms_trainer():
+    from services.learner.algorithms.rl_algorithms import trainer_class
+    from services.learner.training.online_trainers import OnlineDPOTrainer, RejectionSamplingTrainer
+    from services.learner.training.rl_trainer import RLTrainer
+
+    own = {"online_dpo": OnlineDPOTrainer, "rejection_sampling": RejectionSamplingTrainer}
+    for name in ["ppo", "grpo", "reinforce_pp", "rloo", "online_dpo", "rejection_sampling"]:
+        settings = TypeAdapter(AlgorithmSettings).validate_python({"name": name})
+        assert trainer_class(settings) is own.get(name, RLTrainer), name

@@ -1,0 +1,1 @@
+"""The offline preference run owner (rm, dpo)."""
