@@ -52,7 +52,7 @@ def kinds(pub: WeightPublisher) -> set[str]:
 async def test_delta_rounds_stay_bit_equal_and_every_fault_gets_a_full_round(replicas, redis_client, tiny_model_dir,
                                                                               monkeypatch):
     run = "delta"
-    a, b = replicas.all(run, 2)
+    a, b = replicas(run), replicas(run)
     await wait_registered(redis_client, run, 2)
     model = new_weights(tiny_model_dir)
     settings = WeightSyncSettings(bucket_bytes=64 << 10, **FAST)
@@ -137,7 +137,7 @@ async def test_delta_rounds_stay_bit_equal_and_every_fault_gets_a_full_round(rep
 
 async def test_delta_off_and_full_every_send_whole_rounds(replicas, redis_client, tiny_model_dir):
     run = "delta-off"
-    a, = replicas.all(run, 1)
+    a = replicas(run)
     await wait_registered(redis_client, run, 1)
     model = new_weights(tiny_model_dir)
     async with WeightPublisher(redis_client, run, WeightSyncSettings(bucket_bytes=64 << 10, full_every=3,

@@ -53,8 +53,11 @@ class _Outcome:
 def member_errors(out: _Outcome) -> list[str]:
     """One line per member that refused or failed a round, with what it said (for the publish report)."""
     details = out.details or {}
-    return [f"{rid} {state} the round: {details.get(rid) or 'no detail'}"
-            for state, ids in (("refused", out.refused), ("failed", [i.replica_id for i in out.retry]))
+    return [f"{rid} {state}: {details.get(rid) or 'no detail'}"
+            for state, ids in (("refused the round", out.refused),
+                               ("failed the round", [i.replica_id for i in out.retry]),
+                               ("refused the delta round (sent whole next)",
+                                [i.replica_id for i in out.resend or []]))
             for rid in ids]
 
 

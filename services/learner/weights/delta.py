@@ -43,6 +43,7 @@ class DeltaPlan:
     full_bytes: int  # the version's bytes
     changed: int = 0  # units that differ from the base, all buckets
     units: int = 0
+    whole_bytes: int = 0  # buckets sent whole (a patch would not have been smaller)
 
     @property
     def payload(self) -> tuple[int, ...]:
@@ -56,8 +57,6 @@ class DeltaPlan:
     def bytes(self) -> int:
         """What a delta round broadcasts: patches, and whole buckets where a patch would not be smaller."""
         return sum(len(p.data) if p is not None and p.changed else 0 for p in self.patches) + self.whole_bytes
-
-    whole_bytes: int = 0
 
     @property
     def changed_fraction(self) -> float:
@@ -75,6 +74,8 @@ class DeltaBase:
     level: dict[str, int] = field(default_factory=dict)  # replica id -> the version it was seen to load
     suspect: set[str] = field(default_factory=set)  # refused a patch: a full round before the next delta
     last_full: int = 0  # the last version published by a full round to every member
+    #: the last plan's position bytes by codec (summed over its patches) and how often each was chosen
+    last_codecs: dict[str, Any] = field(default_factory=dict)
     _said: bool = False
 
     @property
@@ -101,6 +102,8 @@ class DeltaBase:
             return None
         m = outbox.manifest
         plan = DeltaPlan(version=m.version, base_version=self.version, patches=[], full_bytes=m.total_bytes)
+        sizes: dict[str, int] = {}
+        chosen: dict[str, int] = {}
         for i, b in enumerate(m.buckets):
             new = outbox.pack(i)
             outbox.digest(i)
@@ -117,6 +120,10 @@ class DeltaBase:
                 plan.whole_bytes += b.nbytes
             else:
                 plan.changed += patch.changed
+                chosen[patch.codec] = chosen.get(patch.codec, 0) + 1
+                for c, n in patch.sizes.items():
+                    sizes[c] = sizes.get(c, 0) + n
+        self.last_codecs = {"sizes": sizes, "chosen": chosen}
         return plan
 
     def eligible(self, members: list[ReplicaInfo]) -> bool:
@@ -139,10 +146,10 @@ class DeltaBase:
         m = outbox.manifest
         if not self.on or m is None or not m.checksum:
             return
-        if not sent_delta:
-            if members and set(members) <= set(loaded):
-                self.last_full = m.version
-        if not members or not set(members) <= set(loaded):
+        everyone = bool(members) and set(members) <= set(loaded)
+        if not sent_delta and everyone:
+            self.last_full = m.version
+        if not everyone:
             return  # someone missed it: the base stays; the next round is full
         self._advance(outbox, plan if sent_delta else None)
 

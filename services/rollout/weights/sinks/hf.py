@@ -14,6 +14,7 @@ Either way the memory cost is one flat copy of the weights beside the model (``k
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 from services.rollout.weights.receiver import (
@@ -26,6 +27,8 @@ from services.rollout.weights.receiver import (
 from services.rollout.weights.sinks.base import RoundFailed, UpdateRefused, WeightSink
 from shared.weight_sync.phases import PhaseClock
 from shared.weight_sync.wire import IpcRound, Manifest, Member, Rendezvous
+
+log = logging.getLogger(__name__)
 
 
 class HFSink(WeightSink):
@@ -70,6 +73,7 @@ class HFSink(WeightSink):
             self._prefault = None
         # the group needs every rank: start receiving first, check names and shapes while bytes arrive; a round the
         # publisher abandons (a member died or hung) is left at once (AbandonWatch), not after the collective timeout
+        self._check_wire_dtypes(manifest)
         if rdv.delta is not None:
             await self._run_delta(rdv, member, manifest, watcher, receiver, clock)
             return
@@ -88,6 +92,22 @@ class HFSink(WeightSink):
                 raise
         clock.lap("receive")
         await self._install(got, manifest, watcher, rdv, receiver, clock)
+
+    def _check_wire_dtypes(self, manifest: Manifest) -> None:
+        """Delta rounds patch the wire bytes this replica holds: a model kept in another dtype than the wire's (fp32
+        published into a bf16 engine) cannot give them back, so it stops advertising delta (said once); the
+        publisher then sends it every bucket whole."""
+        if not self.accepts_delta:
+            return
+        from shared.weight_sync.tensors import dtype_name
+
+        targets = self._loader_for().targets
+        odd = next((e for b in manifest.buckets for e in b.tensors
+                    if e.name in targets and dtype_name(targets[e.name].dtype) != e.dtype), None)
+        if odd is not None:
+            self.accepts_delta = False
+            log.warning("the model holds %s as %s, the learner publishes %s: this replica takes every round whole "
+                        "(no delta rounds)", odd.name, dtype_name(targets[odd.name].dtype), odd.dtype)
 
     async def _run_delta(self, rdv: Rendezvous, member: Member, manifest: Manifest, watcher: RoundWatcher,
                          receiver: BucketReceiver, clock: PhaseClock) -> None:
