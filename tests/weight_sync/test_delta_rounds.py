@@ -1,7 +1,7 @@
 """Delta rounds (issue 38) between a publisher in this process and real rollout processes (hf engine, tiny model),
-gloo on CPU, a real Redis: after many delta rounds each replica's weights are bit-equal to the learner's wire
-bytes, and a corrupted patch, a replica that missed versions, and a replica restarted mid-run (joining from a
-peer) each get the version whole and end bit-equal too."""
+gloo on CPU, a real Redis: each replica's weights (read back through its peer route) are bit-equal to the
+learner's wire bytes, and a replica restarted mid-run, joining from a peer, gets a full round and ends level.
+The many-round and fault cases run in one process (test_delta_inprocess.py): these cost process starts."""
 
 from __future__ import annotations
 
@@ -13,10 +13,8 @@ import httpx
 import torch
 
 from services.learner.weights import WeightPublisher
-from services.learner.weights import collective as C
 from services.learner.weights import packing as T
 from shared.weight_sync import WeightSyncSettings
-from shared.weight_sync.delta import HEADER
 from tests.weight_sync.conftest import TOKEN, new_weights, wait_ready, wait_registered
 from tests.weight_sync.test_publish_hf import FAST
 
@@ -49,8 +47,8 @@ def kinds(pub: WeightPublisher) -> set[str]:
     return set(pub.last_report.round_bytes)
 
 
-async def test_delta_rounds_stay_bit_equal_and_every_fault_gets_a_full_round(replicas, redis_client, tiny_model_dir,
-                                                                              monkeypatch):
+async def test_delta_rounds_across_processes_and_a_joiner_from_a_peer_ends_level(replicas, redis_client,
+                                                                                 tiny_model_dir):
     run = "delta"
     a, b = replicas(run), replicas(run)
     await wait_registered(redis_client, run, 2)
@@ -60,100 +58,29 @@ async def test_delta_rounds_stay_bit_equal_and_every_fault_gets_a_full_round(rep
         assert await pub.publish(model) == 1
         assert kinds(pub) == {"full"} and len(pub.last_report.loaded) == 2
         full_bytes = pub.last_report.round_bytes["full"]
-
-        # 20 delta rounds: each sends a small fraction of the bytes, and every replica ends on the learner's bytes
-        for step in range(20):
+        for step in range(4):
             nudge(model, step)
             await pub.publish(model)
             report = pub.last_report
-            assert kinds(pub) == {"delta"} and sorted(report.loaded) == sorted(pub.delta.level), report
+            assert kinds(pub) == {"delta"} and len(report.loaded) == 2, report
             assert report.round_bytes["delta"] < 0.2 * full_bytes, report.round_bytes
             assert 0.005 < report.changed_fraction < 0.05, report.changed_fraction
-        assert pub.delta.version == 21
         await assert_bit_equal(pub, model, [a, b])
+        assert a.weights_status()["last_update"]["phases"].keys() >= {"receive", "patch", "verify", "apply"}
 
-        # a patch corrupted on the way (values flipped after the digests were taken): refused, sent whole, level
-        real = C.patch_tensor
-
-        def corrupt(data: bytes, backend: str):
-            t = real(data, backend)
-            if t.numel() > HEADER.size + 8:
-                t[-2:] ^= 0xFF
-            return t
-
-        monkeypatch.setattr(C, "patch_tensor", corrupt)
-        nudge(model, 100)
-        assert await pub.publish(model) == 22
-        report = pub.last_report
-        assert kinds(pub) == {"delta", "full"} and len(report.loaded) == 2 and not report.refused, report
-        assert any("refused" in e and "checksum" in e for e in report.errors), report.errors
-        monkeypatch.setattr(C, "patch_tensor", real)
-        await assert_bit_equal(pub, model, [a, b])
-        nudge(model, 101)
-        await pub.publish(model)
-        assert kinds(pub) == {"delta"}
-
-        # b misses a version (hung past its heartbeat: not a member); a goes on by delta; b comes back behind, is
-        # brought level (a full catch-up, or a peer), and the next round is full for both, then delta again
-        os.killpg(b.proc.pid, signal.SIGSTOP)
-        try:
-            await asyncio.sleep(2.6)  # heartbeat_ttl_s 2
-            nudge(model, 102)
-            assert await pub.publish(model) == 24
-            assert pub.last_report.loaded == [pub.last_report.loaded[0]] and kinds(pub) == {"delta"}
-        finally:
-            os.killpg(b.proc.pid, signal.SIGCONT)
-        for _ in range(300):
-            if b.weight_version() == 24:
-                break
-            await asyncio.sleep(0.1)
-        assert b.weight_version() == 24
-        await assert_bit_equal(pub, model, [a, b])
-        nudge(model, 103)
-        await pub.publish(model)
-        assert len(pub.last_report.loaded) == 2
-        await assert_bit_equal(pub, model, [a, b])
-        nudge(model, 104)
-        await pub.publish(model)
-        assert kinds(pub) == {"delta"} and len(pub.last_report.loaded) == 2
-        await assert_bit_equal(pub, model, [a, b])
-
-        # b restarted mid-run: a new replica, which joins from its peer a; the next round is full, then delta
+        # b restarted mid-run: its successor joins from its peer a, so the publisher never saw it load the base:
+        # the next round is full for both, then delta again, and all end on the learner's bytes
         os.killpg(b.proc.pid, signal.SIGKILL)
         c = replicas(run, wait=False)
         await wait_ready(c)
         assert c.weights_status()["last_update"]["source"] == "peer"
-        await asyncio.sleep(2.2)  # b's registry entry expires
+        await asyncio.sleep(2.2)  # b's registry entry expires (heartbeat_ttl_s 2)
         nudge(model, 105)
         await pub.publish(model)
         assert kinds(pub) == {"full"} and len(pub.last_report.loaded) == 2, pub.last_report
         await assert_bit_equal(pub, model, [a, c])
-        for step in range(106, 109):
+        for step in range(106, 108):
             nudge(model, step)
             await pub.publish(model)
             assert kinds(pub) == {"delta"} and len(pub.last_report.loaded) == 2
         await assert_bit_equal(pub, model, [a, c])
-
-
-async def test_delta_off_and_full_every_send_whole_rounds(replicas, redis_client, tiny_model_dir):
-    run = "delta-off"
-    a = replicas(run)
-    await wait_registered(redis_client, run, 1)
-    model = new_weights(tiny_model_dir)
-    async with WeightPublisher(redis_client, run, WeightSyncSettings(bucket_bytes=64 << 10, full_every=3,
-                                                                     **FAST)) as pub:
-        seen = []
-        for step in range(7):
-            nudge(model, step)
-            await pub.publish(model)
-            seen.append("".join(sorted(kinds(pub))))
-        # v1 full; then delta until full_every versions since the last full round
-        assert seen == ["full", "delta", "delta", "full", "delta", "delta", "full"], seen
-        await assert_bit_equal(pub, model, [a])
-    async with WeightPublisher(redis_client, run, WeightSyncSettings(bucket_bytes=64 << 10, delta="off",
-                                                                     **FAST)) as pub:
-        for step in range(3):
-            nudge(model, 50 + step)
-            await pub.publish(model)
-            assert kinds(pub) == {"full"}
-        await assert_bit_equal(pub, model, [a])
