@@ -135,6 +135,7 @@ async def driver(args) -> None:
                     ids = torch.randint(0, args.vocab, (args.batch, args.seq), generator=gen)
                     t0 = time.perf_counter()
                     loss = model(input_ids=ids, labels=ids).loss
+                    loss_value = float(loss.detach())
                     loss.backward()
                     opt.step()
                     opt.zero_grad(set_to_none=True)
@@ -152,12 +153,13 @@ async def driver(args) -> None:
                     time_ratio = d.seconds / f.seconds
                     summary.setdefault(lr, []).append((bytes_ratio, time_ratio))
                     codec = pub.delta.last_codecs  # of the delta round's plan
-                    print(f"lr {lr:g} step {step + 1}: loss {float(loss):.3f} (train {train_s:.1f}s), changed "
+                    print(f"lr {lr:g} step {step + 1}: loss {loss_value:.3f} (train {train_s:.1f}s), changed "
                           f"{d.changed_fraction:.4f} of the wire values; delta {d.round_bytes['delta'] / 1e6:.2f} MB "
                           f"/ full {f.round_bytes['full'] / 1e6:.1f} MB = {bytes_ratio:.4f}; publish "
                           f"{d.seconds:.2f}s / {f.seconds:.2f}s = {time_ratio:.2f}; positions by codec (MB): "
                           + " ".join(f"{c} {v / 1e6:.2f}" for c, v in codec["sizes"].items())
-                          + f"; chosen {codec['chosen']}")
+                          + f"; chosen {codec['chosen']}; delta phases (ms): "
+                          + " ".join(f"{k} {v * 1e3:.0f}" for k, v in d.phases.items()))
             lora_bytes, merged_bytes = lora_sizes(model, args.lora_rank)
         for lr, rows in summary.items():
             print(f"lr {lr:g}: median bytes {statistics.median(b for b, _ in rows):.4f}x full, median publish "
@@ -198,7 +200,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--hidden", type=int, default=768)
     ap.add_argument("--ffn", type=int, default=2048)
-    ap.add_argument("--vocab", type=int, default=32000)
+    ap.add_argument("--vocab", type=int, default=32768)
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--seq", type=int, default=32)
     ap.add_argument("--bucket-mb", type=int, default=64)

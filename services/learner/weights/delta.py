@@ -158,7 +158,7 @@ class DeltaBase:
         exists, whole buckets copied otherwise (from the outbox's bytes, still the version)."""
         import torch
 
-        from shared.weight_sync.delta import apply_patch
+        from shared.weight_sync.delta import apply_diff
 
         m = outbox.manifest
         same = plan is not None and plan.base_version == self.version and self.layout_id == m.layout_id and \
@@ -172,7 +172,7 @@ class DeltaBase:
                 if patch is None:
                     self.buffers[i].copy_(src)
                 elif patch.changed:
-                    apply_patch(self.buffers[i], patch.data)
+                    apply_diff(self.buffers[i], patch, patch.data[5])  # header byte 5: the unit
             else:
                 buf = torch.empty(b.nbytes, dtype=torch.uint8, device=src.device)
                 buf.copy_(src)
