@@ -64,7 +64,7 @@ class ModuleEngine:
 
 async def start_replica(redis, run: str, name: str, dtype: torch.dtype = torch.bfloat16) -> WeightSidecar:
     sc = WeightSidecar(ModuleEngine(make_model(seed=None, dtype=dtype)), redis, run,
-                       SidecarSettings(join_timeout_s=0, heartbeat_s=0.2, heartbeat_ttl_s=1.0), name=name)
+                       SidecarSettings(join_timeout_s=0, heartbeat_s=0.2, heartbeat_ttl_s=10.0), name=name)
     await sc.start()
     return sc
 
