@@ -90,9 +90,9 @@ async def wait_registered(pub: WeightPublisher, n: int) -> None:
 
 
 @pytest.fixture()
-def threads():
+async def threads():
     """Publisher and replicas block in threads of one loop: more workers than the default 2-core pool."""
-    loop = asyncio.get_event_loop()
+    loop = asyncio.get_running_loop()
     pool = concurrent.futures.ThreadPoolExecutor(16)
     loop.set_default_executor(pool)
     yield
