@@ -224,3 +224,23 @@ async def test_a_replica_holding_another_dtype_than_the_wire_takes_whole_rounds(
             assert not a.info().delta
     finally:
         await a.stop()
+
+
+async def test_a_version_where_everything_changed_goes_as_a_plain_full_round(redis_client, threads):
+    run = "delta-dense"
+    a = await start_replica(redis_client, run, "a")
+    model = make_model()
+    try:
+        async with WeightPublisher(redis_client, run, WeightSyncSettings(bucket_bytes=16 << 10, **FAST)) as pub:
+            await wait_registered(pub, 1)
+            await pub.publish(model)
+            nudge(model, 1, frac=1.0)  # every value moves: no patch would be smaller than its bucket
+            await pub.publish(model)
+            assert kinds(pub) == {"full"} and pub.last_report.changed_fraction > 0.9, pub.last_report
+            assert set(a.sink.phases) == {"receive", "verify", "apply"}  # no patch step on the replica
+            nudge(model, 2)
+            await pub.publish(model)  # and the base moved with it: the next sparse step is a delta round
+            assert kinds(pub) == {"delta"}
+            assert_bit_equal(model, [a])
+    finally:
+        await a.stop()

@@ -221,8 +221,11 @@ class WeightPublisher:
         if not self.delta.eligible(members) or not self.delta.usable(self.outbox):
             return None
         plan = await asyncio.to_thread(self.delta.plan, self.outbox)
-        if plan is not None:
-            report.changed_fraction = round(plan.changed_fraction, 6)
+        if plan is None:
+            return None
+        report.changed_fraction = round(plan.changed_fraction, 6)
+        if all(p is None for p in plan.patches):
+            return None  # nothing to gain: every bucket goes whole anyway, as a plain full round
         return plan
 
     def _digest_algo(self, replicas: list) -> str:
