@@ -55,6 +55,11 @@ class MetricsSink:
                                          buckets=PUBLISH_BUCKETS, registry=registry)
         self.publish_phase = Gauge("fleetrl_learner_publish_phase_seconds", "Last weight publish's time per phase",
                                    ["phase"], registry=registry)
+        self.round_bytes = Counter("fleetrl_weight_round_bytes", "Bytes weight rounds broadcast, by kind: full (every "
+                                   "bucket whole), delta (patches against the confirmed base; docs/weight-sync.md)",
+                                   ["kind"], registry=registry)
+        self.changed_fraction = Gauge("fleetrl_weight_changed_fraction", "Share of the last published version's wire "
+                                      "values that differ from the delta base (last delta plan)", registry=registry)
         self.publish_replicas = Gauge("fleetrl_learner_publish_replicas", "Replicas per outcome in the last publish",
                                       ["outcome"], registry=registry)
         self.version_span = Histogram("fleetrl_learner_version_span", "Weight versions one trained sample's tokens "
@@ -159,6 +164,12 @@ class MetricsSink:
         for phase, seconds in report.phases.items():
             self.publish_phase.labels(phase).set(seconds)
         out = {"publish_s": round(report.seconds, 4)}
+        for kind, n in getattr(report, "round_bytes", {}).items():
+            self.round_bytes.labels(kind).inc(n)
+            out[f"publish_bytes_{kind}"] = n
+        if getattr(report, "changed_fraction", None) is not None:
+            self.changed_fraction.set(report.changed_fraction)
+            out["publish_changed_fraction"] = report.changed_fraction
         for outcome in ("loaded", "dropped", "refused"):
             n = len(getattr(report, outcome))
             self.publish_replicas.labels(outcome).set(n)

@@ -87,6 +87,20 @@ class WeightSyncSettings(BaseModel):
                     "GPU for nccl, with no trip through host memory) and nothing is kept: a late joiner gets the "
                     "next version. auto: none with nccl, copy with gloo. A snapshot_dir implies copy.",
     )
+    delta: Literal["auto", "off"] = Field(
+        default="auto",
+        description="auto: when every member of a round holds the version all of them last confirmed, send each "
+                    "bucket as a patch of its changed elements against it (or whole, when that is not smaller); "
+                    "members check the result against the new version's digests. Costs one copy of the wire "
+                    "bytes on the learner (the base), on the device the buckets are packed on. Needs the "
+                    "version's bytes held through the publish (weights laid out in place, or retain copy); "
+                    "off: every bucket whole, every round.",
+    )
+    full_every: int = Field(
+        default=50, ge=1,
+        description="With delta: every this many versions a round sends every bucket whole anyway (bounds what "
+                    "any undetected damage could cost).",
+    )
     snapshot_dir: str | None = Field(
         default=None,
         description="Write a safetensors snapshot per version here (the fallback transport); unset = no snapshots.",

@@ -34,7 +34,7 @@ async def weight_sync_status(redis: Any, run: str) -> dict[str, Any]:
         "replica_id": info.replica_id, "name": info.name, "engine": info.engine, "transport": info.transport,
         "backend": info.backend, "group": info.group, "weight_version": info.weight_version,
         "wants_version": info.wants_version, "alive": ttl is not None and int(ttl) > 0,
-        "behind": max(0, latest - info.weight_version),
+        "behind": max(0, latest - info.weight_version), "delta": info.delta,
     } for info, ttl in zip(infos, ttls)]
 
     last_round = None
@@ -45,6 +45,10 @@ async def weight_sync_status(redis: Any, run: str) -> dict[str, Any]:
         last_round = {
             "round": rdv.round, "version": rdv.version, "group": rdv.group_name, "backend": rdv.backend,
             "created_at": rdv.created_at,
+            "kind": "full" if rdv.delta is None else "delta",
+            "delta_base": None if rdv.delta is None else rdv.delta.base_version,
+            "patch_bytes": None if rdv.delta is None else sum(max(0, n) for n in rdv.delta.payload),
+            "whole_buckets": None if rdv.delta is None else sum(1 for n in rdv.delta.payload if n < 0),
             "members": [{"replica_id": m.replica_id, "rank": m.rank,
                          "report": reports[m.replica_id].state if m.replica_id in reports else None,
                          "detail": reports[m.replica_id].detail if m.replica_id in reports else ""}

@@ -134,6 +134,17 @@ class Member(_Record):
     ranks: int = Field(default=1, ge=1, description="Ranks the replica occupies (its engine's TP size).")
 
 
+class DeltaRound(_Record):
+    """A delta round: each bucket goes as a patch against ``base_version`` (the version every member confirmed),
+    unchanged, or whole. Members apply the patches to the bytes they hold and check every bucket against the
+    version's digests (:class:`Checksums`); a member not at ``base_version`` refuses, and gets a full round."""
+
+    base_version: int = Field(ge=1)
+    payload: tuple[int, ...] = Field(
+        description="Per bucket, what is broadcast: -1 the whole bucket, 0 nothing (unchanged), n > 0 a patch "
+                    "of n bytes (shared.weight_sync.delta).")
+
+
 class Rendezvous(_Record):
     round: int = Field(ge=1, description="Unique id of this update round (INCR).")
     version: int = Field(ge=1)
@@ -152,6 +163,7 @@ class Rendezvous(_Record):
     layout_id: str = Field(default="", description="The version manifest's layout_id (receivers that hold that "
                                                     "layout start receiving without fetching the manifest).")
     checksum: str | None = Field(default=None, description="The manifest's checksum algorithm.")
+    delta: DeltaRound | None = Field(default=None, description="Set for a delta round (None: every bucket whole).")
     created_at: float = Field(default_factory=time.time)
 
     def member(self, replica_id: str) -> Member | None:
@@ -225,6 +237,9 @@ class ReplicaInfo(_Record):
     engine: str = ""
     weight_version: int = 0
     wants_version: int = Field(default=0, description="Version the replica asks to be brought to (catch-up).")
+    delta: bool = Field(default=False, description="The replica applies delta rounds (its sink holds the bytes "
+                                                   "it receives: the hf engine); engines that receive into their "
+                                                   "own buffers get every bucket whole.")
     peer_url: str = Field(default="", description="Where joining replicas fetch this replica's verified weights "
                                                   "(GET {peer_url}/weights/peer/...); '' when it serves none.")
     updated_at: float = Field(default_factory=time.time)

@@ -47,13 +47,17 @@ class _Outcome:
     dropped: list[str]
     error: str = ""
     details: dict[str, str] | None = None  # what each member that did not load said
+    resend: list[ReplicaInfo] | None = None  # refused a delta round: sent whole next (no group change needed)
 
 
 def member_errors(out: _Outcome) -> list[str]:
     """One line per member that refused or failed a round, with what it said (for the publish report)."""
     details = out.details or {}
-    return [f"{rid} {state} the round: {details.get(rid) or 'no detail'}"
-            for state, ids in (("refused", out.refused), ("failed", [i.replica_id for i in out.retry]))
+    return [f"{rid} {state}: {details.get(rid) or 'no detail'}"
+            for state, ids in (("refused the round", out.refused),
+                               ("failed the round", [i.replica_id for i in out.retry]),
+                               ("refused the delta round (sent whole next)",
+                                [i.replica_id for i in out.resend or []]))
             for rid in ids]
 
 
@@ -61,6 +65,17 @@ def member_errors(out: _Outcome) -> list[str]:
 class _HeldGroup:
     group: Any
     rendezvous: Rendezvous
+
+
+def patch_tensor(data: bytes, backend: str) -> Any:
+    """A patch's bytes as a uint8 tensor where ``backend`` sends from: host memory for gloo, the current GPU
+    for nccl."""
+    import torch
+
+    t = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    if backend == "nccl":
+        t = t.to(torch.device("cuda", torch.cuda.current_device()))
+    return t
 
 
 def group_name_for(master_port: int) -> str:
@@ -106,7 +121,7 @@ class CollectiveTransport(WeightTransport):
                 if out.error:
                     report.errors.append(out.error)
                 report.errors += member_errors(out)
-                remaining = out.retry
+                remaining = out.retry + (out.resend or [])
             report.dropped += [i.replica_id for i in remaining]
         if main:  # kinds with no member left: their held groups are of no use any more
             for kind in [k for k in self.held if k not in by_kind]:
@@ -119,6 +134,10 @@ class CollectiveTransport(WeightTransport):
             round_id = await self.redis.incr(wkeys.round_counter(self.run))
         round_id = int(round_id)
         ids = [m.replica_id for m in members]
+        delta = self.publisher.delta
+        plan = shipment.delta if main and kind == "torch" and delta.eligible(members) else None
+        if plan is not None:  # the plan digested every bucket: members may verify as soon as patches land
+            await self.publisher.write_checksums()
         held = self.held.get(kind) if main else None
         reuse = held is not None and not held.group.broken and [m.replica_id for m in held.rendezvous.members] == ids
         if main and not reuse:
@@ -129,6 +148,7 @@ class CollectiveTransport(WeightTransport):
             rdv = base.model_copy(update={"round": round_id, "version": manifest.version, "fresh_group": False,
                                           "manifest_key": wkeys.manifest(self.run, manifest.version),
                                           "layout_id": manifest.layout_id, "checksum": manifest.checksum,
+                                          "delta": None if plan is None else plan.record(),
                                           "created_at": time.time()})
         else:
             placed, rank = [], 1
@@ -144,6 +164,7 @@ class CollectiveTransport(WeightTransport):
                 members=tuple(placed), init_timeout_s=s.init_timeout_s,
                 collective_timeout_s=s.collective_timeout_s, load_timeout_s=s.load_timeout_s,
                 layout_id=manifest.layout_id, checksum=manifest.checksum,
+                delta=None if plan is None else plan.record(),
             )
         # the manifest (~100 bytes a tensor) goes before the rendezvous that names it, unless every member
         # already holds its layout (same group, same layout as its last round): members then rebuild it from
@@ -175,7 +196,11 @@ class CollectiveTransport(WeightTransport):
                     init_timeout_s=rdv.init_timeout_s, collective_timeout_s=rdv.collective_timeout_s,
                     listener=listener, gloo_addr=s.gloo_addr)
                 clock.lap("group")
-            await self._send(group)
+            sent = await self._send(group, plan)
+            shipment.report.round_bytes["delta" if plan is not None else "full"] = \
+                shipment.report.round_bytes.get("delta" if plan is not None else "full", 0) + sent
+            if plan is not None:
+                shipment.sent_delta = True
             if late_manifest is not None:
                 await late_manifest
             clock.lap("send")
@@ -206,24 +231,41 @@ class CollectiveTransport(WeightTransport):
             group.close()
         out = await self._settle(round_id, members, s.load_timeout_s)
         clock.lap("settle")
-        if main and (out.dropped or out.retry):
+        delta.confirmed(out.loaded, manifest.version)
+        if plan is not None and out.refused:  # a patch did not give the version's bytes: send them whole
+            delta.refused(out.refused)
+            out.resend = [i for i in members if i.replica_id in out.refused]
+            log.warning("round %d: %s refused the delta round (%s): sending version %d whole", round_id,
+                        out.refused, "; ".join(f"{r}: {(out.details or {}).get(r, '')}" for r in out.refused),
+                        manifest.version)
+            out.refused = []
+        if main and (out.dropped or out.retry or out.resend):
             self._drop_group(kind)  # membership changed: the next round forms a new group
         return out
 
-    async def _send(self, group: Any) -> None:
+    async def _send(self, group: Any, plan: Any = None) -> int:
         """Broadcast every bucket from rank 0, packing bucket k+1 while bucket k is on the wire (at most
         ``inflight_buckets`` outstanding). Each bucket is digested while its broadcast is under way (digests
         never hold bytes back), and the checksums record is written as soon as the last digest is done:
         usually before the replicas, which digest what they received, come to read it (they wait for it,
-        bounded by the collective timeout)."""
+        bounded by the collective timeout). With a delta ``plan``, a bucket goes as its patch (on the device
+        the backend sends from), whole, or not at all (``DeltaRound.payload``). Returns the bytes sent."""
         n = len(self.outbox.manifest.buckets)
+        payload = plan.payload if plan is not None else (-1,) * n
         pending: deque[Any] = deque()
+        sent = 0
         for i in range(n):
+            if payload[i] == 0:
+                continue
             try:
-                wire = await asyncio.to_thread(self.outbox.wire_buffer, i)
+                if payload[i] > 0:
+                    wire = patch_tensor(plan.patches[i].data, self.settings.backend)
+                else:
+                    wire = await asyncio.to_thread(self.outbox.wire_buffer, i)
             except Exception as exc:  # staging on this side: a local failure, not the round's
                 raise PublishFailed(f"staging bucket {i} for {self.settings.backend} failed: "
                                     f"{type(exc).__name__}: {exc}") from exc
+            sent += wire.numel()
             pending.append(group.broadcast(wire, src=0))
             await asyncio.to_thread(self.outbox.digest, i)
             if i == n - 1:
@@ -232,6 +274,9 @@ class CollectiveTransport(WeightTransport):
                 await asyncio.to_thread(group.wait, pending.popleft())
         while pending:
             await asyncio.to_thread(group.wait, pending.popleft())
+        if plan is not None:
+            await self.publisher.write_checksums()
+        return sent
 
     async def _abandon(self, round_id: int) -> None:
         """Tell the round's members it is over (``wkeys.abandoned``): each leaves its collectives and reports within

@@ -32,6 +32,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from services.learner.weights import packing as T
+from services.learner.weights.delta import DeltaBase
 from services.learner.weights.health import RoundHistory, lag_problem
 from services.learner.weights.outbox import Outbox
 from services.learner.weights.transport import (
@@ -69,6 +70,7 @@ class WeightPublisher:
         self.history = RoundHistory()  # consecutive failed publishes and the last reason (see lag_problem)
         self._last_version = 0  # the newest version this publisher published
         self.outbox = Outbox(self.settings)  # the held version's buckets: packed, digested, kept for late joiners
+        self.delta = DeltaBase(self.settings)  # the version every replica confirmed, for delta rounds (delta.py)
         self.lock = asyncio.Lock()  # held while a version is published; a catch-up takes it too
         # every registered transport, in registration order (snapshot first: written before any round announces)
         self.transports: dict[str, WeightTransport] = {name: PUBLISHER_TRANSPORTS.load(name)(self)
@@ -125,6 +127,7 @@ class WeightPublisher:
                 self.outbox.manifest = manifest
                 # the manifest goes out with the first round's rendezvous (see CollectiveTransport._round)
                 shipment = Shipment(report=report, clock=clock, manifest_unwritten=True, round_id=round_id)
+                shipment.delta = await self._delta_plan(replicas, report)
                 clock.lap("manifest")
                 for name, transport in self.transports.items():  # each replica by the transport it advertises
                     await transport.deliver([i for i in replicas if i.transport == name], shipment)
@@ -133,8 +136,11 @@ class WeightPublisher:
                     shipment.manifest_unwritten = False
                 await asyncio.to_thread(self.outbox.finish)
                 await self.write_checksums()
+                await asyncio.to_thread(self.delta.settle, self.outbox, shipment.delta, shipment.sent_delta,
+                                        [i.replica_id for i in self._delta_members(replicas)], report.loaded)
             except Exception as exc:
                 self.outbox.forget()  # half-packed: nothing to serve late joiners from
+                self.delta.forget()
                 if _redis_outage(exc):
                     raise  # the caller waits Redis out and publishes again
                 reason = f"publishing version {v} failed: {type(exc).__name__}: {exc}"
@@ -205,6 +211,23 @@ class WeightPublisher:
         T.flatten_into_buckets(named, buckets)
         self.outbox.send_in_place = True
         return len(buckets)
+
+    def _delta_members(self, replicas: list) -> list:
+        """The live replicas a delta round could serve (collective, this backend, a sink that applies patches)."""
+        return [i for i in replicas if i.delta and i.transport == "collective" and i.backend == self.settings.backend]
+
+    async def _delta_plan(self, replicas: list, report: PublishReport) -> Any:
+        """The version's patches against the base, when some replica is level with it (else None: full rounds)."""
+        members = self._delta_members(replicas)
+        if not self.delta.eligible(members) or not self.delta.usable(self.outbox):
+            return None
+        plan = await asyncio.to_thread(self.delta.plan, self.outbox)
+        if plan is None:
+            return None
+        report.changed_fraction = round(plan.changed_fraction, 6)
+        if all(p is None for p in plan.patches):
+            return None  # nothing to gain: every bucket goes whole anyway, as a plain full round
+        return plan
 
     def _digest_algo(self, replicas: list) -> str:
         """The version's digest algorithm: the setting, with ``auto`` also choosing wsum64 (computed on the GPU)

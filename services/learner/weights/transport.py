@@ -47,6 +47,8 @@ class PublishReport:
     seconds: float = 0.0
     errors: list[str] = field(default_factory=list)
     phases: dict[str, float] = field(default_factory=dict)  # seconds spent per step (see PhaseClock)
+    round_bytes: dict[str, int] = field(default_factory=dict)  # bytes broadcast by rounds, by kind: full / delta
+    changed_fraction: float | None = None  # share of the wire units that differ from the delta base (None: no base)
 
 
 @dataclass
@@ -58,6 +60,8 @@ class Shipment:
     main: bool = True  # the publish itself (False: late joiners caught up to the version held)
     manifest_unwritten: bool = False  # the manifest is not in Redis yet: the first round writes it with its rendezvous
     round_id: int | None = None  # a round id taken in advance (the publish's first round)
+    delta: Any = None  # the version's DeltaPlan against the base (services/learner/weights/delta.py), or None
+    sent_delta: bool = False  # a round of this shipment went as patches
 
     def take_round_id(self) -> int | None:
         """The round id taken in advance, once (None afterwards: take a new one)."""
@@ -74,6 +78,7 @@ class Publisher(Protocol):
     registry: ReplicaRegistry
     outbox: Outbox  # the version held: its manifest and buckets
     lock: asyncio.Lock  # held while a version is published; a catch-up takes it too
+    delta: Any  # the DeltaBase: which replicas hold the base version (services/learner/weights/delta.py)
 
     async def write_checksums(self) -> None: ...
 

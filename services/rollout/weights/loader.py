@@ -26,6 +26,20 @@ def unpack(bucket: Bucket, buf: torch.Tensor) -> Iterator[tuple[str, torch.Tenso
         yield e.name, view_tensor(buf, e)
 
 
+@torch.no_grad()
+def read_bucket(targets: dict[str, torch.Tensor], bucket: Bucket, out: torch.Tensor) -> None:
+    """Bucket ``bucket`` as the module holds it now, written into ``out`` (a flat uint8 buffer on any device):
+    each tensor's bytes in the wire dtype at its offset, what the learner's packing produced for that version."""
+    for e in bucket.tensors:
+        if not e.nbytes:
+            continue
+        src = targets[e.name].detach()
+        dt = torch_dtype(e.dtype)
+        if src.dtype != dt:
+            src = src.to(dt)
+        out[e.offset:e.offset + e.nbytes].copy_(src.contiguous().reshape(-1).view(torch.uint8))
+
+
 class InPlaceLoader:
     """Copies received tensors into a module's own parameters and buffers (no reload, no second model).
 

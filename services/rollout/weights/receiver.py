@@ -320,6 +320,51 @@ class BucketReceiver(StagingSets):
 
         Raises :class:`RoundFailed` if the group or a broadcast fails, or as soon as ``abandoned`` is set (the
         publisher gave up on the round: :class:`AbandonWatch`) while a broadcast is awaited."""
+        group = self._join(rdv, member, abandoned)
+        try:
+            buffers = self.take([b.nbytes for b in manifest.buckets])
+            works = [group.broadcast(buf, src=0) for buf in buffers]
+            digests: list[int | None] = []
+            for buf, work in zip(buffers, works):
+                group.wait(work, cancel=abandoned)
+                digests.append(digest(buf, manifest.checksum) if manifest.checksum else None)
+        except CollectiveError as exc:
+            self.close()
+            raise RoundFailed(str(exc)) from exc
+        return Received(manifest, buffers, digests)
+
+    def receive_delta(self, rdv: Rendezvous, member: Member, manifest: Manifest,
+                      abandoned: threading.Event | None = None) -> tuple[list[Any], list[Any]]:
+        """A delta round's broadcasts (``rdv.delta.payload``): a staging set, whole buckets received into it, and
+        each patch in a buffer of its own (None where the bucket is whole or unchanged). Blocking; raises as
+        :meth:`receive`. The caller fills the other buckets from the bytes it holds and applies the patches."""
+        assert rdv.delta is not None
+        payload = rdv.delta.payload
+        if len(payload) != len(manifest.buckets):
+            raise UpdateRefused(f"delta round names {len(payload)} buckets, the manifest {len(manifest.buckets)}")
+        group = self._join(rdv, member, abandoned)
+        import torch
+
+        buffers = self.take([b.nbytes for b in manifest.buckets])
+        patches: list[Any] = [None] * len(payload)
+        try:
+            works = []
+            for i, n in enumerate(payload):
+                if n == 0:
+                    continue
+                if n > 0:
+                    patches[i] = torch.empty(n, dtype=torch.uint8, device=self.device)
+                works.append(group.broadcast(buffers[i] if n < 0 else patches[i], src=0))
+            for work in works:
+                group.wait(work, cancel=abandoned)
+        except CollectiveError as exc:
+            self.recycle(buffers)
+            self.close()
+            raise RoundFailed(str(exc)) from exc
+        return buffers, patches
+
+    def _join(self, rdv: Rendezvous, member: Member, abandoned: threading.Event | None) -> Any:
+        """The round's group: the one held when the round reuses it, else formed now."""
         if self.group is not None and (rdv.fresh_group or self.group.name != rdv.group_name or self.group.broken):
             self.close()  # a fresh group may carry a name seen before (its port was used by an earlier group)
         if self.group is None:
@@ -337,17 +382,7 @@ class BucketReceiver(StagingSets):
         if abandoned is not None and abandoned.is_set():  # formed after the publisher gave up (the caller has left)
             self.close()
             raise RoundAbandoned(f"round {rdv.round} was abandoned while this replica formed its group")
-        try:
-            buffers = self.take([b.nbytes for b in manifest.buckets])
-            works = [group.broadcast(buf, src=0) for buf in buffers]
-            digests: list[int | None] = []
-            for buf, work in zip(buffers, works):
-                group.wait(work, cancel=abandoned)
-                digests.append(digest(buf, manifest.checksum) if manifest.checksum else None)
-        except CollectiveError as exc:
-            self.close()
-            raise RoundFailed(str(exc)) from exc
-        return Received(manifest, buffers, digests)
+        return group
 
     def close(self) -> None:
         self._spare = None

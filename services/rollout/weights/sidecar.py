@@ -114,6 +114,7 @@ class WeightSidecar:
                            backend=self.settings.backend, ranks=self.settings.ranks,
                            group=self.sink.group_kind if self.settings.group == "auto" else self.settings.group,
                            engine=getattr(self.engine, "kind", ""), weight_version=self.weight_version,
+                           delta=self.settings.transport == "collective" and self.sink.accepts_delta,
                            wants_version=self.wants_version, peer_url=self.peer_url)
 
     async def start(self) -> None:

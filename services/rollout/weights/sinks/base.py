@@ -27,6 +27,9 @@ __all__ = ["RoundFailed", "UpdateRefused", "WeightSink", "create_sink", "sink_cl
 
 class WeightSink(ABC):
     group_kind: ClassVar[GroupKind] = "torch"  # the update group the engine joins (shared.weight_sync.group)
+    #: applies delta rounds (patches against the version it holds, shared.weight_sync.delta): only sinks that
+    #: hold the received bytes themselves can; engines receiving into their own buffers get every bucket whole
+    accepts_delta: ClassVar[bool] = False
 
     def __init__(self, engine: Any, settings: SidecarSettings) -> None:
         self.engine, self.settings = engine, settings

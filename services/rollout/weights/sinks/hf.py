@@ -14,6 +14,7 @@ Either way the memory cost is one flat copy of the weights beside the model (``k
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 from services.rollout.weights.receiver import (
@@ -27,9 +28,13 @@ from services.rollout.weights.sinks.base import RoundFailed, UpdateRefused, Weig
 from shared.weight_sync.phases import PhaseClock
 from shared.weight_sync.wire import IpcRound, Manifest, Member, Rendezvous
 
+log = logging.getLogger(__name__)
+
 
 class HFSink(WeightSink):
     """The hf engine's sink (``HFEngine.weight_sink``): receive, verify, swap or copy in (module docstring)."""
+
+    accepts_delta = True  # it holds the bytes it receives: delta rounds are patched here and checked by digest
 
     def __init__(self, engine: Any, settings: Any) -> None:
         super().__init__(engine, settings)
@@ -68,6 +73,10 @@ class HFSink(WeightSink):
             self._prefault = None
         # the group needs every rank: start receiving first, check names and shapes while bytes arrive; a round the
         # publisher abandons (a member died or hung) is left at once (AbandonWatch), not after the collective timeout
+        self._check_wire_dtypes(manifest)
+        if rdv.delta is not None:
+            await self._run_delta(rdv, member, manifest, watcher, receiver, clock)
+            return
         async with AbandonWatch(watcher.redis, watcher.run, rdv.round) as watch:
             receiving = asyncio.ensure_future(asyncio.to_thread(receiver.receive, rdv, member, manifest, watch.flag))
             try:
@@ -83,6 +92,78 @@ class HFSink(WeightSink):
                 raise
         clock.lap("receive")
         await self._install(got, manifest, watcher, rdv, receiver, clock)
+
+    def _check_wire_dtypes(self, manifest: Manifest) -> None:
+        """Delta rounds patch the wire bytes this replica holds: a model kept in another dtype than the wire's (fp32
+        published into a bf16 engine) cannot give them back, so it stops advertising delta (said once); the
+        publisher then sends it every bucket whole."""
+        if not self.accepts_delta:
+            return
+        from shared.weight_sync.tensors import dtype_name
+
+        targets = self._loader_for().targets
+        odd = next((e for b in manifest.buckets for e in b.tensors
+                    if e.name in targets and dtype_name(targets[e.name].dtype) != e.dtype), None)
+        if odd is not None:
+            self.accepts_delta = False
+            log.warning("the model holds %s as %s, the learner publishes %s: this replica takes every round whole "
+                        "(no delta rounds)", odd.name, dtype_name(targets[odd.name].dtype), odd.dtype)
+
+    async def _run_delta(self, rdv: Rendezvous, member: Member, manifest: Manifest, watcher: RoundWatcher,
+                         receiver: BucketReceiver, clock: PhaseClock) -> None:
+        """A delta round: receive the patches (and whole buckets), rebuild every bucket from the bytes the model
+        holds plus its patch, digest it, and switch as a full round does. Anything that does not give the
+        version's exact bytes (not at the base version, a patch that does not fit, a digest that differs) is
+        refused: the publisher then sends the version whole."""
+        loader = self._loader_for()
+        d = rdv.delta
+        async with AbandonWatch(watcher.redis, watcher.run, rdv.round) as watch:
+            receiving = asyncio.ensure_future(
+                asyncio.to_thread(receiver.receive_delta, rdv, member, manifest, watch.flag))
+            try:
+                buffers, patches = await watch.outlast(receiving)  # every broadcast first: the group needs us
+            except RoundAbandoned:
+                if not receiving.done():
+                    self._receiver = None
+                raise
+        clock.lap("receive")
+        try:
+            if self.engine.weight_version != d.base_version:
+                raise UpdateRefused(f"delta round against version {d.base_version}, this replica holds "
+                                    f"{self.engine.weight_version}: needs the version whole")
+            if not manifest.checksum:
+                raise UpdateRefused("a delta round without checksums cannot be checked")
+            try:
+                loader.check_buckets(manifest.buckets)
+            except (KeyError, ValueError) as exc:
+                raise UpdateRefused(str(exc)) from exc
+            got = await asyncio.to_thread(self._patched, manifest, buffers, patches, d.payload)
+        except BaseException:
+            receiver.recycle(buffers)
+            raise
+        clock.lap("patch")
+        await self._install(got, manifest, watcher, rdv, receiver, clock)
+
+    def _patched(self, manifest: Manifest, buffers: list, patches: list, payload: tuple[int, ...]) -> Received:
+        """Every bucket of the new version in ``buffers``: whole ones as received, the others the model's current
+        bytes with their patch applied; each digested. Blocking."""
+        from services.rollout.weights.loader import read_bucket
+        from shared.weight_sync.delta import PatchError, apply_patch
+        from shared.weight_sync.digest import digest
+
+        targets = self._loader_for().targets
+        digests: list[int | None] = []
+        for i, (b, buf) in enumerate(zip(manifest.buckets, buffers)):
+            if payload[i] >= 0:
+                read_bucket(targets, b, buf)
+                if payload[i] > 0:
+                    data = patches[i].cpu().numpy().tobytes()  # (host: positions are decoded with numpy)
+                    try:
+                        apply_patch(buf, data)
+                    except PatchError as exc:
+                        raise UpdateRefused(f"bucket {i}: {exc}") from exc
+            digests.append(digest(buf, manifest.checksum))
+        return Received(manifest, buffers, digests)
 
     async def run_ipc(self, rnd: IpcRound, manifest: Manifest, watcher: RoundWatcher) -> None:
         """Copy the learner's buckets (CUDA IPC handles, same GPU) into staging buffers on the model's device,

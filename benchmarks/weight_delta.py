@@ -1,0 +1,213 @@
+"""Delta rounds: how much of a bf16 model changes per RL step, and what a delta round saves over a full one.
+
+One run, gloo on CPU, 3 processes (this one trains and publishes; 2 receivers, each a WeightSidecar with the
+hf sink around a bare copy of the model). The model: a Qwen2-shaped causal LM built locally from a config
+(random init, >= 100M parameters), trained for real: fp32 master weights, torch's AdamW (as the learner's
+trainer steps them), a next-token loss on random tokens, a few steps at lr 1e-6 and a few at 1e-5; each
+version is published as bf16 (the wire dtype). Per step:
+
+- the fraction of wire values (bf16 units) that changed since the version every receiver confirmed;
+- the delta round's bytes / the version's full bytes, and which position codec won (the bytes every codec
+  would have taken, summed over buckets, are printed too: the encoding was chosen from these);
+- publish time of the delta round / a full round of the same weights (both to both receivers, timed back to
+  back: the full round is forced by marking the receivers not level, as a refused patch would).
+
+Receivers check every round against the learner's digests, so a wrong patch would show as a refused round.
+
+    .venv/bin/python benchmarks/weight_delta.py [--steps 3] [--layers 8] [--hidden 768] [--bucket-mb 64]
+
+LoRA adapter-only rounds are not built yet (issue 38, part 2): the last line prints the adapter's bytes
+against the merged model's and says so.
+
+Every process this script starts is killed when it ends.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+from benchmarks.weight_sync import ModuleEngine, reap
+
+RUN = "bench-delta"
+
+
+def config(args):
+    from transformers import Qwen2Config
+
+    return Qwen2Config(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.ffn,
+                       num_hidden_layers=args.layers, num_attention_heads=12, num_key_value_heads=4,
+                       max_position_embeddings=512, tie_word_embeddings=False)
+
+
+def build(args, dtype):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(config(args), dtype=dtype)
+
+
+async def receiver(args) -> None:
+    import redis.asyncio as aioredis
+    import torch
+
+    from services.rollout.weights.settings import SidecarSettings
+    from services.rollout.weights.sidecar import WeightSidecar
+
+    torch.set_num_threads(1)
+    model = build(args, torch.bfloat16)
+    r = aioredis.from_url(args.redis)
+    sidecar = WeightSidecar(ModuleEngine(model), r, RUN, SidecarSettings(join_timeout_s=0),
+                            name=f"recv{args.index}")
+    await sidecar.start()
+    parent = os.getppid()
+    while os.getppid() == parent and not await r.exists(f"{RUN}:quit"):
+        await asyncio.sleep(0.5)
+    await sidecar.stop()
+    await r.aclose()
+
+
+def start_receivers(tmp: Path, redis_url: str) -> list[subprocess.Popen]:
+    procs = []
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    for i in range(2):
+        with open(tmp / f"recv{i}.log", "wb") as log:
+            procs.append(subprocess.Popen([sys.executable, __file__, "--role", "receiver", "--redis", redis_url,
+                                           "--index", str(i), *sys.argv[1:]], env=env, stdout=log, stderr=log,
+                                          start_new_session=True))
+    return procs
+
+
+def wire(model) -> dict:
+    """The version as published: every tensor in bf16 (fp32 master weights stay with the trainer)."""
+    import torch
+
+    return {n: t.detach().to(torch.bfloat16) for n, t in model.state_dict().items()}
+
+
+async def driver(args) -> None:
+    import redis.asyncio as aioredis
+    import torch
+
+    from services.learner.weights import WeightPublisher
+    from shared.redis_server import EmbeddedRedis
+    from shared.weight_sync import WeightSyncSettings
+    from shared.weight_sync.registry import ReplicaRegistry
+
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    tmp = Path(tempfile.mkdtemp(prefix="weight-delta-"))
+    server = EmbeddedRedis(data_dir=tmp / "redis").start()
+    procs: list[subprocess.Popen] = []
+    try:
+        procs = start_receivers(tmp, server.url)
+        r = aioredis.from_url(server.url)
+        model = build(args, torch.float32)
+        n_params = sum(p.numel() for p in model.parameters())
+        print(f"model: Qwen2-shaped, {n_params / 1e6:.1f}M parameters, published as bf16 "
+              f"({n_params * 2 / 1e6:.0f} MB); 2 receivers over gloo; buckets {args.bucket_mb} MiB")
+        deadline = time.monotonic() + 600
+        while len(await ReplicaRegistry(r, RUN).alive()) < 2:
+            if time.monotonic() > deadline:
+                raise TimeoutError("the receivers did not register")
+            await asyncio.sleep(0.5)
+        settings = WeightSyncSettings(bucket_bytes=args.bucket_mb << 20, collective_timeout_s=600,
+                                      load_timeout_s=600, init_timeout_s=120)
+        gen = torch.Generator().manual_seed(1)
+        async with WeightPublisher(r, RUN, settings) as pub:
+            await pub.publish(wire(model))  # v1: full, forms the group and the base
+            assert len(pub.last_report.loaded) == 2, pub.last_report
+            summary: dict[float, list[tuple[float, float]]] = {}
+            for lr in args.lrs:
+                opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+                for step in range(args.steps):
+                    ids = torch.randint(0, args.vocab, (args.batch, args.seq), generator=gen)
+                    t0 = time.perf_counter()
+                    loss = model(input_ids=ids, labels=ids).loss
+                    loss_value = float(loss.detach())
+                    loss.backward()
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
+                    train_s = time.perf_counter() - t0
+                    weights = wire(model)
+                    await pub.publish(weights)
+                    d = pub.last_report
+                    assert set(d.round_bytes) == {"delta"} and len(d.loaded) == 2, d
+                    # the same weights again, whole: the receivers marked not level (as after a refused patch)
+                    pub.delta.suspect.update(d.loaded)
+                    await pub.publish(weights)
+                    f = pub.last_report
+                    assert set(f.round_bytes) == {"full"} and len(f.loaded) == 2, f
+                    bytes_ratio = d.round_bytes["delta"] / f.round_bytes["full"]
+                    time_ratio = d.seconds / f.seconds
+                    summary.setdefault(lr, []).append((bytes_ratio, time_ratio))
+                    codec = pub.delta.last_codecs  # of the delta round's plan
+                    print(f"lr {lr:g} step {step + 1}: loss {loss_value:.3f} (train {train_s:.1f}s), changed "
+                          f"{d.changed_fraction:.4f} of the wire values; delta {d.round_bytes['delta'] / 1e6:.2f} MB "
+                          f"/ full {f.round_bytes['full'] / 1e6:.1f} MB = {bytes_ratio:.4f}; publish "
+                          f"{d.seconds:.2f}s / {f.seconds:.2f}s = {time_ratio:.2f}; positions by codec (MB): "
+                          + " ".join(f"{c} {v / 1e6:.2f}" for c, v in codec["sizes"].items())
+                          + f"; chosen {codec['chosen']}; delta phases (ms): "
+                          + " ".join(f"{k} {v * 1e3:.0f}" for k, v in d.phases.items()))
+            lora_bytes, merged_bytes = lora_sizes(model, args.lora_rank)
+        for lr, rows in summary.items():
+            print(f"lr {lr:g}: median bytes {statistics.median(b for b, _ in rows):.4f}x full, median publish "
+                  f"time {statistics.median(t for _, t in rows):.2f}x full over {len(rows)} steps")
+        lo = min(summary)
+        rows = summary[lo]
+        print(f"delta at lr {lo:g}: bytes {statistics.median(b for b, _ in rows):.3f}x full, publish time "
+              f"{statistics.median(t for _, t in rows):.2f}x full")
+        print(f"lora rank {args.lora_rank}: bytes {lora_bytes / merged_bytes:.3f}x merged, publish time n/a "
+              "(adapter-only rounds are not built yet)")
+        await r.set(f"{RUN}:quit", "1")
+        await r.aclose()
+    finally:
+        reap(procs)
+        server.stop()
+
+
+def lora_sizes(model, rank: int) -> tuple[int, int]:
+    """Bytes (bf16) of a rank-``rank`` adapter on every linear layer of the decoder's blocks, and of the merged
+    model: what an adapter-only round would send against what a merged full round sends."""
+    import torch
+
+    adapter = 0
+    for name, mod in model.named_modules():
+        if isinstance(mod, torch.nn.Linear) and ".layers." in name:
+            adapter += rank * (mod.in_features + mod.out_features) * 2
+    merged = sum(p.numel() for p in model.parameters()) * 2
+    return adapter, merged
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--role", default="driver", choices=["driver", "receiver"])
+    ap.add_argument("--redis")
+    ap.add_argument("--index", type=int, default=0)
+    ap.add_argument("--steps", type=int, default=3, help="training steps (and delta rounds) per learning rate")
+    ap.add_argument("--lrs", type=float, nargs="+", default=[1e-6, 1e-5])
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--hidden", type=int, default=768)
+    ap.add_argument("--ffn", type=int, default=2048)
+    ap.add_argument("--vocab", type=int, default=32768)
+    ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--seq", type=int, default=32)
+    ap.add_argument("--bucket-mb", type=int, default=64)
+    ap.add_argument("--lora-rank", type=int, default=16)
+    args = ap.parse_args()
+    asyncio.run(receiver(args) if args.role == "receiver" else driver(args))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,104 @@
+"""Delta patches (shared/weight_sync/delta.py): every codec round-trips, empty and all-changed buckets, bf16 and
+fp32 units, and a corrupt patch is refused before anything is written."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from shared.weight_sync import delta as D
+
+
+def _bucket(n: int, dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, generator=g).to(dtype).view(torch.uint8).clone()
+
+
+def _changed(base: torch.Tensor, dtype: torch.dtype, frac: float, seed: int = 1) -> torch.Tensor:
+    vals = base.view(dtype).clone()
+    g = torch.Generator().manual_seed(seed)
+    mask = torch.rand(vals.numel(), generator=g) < frac
+    vals[mask] = (vals[mask].float() * 1.5 + 0.25).to(dtype)  # changes every masked value's bits
+    return vals.view(torch.uint8)
+
+
+@pytest.mark.parametrize("codec", D.CODECS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_every_codec_round_trips(codec, dtype):
+    base = _bucket(20_000, dtype)
+    new = _changed(base, dtype, 0.03)
+    patch = D.make_patch(new, base, dtype.itemsize, codec=codec)
+    assert patch is not None and patch.codec == codec
+    assert patch.changed == int((new.view(dtype) != base.view(dtype)).sum())
+    out = base.clone()
+    assert D.apply_patch(out, patch.data) == patch.changed
+    assert torch.equal(out, new)
+
+
+def test_positions_round_trip_with_long_gaps():
+    # gaps of 0, 127/128 (varint byte boundary), 65534/65535/65536 and beyond (gap16 escapes), 2^21
+    pos = np.cumsum(np.array([0, 1, 128, 129, 65535, 65536, 65537, 200_000, 1 << 21], dtype=np.int64))
+    n = int(pos[-1]) + 10
+    for codec in D.CODECS:
+        raw = D.encode_positions(codec, pos, n)
+        assert D.codec_sizes(pos, n)[codec] == len(raw), codec
+        assert np.array_equal(D.decode_positions(codec, raw, len(pos), n), pos), codec
+
+
+def test_varint_sizes_by_hand():
+    # gaps 0 and 127: one byte each; 128: two bytes; 16384: three bytes
+    pos = np.array([0, 128, 257, 16642], dtype=np.int64)
+    assert D.codec_sizes(pos, 20_000) == {"varint": 1 + 1 + 2 + 3, "gap16": 8, "index32": 16, "bitmask": 2500}
+
+
+def test_empty_patch_changes_nothing():
+    base = _bucket(4096, torch.bfloat16)
+    patch = D.make_patch(base.clone(), base, 2)
+    assert patch is not None and patch.changed == 0 and len(patch.data) == D.HEADER.size
+    out = base.clone()
+    assert D.apply_patch(out, patch.data) == 0 and torch.equal(out, base)
+
+
+def test_all_changed_bucket_is_sent_whole():
+    base = _bucket(4096, torch.bfloat16)
+    assert D.make_patch(_changed(base, torch.bfloat16, 1.0), base, 2) is None
+
+
+def test_the_smallest_codec_is_chosen():
+    base = _bucket(100_000, torch.bfloat16)
+    sparse = D.make_patch(_changed(base, torch.bfloat16, 0.01), base, 2)
+    dense = D.make_patch(_changed(base, torch.bfloat16, 0.3), base, 2)
+    assert sparse.codec == "varint" and dense.codec == "bitmask"
+    assert len(sparse.data) == D.HEADER.size + sparse.sizes["varint"] + 2 * sparse.changed
+
+
+def test_unit_size():
+    assert D.unit_size([2, 2], 64) == 2 and D.unit_size([4, 2], 64) == 2 and D.unit_size([4], 64) == 4
+    assert D.unit_size([1, 4], 64) == 1 and D.unit_size([2], 6) == 2 and D.unit_size([8], 64) == 8
+
+
+@pytest.mark.parametrize("damage", ["truncate", "magic", "length", "position"])
+def test_a_corrupt_patch_is_refused_before_writing(damage):
+    base = _bucket(8192, torch.bfloat16)
+    new = _changed(base, torch.bfloat16, 0.05)
+    data = bytearray(D.make_patch(new, base, 2, codec="index32").data)
+    if damage == "truncate":
+        data = data[:-3]
+    elif damage == "magic":
+        data[0] ^= 0xFF
+    elif damage == "length":
+        data = data + b"\0\0"
+    else:  # a position past the end of the bucket
+        data[D.HEADER.size:D.HEADER.size + 4] = (10**6).to_bytes(4, "little")
+    out = base.clone()
+    with pytest.raises(D.PatchError):
+        D.apply_patch(out, bytes(data))
+    assert torch.equal(out, base)
+
+
+def test_a_patch_for_another_bucket_size_is_refused():
+    base = _bucket(4096, torch.bfloat16)
+    patch = D.make_patch(_changed(base, torch.bfloat16, 0.05), base, 2)
+    with pytest.raises(D.PatchError, match="bucket of"):
+        D.apply_patch(torch.zeros(4094, dtype=torch.uint8), patch.data)
