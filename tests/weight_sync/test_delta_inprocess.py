@@ -20,7 +20,7 @@ from services.rollout.weights.sidecar import WeightSidecar
 from shared.weight_sync import WeightSyncSettings
 from shared.weight_sync.delta import HEADER
 
-FAST = {"init_timeout_s": 20, "collective_timeout_s": 10, "regroup_timeout_s": 5, "load_timeout_s": 20,
+FAST = {"delta": "auto", "init_timeout_s": 20, "collective_timeout_s": 10, "regroup_timeout_s": 5, "load_timeout_s": 20,
         "catch_up_poll_s": 0.1}
 
 
@@ -188,7 +188,7 @@ async def test_full_every_and_delta_off(redis_client, threads):
     a = await start_replica(redis_client, run, "a", torch.float32)
     model = make_model(dtype=torch.float32)  # fp32: 4-byte units
     try:
-        async with WeightPublisher(redis_client, run, WeightSyncSettings(bucket_bytes=16 << 10, full_every=3,
+        async with WeightPublisher(redis_client, run, WeightSyncSettings(bucket_bytes=16 << 10, delta="auto", full_every=3,
                                                                          **FAST)) as pub:
             await wait_registered(pub, 1)
             seen = []

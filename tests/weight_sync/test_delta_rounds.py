@@ -53,7 +53,7 @@ async def test_delta_rounds_across_processes_and_a_joiner_from_a_peer_ends_level
     a, b = replicas(run), replicas(run)
     await wait_registered(redis_client, run, 2)
     model = new_weights(tiny_model_dir)
-    settings = WeightSyncSettings(bucket_bytes=64 << 10, **FAST)
+    settings = WeightSyncSettings(bucket_bytes=64 << 10, delta="auto", **FAST)
     async with WeightPublisher(redis_client, run, settings) as pub:
         assert await pub.publish(model) == 1
         assert kinds(pub) == {"full"} and len(pub.last_report.loaded) == 2

@@ -13,7 +13,7 @@ def info(rid: str, version: int, delta: bool = True) -> ReplicaInfo:
 
 
 def test_eligible_only_when_every_member_is_level_with_the_base():
-    base = DeltaBase(WeightSyncSettings())
+    base = DeltaBase(WeightSyncSettings(delta="auto"))
     base.version = 5
     base.confirmed(["a", "b"], 5)
     assert base.eligible([info("a", 5), info("b", 5)])
@@ -35,5 +35,5 @@ def test_off_and_no_base_make_no_plan():
         pooling = False
         send_in_place = False
 
-    assert DeltaBase(WeightSyncSettings()).plan(Box()) is None
+    assert DeltaBase(WeightSyncSettings(delta="auto")).plan(Box()) is None
     assert not DeltaBase(WeightSyncSettings(delta="off")).on
