@@ -29,6 +29,7 @@ install: $(STAMP)
 TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(BIN)/ruff check shared services tests benchmarks deploy
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -q -m 'not gpu' -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=20 tests
 
 ## the edit loop: unit and in-process tests, no process started (<= 3 min here); tiers: tests/conftest.py
@@ -60,6 +61,7 @@ bench: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check shared services tests benchmarks deploy
+	$(BIN)/mypy
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache site

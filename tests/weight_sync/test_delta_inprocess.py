@@ -188,7 +188,7 @@ async def test_full_every_and_delta_off(redis_client, threads):
     a = await start_replica(redis_client, run, "a", torch.float32)
     model = make_model(dtype=torch.float32)  # fp32: 4-byte units
     try:
-        async with WeightPublisher(redis_client, run, WeightSyncSettings(bucket_bytes=16 << 10, delta="auto", full_every=3,
+        async with WeightPublisher(redis_client, run, WeightSyncSettings(bucket_bytes=16 << 10, full_every=3,
                                                                          **FAST)) as pub:
             await wait_registered(pub, 1)
             seen = []
@@ -198,8 +198,8 @@ async def test_full_every_and_delta_off(redis_client, threads):
                 seen.append("+".join(sorted(kinds(pub))))
             assert seen == ["full", "delta", "delta", "full", "delta", "delta", "full"], seen
             assert_bit_equal(model, [a])
-        async with WeightPublisher(redis_client, run, WeightSyncSettings(bucket_bytes=16 << 10, delta="off",
-                                                                         **FAST)) as pub:
+        async with WeightPublisher(redis_client, run, WeightSyncSettings(bucket_bytes=16 << 10,
+                                                                         **{**FAST, "delta": "off"})) as pub:
             for step in range(3):
                 nudge(model, 50 + step)
                 await pub.publish(model)
