@@ -125,7 +125,10 @@ class Follower:
                 self.steps += 1
             elif msg.op == Op.PUBLISH:
                 self._require_trainer(msg.op)
-                self.trainer.policy_weights()  # joins the gather where weights are sharded; rank 0 publishes
+                weights = self.trainer.policy_weights()  # joins the gather where weights are sharded
+                serve = getattr(weights, "serve", None)  # FSDP: join each bucket's gather until rank 0 is done
+                if serve is not None:
+                    serve()
             elif msg.op == Op.CHECKPOINT:
                 self._require_trainer(msg.op)
                 self.trainer.save_follower(Path(msg.meta["path"]))

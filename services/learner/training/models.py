@@ -15,10 +15,11 @@ import torch
 from torch import nn
 
 from services.learner.settings import LoraSettings, ModelSettings
+from services.learner.training.precision import STORAGE_DTYPES
 
 log = logging.getLogger(__name__)
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = STORAGE_DTYPES  # model.dtype -> the dtype parameters are loaded in (auto: fp32 master weights)
 
 
 def resolve_device(name: str, local_rank: int = 0) -> torch.device:
