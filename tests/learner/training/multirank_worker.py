@@ -43,6 +43,7 @@ def main(spec_path: str) -> None:
         m = trainer.train_step(mine, batch_scores=[e.reward for e in batch], batch_samples=len(batch))
         loss = all_sum(torch.tensor([m.get("policy_loss", 0.0)], dtype=torch.float64))  # each rank's part
         rows.append({"loss": float(loss[0]), "grad_norm": m.get("actor_grad_norm", 0.0),
+                     "critic_grad_norm": m.get("critic_grad_norm", 0.0),
                      "lr": trainer.actor.lr()})
     state = trainer.actor.full_state_dict()
     result = {"steps": rows, "backend": trainer.backend.name, "optimizer_steps": trainer.actor.optimizer_steps}
