@@ -127,7 +127,7 @@ class FSDPBackendSettings(_Section):
 
 
 class DeepSpeedBackendSettings(_Section):
-    """Experimental, never run: DeepSpeed ZeRO (multi-GPU). Needs the ``deepspeed`` package and CUDA; no test has
+    """Experimental: never run. DeepSpeed ZeRO (multi-GPU). Needs the ``deepspeed`` package and CUDA; no test has
     run it yet (see docs/learner.md). Prefer ``fsdp``."""
 
     name: Literal["deepspeed"] = "deepspeed"

@@ -86,6 +86,10 @@ class OwnerLink:
             if len(set(self.replica_digests)) != 1:
                 log.error("replicas diverged: parameter digests %s", self.replica_digests)
 
+    def export(self, trainer, out_dir: Path) -> None:
+        self.channel.send(self.Op.EXPORT, {"path": str(out_dir)})
+        trainer.export(out_dir)
+
     def heartbeat(self) -> None:
         if time.monotonic() - self.channel.last_send >= self.s.distributed.heartbeat_s:
             self.channel.send(self.Op.NOOP)
@@ -134,6 +138,9 @@ class Follower:
                 self.trainer.save_follower(Path(msg.meta["path"]))
                 if not self.trainer.actor.sharded:
                     replica_digests(self.trainer.actor.model)
+            elif msg.op == Op.EXPORT:
+                self._require_trainer(msg.op)
+                self.trainer.export_follower()
             elif msg.op == Op.STOP:
                 log.info("rank %d stopping after %d steps", self.info.rank, self.steps)
                 leave_process_group()

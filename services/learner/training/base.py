@@ -94,6 +94,7 @@ class TrainerBase:
         self.actor.save_state(out_dir / "actor_optim")
         critic = getattr(self, "critic", None)
         if critic is not None:
+            critic.full_state_dict()
             critic.save_state(out_dir / "critic_optim")
 
     def restore(self, in_dir: Path) -> None:
@@ -130,4 +131,12 @@ class TrainerBase:
         return self.actor.gathered(lambda: merged_state_dict(model))
 
     def export(self, out_dir: Path) -> None:
-        save_actor_export(self.actor.model, self.tokenizer, out_dir)
+        """A plain HF checkpoint of the actor in ``out_dir``; where the backend shards parameters, gathered from
+        every rank (collective: the other ranks call :meth:`export_follower`)."""
+        state = self.actor.full_state_dict() if self.actor.partitions_parameters else None
+        save_actor_export(self.actor.model, self.tokenizer, out_dir, state_dict=state)
+
+    def export_follower(self) -> None:
+        """A follower rank's part of :meth:`export`: the gather, where parameters are sharded."""
+        if self.actor.partitions_parameters:
+            self.actor.full_state_dict()

@@ -77,7 +77,10 @@ class RLTrainer(TrainerBase):
 
     def _save_more(self, out_dir: Path) -> None:
         if self.critic is not None:
-            self.critic.model.save_pretrained(out_dir / "critic", safe_serialization=True)
+            state = None
+            if self.critic.sharded:  # gathered from every rank (save_follower joins), under the inner model's names
+                state = {k.removeprefix("inner."): v for k, v in self.critic.full_state_dict().items()}
+            self.critic.model.save_pretrained(out_dir / "critic", state_dict=state, safe_serialization=True)
             self.critic.save_state(out_dir / "critic_optim")
 
     def _restore_more(self, in_dir: Path) -> None:

@@ -56,6 +56,8 @@ def main(spec_path: str) -> None:
             plain.load_state_dict(state)
             result["publish_unsharded"] = asyncio.run(_publish(plain, {**spec["publish"],
                                                                        "run": spec["publish"]["run"] + "-plain"}))
+    if spec.get("checkpoint"):
+        result["resume"] = checkpoint_and_resume(trainer, s, len(steps), out, info, state)
     if info.rank == 0:
         from safetensors.torch import save_file
 
@@ -64,6 +66,41 @@ def main(spec_path: str) -> None:
     if info.multi:
         dist.barrier()
     leave_process_group()
+
+
+def checkpoint_and_resume(trainer, s, total_steps: int, out: Path, info, state: dict) -> dict:
+    """Save a checkpoint and export the model (every rank takes part), build a second trainer from the
+    checkpoint, then train both one more step on the same shard: the resumed one must match bit for bit."""
+    from safetensors.torch import load_file
+
+    from services.learner.training.rl_trainer import RLTrainer
+    from services.learner.training.rng import load_rng
+    from tests.learner.helpers import good_bad_batch
+
+    ck, export = out / "ckpt", out / "export"
+    if info.rank == 0:
+        trainer.save(ck)
+        trainer.export(export)
+    else:
+        trainer.save_follower(ck)
+        trainer.export_follower()
+    if info.multi:
+        dist.barrier()
+    resumed = RLTrainer(s, total_steps=total_steps, resume_dir=ck)
+    batch = good_bad_batch(99, info.world_size)
+    mine = batch[4 * info.rank:4 * info.rank + 4]
+    states = []
+    for t in (trainer, resumed):
+        load_rng(ck / "rng.pt")
+        t.train_step(mine, batch_scores=[e.reward for e in batch], batch_samples=len(batch))
+        states.append(t.actor.full_state_dict())
+    if info.rank != 0:
+        return {}
+    exported = load_file(str(export / "model.safetensors"))
+    return {"global_step": resumed.global_step, "optimizer_steps": resumed.actor.optimizer_steps,
+            "max_diff": max(float((states[0][k] - states[1][k]).abs().max()) for k in states[0]),
+            "exported": len(exported), "export_max_diff": max(float((v - state[k]).abs().max()) for k, v in exported.items()),
+            "critic_saved": (ck / "critic" / "model.safetensors").is_file()}
 
 
 def publish(trainer, opts: dict, rank: int) -> dict:

@@ -24,10 +24,11 @@ BUCKET = 64 * 1024
 ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
-def _spec(tmp_path: Path, name: str, model: Path, backend: str, algorithm: dict, publish: dict | None = None) -> Path:
+def _spec(tmp_path: Path, name: str, model: Path, backend: str, algorithm: dict, publish: dict | None = None,
+          checkpoint: bool = False) -> Path:
     out = tmp_path / name
     out.mkdir()
-    spec = {"out": str(out), "model": str(model), "steps": STEPS,
+    spec = {"out": str(out), "model": str(model), "steps": STEPS, "checkpoint": checkpoint,
             "settings": {"algorithm": algorithm, "backend": {"name": backend}}}
     if publish:
         spec["publish"] = publish
@@ -44,7 +45,7 @@ def _run_ranks(tmp_path: Path, spec: Path, world: int) -> list[subprocess.Popen]
             for r in range(world)]
 
 
-def _wait(tmp_path: Path, procs: list[subprocess.Popen], stem: str, timeout: float = 240) -> None:
+def _wait(tmp_path: Path, procs: list[subprocess.Popen], stem: str, timeout: float = 540) -> None:
     try:
         codes = [p.wait(timeout=timeout) for p in procs]
     finally:
@@ -64,7 +65,7 @@ def _train_both(tmp_path: Path, model: Path, algorithm: dict, publish: dict | No
     from safetensors.torch import load_file
 
     one = _spec(tmp_path, "one", model, "torch", algorithm)
-    two = _spec(tmp_path, "two", model, "fsdp", algorithm, publish)
+    two = _spec(tmp_path, "two", model, "fsdp", algorithm, publish, checkpoint=True)
     procs = _run_ranks(tmp_path, two, 2) + _run_ranks(tmp_path, one, 1)
     _wait(tmp_path, procs[:2], "two")
     _wait(tmp_path, procs[2:], "one")
@@ -89,10 +90,15 @@ def _assert_same_training(r1: dict, r2: dict, w1: dict, w2: dict, model: Path, k
         diff = (w1[k] - w2[k]).float()
         assert float(diff.norm() / w1[k].float().norm()) <= 1e-5, k  # relative, per tensor
         assert float(diff.abs().max()) <= 1e-5, k
+    # the fsdp run's checkpoint (full state gathered from the shards) resumes exactly, and its export is the model
+    resume = r2["resume"]
+    assert resume["global_step"] == resume["optimizer_steps"] == len(STEPS) + 1
+    assert resume["max_diff"] == 0.0  # one more step from the checkpoint == one more step without stopping
+    assert resume["exported"] >= len(w2) - 1 and resume["export_max_diff"] == 0.0
 
 
 @pytest.mark.process
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 def test_two_fsdp_ranks_train_as_one_torch_rank_and_publish_from_shards(tmp_path, tiny_model_dir, redis_server):
     """GRPO with a KL loss (the reference is sharded too): loss, gradient norm and weights after 5 optimizer steps
     equal within 1e-5 relative; then rank 0 publishes from the shards, gathering bucket by bucket, and the
@@ -114,11 +120,12 @@ def test_two_fsdp_ranks_train_as_one_torch_rank_and_publish_from_shards(tmp_path
 
 @pytest.mark.slow
 @pytest.mark.process
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 def test_two_fsdp_ranks_train_ppo_with_critic_as_one_torch_rank(tmp_path, tiny_model_dir):
     """PPO: the critic is trained sharded and the reference forward-only sharded, in step with the actor."""
     r1, r2, w1, w2 = _train_both(tmp_path, tiny_model_dir, {"name": "ppo"})
     _assert_same_training(r1, r2, w1, w2, tiny_model_dir, ("grad_norm", "critic_grad_norm"))
+    assert r2["resume"]["critic_saved"]
     for s1, s2 in zip(r1["steps"], r2["steps"]):  # the policy loss nears 0 by step 5: absolute there
         assert abs(s1["loss"] - s2["loss"]) <= 1e-5 * max(1.0, abs(s1["loss"]))
 
