@@ -10,7 +10,12 @@ from pathlib import Path
 import torch
 
 from services.learner.settings import LearnerSettings
-from services.learner.training.backends import TrainEngine, build_engine, prepare_frozen_model, resolve_backend
+from services.learner.training.backends import (
+    TrainEngine,
+    build_engine,
+    prepare_frozen_model,
+    resolve_backend,
+)
 from services.learner.training.models import (
     load_actor,
     load_tokenizer,

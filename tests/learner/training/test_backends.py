@@ -28,7 +28,7 @@ def test_auto_backend_is_torch_on_one_rank(tiny_model_dir, tmp_path):
 
 
 def test_auto_backend_is_fsdp_on_several_ranks_unless_lora(monkeypatch, tiny_model_dir, tmp_path):
-    import services.learner.training.backends.factory as factory
+    from services.learner.training.backends import factory
 
     monkeypatch.setattr(factory, "active", lambda: True)
     s = settings(tiny_model_dir, tmp_path)

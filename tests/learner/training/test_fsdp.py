@@ -86,9 +86,9 @@ def _assert_same_training(r1: dict, r2: dict, w1: dict, w2: dict, model: Path, k
     base = load_file(str(model / "model.safetensors"))
     moved = max(float((w1[k] - base[k]).abs().max()) for k in base)
     assert moved > 1e-3  # training did change the weights
-    for k in w1:
-        diff = (w1[k] - w2[k]).float()
-        assert float(diff.norm() / w1[k].float().norm()) <= 1e-5, k  # relative, per tensor
+    for k, a in w1.items():
+        diff = (a - w2[k]).float()
+        assert float(diff.norm() / a.float().norm()) <= 1e-5, k  # relative, per tensor
         assert float(diff.abs().max()) <= 1e-5, k
     # the fsdp run's checkpoint (full state gathered from the shards) resumes exactly, and its export is the model
     resume = r2["resume"]

@@ -7,6 +7,11 @@ experimental: never run), chosen by settings (``auto``: torch on one rank, fsdp 
 """
 
 from services.learner.training.backends.base import TrainEngine
-from services.learner.training.backends.factory import BACKENDS, build_engine, prepare_frozen_model, resolve_backend
+from services.learner.training.backends.factory import (
+    BACKENDS,
+    build_engine,
+    prepare_frozen_model,
+    resolve_backend,
+)
 
 __all__ = ["BACKENDS", "TrainEngine", "build_engine", "prepare_frozen_model", "resolve_backend"]

@@ -12,7 +12,12 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from services.learner.settings import BackendSettings, FSDPBackendSettings, OptimSettings, TorchBackendSettings
+from services.learner.settings import (
+    BackendSettings,
+    FSDPBackendSettings,
+    OptimSettings,
+    TorchBackendSettings,
+)
 from services.learner.training.backends.base import TrainEngine
 from services.learner.training.backends.deepspeed_engine import (
     build_deepspeed_engine,  # imports deepspeed only when it builds one
@@ -26,7 +31,9 @@ FrozenPreparer = Callable[..., nn.Module]
 
 
 def build_fsdp_engine(*args, **kwargs) -> TrainEngine:
-    from services.learner.training.backends.fsdp_engine import build_fsdp_engine as build  # lazy: ~1 s of imports
+    from services.learner.training.backends.fsdp_engine import (
+        build_fsdp_engine as build,  # lazy: ~1 s of imports
+    )
 
     return build(*args, **kwargs)
 
