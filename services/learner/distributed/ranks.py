@@ -86,6 +86,10 @@ class OwnerLink:
             if len(set(self.replica_digests)) != 1:
                 log.error("replicas diverged: parameter digests %s", self.replica_digests)
 
+    def export(self, trainer, out_dir: Path) -> None:
+        self.channel.send(self.Op.EXPORT, {"path": str(out_dir)})
+        trainer.export(out_dir)
+
     def heartbeat(self) -> None:
         if time.monotonic() - self.channel.last_send >= self.s.distributed.heartbeat_s:
             self.channel.send(self.Op.NOOP)
@@ -125,12 +129,18 @@ class Follower:
                 self.steps += 1
             elif msg.op == Op.PUBLISH:
                 self._require_trainer(msg.op)
-                self.trainer.policy_weights()  # joins the gather where weights are sharded; rank 0 publishes
+                weights = self.trainer.policy_weights()  # joins the gather where weights are sharded
+                serve = getattr(weights, "serve", None)  # FSDP: join each bucket's gather until rank 0 is done
+                if serve is not None:
+                    serve()
             elif msg.op == Op.CHECKPOINT:
                 self._require_trainer(msg.op)
                 self.trainer.save_follower(Path(msg.meta["path"]))
                 if not self.trainer.actor.sharded:
                     replica_digests(self.trainer.actor.model)
+            elif msg.op == Op.EXPORT:
+                self._require_trainer(msg.op)
+                self.trainer.export_follower()
             elif msg.op == Op.STOP:
                 log.info("rank %d stopping after %d steps", self.info.rank, self.steps)
                 leave_process_group()

@@ -11,7 +11,12 @@ from pathlib import Path
 import torch
 
 from services.learner.settings import LearnerSettings
-from services.learner.training.backends import TrainEngine, build_engine
+from services.learner.training.backends import (
+    TrainEngine,
+    build_engine,
+    prepare_frozen_model,
+    resolve_backend,
+)
 from services.learner.training.models import (
     load_actor,
     load_tokenizer,
@@ -19,6 +24,7 @@ from services.learner.training.models import (
     resolve_device,
     save_actor_export,
 )
+from services.learner.training.precision import resolve_precision
 from services.learner.training.rng import load_rng, save_rng, seed_everything
 
 log = logging.getLogger(__name__)
@@ -32,6 +38,8 @@ class TrainerBase:
                  resume_dir: Path | None = None, local_rank: int = 0) -> None:
         self.settings = settings
         self.device = resolve_device(settings.model.device, local_rank)
+        self.precision = resolve_precision(settings.model.dtype, self.device)
+        self.backend = resolve_backend(settings.backend, lora=settings.model.lora is not None)
         if settings.train.torch_threads:
             torch.set_num_threads(settings.train.torch_threads)
         log.info("torch threads: %d intra-op, %d inter-op, on %d cores", torch.get_num_threads(),
@@ -57,8 +65,12 @@ class TrainerBase:
         return self._engine(model, self.settings.optim.actor_lr)
 
     def _engine(self, model: torch.nn.Module, lr: float) -> TrainEngine:
-        return build_engine(self.settings.backend, model, lr, self.settings.optim, self.total_optimizer_steps,
-                            self.accumulation)
+        return build_engine(self.backend, model, lr, self.settings.optim, self.total_optimizer_steps,
+                            self.accumulation, precision=self.precision)
+
+    def _frozen(self, model: torch.nn.Module) -> torch.nn.Module:
+        """A forward-only model (the reference) placed as the actor is: sharded under fsdp."""
+        return prepare_frozen_model(self.backend, model, precision=self.precision)
 
     # ---- state ------------------------------------------------------------------------------------
     def extra_state(self) -> dict:
@@ -90,6 +102,7 @@ class TrainerBase:
         self.actor.save_state(out_dir / "actor_optim")
         critic = getattr(self, "critic", None)
         if critic is not None:
+            critic.full_state_dict()
             critic.save_state(out_dir / "critic_optim")
 
     def restore(self, in_dir: Path) -> None:
@@ -114,11 +127,24 @@ class TrainerBase:
         """Actor weights under the base model's parameter names for the weight sync: the actor module itself
         where it holds them as they are (the publisher lists a module's tensors from a walk it keeps between
         publishes: ~10x cheaper than building a state dict every time), else a state dict with LoRA merged
-        in, gathered where the backend partitions parameters."""
+        in, gathered where the backend partitions parameters; under FSDP a :class:`ShardedWeights` that the
+        publisher gathers bucket by bucket (every rank takes part: call this on every rank)."""
         model = self.actor.model
+        if self.actor.lockstep:
+            from services.learner.weights.shards import ShardedWeights
+
+            return ShardedWeights(model)
         if not hasattr(model, "merge_and_unload") and not self.actor.partitions_parameters:
             return model
         return self.actor.gathered(lambda: merged_state_dict(model))
 
     def export(self, out_dir: Path) -> None:
-        save_actor_export(self.actor.model, self.tokenizer, out_dir)
+        """A plain HF checkpoint of the actor in ``out_dir``; where the backend shards parameters, gathered from
+        every rank (collective: the other ranks call :meth:`export_follower`)."""
+        state = self.actor.full_state_dict() if self.actor.partitions_parameters else None
+        save_actor_export(self.actor.model, self.tokenizer, out_dir, state_dict=state)
+
+    def export_follower(self) -> None:
+        """A follower rank's part of :meth:`export`: the gather, where parameters are sharded."""
+        if self.actor.partitions_parameters:
+            self.actor.full_state_dict()

@@ -59,6 +59,12 @@ class TrainEngine(ABC):
         :meth:`gathered`."""
         return False
 
+    @property
+    def lockstep(self) -> bool:
+        """True where every forward and backward is a collective (FSDP): every rank must run as many passes
+        of each model (see :mod:`services.learner.training.lockstep`)."""
+        return False
+
     def gathered(self, fn: Callable[[], dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
         """``fn()`` with the full parameters present; collective where the backend shards them (call on
         every rank; only rank 0's result is meaningful there)."""

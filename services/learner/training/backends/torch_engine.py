@@ -1,4 +1,5 @@
-"""Plain torch: AdamW + LambdaLR on one device (CPU or a single GPU)."""
+"""Plain torch: AdamW + LambdaLR, the whole model on every rank (CPU or one GPU each), gradients all-reduced.
+Mixed precision (``model.dtype: auto`` on CUDA): fp32 parameters, forward under bf16 autocast."""
 
 from __future__ import annotations
 
@@ -10,11 +11,13 @@ from torch import nn
 from services.learner.settings import OptimSettings, TorchBackendSettings
 from services.learner.training.backends.base import TrainEngine, make_schedule
 from services.learner.training.collectives import all_reduce_grads
+from services.learner.training.precision import Precision, autocast_forward
 
 
 class TorchEngine(TrainEngine):
-    def __init__(self, model: nn.Module, lr: float, optim: OptimSettings, total_steps: int) -> None:
-        self.model = model
+    def __init__(self, model: nn.Module, lr: float, optim: OptimSettings, total_steps: int,
+                 precision: Precision | None = None) -> None:
+        self.model = autocast_forward(model, precision)
         self.params = [p for p in model.parameters() if p.requires_grad]
         if not self.params:
             raise ValueError("the model has no trainable parameters")
@@ -62,5 +65,10 @@ class TorchEngine(TrainEngine):
 
 
 def build_torch_engine(backend: TorchBackendSettings, model: nn.Module, lr: float, optim: OptimSettings,
-                       total_steps: int, accumulation: int) -> TrainEngine:
-    return TorchEngine(model, lr, optim, total_steps)
+                       total_steps: int, accumulation: int, precision: Precision | None = None) -> TrainEngine:
+    return TorchEngine(model, lr, optim, total_steps, precision)
+
+
+def prepare_frozen(backend: TorchBackendSettings, model: nn.Module, precision: Precision | None = None) -> nn.Module:
+    """A forward-only model as it is (whole on this rank), under the same autocast as the engine's."""
+    return autocast_forward(model, precision)
