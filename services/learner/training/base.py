@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from services.learner.settings import LearnerSettings
+from services.learner.training import sharded_state
 from services.learner.training.backends import TrainEngine, build_engine
 from services.learner.training.models import (
     load_actor,
@@ -45,7 +46,7 @@ class TrainerBase:
     # ---- construction -----------------------------------------------------------------------------
     def _build_actor(self, resume_dir: Path | None) -> TrainEngine:
         m = self.settings.model
-        if resume_dir is None:
+        if resume_dir is None or sharded_state.is_sharded_checkpoint(resume_dir):  # shards loaded in restore()
             model = load_actor(m, self.device)
         elif m.lora is not None:  # base weights from the original directory, adapters from the checkpoint
             model = load_actor(m, self.device, adapter_dir=str(resume_dir / "actor"))
@@ -64,23 +65,46 @@ class TrainerBase:
     def load_extra_state(self, state: dict) -> None:
         pass
 
+    def engines(self) -> dict[str, TrainEngine]:
+        """The trainable engines by name (checkpointed together)."""
+        return {"actor": self.actor}
+
+    @property
+    def sharded_checkpoints(self) -> bool:
+        """Checkpoints are DCP shards (:mod:`.sharded_state`), written by every rank, readable on any number of
+        ranks; else (DeepSpeed) HF weights from rank 0 plus the backend's own optimizer files."""
+        return all(sharded_state.supports(e) for e in self.engines().values())
+
     def save(self, out_dir: Path) -> None:
-        """Write the complete training state into ``out_dir`` (a fresh directory)."""
+        """Write the complete training state into ``out_dir`` (a fresh directory). Collective where the checkpoint
+        is sharded: the other ranks call :meth:`save_follower` meanwhile."""
         out_dir.mkdir(parents=True, exist_ok=True)
         actor_dir = out_dir / "actor"
-        self.actor.model.save_pretrained(actor_dir, state_dict=self.actor.full_state_dict(), safe_serialization=True)
+        if self.sharded_checkpoints:  # the model's config and tokenizer beside the shards: what export builds from
+            sharded_state.save(self.engines(), out_dir, self.settings.model.model_dump(mode="json"))
+            self._base_model(self.actor.model).config.save_pretrained(actor_dir)
+        else:
+            self.actor.model.save_pretrained(actor_dir, state_dict=self.actor.full_state_dict(),
+                                             safe_serialization=True)
+            self.actor.save_state(out_dir / "actor_optim")
+            self._save_more(out_dir)
         self.tokenizer.save_pretrained(actor_dir)
-        self.actor.save_state(out_dir / "actor_optim")
-        self._save_more(out_dir)
         save_rng(out_dir / "rng.pt")
         (out_dir / "trainer.json").write_text(json.dumps({"global_step": self.global_step, **self.extra_state()}))
+
+    @staticmethod
+    def _base_model(model: torch.nn.Module) -> torch.nn.Module:
+        return model.get_base_model() if hasattr(model, "get_base_model") else model
 
     def _save_more(self, out_dir: Path) -> None:
         pass
 
     def save_follower(self, out_dir: Path) -> None:
-        """A follower rank's part of :meth:`save` (rank 0 writes the rest). Replicated backends: nothing;
-        sharded ones (DeepSpeed) join the gathers and write their own optimizer / parameter shards."""
+        """A follower rank's part of :meth:`save` (rank 0 writes the rest): its DCP shards; DeepSpeed joins the
+        gathers and writes its own optimizer / parameter shards."""
+        if self.sharded_checkpoints:
+            sharded_state.save(self.engines(), out_dir)
+            return
         if not self.actor.sharded:
             return
         self.actor.full_state_dict()
@@ -90,9 +114,17 @@ class TrainerBase:
             critic.save_state(out_dir / "critic_optim")
 
     def restore(self, in_dir: Path) -> None:
-        """Load optimizer, scheduler, RNG and counters saved by :meth:`save` (weights were loaded at build)."""
-        self.actor.load_state(in_dir / "actor_optim")
-        self._restore_more(in_dir)
+        """Load optimizer, scheduler, RNG and counters saved by :meth:`save` (a sharded checkpoint's weights too;
+        an older full-weights one had its weights loaded at build). Collective for a sharded checkpoint."""
+        if sharded_state.is_sharded_checkpoint(in_dir):
+            if not self.sharded_checkpoints:
+                raise ValueError(f"{in_dir} is a sharded (DCP) checkpoint; backend {self.settings.backend.name} "
+                                 "cannot read it: resume with backend torch or fsdp")
+            meta = sharded_state.load(self.engines(), in_dir)
+            log.info("resumed the sharded checkpoint %s (written by %d rank(s))", in_dir, meta.get("world_size", 1))
+        else:
+            self.actor.load_state(in_dir / "actor_optim")
+            self._restore_more(in_dir)
         load_rng(in_dir / "rng.pt")
         state = json.loads((in_dir / "trainer.json").read_text())
         self.global_step = int(state["global_step"])

@@ -29,6 +29,7 @@ from services.learner.training.batch import (
     build_rl_batch,
 )
 from services.learner.training.collectives import all_sum, global_whiten
+from services.learner.training import sharded_state
 from services.learner.training.micro_batches import by_count, by_token_budget
 from services.learner.training.models import load_critic, load_reference
 from shared.schemas import Experience
@@ -60,7 +61,8 @@ class RLTrainer(TrainerBase):
         self.reference = load_reference(settings.model, self.device) if self.algorithm.needs_reference else None
         self.critic: TrainEngine | None = None
         if self.algorithm.needs_critic:
-            path = str(resume_dir / "critic") if resume_dir else (settings.model.critic or settings.model.actor)
+            old_format = resume_dir is not None and not sharded_state.is_sharded_checkpoint(resume_dir)
+            path = str(resume_dir / "critic") if old_format else (settings.model.critic or settings.model.actor)
             critic = load_critic(path, settings.model, self.device)
             self.critic = self._engine(critic, settings.optim.critic_lr)
         if resume_dir is not None:
@@ -72,6 +74,9 @@ class RLTrainer(TrainerBase):
 
     def load_extra_state(self, state: dict) -> None:
         self.reward_stats.load_state_dict(state["reward_stats"])
+
+    def engines(self) -> dict[str, TrainEngine]:
+        return {**super().engines(), **({"critic": self.critic} if self.critic is not None else {})}
 
     def _save_more(self, out_dir: Path) -> None:
         if self.critic is not None:

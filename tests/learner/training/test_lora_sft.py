@@ -24,12 +24,18 @@ def test_lora_trains_adapters_and_exports_merged_weights(tiny_model_dir, tmp_pat
     assert all(torch.equal(base[k], v) for k, v in model.named_parameters() if k in base)
 
     ckpt = CheckpointManager(tmp_path / "ck").save(3, lambda d: trainer.save(d / "trainer"))
-    assert (ckpt / "trainer" / "actor" / "adapter_model.safetensors").is_file()
+    from safetensors import safe_open
+
+    stored = set()  # the sharded checkpoint holds the adapters and their Adam moments, not the frozen base
+    for shard in (ckpt / "trainer" / "state").glob("*.safetensors"):
+        with safe_open(str(shard), "pt") as f:
+            stored |= set(f.keys())
+    weights = {k for k in stored if k.startswith("actor.model.")}
+    assert weights and all("lora_" in k for k in weights), sorted(weights)[:5]
+    assert any(k.endswith(".exp_avg") and "lora_" in k for k in stored)
     export = tmp_path / "export"
     trainer.export(export)
     merged = AutoModelForCausalLM.from_pretrained(export)
-    from safetensors import safe_open
-
     with safe_open(str(export / "model.safetensors"), "pt") as f:  # a plain checkpoint: base names only
         names = f.keys()  # safe_open has keys(), not iteration
         assert not [k for k in names if "lora" in k or "base_layer" in k or k.startswith("base_model")]
