@@ -33,10 +33,12 @@ META_FILE = "state.json"
 FORMAT = 1
 
 
-def _options():
+def _options(strict: bool = True):
+    """Trainable tensors only. Loading is not strict about the frozen ones (a LoRA base), which the learner loaded
+    from ``model.actor``; every trainable tensor is in the DCP state dict, which DCP fills or fails."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
-    return StateDictOptions(ignore_frozen_params=True)
+    return StateDictOptions(ignore_frozen_params=True, strict=strict)
 
 
 def supports(engine: Any) -> bool:
@@ -145,7 +147,7 @@ def load(engines: Mapping[str, Any], in_dir: Path) -> dict[str, Any]:
         model_sd.update({alias: model_sd[first] for alias, first in aliases[name].items()})
         set_state_dict(engine.model, engine.optimizer, model_state_dict=model_sd,
                        optim_state_dict={"state": state[name]["optim"]["state"], "param_groups": param_groups},
-                       options=_options())
+                       options=_options(strict=False))
         engine.scheduler.load_state_dict(saved["scheduler"])
         if hasattr(engine, "_steps"):  # the torch backend's counter (TrainEngine has no setter for it)
             engine._steps = int(saved["optimizer_steps"])

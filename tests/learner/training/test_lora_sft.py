@@ -30,7 +30,8 @@ def test_lora_trains_adapters_and_exports_merged_weights(tiny_model_dir, tmp_pat
     for shard in (ckpt / "trainer" / "state").glob("*.safetensors"):
         with safe_open(str(shard), "pt") as f:
             stored |= set(f.keys())
-    weights = {k for k in stored if k.startswith("actor.model.")}
+    # (the tiny model ties lm_head to the frozen embeddings, and torch lists the tied name as a parameter of its own)
+    weights = {k for k in stored if k.startswith("actor.model.") and not k.endswith("lm_head.weight")}
     assert weights and all("lora_" in k for k in weights), sorted(weights)[:5]
     assert any(k.endswith(".exp_avg") and "lora_" in k for k in stored)
     export = tmp_path / "export"
