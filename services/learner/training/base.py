@@ -149,5 +149,12 @@ class TrainerBase:
             return model
         return self.actor.gathered(lambda: merged_state_dict(model))
 
-    def export(self, out_dir: Path) -> None:
+    def export(self, out_dir: Path, checkpoint: Path | None = None) -> None:
+        """The policy as a plain HF directory. A backend that shards parameters over ranks exports from
+        ``checkpoint`` (the step's sharded checkpoint: every rank's shards, read on this one), not by gathering."""
+        if checkpoint is not None and self.actor.sharded and self.sharded_checkpoints:
+            from services.learner.training.export_checkpoint import export_checkpoint
+
+            export_checkpoint(Path(checkpoint) / "trainer", out_dir)
+            return
         save_actor_export(self.actor.model, self.tokenizer, out_dir)

@@ -47,6 +47,13 @@ def test_lora_trains_adapters_and_exports_merged_weights(tiny_model_dir, tmp_pat
     names = set(trainer.policy_weights())
     assert names == set(merged.state_dict()) and not any("lora" in n for n in names)
 
+    # fleetrl export of the sharded checkpoint: the base from model.actor, the adapters from the shards, merged
+    from services.learner.training.export_checkpoint import export_checkpoint
+
+    from_ckpt = AutoModelForCausalLM.from_pretrained(export_checkpoint(ckpt / "trainer", tmp_path / "from_ckpt"))
+    with torch.no_grad():
+        assert torch.allclose(from_ckpt(input_ids=ids).logits, merged(input_ids=ids).logits, atol=1e-6)
+
     resumed = RLTrainer(s, total_steps=3, resume_dir=ckpt / "trainer")
     assert abs(response_logprob(resumed, [GOOD] * 3) - response_logprob(trainer, [GOOD] * 3)) < 1e-5
 
