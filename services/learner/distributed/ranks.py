@@ -48,11 +48,21 @@ class OwnerLink:
         self.channel = _join(settings, info)
         self.replica_digests: list[str] = []
 
+    def _guarded(self, fn, *args):
+        """A follower that fails (or is killed) during ``fn`` fails rank 0 with one line naming it
+        (:mod:`.liveness`)."""
+        from services.learner.distributed.liveness import guarded
+
+        return guarded(self.info.world_size, fn, *args)
+
     def start(self, total_steps: int, resume_dir: Path | None) -> None:
-        self.channel.send(self.Op.START, {"total_steps": total_steps,
-                                          "resume_dir": str(resume_dir) if resume_dir else None})
+        self._guarded(self.channel.send, self.Op.START, {"total_steps": total_steps,
+                                                         "resume_dir": str(resume_dir) if resume_dir else None})
 
     def train(self, trainer, groups: Sequence[Sequence[Experience]]) -> dict[str, float]:
+        return self._guarded(self._train, trainer, groups)
+
+    def _train(self, trainer, groups: Sequence[Sequence[Experience]]) -> dict[str, float]:
         from services.learner.distributed.channel import shard_groups
 
         shards = shard_groups(groups, self.info.world_size)
@@ -72,10 +82,16 @@ class OwnerLink:
         return metrics
 
     def policy_weights(self, trainer) -> Any:
+        return self._guarded(self._policy_weights, trainer)
+
+    def _policy_weights(self, trainer) -> Any:
         self.channel.send(self.Op.PUBLISH)
         return trainer.policy_weights()
 
     def save(self, trainer, out_dir: Path) -> None:
+        self._guarded(self._save, trainer, out_dir)
+
+    def _save(self, trainer, out_dir: Path) -> None:
         from services.learner.training.collectives import replica_digests
 
         self.channel.send(self.Op.CHECKPOINT, {"path": str(out_dir)})
@@ -88,7 +104,7 @@ class OwnerLink:
 
     def heartbeat(self) -> None:
         if time.monotonic() - self.channel.last_send >= self.s.distributed.heartbeat_s:
-            self.channel.send(self.Op.NOOP)
+            self._guarded(self.channel.send, self.Op.NOOP)
 
     def stop(self) -> None:
         try:
@@ -106,12 +122,25 @@ class Follower:
         self.steps = 0
 
     def run(self) -> None:
+
+        from services.learner.distributed.liveness import FollowerBeat
+
+        channel = _join(self.s, self.info)
+        beat = FollowerBeat(self.info.rank)  # before any message: rank 0 can tell this rank from a lost one
+        log.info("learner rank %d/%d following rank 0", self.info.rank, self.info.world_size)
+        try:
+            self._follow(channel, beat)
+        except BaseException as exc:
+            beat.failed(exc)  # rank 0 names this rank and the reason
+            raise
+        finally:
+            beat.stop()
+
+    def _follow(self, channel, beat) -> None:
         from services.learner.distributed.channel import Op
         from services.learner.training.collectives import replica_digests
         from services.learner.training.rl_trainer import RLTrainer
 
-        channel = _join(self.s, self.info)
-        log.info("learner rank %d/%d following rank 0", self.info.rank, self.info.world_size)
         while True:
             msg = channel.recv()
             if msg.op == Op.START:
@@ -133,6 +162,7 @@ class Follower:
                     replica_digests(self.trainer.actor.model)
             elif msg.op == Op.STOP:
                 log.info("rank %d stopping after %d steps", self.info.rank, self.steps)
+                beat.stop()
                 leave_process_group()
                 return
 

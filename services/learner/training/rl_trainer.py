@@ -19,6 +19,7 @@ from services.learner.algorithms.normalize import RunningMeanStd
 from services.learner.algorithms.policy_losses import PolicyLossInputs, build_policy_loss
 from services.learner.algorithms.registry import AdvantageInputs, build_algorithm
 from services.learner.settings import LearnerSettings
+from services.learner.training import sharded_state
 from services.learner.training.backends import TrainEngine
 from services.learner.training.base import TrainerBase
 from services.learner.training.batch import (
@@ -29,7 +30,6 @@ from services.learner.training.batch import (
     build_rl_batch,
 )
 from services.learner.training.collectives import all_sum, global_whiten
-from services.learner.training import sharded_state
 from services.learner.training.micro_batches import by_count, by_token_budget
 from services.learner.training.models import load_critic, load_reference
 from shared.schemas import Experience

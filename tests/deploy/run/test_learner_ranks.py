@@ -78,7 +78,7 @@ def test_ray_places_the_ranks_in_the_launchers_placement_group(spec_dir, monkeyp
 
 
 def test_k8s_is_an_indexed_job_that_meets_at_rank_0_through_a_headless_service(spec_dir):
-    carried, written = _render("k8s", spec_dir)
+    carried, _ = _render("k8s", spec_dir)
     docs = [d for d in yaml.safe_load_all((spec_dir / "out" / "k8s" / "learner.yaml").read_text()) if d]
     job, http, headless = docs
     assert job["spec"]["completionMode"] == "Indexed" and job["spec"]["completions"] == 4

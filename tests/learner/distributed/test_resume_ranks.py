@@ -76,9 +76,9 @@ def _compare(name: str, tmp: Path, ref: dict, ref_info: dict) -> None:
     assert info["reward_count"] == ref_info["reward_count"] == 8 * TOTAL, name  # reward statistics of 4 steps
     assert info["lrs"] == pytest.approx(ref_info["lrs"][2:], rel=1e-9), name  # the schedule went on from step 2
     assert got.keys() == ref.keys(), name
-    for key in ref:
+    for key, value in ref.items():
         if key.startswith("step."):
-            assert float(got[key]) == float(ref[key]) == TOTAL, (name, key)  # Adam's bias correction went on
+            assert float(got[key]) == float(value) == TOTAL, (name, key)  # Adam's bias correction went on
     worst = {kind: max(float((got[k] - ref[k]).abs().max() / ref[k].abs().max().clamp(min=1e-12))
                        for k in ref if k.startswith(kind))
              for kind in ("w.", "m.", "v.")}
