@@ -18,7 +18,7 @@ from tests.learner.test_multirank import GROUP, rank_env, write_config
 from tests.learner.test_process import lineage_sample_ids, status, wait_exit, wait_for
 from tests.procs import kill9, spawn, stop, wait_http_ok
 
-pytestmark = pytest.mark.process  # two learner processes, started twice
+pytestmark = [pytest.mark.slow, pytest.mark.process]  # two learner processes, started twice (~1-2 min idle)
 
 N_PROMPTS = 10  # 5 steps of 2 groups; checkpoints at steps 2 and 4
 
