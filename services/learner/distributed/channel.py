@@ -29,7 +29,6 @@ class Op(enum.IntEnum):
     CHECKPOINT = 3  # meta: path (the trainer dir of the checkpoint being written)
     NOOP = 4  # heartbeat while rank 0 waits for rollouts (keeps followers inside the timeout)
     STOP = 5
-    EXPORT = 6  # meta: path (the final model; sharded backends gather it from every rank)
 
 
 @dataclass(frozen=True)

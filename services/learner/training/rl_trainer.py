@@ -19,6 +19,7 @@ from services.learner.algorithms.normalize import RunningMeanStd
 from services.learner.algorithms.policy_losses import PolicyLossInputs, build_policy_loss
 from services.learner.algorithms.rl_algorithms import AdvantageInputs, build_algorithm
 from services.learner.settings import LearnerSettings
+from services.learner.training import sharded_state
 from services.learner.training.backends import TrainEngine
 from services.learner.training.base import TrainerBase
 from services.learner.training.batch import (
@@ -62,7 +63,8 @@ class RLTrainer(TrainerBase):
             if self.algorithm.needs_reference else None
         self.critic: TrainEngine | None = None
         if self.algorithm.needs_critic:
-            path = str(resume_dir / "critic") if resume_dir else (settings.model.critic or settings.model.actor)
+            old_format = resume_dir is not None and not sharded_state.is_sharded_checkpoint(resume_dir)
+            path = str(resume_dir / "critic") if old_format else (settings.model.critic or settings.model.actor)
             critic = load_critic(path, settings.model, self.device)
             self.critic = self._engine(critic, settings.optim.critic_lr)
         if resume_dir is not None:
@@ -75,11 +77,13 @@ class RLTrainer(TrainerBase):
     def load_extra_state(self, state: dict) -> None:
         self.reward_stats.load_state_dict(state["reward_stats"])
 
+    def engines(self) -> dict[str, TrainEngine]:
+        return {**super().engines(), **({"critic": self.critic} if self.critic is not None else {})}
+
     def _save_more(self, out_dir: Path) -> None:
         if self.critic is not None:
-            state = None
-            if self.critic.sharded:  # gathered from every rank (save_follower joins), under the inner model's names
-                state = {k.removeprefix("inner."): v for k, v in self.critic.full_state_dict().items()}
+            # gathered where the backend shards it (save_follower joins), under the inner model's names
+            state = {k.removeprefix("inner."): v for k, v in self.critic.full_state_dict().items()}
             self.critic.model.save_pretrained(out_dir / "critic", state_dict=state, safe_serialization=True)
             self.critic.save_state(out_dir / "critic_optim")
 

@@ -69,23 +69,24 @@ def main(spec_path: str) -> None:
 
 
 def checkpoint_and_resume(trainer, s, total_steps: int, out: Path, info, state: dict) -> dict:
-    """Save a checkpoint and export the model (every rank takes part), build a second trainer from the
-    checkpoint, then train both one more step on the same shard: the resumed one must match bit for bit."""
+    """Save a sharded checkpoint (every rank writes its shards), export the model from it on rank 0, build a second
+    trainer from the checkpoint, then train both one more step on the same shard: the resumed one must match bit
+    for bit."""
     from safetensors.torch import load_file
 
     from services.learner.training.rl_trainer import RLTrainer
     from services.learner.training.rng import load_rng
     from tests.learner.helpers import good_bad_batch
 
-    ck, export = out / "ckpt", out / "export"
+    ck, export = out / "ckpt" / "trainer", out / "export"
     if info.rank == 0:
         trainer.save(ck)
-        trainer.export(export)
     else:
         trainer.save_follower(ck)
-        trainer.export_follower()
     if info.multi:
         dist.barrier()
+    if info.rank == 0:
+        trainer.export(export, ck.parent)  # a sharding backend reads the checkpoint's shards; else the live model
     resumed = RLTrainer(s, total_steps=total_steps, resume_dir=ck)
     batch = good_bad_batch(99, info.world_size)
     mine = batch[4 * info.rank:4 * info.rank + 4]
@@ -100,7 +101,8 @@ def checkpoint_and_resume(trainer, s, total_steps: int, out: Path, info, state: 
     return {"global_step": resumed.global_step, "optimizer_steps": resumed.actor.optimizer_steps,
             "max_diff": max(float((states[0][k] - states[1][k]).abs().max()) for k in states[0]),
             "exported": len(exported), "export_max_diff": max(float((v - state[k]).abs().max()) for k, v in exported.items()),
-            "critic_saved": (ck / "critic" / "model.safetensors").is_file()}
+            "sharded_checkpoint": (ck / "state.json").is_file(),
+            "checkpoint_engines": sorted(json.loads((ck / "state.json").read_text())["engines"])}
 
 
 def publish(trainer, opts: dict, rank: int) -> dict:

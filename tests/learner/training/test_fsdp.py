@@ -90,8 +90,9 @@ def _assert_same_training(r1: dict, r2: dict, w1: dict, w2: dict, model: Path, k
         diff = (a - w2[k]).float()
         assert float(diff.norm() / a.float().norm()) <= 1e-5, k  # relative, per tensor
         assert float(diff.abs().max()) <= 1e-5, k
-    # the fsdp run's checkpoint (full state gathered from the shards) resumes exactly, and its export is the model
+    # the fsdp run's checkpoint (DCP: each rank wrote its shards) resumes exactly; the export read from it is the model
     resume = r2["resume"]
+    assert resume["sharded_checkpoint"]
     assert resume["global_step"] == resume["optimizer_steps"] == len(STEPS) + 1
     assert resume["max_diff"] == 0.0  # one more step from the checkpoint == one more step without stopping
     assert resume["exported"] >= len(w2) - 1 and resume["export_max_diff"] == 0.0
@@ -125,7 +126,7 @@ def test_two_fsdp_ranks_train_ppo_with_critic_as_one_torch_rank(tmp_path, tiny_m
     """PPO: the critic is trained sharded and the reference forward-only sharded, in step with the actor."""
     r1, r2, w1, w2 = _train_both(tmp_path, tiny_model_dir, {"name": "ppo"})
     _assert_same_training(r1, r2, w1, w2, tiny_model_dir, ("grad_norm", "critic_grad_norm"))
-    assert r2["resume"]["critic_saved"]
+    assert r2["resume"]["checkpoint_engines"] == ["actor", "critic"]  # the critic's shards and optimizer state too
     for s1, s2 in zip(r1["steps"], r2["steps"]):  # the policy loss nears 0 by step 5: absolute there
         assert abs(s1["loss"] - s2["loss"]) <= 1e-5 * max(1.0, abs(s1["loss"]))
 

@@ -89,11 +89,11 @@ class DeepSpeedEngine(TrainEngine):
         return True
 
     @property
-    def sharded(self) -> bool:
+    def counts_micro_batches(self) -> bool:
         return True
 
     @property
-    def partitions_parameters(self) -> bool:
+    def shards_parameters(self) -> bool:
         return self.engine.zero_optimization_stage() == 3
 
     def gathered(self, fn: Callable[[], dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:

@@ -13,14 +13,13 @@ no pre-multiplied sum to do it inside the reduce-scatter).
 
 The engine exposes ``model`` (the sharded module) and ``optimizer`` as they are, so that
 ``torch.distributed.checkpoint.state_dict.get_state_dict(engine.model, engine.optimizer)`` and
-``set_state_dict`` work on them (sharded checkpoints); ``save_state`` / ``load_state`` write and read the full
-optimizer state through the same functions.
+``set_state_dict`` work on them: checkpoints are DCP shards, every rank writing its own
+(:mod:`services.learner.training.sharded_state`).
 """
 
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -28,8 +27,6 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
-    get_optimizer_state_dict,
-    set_optimizer_state_dict,
 )
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor
@@ -130,16 +127,19 @@ class FSDPEngine(TrainEngine):
     def optimizer_steps(self) -> int:
         return self._steps
 
+    def set_optimizer_steps(self, steps: int) -> None:
+        self._steps = int(steps)
+
     @property
     def owns_parameter_memory(self) -> bool:
         return True  # FSDP lays out the shards and swaps the gathered parameters in and out itself
 
     @property
-    def sharded(self) -> bool:
+    def shards_parameters(self) -> bool:
         return True
 
     @property
-    def partitions_parameters(self) -> bool:
+    def dcp_checkpoints(self) -> bool:
         return True
 
     @property
@@ -162,25 +162,6 @@ class FSDPEngine(TrainEngine):
                 seen.add(loc.data_ptr())
                 total += loc.numel() * loc.element_size()
         return total
-
-    def save_state(self, out_dir: Path) -> None:
-        """Collective: every rank gathers; rank 0 writes the full optimizer state, scheduler and step count."""
-        optim = get_optimizer_state_dict(self.model, self.optimizer,
-                                         options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        if dist.get_rank() != 0:
-            return
-        out_dir.mkdir(parents=True, exist_ok=True)
-        torch.save({"optimizer": optim, "scheduler": self.scheduler.state_dict(), "steps": self._steps},
-                   out_dir / "optimizer.pt")
-
-    def load_state(self, in_dir: Path) -> None:
-        """Every rank reads the full state (a shared run directory) and keeps its shards of it."""
-        # weights_only: plain tensors and containers from our own checkpoint directory, nothing else
-        state = torch.load(in_dir / "optimizer.pt", map_location="cpu", weights_only=True)
-        set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"],
-                                 options=StateDictOptions(full_state_dict=True))
-        self.scheduler.load_state_dict(state["scheduler"])
-        self._steps = int(state["steps"])
 
 
 def build_fsdp_engine(backend: FSDPBackendSettings, model: nn.Module, lr: float, optim: OptimSettings,

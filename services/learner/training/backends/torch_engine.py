@@ -51,7 +51,15 @@ class TorchEngine(TrainEngine):
     def optimizer_steps(self) -> int:
         return self._steps
 
+    def set_optimizer_steps(self, steps: int) -> None:
+        self._steps = int(steps)
+
+    @property
+    def dcp_checkpoints(self) -> bool:
+        return True
+
     def save_state(self, out_dir: Path) -> None:
+        """The full-state layout checkpoints had before DCP shards (kept to read and test older ones)."""
         out_dir.mkdir(parents=True, exist_ok=True)
         torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
                     "steps": self._steps}, out_dir / "optimizer.pt")
