@@ -56,7 +56,8 @@ class OwnerLink:
         from services.learner.distributed.channel import shard_groups
 
         shards = shard_groups(groups, self.info.world_size)
-        if trainer.actor.sharded:  # DeepSpeed counts micro-batches per rank to find its update boundary
+        if trainer.actor.sharded and not trainer.actor.lockstep:  # DeepSpeed counts micro-batches per rank to find
+            # its update boundary (fsdp pads a rank with fewer passes with idle ones: any shards do)
             micro = self.s.train.micro_batch_size
             counts = {-(-len(sh) // micro) for sh in shards}
             if len(counts) != 1:

@@ -99,8 +99,12 @@ class FSDPEngine(TrainEngine):
         if not self.params:
             raise ValueError("the model has no trainable parameters")
         self.max_grad_norm = optim.max_grad_norm
+        # torch picks the multi-tensor (foreach) AdamW for DTensors, even on CPU, where it picks the per-tensor loop
+        # for plain tensors: foreach's temporaries span every parameter at once (on CPU ~2x the shards, more than
+        # the activations of a step); keep the per-tensor loop on CPU, as the torch backend gets, foreach on CUDA
+        on_cpu = _local(self.params[0]).device.type == "cpu"
         self.optimizer = torch.optim.AdamW(self.params, lr=lr, betas=tuple(optim.betas), eps=optim.eps,
-                                           weight_decay=optim.weight_decay)
+                                           weight_decay=optim.weight_decay, foreach=False if on_cpu else None)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, make_schedule(optim, total_steps))
         self._steps = 0
 
