@@ -151,8 +151,16 @@ class FSDPEngine(TrainEngine):
         return True
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """The whole model on rank 0, in host memory (collective: every rank calls it; the others get ``{}``)."""
-        return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        """The whole model on rank 0, in host memory (collective: every rank calls it; the others get ``{}``).
+        Tied parameters (embeddings and head) come back as one tensor under both names, as in an unsharded
+        model's state dict, so a save drops the tied copy the same way."""
+        state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        first: dict[int, str] = {}
+        for name, p in self.model.named_parameters(remove_duplicate=False):
+            owner = first.setdefault(id(p), name)
+            if owner != name and owner in state and name in state:
+                state[name] = state[owner]
+        return state
 
     def local_bytes(self) -> int:
         """Bytes of parameters, gradients and optimizer state this rank holds (its shards)."""
