@@ -19,6 +19,7 @@ Not counted: start-up. Every rank loads the whole checkpoint before FSDP shards 
 freed at once); building on the meta device and loading shards would avoid that.
 
     .venv/bin/python benchmarks/learner_memory.py [--hidden 256] [--layers 4] [--steps 3] [--threads 1]
+        [--groups 4] [--micro 4] [--response 112] [--gradient-checkpointing]
 
 Last line: ``fsdp 2 ranks / torch 1 rank, peak memory per rank: 0.NNx`` (target <= 0.6; parameters +
 gradients + Adam alone would give 0.5).
@@ -115,7 +116,7 @@ def rank_main(spec_path: str) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "prompts.jsonl").write_text('{"input": "x", "label": 0}\n')
     s = LearnerSettings(
-        model={"actor": spec["model"], "device": "cpu"}, data={"path": str(run_dir / "prompts.jsonl")},
+        model={"actor": spec["model"], "device": "cpu", "gradient_checkpointing": spec["checkpointing"]}, data={"path": str(run_dir / "prompts.jsonl")},
         run_dir=str(run_dir), algorithm={"name": "grpo"}, rollout={"group_size": GROUP},
         optim={"actor_lr": 1e-5, "warmup_ratio": 0.0, "schedule": "constant"},
         train={"groups_per_step": spec["groups"], "micro_batch_size": spec["micro"], "torch_threads": spec["threads"]},
@@ -164,7 +165,8 @@ def run_setup(backend: str, world: int, model: Path, tmp: Path, args) -> list[di
     out = tmp / f"{backend}-{world}"
     out.mkdir()
     spec = {"out": str(out), "model": str(model), "backend": backend, "steps": args.steps, "threads": args.threads,
-            "groups": args.groups, "micro": args.micro, "prompt": args.prompt, "response": args.response}
+            "groups": args.groups, "micro": args.micro, "prompt": args.prompt, "response": args.response,
+            "checkpointing": args.gradient_checkpointing}
     spec_path = out / "spec.json"
     spec_path.write_text(json.dumps(spec))
     port = _free_port()
@@ -194,6 +196,8 @@ def main() -> None:
     ap.add_argument("--micro", type=int, default=4, help="micro_batch_size")
     ap.add_argument("--prompt", type=int, default=16)
     ap.add_argument("--response", type=int, default=112)
+    ap.add_argument("--gradient-checkpointing", action="store_true",
+                    help="model.gradient_checkpointing in every setup (activations recomputed per layer)")
     args = ap.parse_args()
     if args.rank_worker:
         rank_main(args.rank_worker)
@@ -210,7 +214,8 @@ def main() -> None:
                      .load_file(str(model / "model.safetensors")).values())
         print(f"model: hidden {args.hidden}, {args.layers} layers, {params / 1e6:.2f} M parameters "
               f"({params * 4 / 2**20:.1f} MiB fp32); batch {args.groups} x {GROUP} samples of "
-              f"{args.prompt} + {args.response} tokens; torch {torch.__version__}, {args.threads} thread(s) per rank")
+              f"{args.prompt} + {args.response} tokens, micro-batches of {args.micro}, gradient checkpointing "
+              f"{'on' if args.gradient_checkpointing else 'off'}; torch {torch.__version__}, {args.threads} thread(s) per rank")
         print(f"{'setup':<16}{'rank':>5}{'state MiB':>12}{'peak MiB':>11}{'tokens/s':>11}")
         peaks = {}
         for backend, world in SETUPS:

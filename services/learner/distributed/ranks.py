@@ -67,6 +67,7 @@ class OwnerLink:
 
         shards = shard_groups(groups, self.info.world_size)
         if trainer.actor.counts_micro_batches:  # DeepSpeed finds its update boundary by counting micro-batches
+            # (fsdp pads a rank with fewer passes with idle ones: any shards do)
             micro = self.s.train.micro_batch_size
             counts = {-(-len(sh) // micro) for sh in shards}
             if len(counts) != 1:

@@ -53,6 +53,9 @@ class TrainerBase:
         micro = settings.train.micro_batch_size
         self.accumulation = max(1, math.ceil(samples_per_step / micro))
         self.actor = self._build_actor(resume_dir)
+        p = self.precision
+        log.info("learner backend %s on %s: parameters in %s, compute in %s", self.backend.name, self.device,
+                 p.storage, p.compute or p.storage)
 
     # ---- construction -----------------------------------------------------------------------------
     def _build_actor(self, resume_dir: Path | None) -> TrainEngine:

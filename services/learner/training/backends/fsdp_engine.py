@@ -96,8 +96,12 @@ class FSDPEngine(TrainEngine):
         if not self.params:
             raise ValueError("the model has no trainable parameters")
         self.max_grad_norm = optim.max_grad_norm
+        # torch picks the multi-tensor (foreach) AdamW for DTensors, even on CPU, where it picks the per-tensor loop
+        # for plain tensors: foreach's temporaries span every parameter at once (on CPU ~2x the shards, more than
+        # the activations of a step); keep the per-tensor loop on CPU, as the torch backend gets, foreach on CUDA
+        on_cpu = _local(self.params[0]).device.type == "cpu"
         self.optimizer = torch.optim.AdamW(self.params, lr=lr, betas=tuple(optim.betas), eps=optim.eps,
-                                           weight_decay=optim.weight_decay)
+                                           weight_decay=optim.weight_decay, foreach=False if on_cpu else None)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, make_schedule(optim, total_steps))
         self._steps = 0
 
@@ -147,8 +151,16 @@ class FSDPEngine(TrainEngine):
         return True
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """The whole model on rank 0, in host memory (collective: every rank calls it; the others get ``{}``)."""
-        return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        """The whole model on rank 0, in host memory (collective: every rank calls it; the others get ``{}``).
+        Tied parameters (embeddings and head) come back as one tensor under both names, as in an unsharded
+        model's state dict, so a save drops the tied copy the same way."""
+        state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        first: dict[int, str] = {}
+        for name, p in self.model.named_parameters(remove_duplicate=False):
+            owner = first.setdefault(id(p), name)
+            if owner != name and owner in state and name in state:
+                state[name] = state[owner]
+        return state
 
     def local_bytes(self) -> int:
         """Bytes of parameters, gradients and optimizer state this rank holds (its shards)."""
