@@ -179,7 +179,8 @@ class TrainerBase:
         if self.actor.shards_parameters:
             if checkpoint is None:
                 raise ValueError(f"backend {self.backend.name} shards the weights over ranks: the export is read "
-                                 "from the run's last checkpoint, and there is none (set checkpoint.dir)")
+                                 "from a checkpoint, and none was given (pass a step-* checkpoint, or run "
+                                 "fleetrl export RUN_DIR --out DIR)")
             from services.learner.training.export_checkpoint import export_checkpoint
 
             export_checkpoint(Path(checkpoint) / "trainer", out_dir)
