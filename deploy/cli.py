@@ -51,6 +51,28 @@ def _add_run_commands() -> None:
 _add_run_commands()
 
 
+@app.command("export")
+def export_cmd(
+    run_dir: Annotated[Path, typer.Argument(help="A run dir (fleetrl run's, or a learner's run_dir), a checkpoints "
+                                            "directory, or one step-* checkpoint: its newest complete checkpoint "
+                                            "is exported.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="The Hugging Face directory to write (weights, config, "
+                                      "tokenizer): what the rollout service and fleetrl eval load.")],
+) -> None:
+    """Write a checkpoint's policy as a plain Hugging Face model directory, whatever number of learner ranks
+    wrote it (sharded checkpoints are read whole on this machine's CPU)."""
+    from services.learner.training.export_checkpoint import ExportError, export_checkpoint, find_trainer_dir
+
+    try:
+        trainer_dir = find_trainer_dir(run_dir)
+        export_checkpoint(trainer_dir, out)
+    except (ExportError, OSError, ValueError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    step = json.loads((trainer_dir / "trainer.json").read_text()).get("global_step")
+    typer.echo(f"exported step {step} ({trainer_dir.parent}) to {out}")
+
+
 @app.command("redis")
 def redis_cmd(
     data_dir: Annotated[Path, typer.Option(help="Where the AOF files live.")] = Path("runs/redis"),

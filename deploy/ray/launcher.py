@@ -83,9 +83,10 @@ class FleetLauncher:
         self.actors[service].append(actor)
         return actor
 
-    def _wait_healthy(self, service: str, group: ServiceGroup) -> list[str]:
-        """Wait for every replica's /health; an actor Ray cannot place (too few resources) fails too."""
-        refs = [a.wait_healthy.remote(group.health_timeout_s) for a in self.actors[service]]
+    def _wait_healthy(self, service: str, group: ServiceGroup, first: int | None = None) -> list[str]:
+        """Wait for every replica's /health (the ``first`` ones only: learner ranks > 0 serve no HTTP); an actor
+        Ray cannot place (too few resources) fails too."""
+        refs = [a.wait_healthy.remote(group.health_timeout_s) for a in self.actors[service][:first]]
         try:
             return ray.get(refs, timeout=group.health_timeout_s + 60)
         except ray.exceptions.GetTimeoutError as exc:
@@ -129,7 +130,7 @@ class FleetLauncher:
                         scheduling_strategy=PlacementGroupSchedulingStrategy(
                             self.pg, placement_group_bundle_index=rank, placement_group_capture_child_tasks=True))
         rollout_urls = self._wait_healthy("rollout", s.rollout)
-        learner_urls = self._wait_healthy("learner", lg)
+        learner_urls = self._wait_healthy("learner", lg, first=1)  # rank 0 speaks for the learner's ranks
         return {"reward": reward_urls, "rollout": rollout_urls, "learner": learner_urls}
 
     def learner_returncode(self) -> int | None:

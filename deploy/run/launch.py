@@ -38,6 +38,7 @@ from shared.training_health import check_health
 from .autoscale import Autoscaler
 from .display import Display, headline
 from .heldout import episode_worker, evaluate, heldout_rows, next_eval_step
+from .learner_ranks import follower_name, rank_envs
 from .plan import RESOLVED_SPEC, RUN_KEY_FILE, ProcessPlan, plan, run_dir_of
 from .preflight import extras_problems, preflight, remote_problems
 from .progress import EvalPoint, Poller, RunView, SampleTail, fleet_error_line
@@ -219,9 +220,11 @@ class RunLauncher:
         # the first step waits on the rollout replicas (engine, then generation) and the learner (prompts, then the
         # trainer); a reward service is up in a fraction of that: it starts last
         for p in sorted(started, key=lambda p: START_ORDER.get(p.kind, 0)):
+            if p.kind == "learner":
+                self._start_learner(fleet, p)
+                continue
             say(f"starting {p.name} ({p.url})")
             fleet.start(p.name, p.module, p.config, wait=False)
-            self._learner_started |= p.kind == "learner"
         for p in started:
             if p.kind != "learner":
                 fleet.wait_healthy(p.name)
@@ -252,6 +255,19 @@ class RunLauncher:
         line = heldout_line(points)
         if line:
             self.display.event(line)
+
+    def _start_learner(self, fleet: Fleet, p: ProcessPlan) -> None:
+        """Rank 0 as ``learner``, ranks 1..N-1 beside it (:mod:`.learner_ranks`), all with the same settings."""
+        envs = rank_envs(self.spec.replicas.learner)
+        ranks = f", rank 0 of {len(envs)}" if len(envs) > 1 else ""
+        self.display.event(f"starting {p.name} ({p.url}{ranks})")
+        fleet.start(p.name, p.module, p.config, wait=False, env=envs[0] or None)
+        self._learner_started = True
+        for rank, env in enumerate(envs[1:], start=1):
+            fleet.start(follower_name(rank), p.module, p.config, wait=False, env=env)
+        if len(envs) > 1:
+            self.display.event(f"starting learner ranks 1 to {len(envs) - 1} ({follower_name(1)} ...), following "
+                               f"{p.name}")
 
     def _run_key(self) -> str:
         """The run's signing key: read from ``run_dir/run_key`` (a resumed run keeps it: records in flight stay

@@ -6,8 +6,9 @@ start, in one line, a placement that cannot work.
 
 Devices come from, in order: the service's own settings (``services.rollout.engine.device``,
 ``services.learner.model.device``), the spec's ``placement`` section, then ``auto``: on a host with GPUs the
-learner takes ``cuda:0`` and replicas share it (one GPU) or take the other GPUs in turn (several); without
-GPUs everything runs on the CPU.
+learner takes ``cuda:0`` (its ranks ``cuda:0`` .. ``cuda:N-1``, ``replicas.learner: N``) and replicas share
+rank 0's GPU (no GPU left) or take the other GPUs in turn; without GPUs everything runs on the CPU. More learner
+ranks than GPUs is refused: one rank per GPU.
 """
 
 from __future__ import annotations
@@ -59,25 +60,43 @@ def _normal(device: str) -> str:
     return "cpu" if kind == "cpu" else f"cuda:{index}"
 
 
-def place(learner: dict[str, Any], rollouts: list[dict[str, Any]], spec: PlacementSpec, gpus: int) -> list[str]:
+def place(learner: dict[str, Any], rollouts: list[dict[str, Any]], spec: PlacementSpec, gpus: int,
+          ranks: int = 1) -> list[str]:
     """Fill in devices and weight transports on the learner's and the replicas' settings (mappings, changed in
-    place). Returns one line per replica saying where it runs and how weights reach it. Raises SettingsError
-    (one line) for a placement that cannot work."""
+    place). ``ranks``: the learner's (``replicas.learner``): on CUDA rank i takes GPU i (the learner's device
+    becomes a bare ``cuda``, which each rank resolves with its ``LOCAL_RANK``). Returns one line per replica
+    saying where it runs and how weights reach it. Raises SettingsError (one line) for a placement that cannot
+    work."""
     try:
-        return _place(learner, rollouts, spec, gpus)
+        return _place(learner, rollouts, spec, gpus, ranks)
     except PlacementError as exc:
         raise SettingsError(f"placement: {exc}") from exc
 
 
-def _place(learner: dict[str, Any], rollouts: list[dict[str, Any]], spec: PlacementSpec, gpus: int) -> list[str]:
-    model = learner.setdefault("model", {})
-    l_dev = model.get("device") if not _auto(model.get("device")) else spec.learner
-    if _auto(l_dev):
-        l_dev = "cuda:0" if gpus else "cpu"
-    l_dev = _normal(l_dev)
+def _learner_device(model: dict[str, Any], spec: PlacementSpec, gpus: int, ranks: int) -> str:
+    """Rank 0's device (normalised); ``model['device']`` set to what every rank is given."""
+    wanted = model.get("device") if not _auto(model.get("device")) else spec.learner
+    l_dev = ("cuda:0" if gpus else "cpu") if _auto(wanted) else _normal(wanted)
+    if l_dev != "cpu" and ranks > 1:
+        if wanted not in ("cuda", "auto", None, "") and parse_device(wanted)[1] != 0:
+            raise PlacementError(f"the learner's {ranks} ranks take one GPU each (cuda:0 to cuda:{ranks - 1}), so its "
+                                 f"device cannot be {wanted}: set it to cuda (or cpu)")
+        if ranks > gpus:
+            raise PlacementError(f"replicas.learner: {ranks} ranks take one GPU each, but this host shows {gpus} "
+                                 f"GPU(s): use at most {gpus} ranks, or placement.learner: cpu (gloo)")
+        model["device"] = "cuda"  # each rank resolves it to cuda:<LOCAL_RANK>
+        return l_dev
     if l_dev != "cpu" and parse_device(l_dev)[1] >= max(gpus, 1):
         raise PlacementError(f"the learner is placed on {l_dev}, but this host shows {gpus} GPU(s)")
     model["device"] = l_dev
+    return l_dev
+
+
+def _place(learner: dict[str, Any], rollouts: list[dict[str, Any]], spec: PlacementSpec, gpus: int,
+           ranks: int) -> list[str]:
+    model = learner.setdefault("model", {})
+    l_dev = _learner_device(model, spec, gpus, ranks)
+    used = ranks if l_dev != "cpu" else 1  # GPUs the learner's ranks hold (cuda:0 .. cuda:used-1)
     wanted = spec.rollout if isinstance(spec.rollout, list) else [spec.rollout]
     backends: dict[str, str] = {}
     lines: list[str] = []
@@ -88,7 +107,7 @@ def _place(learner: dict[str, Any], rollouts: list[dict[str, Any]], spec: Placem
             continue  # a remote engine (vLLM, SGLang) is placed by its own server; its sidecar settings stand
         r_dev = engine.get("device") if not _auto(engine.get("device")) else wanted[i % len(wanted)]
         if _auto(r_dev):
-            r_dev = "cpu" if not gpus else ("cuda:0" if gpus == 1 else f"cuda:{1 + i % (gpus - 1)}")
+            r_dev = "cpu" if not gpus else ("cuda:0" if gpus <= used else f"cuda:{used + i % (gpus - used)}")
         r_dev = _normal(r_dev)
         if r_dev != "cpu" and parse_device(r_dev)[1] >= max(gpus, 1):
             raise PlacementError(f"rollout-{i} is placed on {r_dev}, but this host shows {gpus} GPU(s)")

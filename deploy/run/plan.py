@@ -102,7 +102,7 @@ def plan(spec: RunSpec, spec_file: str | Path, redis_url: str | None, token: str
     out.append(ProcessPlan("learner", "learner", deep_merge(learner, fleet)))
     if spec.is_rl:
         place(out[-1].config, [p.config for p in out if p.kind == "rollout"], spec.placement,
-              gpu_count() if gpus is None else gpus)
+              gpu_count() if gpus is None else gpus, ranks=spec.replicas.learner)
     for p in out:
         validate(KINDS[p.kind].settings_cls, p.kind, p.config, spec)
     return out

@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 
 from deploy.local.fleet import Fleet
+from deploy.run.learner_ranks import is_follower
 
 _ERROR_LINE = re.compile(r"^(error:|[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b)")
 
@@ -160,6 +161,9 @@ class Poller:
                 if self.view.error is None and svc.proc.returncode not in (0, None) and name not in self.managed:
                     self.view.error = f"{name} exited with code {svc.proc.returncode}: " \
                                       f"{first_error(svc.log_tail(20_000))}  (log: {svc.log_path})"
+                continue
+            if is_follower(name):  # a learner rank > 0: no HTTP; rank 0's /status speaks for the learner
+                views.append(ServiceView(name, "ok", "following learner"))
                 continue
             kind = name.split("-", 1)[0]
             views.append(getattr(self, f"_{kind}")(name, svc.url))

@@ -28,6 +28,7 @@ from shared.settings import SettingsError
 
 from .derive import deep_merge, service_config, validate
 from .plan import KINDS, run_dir_of
+from .render_ranks import compose_learner_ranks, k8s_learner_ranks
 from .spec import RunSpec
 
 MODELS = "/models"
@@ -88,8 +89,13 @@ class Carried:
 
     @property
     def learner_gpus(self) -> int:
+        """GPUs per learner rank (one on CUDA)."""
         model = self.configs["learner"].get("model") or {}
         return int(str(model.get("device", "cpu")).startswith("cuda"))
+
+    @property
+    def learner_ranks(self) -> int:
+        return self.replicas.get("learner", 1)
 
 
 def _relocate(value: Any, moves: list[tuple[Path, str]], outside: set[str]) -> Any:
@@ -203,8 +209,25 @@ def carry(spec: RunSpec, spec_file: str | Path, *, target: str) -> Carried:
                         "compose scales by hand (docker compose up --scale rollout=N)"))
     model = learner["model"]["actor"]
     wait = [f"{model}/config.json"] if model.startswith(f"{MODELS}/") else []
-    replicas = {"rollout": spec.replicas.rollout_start, "reward": spec.replicas.reward if "reward" in configs else 0}
+    replicas = {"rollout": spec.replicas.rollout_start, "reward": spec.replicas.reward if "reward" in configs else 0,
+                "learner": spec.replicas.learner}
+    if spec.replicas.learner > 1:
+        _learner_ranks_device(learner)
+        notes.append(f"the learner's {spec.replicas.learner} ranks write their checkpoint shards into one directory: "
+                     + ("every Ray node must see run_dir" if target == "ray" else
+                        "the checkpoints volume must be ReadWriteMany when the ranks' pods land on several nodes"
+                        if target == "k8s" else "the checkpoints volume is shared by the learner's containers"))
     return Carried(spec, configs, replicas, wait, notes)
+
+
+def _learner_ranks_device(learner: dict[str, Any]) -> None:
+    """Several learner ranks on GPUs take one each: a bare ``cuda`` (each rank's own, from its LOCAL_RANK), never
+    one named GPU for all of them."""
+    model = learner.setdefault("model", {})
+    device = str(model.get("device") or "auto")
+    if device.startswith("cuda:"):
+        raise RenderError(f"services.learner.model.device is {device}, but replicas.learner ranks take one GPU "
+                          "each: set it to cuda (or auto)")
 
 
 # ---- Kubernetes ----------------------------------------------------------------------------------------------------
@@ -274,6 +297,8 @@ def k8s_manifests(carried: Carried) -> dict[str, list[dict]]:
     c = learner[0]["spec"]["template"]["spec"]["containers"][0]
     _wait_for(c, carried.wait_files)
     _gpu(c, carried.learner_gpus)
+    if carried.learner_ranks > 1:
+        learner = k8s_learner_ranks(learner, carried.learner_ranks, PORTS["learner"])
     out["learner.yaml"] = learner
     for docs in out.values():
         for d in docs:
@@ -380,6 +405,8 @@ def compose_file(carried: Carried, spec_dir: Path) -> dict[str, Any]:
         if gpus:
             services[svc].setdefault("deploy", {})["resources"] = {
                 "reservations": {"devices": [{"driver": "nvidia", "count": gpus, "capabilities": ["gpu"]}]}}
+    if carried.learner_ranks > 1:
+        compose_learner_ranks(services, carried.learner_ranks, carried.learner_gpus)
     return {"name": f"fleetrl-{carried.spec.run_name.lower().replace('.', '-')}", "services": services,
             "networks": {"fleet": {}}, "volumes": {"redis-data": {}, "checkpoints": {}}}
 
@@ -424,7 +451,8 @@ def ray_launch(carried: Carried, *, redis_url: str | None = None, ray_address: s
                            "workdir": str(REPO),
                            "rollout": group("rollout", carried.replicas["rollout"], threads("rollout"),
                                             carried.rollout_gpus),
-                           "learner": group("learner", 1, threads("learner"), carried.learner_gpus)}
+                           "learner": group("learner", carried.learner_ranks, threads("learner"),
+                                            carried.learner_gpus)}
     out["reward"] = group("reward", carried.replicas["reward"], 1.0, 0) if carried.own_reward else {"replicas": 0}
     if not carried.own_reward:
         out["rollout"]["config"] = deep_merge(cfg["rollout"], {"worker": {"reward_url": spec.reward.url}})

@@ -103,6 +103,10 @@ class ReplicasSpec(_Strict):
         default=1, description="Rollout replicas (each with its worker and sidecar): a number (fixed), or "
         "{min: 1, max: 4} for an elastic pool driven by the learner's demand signal (docs/elastic.md).")
     reward: int = Field(default=1, ge=1, le=64, description="Reward replicas (rollout replica i uses i mod n).")
+    learner: int = Field(
+        default=1, ge=1, le=64, description="Learner ranks (one process each, rank 0 serves HTTP and Redis, the "
+        "others follow it): gloo on the CPU, one GPU each on CUDA; the learner's backend (services.learner.backend) "
+        "replicates or shards the model over them (docs/scale.md). A run resumes on another number of ranks.")
 
     @model_validator(mode="after")
     def _rollout_count(self) -> ReplicasSpec:
@@ -222,6 +226,9 @@ class RunSpec(_Strict):
         if not self.is_rl and "groups_per_step" in self.train.model_fields_set:
             raise ValueError("train.groups_per_step: an sft run takes algorithm.batch_size pairs per step; set that "
                              "instead")
+        if self.replicas.learner > 1 and not self.is_rl:
+            raise ValueError(f"replicas.learner: {self.replicas.learner} ranks; a {self.algorithm.name} run trains on "
+                             "one rank: set replicas.learner: 1")
         if self.eval.data is not None and not self.is_rl and not self.heldout_pairs:
             raise ValueError("eval.data: held-out evaluation goes through the rollout fleet, which an sft run does "
                              "not start; evaluate its export with an RL run's eval or fleetrl eval")

@@ -1,12 +1,14 @@
 """Atomic, self-contained checkpoints: ``<root>/step-00000042/`` written as a temp dir, then renamed.
 
-A checkpoint directory holds ``trainer/`` (HF-format actor and critic, optimizer + scheduler state,
-RNG states, counters — see ``TrainerBase.save``), ``run_state.json`` (dataset position, prompts in
+A checkpoint directory holds ``trainer/`` (the actor's and critic's weights and optimizer state as DCP shards
+written by every rank, readable on any number of ranks, or DeepSpeed's own files; scheduler state, RNG states,
+counters — see ``TrainerBase.save`` and ``training/sharded_state.py``), ``run_state.json`` (dataset position, prompts in
 flight, dedupe state, counters — see ``RunState``) and ``COMPLETE`` last. ``<root>/latest`` names the
 newest complete one. A crash mid-write leaves only a ``.tmp-*`` directory, removed at the next start.
 
-Everything here is written by this process and read back only from this directory; nothing is
-loaded from bytes received over the network.
+Every rank writes its shards into the temp dir inside one collective save; rank 0 seals it only after that
+returns, so a complete checkpoint holds every rank's part. Everything here is written by the learner's ranks and
+read back only from this directory; nothing is loaded from bytes received over the network.
 """
 
 from __future__ import annotations
@@ -45,6 +47,22 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _complete(root: Path) -> list[Path]:
+    return sorted(p for p in Path(root).glob("step-*") if (p / MARKER).is_file())
+
+
+def latest_in(root: Path) -> Path | None:
+    """The newest complete checkpoint under ``root`` (read only: unlike :class:`CheckpointManager`, nothing is
+    created or cleaned, so a reader may look while a learner writes)."""
+    pointer = Path(root) / LATEST
+    if pointer.is_file():
+        candidate = Path(root) / pointer.read_text().strip()
+        if (candidate / MARKER).is_file():
+            return candidate
+    done = _complete(root)
+    return done[-1] if done else None
+
+
 class CheckpointManager:
     def __init__(self, root: Path, keep: int = 2) -> None:
         self.root = Path(root)
@@ -60,16 +78,10 @@ class CheckpointManager:
 
     def complete(self) -> list[Path]:
         """Complete checkpoints, oldest first."""
-        return sorted(p for p in self.root.glob("step-*") if (p / MARKER).is_file())
+        return _complete(self.root)
 
     def latest(self) -> Path | None:
-        pointer = self.root / LATEST
-        if pointer.is_file():
-            candidate = self.root / pointer.read_text().strip()
-            if (candidate / MARKER).is_file():
-                return candidate
-        done = self.complete()
-        return done[-1] if done else None
+        return latest_in(self.root)
 
     def save(self, step: int, write: Callable[[Path], None]) -> Path:
         """Run ``write(tmp_dir)``, seal it, and atomically make it ``step-<step>`` and the latest."""

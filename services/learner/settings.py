@@ -44,7 +44,10 @@ class ModelSettings(_Section):
         "default: the actor's directory.",
     )
     tokenizer: str | None = Field(default=None, description="Tokenizer directory; default: the actor's directory.")
-    dtype: Literal["float32", "bfloat16", "float16"] = Field(default="float32", description="Parameter dtype.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        default="auto", description="auto: bf16 mixed precision on CUDA (fp32 master weights, bf16 compute, fp32 "
+        "gradient reduction; the rollout engine's dtype auto), fp32 on CPU. float32 / bfloat16 / float16: parameters "
+        "stored and trained in that dtype, with no fp32 master copy.")
     device: str = Field(default="auto", description="'auto' (cuda if available, else cpu), 'cpu', 'cuda', 'cuda:1'.")
     gradient_checkpointing: bool = Field(default=False, description="Recompute activations in backward.")
     lora: LoraSettings | None = Field(default=None, description="Train LoRA adapters instead of all actor weights.")
@@ -82,7 +85,7 @@ class TrainSettings(_Section):
     micro_batch_tokens: int | None = Field(
         default=None, ge=1, description="Cut each mini-batch into passes by a token budget instead of a sample "
         "count: rows sorted by length, each pass's rows x longest row within the budget (verl's dynamic batch "
-        "size), so long and short samples do not pay for each other's padding. Plain torch backend only.")
+        "size), so long and short samples do not pay for each other's padding. Not with backend deepspeed.")
     freeze_actor_steps: int = Field(default=0, ge=0, description="Learner steps training only the critic (PPO warm-up).")
     max_steps: int | None = Field(default=None, ge=1, description="Stop after this many learner steps.")
     seed: int = Field(default=42, description="Seed of torch / python RNGs (saved and restored in checkpoints).")
@@ -95,14 +98,37 @@ class TrainSettings(_Section):
                                         "run before it fails with a message saying so.")
 
 
+class AutoBackendSettings(_Section):
+    """The default: ``torch`` when the learner has one rank, ``fsdp`` (with its defaults) when it has more."""
+
+    name: Literal["auto"] = "auto"
+
+
 class TorchBackendSettings(_Section):
-    """Plain torch on one device (CPU or one GPU): what the tests run."""
+    """Plain torch: the whole model and its Adam state on every rank, gradients all-reduced (one rank's choice)."""
 
     name: Literal["torch"] = "torch"
 
 
+class FSDPBackendSettings(_Section):
+    """torch FSDP2 (``fully_shard`` per decoder layer and at the root): each of N ranks holds 1/N of every
+    parameter, gradient and Adam state; gloo on CPU, nccl on CUDA. The reference and the critic are sharded too."""
+
+    name: Literal["fsdp"] = "fsdp"
+    reshard_after_forward: bool = Field(
+        default=True, description="Free each layer's gathered parameters after its forward (ZeRO-3: least "
+        "memory); false keeps them until backward (ZeRO-2-like: one all-gather less per layer, more memory).")
+    activation_checkpointing: bool = Field(
+        default=False, description="Recompute each decoder layer's activations in backward (same as "
+        "model.gradient_checkpointing: either turns it on).")
+    cpu_offload: bool = Field(
+        default=False, description="Keep the sharded parameters, gradients and Adam state in CPU memory "
+        "(CPUOffloadPolicy; the optimizer steps on the CPU); for a CUDA learner that does not fit otherwise.")
+
+
 class DeepSpeedBackendSettings(_Section):
-    """DeepSpeed ZeRO (multi-GPU). Needs the ``deepspeed`` extra and CUDA; launched with ``deepspeed``/torchrun."""
+    """Experimental: never run. DeepSpeed ZeRO (multi-GPU). Needs the ``deepspeed`` package and CUDA; no test has
+    run it yet (see docs/learner.md). Prefer ``fsdp``."""
 
     name: Literal["deepspeed"] = "deepspeed"
     zero_stage: Literal[2, 3] = Field(default=2, description="ZeRO stage: 2 shards grads+optimizer, 3 also params.")
@@ -111,7 +137,8 @@ class DeepSpeedBackendSettings(_Section):
     bf16: bool = Field(default=True, description="bf16 mixed precision.")
 
 
-BackendSettings = Annotated[TorchBackendSettings | DeepSpeedBackendSettings, Field(discriminator="name")]
+BackendSettings = Annotated[AutoBackendSettings | TorchBackendSettings | FSDPBackendSettings | DeepSpeedBackendSettings,
+                           Field(discriminator="name")]
 
 
 class DataSettings(_Section):
@@ -292,7 +319,9 @@ class LearnerSettings(ServiceSettings):
     optim: OptimSettings = Field(default_factory=OptimSettings)
     train: TrainSettings = Field(default_factory=TrainSettings)
     algorithm: AlgorithmSettings = Field(default_factory=GRPOSettings)
-    backend: BackendSettings = Field(default_factory=TorchBackendSettings)
+    backend: BackendSettings = Field(default_factory=AutoBackendSettings,
+                                     description="auto (torch on one rank, fsdp on more), torch, fsdp, or deepspeed "
+                                     "(experimental: never run).")
     data: DataSettings = Field(default_factory=DataSettings)
     rollout: RolloutRequestSettings = Field(default_factory=RolloutRequestSettings)
     queue: QueueSettings = Field(default_factory=QueueSettings)
@@ -328,11 +357,14 @@ class LearnerSettings(ServiceSettings):
                              f"({self.train.groups_per_step}), or a step can never fill")
         if self.train.freeze_actor_steps and name != "ppo":
             raise ValueError("train.freeze_actor_steps warms up a critic: it only applies to algorithm.name=ppo")
+        if self.backend.name == "fsdp" and self.model.lora is not None:
+            raise ValueError("model.lora with backend fsdp is not supported (LoRA adapters are small: use backend "
+                             "torch, or auto, which picks it for LoRA)")
         if self.distributed.heartbeat_s >= self.distributed.timeout_s:
             raise ValueError("distributed.heartbeat_s must be below distributed.timeout_s")
-        if self.train.micro_batch_tokens is not None and self.backend.name != "torch":
-            raise ValueError("train.micro_batch_tokens needs backend torch: DeepSpeed accumulates a fixed number of "
-                             "micro-batches per update (use train.micro_batch_size with it)")
+        if self.train.micro_batch_tokens is not None and self.backend.name == "deepspeed":
+            raise ValueError("train.micro_batch_tokens does not work with backend deepspeed: DeepSpeed accumulates a "
+                             "fixed number of micro-batches per update (use train.micro_batch_size, or backend fsdp)")
         if fleet:
             self._sampling_fits_correction()
         return self

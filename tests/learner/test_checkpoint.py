@@ -54,3 +54,30 @@ def test_resume_takes_the_identical_next_step(tiny_model_dir, tmp_path):
     for pa, pb in zip(a.critic.model.parameters(), b.critic.model.parameters()):
         assert torch.equal(pa, pb)
     assert b.global_step == 2
+
+
+def test_an_older_full_weights_checkpoint_still_resumes(tiny_model_dir, tmp_path):
+    """Checkpoints written before sharded ones (HF weights in trainer/actor, actor_optim/optimizer.pt) resume."""
+    import json
+
+    from services.learner.training.rng import save_rng
+
+    s = settings(tiny_model_dir, tmp_path, optim={"schedule": "cosine", "warmup_ratio": 0.3})
+    a = RLTrainer(s, total_steps=4)
+    a.train_step(good_bad_batch(0))
+
+    def old_layout(d):  # what TrainerBase.save wrote before the DCP shards
+        out = d / "trainer"
+        a.actor.model.save_pretrained(out / "actor", safe_serialization=True)
+        a.tokenizer.save_pretrained(out / "actor")
+        a.actor.save_state(out / "actor_optim")
+        save_rng(out / "rng.pt")
+        (out / "trainer.json").write_text(json.dumps({"global_step": a.global_step, **a.extra_state()}))
+
+    path = CheckpointManager(tmp_path / "ck").save(1, old_layout)
+    metrics_a = a.train_step(good_bad_batch(1))
+    b = RLTrainer(s, total_steps=4, resume_dir=path / "trainer")
+    metrics_b = b.train_step(good_bad_batch(1))
+    assert metrics_a["policy_loss"] == metrics_b["policy_loss"] and metrics_a["actor_lr"] == metrics_b["actor_lr"]
+    for (name, pa), pb in zip(a.actor.model.state_dict().items(), b.actor.model.state_dict().values()):
+        assert torch.equal(pa, pb), name

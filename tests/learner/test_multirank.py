@@ -1,7 +1,10 @@
-"""Two learner ranks (real processes, gloo, torch backend) fed by the fake fleet through real Redis.
+"""Two learner ranks (real processes, gloo) fed by the fake fleet through real Redis.
 
-Rank 0 serves HTTP, consumes the queue and ships each rank its shard; rank 1 only trains. After the run
-both ranks hold byte-identical weights, and the 2-rank run equals a 1-rank run on the same batches.
+Rank 0 serves HTTP, consumes the queue and ships each rank its shard; rank 1 only trains. With the replicated
+``torch`` backend both ranks hold byte-identical weights after the run; with ``fsdp`` (the default on more than
+one rank) each holds half of them: rank 0 publishes them gathered from both, each rank writes its shards into
+the checkpoint, and the final export is read from the last checkpoint. Either way the 2-rank run equals a 1-rank
+run on the same batches.
 """
 
 import asyncio
@@ -44,6 +47,7 @@ def write_config(tmp_path, name, tiny_model_dir, redis_url, n_prompts=N_PROMPTS,
         "checkpoint": {"every": 2, "export_dir": str(run_dir / "export")},
         "observability": {"progress_bar": False, "log_sample_ids": True, "plot": False},
         "distributed": {"timeout_s": 60, "heartbeat_s": 2},
+        "backend": {"name": "torch"},  # the replicated backend (its replica digests); a test may name another
         "allow_unsigned_records": True,  # the test feeds the experiences by hand, without a run_key
     }
     for key, value in extra.items():
@@ -58,9 +62,10 @@ def rank_env(rank: int, world: int, master_port: int) -> dict[str, str]:
             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master_port)}
 
 
-@pytest.mark.timeout(180)
-async def test_two_ranks_match_each_other_and_one_rank(tmp_path, tiny_model_dir, redis_server, redis_client):
-    dp_cfg, dp_dir, _ = write_config(tmp_path, "dp", tiny_model_dir, redis_server.url)
+@pytest.mark.timeout(360)
+@pytest.mark.parametrize("backend", ["torch", "auto"])  # auto: fsdp on two ranks
+async def test_two_ranks_match_each_other_and_one_rank(tmp_path, tiny_model_dir, redis_server, redis_client, backend):
+    dp_cfg, dp_dir, _ = write_config(tmp_path, "dp", tiny_model_dir, redis_server.url, backend={"name": backend})
     one_cfg, one_dir, _ = write_config(tmp_path, "one", tiny_model_dir, redis_server.url)
     fleets = [FakeFleet(redis_client, "dp"), FakeFleet(redis_client, "one")]
     tasks = [asyncio.create_task(f.run_forever(consumer=f"fake-{f.run}")) for f in fleets]
@@ -69,7 +74,7 @@ async def test_two_ranks_match_each_other_and_one_rank(tmp_path, tiny_model_dir,
     procs = [spawn([*args, str(dp_cfg)], tmp_path / f"dp{r}.log", rank_env(r, 2, master)) for r in (0, 1)]
     procs.append(spawn([*args, str(one_cfg)], tmp_path / "one.log", ENV))
     try:
-        codes = [await wait_exit(p, 150) for p in procs]
+        codes = [await wait_exit(p, 330) for p in procs]
     finally:
         for p in procs:
             stop(p)
@@ -87,12 +92,17 @@ async def test_two_ranks_match_each_other_and_one_rank(tmp_path, tiny_model_dir,
         assert sorted(dp_hist[step]["sample_ids"]) == sorted(one_hist[step]["sample_ids"])
         assert dp_hist[step]["samples"] == one_hist[step]["samples"] == (2 if step < 3 else 1) * GROUP
 
-    # rank 0 and rank 1 hold byte-identical weights at every checkpoint (digests gathered from both ranks)
     final = CheckpointManager(dp_dir / "checkpoints", 2).latest()
     assert final is not None and final.name == "step-00000003"
+    assert ("learner backend fsdp" in (tmp_path / "dp0.log").read_text()) == (backend == "auto"), logs["dp0"]
     for ckpt in (dp_dir / "checkpoints").glob("step-*"):
-        digests = json.loads((ckpt / "trainer" / "replicas.json").read_text())["actor_sha256"]
-        assert len(digests) == 2 and digests[0] == digests[1], digests
+        replicas = ckpt / "trainer" / "replicas.json"
+        assert len(list((ckpt / "trainer" / "state").glob("*.safetensors"))) == 2  # each rank wrote its shards
+        if backend == "torch":  # rank 0 and rank 1 hold byte-identical weights (digests gathered from both ranks)
+            digests = json.loads(replicas.read_text())["actor_sha256"]
+            assert len(digests) == 2 and digests[0] == digests[1], digests
+        else:  # sharded: no rank holds a replica, and none gathers the weights into the checkpoint
+            assert not replicas.exists() and not (ckpt / "trainer" / "actor" / "model.safetensors").exists()
 
     # 2 ranks x 4 samples == 1 rank x 8 samples (float summation order aside)
     base = load_file(str(tiny_model_dir / "model.safetensors"))

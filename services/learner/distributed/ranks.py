@@ -48,15 +48,26 @@ class OwnerLink:
         self.channel = _join(settings, info)
         self.replica_digests: list[str] = []
 
+    def _guarded(self, fn, *args):
+        """A follower that fails (or is killed) during ``fn`` fails rank 0 with one line naming it
+        (:mod:`.liveness`)."""
+        from services.learner.distributed.liveness import guarded
+
+        return guarded(self.info.world_size, fn, *args)
+
     def start(self, total_steps: int, resume_dir: Path | None) -> None:
-        self.channel.send(self.Op.START, {"total_steps": total_steps,
-                                          "resume_dir": str(resume_dir) if resume_dir else None})
+        self._guarded(self.channel.send, self.Op.START, {"total_steps": total_steps,
+                                                         "resume_dir": str(resume_dir) if resume_dir else None})
 
     def train(self, trainer, groups: Sequence[Sequence[Experience]]) -> dict[str, float]:
+        return self._guarded(self._train, trainer, groups)
+
+    def _train(self, trainer, groups: Sequence[Sequence[Experience]]) -> dict[str, float]:
         from services.learner.distributed.channel import shard_groups
 
         shards = shard_groups(groups, self.info.world_size)
-        if trainer.actor.sharded:  # DeepSpeed counts micro-batches per rank to find its update boundary
+        if trainer.actor.counts_micro_batches:  # DeepSpeed finds its update boundary by counting micro-batches
+            # (fsdp pads a rank with fewer passes with idle ones: any shards do)
             micro = self.s.train.micro_batch_size
             counts = {-(-len(sh) // micro) for sh in shards}
             if len(counts) != 1:
@@ -72,15 +83,21 @@ class OwnerLink:
         return metrics
 
     def policy_weights(self, trainer) -> Any:
+        return self._guarded(self._policy_weights, trainer)
+
+    def _policy_weights(self, trainer) -> Any:
         self.channel.send(self.Op.PUBLISH)
         return trainer.policy_weights()
 
     def save(self, trainer, out_dir: Path) -> None:
+        self._guarded(self._save, trainer, out_dir)
+
+    def _save(self, trainer, out_dir: Path) -> None:
         from services.learner.training.collectives import replica_digests
 
         self.channel.send(self.Op.CHECKPOINT, {"path": str(out_dir)})
         trainer.save(out_dir)
-        if not trainer.actor.sharded:  # replicated weights: every rank must hold the same bytes
+        if not trainer.actor.shards_parameters:  # replicated weights: every rank must hold the same bytes
             self.replica_digests = replica_digests(trainer.actor.model)
             (out_dir / "replicas.json").write_text(json.dumps({"actor_sha256": self.replica_digests}))
             if len(set(self.replica_digests)) != 1:
@@ -88,7 +105,7 @@ class OwnerLink:
 
     def heartbeat(self) -> None:
         if time.monotonic() - self.channel.last_send >= self.s.distributed.heartbeat_s:
-            self.channel.send(self.Op.NOOP)
+            self._guarded(self.channel.send, self.Op.NOOP)
 
     def stop(self) -> None:
         try:
@@ -106,12 +123,25 @@ class Follower:
         self.steps = 0
 
     def run(self) -> None:
+
+        from services.learner.distributed.liveness import FollowerBeat
+
+        channel = _join(self.s, self.info)
+        beat = FollowerBeat(self.info.rank)  # before any message: rank 0 can tell this rank from a lost one
+        log.info("learner rank %d/%d following rank 0", self.info.rank, self.info.world_size)
+        try:
+            self._follow(channel, beat)
+        except BaseException as exc:
+            beat.failed(exc)  # rank 0 names this rank and the reason
+            raise
+        finally:
+            beat.stop()
+
+    def _follow(self, channel, beat) -> None:
         from services.learner.distributed.channel import Op
         from services.learner.training.collectives import replica_digests
         from services.learner.training.rl_trainer import RLTrainer
 
-        channel = _join(self.s, self.info)
-        log.info("learner rank %d/%d following rank 0", self.info.rank, self.info.world_size)
         while True:
             msg = channel.recv()
             if msg.op == Op.START:
@@ -125,14 +155,18 @@ class Follower:
                 self.steps += 1
             elif msg.op == Op.PUBLISH:
                 self._require_trainer(msg.op)
-                self.trainer.policy_weights()  # joins the gather where weights are sharded; rank 0 publishes
+                weights = self.trainer.policy_weights()  # joins the gather where weights are sharded
+                serve = getattr(weights, "serve", None)  # FSDP: join each bucket's gather until rank 0 is done
+                if serve is not None:
+                    serve()
             elif msg.op == Op.CHECKPOINT:
                 self._require_trainer(msg.op)
                 self.trainer.save_follower(Path(msg.meta["path"]))
-                if not self.trainer.actor.sharded:
+                if not self.trainer.actor.shards_parameters:
                     replica_digests(self.trainer.actor.model)
             elif msg.op == Op.STOP:
                 log.info("rank %d stopping after %d steps", self.info.rank, self.steps)
+                beat.stop()
                 leave_process_group()
                 return
 

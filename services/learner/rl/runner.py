@@ -473,7 +473,9 @@ class RLRunner:
             log.warning("stopping while Redis is unavailable (%s); %s records what to acknowledge, settled when "
                         "the run resumes", exc, self.commits.last_checkpoint)
         if self.s.checkpoint.export_dir and not stopped:
-            await asyncio.to_thread(self.trainer.export, Path(self.s.checkpoint.export_dir))
+            last = self.commits.last_checkpoint  # this step's: written just above unless one was already
+            await asyncio.to_thread(self.trainer.export, Path(self.s.checkpoint.export_dir),
+                                    Path(last) if last else None)
         self.phase = "stopped" if stopped else "finished"
         log.info("run %s at step %d (weight version %d)", self.phase, step, self.state.weight_version)
 

@@ -15,10 +15,11 @@ import torch
 from torch import nn
 
 from services.learner.settings import LoraSettings, ModelSettings
+from services.learner.training.precision import STORAGE_DTYPES
 
 log = logging.getLogger(__name__)
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = STORAGE_DTYPES  # model.dtype -> the dtype parameters are loaded in (auto: fp32 master weights)
 
 
 def resolve_device(name: str, local_rank: int = 0) -> torch.device:
@@ -182,8 +183,10 @@ def _is_adapter_tensor(owner: str, lora: dict) -> bool:
     return any(part.startswith("lora_") and ".".join(parts[:i]) in lora for i, part in enumerate(parts))
 
 
-def save_actor_export(actor: nn.Module, tokenizer, out_dir: str | Path) -> None:
-    """Save a plain HF checkpoint of the actor (LoRA merged in) that any engine can load."""
+def save_actor_export(actor: nn.Module, tokenizer, out_dir: str | Path,
+                      state_dict: dict[str, torch.Tensor] | None = None) -> None:
+    """Save a plain HF checkpoint of the actor (LoRA merged in) that any engine can load (``state_dict``: the
+    full weights where the actor's own are sharded)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if hasattr(actor, "merge_and_unload"):
@@ -195,5 +198,5 @@ def save_actor_export(actor: nn.Module, tokenizer, out_dir: str | Path) -> None:
 
             copy.deepcopy(actor).merge_and_unload().save_pretrained(out, safe_serialization=True)
     else:
-        actor.save_pretrained(out, safe_serialization=True)
+        actor.save_pretrained(out, state_dict=state_dict, safe_serialization=True)
     tokenizer.save_pretrained(out)

@@ -19,6 +19,7 @@ from services.learner.algorithms.normalize import RunningMeanStd
 from services.learner.algorithms.policy_losses import PolicyLossInputs, build_policy_loss
 from services.learner.algorithms.rl_algorithms import AdvantageInputs, build_algorithm
 from services.learner.settings import LearnerSettings
+from services.learner.training import sharded_state
 from services.learner.training.backends import TrainEngine
 from services.learner.training.base import TrainerBase
 from services.learner.training.batch import (
@@ -29,6 +30,7 @@ from services.learner.training.batch import (
     build_rl_batch,
 )
 from services.learner.training.collectives import all_sum, global_whiten
+from services.learner.training.lockstep import extra_passes, idle_pass
 from services.learner.training.micro_batches import by_count, by_token_budget
 from services.learner.training.models import load_critic, load_reference
 from shared.schemas import Experience
@@ -57,10 +59,12 @@ class RLTrainer(TrainerBase):
         self.correction = build_correction(self.algo_settings.correction)
         self.policy_loss = build_policy_loss(self.algo_settings.policy_loss)
         self.loss_agg = self.algo_settings.policy_loss.aggregation or self.algo_settings.loss_agg
-        self.reference = load_reference(settings.model, self.device) if self.algorithm.needs_reference else None
+        self.reference = self._frozen(load_reference(settings.model, self.device)) \
+            if self.algorithm.needs_reference else None
         self.critic: TrainEngine | None = None
         if self.algorithm.needs_critic:
-            path = str(resume_dir / "critic") if resume_dir else (settings.model.critic or settings.model.actor)
+            old_format = resume_dir is not None and not sharded_state.is_sharded_checkpoint(resume_dir)
+            path = str(resume_dir / "critic") if old_format else (settings.model.critic or settings.model.actor)
             critic = load_critic(path, settings.model, self.device)
             self.critic = self._engine(critic, settings.optim.critic_lr)
         if resume_dir is not None:
@@ -73,9 +77,14 @@ class RLTrainer(TrainerBase):
     def load_extra_state(self, state: dict) -> None:
         self.reward_stats.load_state_dict(state["reward_stats"])
 
+    def engines(self) -> dict[str, TrainEngine]:
+        return {**super().engines(), **({"critic": self.critic} if self.critic is not None else {})}
+
     def _save_more(self, out_dir: Path) -> None:
         if self.critic is not None:
-            self.critic.model.save_pretrained(out_dir / "critic", safe_serialization=True)
+            # gathered where the backend shards it (save_follower joins), under the inner model's names
+            state = {k.removeprefix("inner."): v for k, v in self.critic.full_state_dict().items()}
+            self.critic.model.save_pretrained(out_dir / "critic", state_dict=state, safe_serialization=True)
             self.critic.save_state(out_dir / "critic_optim")
 
     def _restore_more(self, in_dir: Path) -> None:
@@ -95,19 +104,43 @@ class RLTrainer(TrainerBase):
         return [rows[torch.tensor(g, dtype=torch.long, device=rows.device)] for g in groups]
 
     def _no_grad_pass(self, fn: Callable[[SequenceBatch], torch.Tensor], batch: RLBatch,
-                      lengths: torch.Tensor) -> torch.Tensor:
+                      lengths: torch.Tensor, model: torch.nn.Module) -> torch.Tensor:
+        """``fn`` over the batch's micro-batches, without gradients (``model``: the one ``fn`` runs, for the
+        idle passes that keep a sharded backend's ranks in step)."""
         out = torch.zeros_like(batch.action_mask)
+        chunks = self._micro_batches(torch.arange(batch.size, device=self.device), lengths)
+        idle = extra_passes(len(chunks), self.actor.lockstep)
         with torch.no_grad():
-            for idx in self._micro_batches(torch.arange(batch.size, device=self.device), lengths):
+            for idx in chunks:
                 mb = batch.select(idx)
                 out[idx, : mb.action_mask.shape[1]] = fn(mb).float()
+            for _ in range(idle):
+                idle_pass(model, self.device, backward=False)
         return out
+
+    def _idle_no_grad_passes(self) -> None:
+        """An empty shard's part in the no-grad passes of :meth:`train_step` (old log-probs, reference, values)."""
+        models = [self.actor.model, self.reference, self.critic.model if self.critic is not None else None]
+        for model in models:
+            if model is not None:
+                for _ in range(extra_passes(0, self.actor.lockstep)):
+                    idle_pass(model, self.device, backward=False)
+
+    def _idle_training_passes(self, count: int, train_actor: bool) -> None:
+        """``count`` passes with a backward of zero through the models an update trains (sharded backends)."""
+        for _ in range(count):
+            if train_actor:
+                idle_pass(self.actor.model, self.device, backward=True)
+            if self.critic is not None:
+                idle_pass(self.critic.model, self.device, backward=True)
 
     def _one_pass(self, chunks: list[torch.Tensor], lengths: torch.Tensor, train_actor: bool) -> bool:
         """True where a step is one update of one forward/backward over the whole batch on this rank,
         the actor alone and without dropout: then the old log-probs are that pass's own values, and a separate
         no-grad forward would compute the same numbers again."""
         a = self.algo_settings
+        if self.actor.lockstep:  # ranks would differ in which passes they run (one fused, another not)
+            return False
         if not (train_actor and a.ppo_epochs == 1 and len(chunks) == 1 and self.reference is None
                 and self.critic is None and len(self._micro_batches(chunks[0], lengths)) == 1):
             return False
@@ -146,12 +179,14 @@ class RLTrainer(TrainerBase):
     def _empty_step(self, total: int) -> dict[str, float]:
         """A rank whose shard is empty (fewer groups than ranks) joins every collective with zeros."""
         a = self.algo_settings
+        self._idle_no_grad_passes()
         if a.normalize_advantages:
             global_whiten(torch.zeros(1, 1, device=self.device), torch.zeros(1, 1, device=self.device))
         train_actor = self.global_step >= self.settings.train.freeze_actor_steps
         for _epoch in range(a.ppo_epochs):
             for _ in range(self._updates(total)):
                 all_sum(torch.zeros(_UPDATE_COUNTS, dtype=torch.float64, device=self.device))
+                self._idle_training_passes(extra_passes(0, self.actor.lockstep), train_actor)
                 if train_actor:
                     self.actor.step()
                 if self.critic is not None:
@@ -191,15 +226,17 @@ class RLTrainer(TrainerBase):
             old_lp[:, : pre[0].shape[1]] = pre[0].detach().float()
         else:
             actor.eval()
-            old_lp = self._no_grad_pass(lambda mb: action_logprobs(actor, mb, mb.temperatures)[0], batch, lengths)
+            old_lp = self._no_grad_pass(lambda mb: action_logprobs(actor, mb, mb.temperatures)[0], batch, lengths,
+                                        actor)
         ref_lp = None
         if self.reference is not None:
             ref_lp = self._no_grad_pass(lambda mb: action_logprobs(self.reference, mb, mb.temperatures)[0], batch,
-                                        lengths)
+                                        lengths, self.reference)
         values = None
         if self.critic is not None:
             self.critic.model.eval()
-            values = self._no_grad_pass(lambda mb: action_values(self.critic.model, mb), batch, lengths)
+            values = self._no_grad_pass(lambda mb: action_values(self.critic.model, mb), batch, lengths,
+                                        self.critic.model)
 
         kl = kl_estimate(old_lp, ref_lp, a.kl.estimator, action_mask) if ref_lp is not None else torch.zeros_like(action_mask)
         raw = batch.scores
@@ -231,7 +268,9 @@ class RLTrainer(TrainerBase):
                 counts = all_sum(local)  # global token / sequence counts of this update
                 n_tok, n_seq = counts[0].to(mask.dtype).clamp(min=1.0), float(counts[1])
                 v_tok, v_seq = counts[2].to(mask.dtype).clamp(min=1.0), float(counts[3])
-                for idx in self._micro_batches(m_idx, lengths):
+                passes = self._micro_batches(m_idx, lengths)
+                idle = extra_passes(len(passes), self.actor.lockstep)
+                for idx in passes:
                     mb = batch.select(idx)
                     cols = functools.partial(_rows_cols, idx=idx, width=mb.action_mask.shape[1])
                     if train_actor:
@@ -244,6 +283,7 @@ class RLTrainer(TrainerBase):
                                        a.loss_agg, v_tok, v_seq)
                         self.critic.backward(vl)
                         acc.add("value_loss", vl)
+                self._idle_training_passes(idle, train_actor)
                 if train_actor:
                     acc.add("actor_grad_norm", self.actor.step(), per_update=True)
                 if self.critic is not None:

@@ -41,6 +41,7 @@ class Outbox:
         self.settings = settings
         self.manifest: Manifest | None = None
         self.lookup: dict[str, Any] | None = None  # the tensors being published, while packing
+        self.source: Any = None  # a ShardedWeights that gathers each bucket from every rank (weights/shards.py)
         self.send_in_place = False  # set by WeightPublisher.flatten(): use the weights' memory where it can be
         self.buffers: list[Any] = []    # retained host copy of bucket i (copy mode; None until first packed)
         self.wire: list[Any] = []       # what goes out for bucket i
@@ -63,8 +64,9 @@ class Outbox:
         s = self.settings
         return s.snapshot_dir is None and (s.retain == "none" or (s.retain == "auto" and s.backend == "nccl"))
 
-    def begin(self, manifest: Manifest, lookup: dict[str, Any]) -> None:
-        """Make ``manifest`` the version held; its buckets get packed on the way out."""
+    def begin(self, manifest: Manifest, lookup: dict[str, Any], source: Any = None) -> None:
+        """Make ``manifest`` the version held; its buckets get packed on the way out (gathered by ``source``,
+        a :class:`~services.learner.weights.shards.ShardedWeights`, where the weights are sharded)."""
         old = self.manifest
         # same layout? pack into the same buffers: no allocation, no page faults (they cost more than the copy)
         same = old is not None and len(self.buffers) == len(manifest.buckets) and \
@@ -74,7 +76,7 @@ class Outbox:
             self.buffers = [None] * n
             self._host = [None] * n
             self._dev = [None] * n
-        self.manifest, self.lookup = manifest, lookup
+        self.manifest, self.lookup, self.source = manifest, lookup, source
         self.packed, self.sums = [False] * n, [None] * n
         self.wire, self.in_place, self.pooled = [None] * n, [False] * n, [False] * n
         self._host_ok = [False] * n
@@ -87,7 +89,7 @@ class Outbox:
 
     def release(self) -> None:
         """The publish is over: drop the references to the published tensors (pooled buckets go with them)."""
-        self.lookup = None
+        self.lookup = self.source = None
 
     # ---- bytes ---------------------------------------------------------------------------------------
     def pack(self, i: int) -> Any:
@@ -100,17 +102,23 @@ class Outbox:
             self.in_place[i], self.pooled[i] = buf is not None, False
             if buf is None and self.pooling:
                 buf = self._pool_slot(i, b)
-                packing.pack_bucket(b, self.lookup, out=buf)
+                self._pack_into(b, buf)
                 self.pooled[i] = True
             elif buf is None:
                 buf = self.buffers[i]
                 if buf is None:
                     buf = self.buffers[i] = staging_buffers([b.nbytes], pin=self.settings.backend == "nccl")[0]
-                packing.pack_bucket(b, self.lookup, out=buf)
+                self._pack_into(b, buf)
             self.wire[i] = buf
             self.packed[i] = True
             self._host_ok[i] = self._dev_ok[i] = False
         return self.wire[i]
+
+    def _pack_into(self, bucket: Bucket, buf: Any) -> None:
+        if self.source is not None:
+            self.source.pack(bucket, buf)
+        else:
+            packing.pack_bucket(bucket, self.lookup, out=buf)
 
     def host_copy(self, i: int) -> Any:
         """Bucket ``i``'s bytes in host memory: the packed buffer itself when it is there, else a pinned host

@@ -35,6 +35,7 @@ from services.learner.weights import packing as T
 from services.learner.weights.delta import DeltaBase
 from services.learner.weights.health import RoundHistory, lag_problem
 from services.learner.weights.outbox import Outbox
+from services.learner.weights.shards import ShardedWeights
 from services.learner.weights.transport import (
     PUBLISHER_TRANSPORTS,
     PublishFailed,
@@ -91,7 +92,17 @@ class WeightPublisher:
 
     # ---- public API ----------------------------------------------------------------------------------
     async def publish(self, weights: Any, *, version: int | None = None) -> int:
-        """Publish ``weights`` as a new version (default: latest + 1) and return the version."""
+        """Publish ``weights`` as a new version (default: latest + 1) and return the version. ``weights`` may be
+        a :class:`~services.learner.weights.shards.ShardedWeights` (rank 0 of a sharded learner): its buckets
+        are gathered from every rank as they are packed, and the other ranks are released when this returns."""
+        sharded = weights if isinstance(weights, ShardedWeights) else None
+        try:
+            return await self._publish(weights, version, sharded)
+        finally:
+            if sharded is not None:
+                await asyncio.to_thread(sharded.finish)
+
+    async def _publish(self, weights: Any, version: int | None, sharded: ShardedWeights | None) -> int:
         t0 = time.perf_counter()
         s = self.settings
         async with self.lock:
@@ -107,7 +118,7 @@ class WeightPublisher:
             v = latest + 1 if version is None else int(version)
             if v <= latest:
                 raise ValueError(f"version {v} is not newer than the latest published version {latest}")
-            named = T.named_tensors(weights, self._walk)
+            named = sharded.named() if sharded is not None else T.named_tensors(weights, self._walk)
             if not named:
                 raise ValueError("nothing to publish: no tensors")
             buckets = self._plan_for(T.specs(named))
@@ -115,7 +126,7 @@ class WeightPublisher:
             manifest = Manifest(version=v, bucket_bytes=s.bucket_bytes, total_bytes=sum(b.nbytes for b in buckets),
                                 buckets=buckets, checksum=self._digest_algo(replicas) if s.checksum else None,
                                 layout_id=self._layout_id)
-            self.outbox.begin(manifest, dict(named))
+            self.outbox.begin(manifest, dict(named), source=sharded)
             self._sums_written = False
             for transport in self.transports.values():
                 transport.waiting.clear()  # this version goes to every live replica

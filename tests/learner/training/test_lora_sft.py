@@ -31,12 +31,19 @@ def test_lora_trains_adapters_and_exports_merged_weights(tiny_model_dir, tmp_pat
     assert all(torch.equal(base[k], v) for k, v in model.named_parameters() if k in base)
 
     ckpt = CheckpointManager(tmp_path / "ck").save(3, lambda d: trainer.save(d / "trainer"))
-    assert (ckpt / "trainer" / "actor" / "adapter_model.safetensors").is_file()
+    from safetensors import safe_open
+
+    stored = set()  # the sharded checkpoint holds the adapters and their Adam moments, not the frozen base
+    for shard in (ckpt / "trainer" / "state").glob("*.safetensors"):
+        with safe_open(str(shard), "pt") as f:
+            stored |= set(f.keys())
+    # (the tiny model ties lm_head to the frozen embeddings, and torch lists the tied name as a parameter of its own)
+    weights = {k for k in stored if k.startswith("actor.model.") and not k.endswith("lm_head.weight")}
+    assert weights and all("lora_" in k for k in weights), sorted(weights)[:5]
+    assert any(k.endswith(".exp_avg") and "lora_" in k for k in stored)
     export = tmp_path / "export"
     trainer.export(export)
     merged = AutoModelForCausalLM.from_pretrained(export)
-    from safetensors import safe_open
-
     with safe_open(str(export / "model.safetensors"), "pt") as f:  # a plain checkpoint: base names only
         names = f.keys()  # safe_open has keys(), not iteration
         assert not [k for k in names if "lora" in k or "base_layer" in k or k.startswith("base_model")]
@@ -46,6 +53,13 @@ def test_lora_trains_adapters_and_exports_merged_weights(tiny_model_dir, tmp_pat
     # publishing sends plain (merged) parameter names
     names = set(trainer.policy_weights())
     assert names == set(merged.state_dict()) and not any("lora" in n for n in names)
+
+    # fleetrl export of the sharded checkpoint: the base from model.actor, the adapters from the shards, merged
+    from services.learner.training.export_checkpoint import export_checkpoint
+
+    from_ckpt = AutoModelForCausalLM.from_pretrained(export_checkpoint(ckpt / "trainer", tmp_path / "from_ckpt"))
+    with torch.no_grad():
+        assert torch.allclose(from_ckpt(input_ids=ids).logits, merged(input_ids=ids).logits, atol=1e-6)
 
     resumed = RLTrainer(s, total_steps=3, resume_dir=ckpt / "trainer")
     assert abs(response_logprob(resumed, [GOOD] * 3) - response_logprob(trainer, [GOOD] * 3)) < 1e-5

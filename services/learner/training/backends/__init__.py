@@ -1,4 +1,5 @@
-"""Optimizer backends by name: ``torch`` (one device) and ``deepspeed`` (ZeRO-2/3), chosen by settings.
+"""Optimizer backends by name: ``torch`` (replicated), ``fsdp`` (FSDP2 shards) and ``deepspeed`` (ZeRO-2/3,
+experimental: never run), chosen by settings (``auto``: torch on one rank, fsdp on more).
 
 ``build_engine(backend_settings, model, lr, optim, total_steps, accumulation)`` returns a
 :class:`~.base.TrainEngine`; trainers only call its ``backward`` / ``step`` / ``save_state`` /
@@ -6,6 +7,11 @@
 """
 
 from services.learner.training.backends.base import TrainEngine
-from services.learner.training.backends.factory import BACKENDS, build_engine
+from services.learner.training.backends.factory import (
+    BACKENDS,
+    build_engine,
+    prepare_frozen_model,
+    resolve_backend,
+)
 
-__all__ = ["BACKENDS", "TrainEngine", "build_engine"]
+__all__ = ["BACKENDS", "TrainEngine", "build_engine", "prepare_frozen_model", "resolve_backend"]

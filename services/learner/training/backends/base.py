@@ -30,33 +30,55 @@ class TrainEngine(ABC):
     def lr(self) -> float:
         """The current learning rate."""
 
-    @abstractmethod
     def save_state(self, out_dir: Path) -> None:
-        """Write optimizer + scheduler state under ``out_dir`` (our own files only)."""
+        """Write optimizer + scheduler state under ``out_dir`` in the backend's own files: backends whose
+        checkpoints are not DCP shards (:attr:`dcp_checkpoints` False; DeepSpeed) implement it."""
+        raise NotImplementedError(f"{type(self).__name__} writes its checkpoints as DCP shards (sharded_state)")
 
-    @abstractmethod
     def load_state(self, in_dir: Path) -> None:
-        """Restore what :meth:`save_state` wrote."""
+        """Restore what :meth:`save_state` wrote (an older full-state checkpoint, on the torch backend)."""
+        raise NotImplementedError(f"{type(self).__name__} reads its checkpoints as DCP shards (sharded_state); "
+                                  "an older full-state checkpoint resumes with backend torch")
 
     @property
     def optimizer_steps(self) -> int:
         return 0
 
+    def set_optimizer_steps(self, steps: int) -> None:
+        """Restore the step counter (a resumed checkpoint's); engines whose counter is the backend's own
+        (DeepSpeed) restore it in :meth:`load_state`."""
+        raise NotImplementedError(f"{type(self).__name__} restores its step count in load_state")
+
+    @property
+    def shards_parameters(self) -> bool:
+        """True where ranks hold different parts of the parameters between steps (FSDP, ZeRO-3): reading the
+        full weights takes :meth:`gathered` / :meth:`full_state_dict` (collective), and the final export is
+        read from the run's last checkpoint instead."""
+        return False
+
+    @property
+    def dcp_checkpoints(self) -> bool:
+        """True where ``model`` and ``optimizer`` are plain torch objects (a ``torch.optim.Optimizer``, an LR
+        ``scheduler``) that ``torch.distributed.checkpoint`` reads and writes, every rank its own shards
+        (:mod:`services.learner.training.sharded_state`): the torch and fsdp backends."""
+        return False
+
     @property
     def owns_parameter_memory(self) -> bool:
-        """True where the backend lays parameters out itself (e.g. DeepSpeed's flat partitions), so nothing
-        else may re-point them (see WeightPublisher.flatten)."""
+        """True where the backend lays parameters out itself (DeepSpeed's flat partitions, FSDP's shards), so
+        nothing else may re-point them (see WeightPublisher.flatten)."""
         return False
 
     @property
-    def sharded(self) -> bool:
-        """True where ranks hold different parts of the model / optimizer (every rank saves its part)."""
+    def counts_micro_batches(self) -> bool:
+        """True where the backend finds its update boundary by counting micro-batches (DeepSpeed): every rank
+        must run the same number of them (a lockstep backend pads instead)."""
         return False
 
     @property
-    def partitions_parameters(self) -> bool:
-        """True where no rank holds the full parameters between steps (ZeRO-3): reading them takes
-        :meth:`gathered`."""
+    def lockstep(self) -> bool:
+        """True where every forward and backward is a collective (FSDP): every rank must run as many passes
+        of each model (see :mod:`services.learner.training.lockstep`)."""
         return False
 
     def gathered(self, fn: Callable[[], dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:

@@ -1,5 +1,8 @@
 """DeepSpeed ZeRO-2/3 (multi-GPU, optional Adam / parameter offload, bf16) from the same settings.
 
+Experimental: never run. No test has trained through this module (DeepSpeed is not installed in the dev
+environment, and the GPU check does not carry it); ``fsdp`` is the sharded backend that is tested.
+
 ``deepspeed`` is imported only when this backend is built; the process must be started by a
 distributed launcher (``deepspeed`` / ``torchrun``) so ``deepspeed.init_distributed`` finds its rank.
 Gradient accumulation is DeepSpeed's: ``backward`` runs ``engine.backward`` + ``engine.step`` per
@@ -86,11 +89,11 @@ class DeepSpeedEngine(TrainEngine):
         return True
 
     @property
-    def sharded(self) -> bool:
+    def counts_micro_batches(self) -> bool:
         return True
 
     @property
-    def partitions_parameters(self) -> bool:
+    def shards_parameters(self) -> bool:
         return self.engine.zero_optimization_stage() == 3
 
     def gathered(self, fn: Callable[[], dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
@@ -116,5 +119,6 @@ class DeepSpeedEngine(TrainEngine):
 
 
 def build_deepspeed_engine(backend: DeepSpeedBackendSettings, model: nn.Module, lr: float, optim: OptimSettings,
-                           total_steps: int, accumulation: int) -> TrainEngine:
+                           total_steps: int, accumulation: int, precision: object = None) -> TrainEngine:
+    """``precision`` is DeepSpeed's own (``backend.bf16``)."""
     return DeepSpeedEngine(backend, model, lr, optim, total_steps, accumulation)

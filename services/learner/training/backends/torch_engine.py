@@ -1,4 +1,5 @@
-"""Plain torch: AdamW + LambdaLR on one device (CPU or a single GPU)."""
+"""Plain torch: AdamW + LambdaLR, the whole model on every rank (CPU or one GPU each), gradients all-reduced.
+Mixed precision (``model.dtype: auto`` on CUDA): fp32 parameters, forward under bf16 autocast."""
 
 from __future__ import annotations
 
@@ -10,11 +11,13 @@ from torch import nn
 from services.learner.settings import OptimSettings, TorchBackendSettings
 from services.learner.training.backends.base import TrainEngine, make_schedule
 from services.learner.training.collectives import all_reduce_grads
+from services.learner.training.precision import Precision, autocast_forward
 
 
 class TorchEngine(TrainEngine):
-    def __init__(self, model: nn.Module, lr: float, optim: OptimSettings, total_steps: int) -> None:
-        self.model = model
+    def __init__(self, model: nn.Module, lr: float, optim: OptimSettings, total_steps: int,
+                 precision: Precision | None = None) -> None:
+        self.model = autocast_forward(model, precision)
         self.params = [p for p in model.parameters() if p.requires_grad]
         if not self.params:
             raise ValueError("the model has no trainable parameters")
@@ -48,7 +51,15 @@ class TorchEngine(TrainEngine):
     def optimizer_steps(self) -> int:
         return self._steps
 
+    def set_optimizer_steps(self, steps: int) -> None:
+        self._steps = int(steps)
+
+    @property
+    def dcp_checkpoints(self) -> bool:
+        return True
+
     def save_state(self, out_dir: Path) -> None:
+        """The full-state layout checkpoints had before DCP shards (kept to read and test older ones)."""
         out_dir.mkdir(parents=True, exist_ok=True)
         torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
                     "steps": self._steps}, out_dir / "optimizer.pt")
@@ -62,5 +73,10 @@ class TorchEngine(TrainEngine):
 
 
 def build_torch_engine(backend: TorchBackendSettings, model: nn.Module, lr: float, optim: OptimSettings,
-                       total_steps: int, accumulation: int) -> TrainEngine:
-    return TorchEngine(model, lr, optim, total_steps)
+                       total_steps: int, accumulation: int, precision: Precision | None = None) -> TrainEngine:
+    return TorchEngine(model, lr, optim, total_steps, precision)
+
+
+def prepare_frozen(backend: TorchBackendSettings, model: nn.Module, precision: Precision | None = None) -> nn.Module:
+    """A forward-only model as it is (whole on this rank), under the same autocast as the engine's."""
+    return autocast_forward(model, precision)
