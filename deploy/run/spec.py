@@ -227,8 +227,8 @@ class RunSpec(_Strict):
             raise ValueError("train.groups_per_step: an sft run takes algorithm.batch_size pairs per step; set that "
                              "instead")
         if self.replicas.learner > 1 and not self.is_rl:
-            raise ValueError(f"replicas.learner: {self.replicas.learner} ranks; a {self.algorithm.name} run trains on "
-                             "one rank: set replicas.learner: 1")
+            raise ValueError(f"replicas.learner: {self.replicas.learner} ranks; algorithm {self.algorithm.name} trains "
+                             "on one rank: set replicas.learner: 1")
         if self.eval.data is not None and not self.is_rl and not self.heldout_pairs:
             raise ValueError("eval.data: held-out evaluation goes through the rollout fleet, which an sft run does "
                              "not start; evaluate its export with an RL run's eval or fleetrl eval")

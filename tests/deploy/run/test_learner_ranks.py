@@ -55,7 +55,7 @@ def test_an_sft_spec_with_several_learner_ranks_is_refused(tmp_path, tiny_model_
                      replicas={"learner": 2})
     with pytest.raises(Exception) as err:
         load_spec(path)
-    assert "replicas.learner: 2 ranks; an sft run trains on one rank" in str(err.value)
+    assert "replicas.learner: 2 ranks; algorithm sft trains on one rank" in str(err.value)
 
 
 @pytest.fixture()
