@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     root = root.resolve()
     try:
         print(f"[tinker-vs-run] data, tiny model and a {args.sft_steps}-step SFT warm-up (not timed)", flush=True)
-        data, model, held = vs_trl.prepare("sort", root, args.sft_steps, args.heldout)
+        data, model, held = vs_trl.prepare("sort", 128, root, args.sft_steps, args.heldout)
         train = [json.loads(x) for x in data.read_text().splitlines()]
         start_acc = vs_trl.accuracy(model, held)
         print(f"[tinker-vs-run] start checkpoint: held-out greedy accuracy {start_acc:.1%} ({len(held)} prompts)",

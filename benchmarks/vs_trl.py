@@ -203,9 +203,22 @@ def run_fleet(mode: str, run_dir: Path, data: Path, model: Path, seed: int, args
         raise SystemExit(f"{mode} run failed (exit {code}); log: {run_dir.parent / f'{run_dir.name}.log'}")
     rows = [json.loads(x) for x in (run_dir / "learner" / "metrics.jsonl").read_text().splitlines()]
     steps = {r["step"]: r["time"] for r in rows if "step" in r and "time" in r}
-    ckpts = {int(p.name.split("-")[1]): p / "trainer" / "actor"
+    ckpts = {int(p.name.split("-")[1]): p / "trainer"
              for p in (run_dir / "learner" / "checkpoints").glob("step-*") if (p / "COMPLETE").exists()}
     return {"launch": launch, "end": end, "steps": steps, "checkpoints": ckpts, "threads": fleet_threads(run_dir)}
+
+
+def hf_dir(checkpoint: Path) -> Path:
+    """A checkpoint as a Hugging Face directory: TRL's are one; a FleetRL learner's (``step-N/trainer``, sharded
+    with torch.distributed.checkpoint) is exported beside it once, as ``fleetrl export`` does."""
+    if (checkpoint / "config.json").is_file():
+        return checkpoint
+    from services.learner.training.export_checkpoint import export_checkpoint
+
+    out = checkpoint.parent / "hf-export"
+    if not (out / "config.json").is_file():
+        export_checkpoint(checkpoint, out)
+    return out
 
 
 def accuracy(model_dir: Path, rows: list[dict]) -> float:
@@ -213,6 +226,7 @@ def accuracy(model_dir: Path, rows: list[dict]) -> float:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    model_dir = hf_dir(model_dir)
     tok = AutoTokenizer.from_pretrained(model_dir)
     tok.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()

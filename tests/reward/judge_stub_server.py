@@ -24,7 +24,7 @@ from fastapi.responses import JSONResponse
 
 app = FastAPI()
 DEFAULTS = {"format": "number", "garbage_calls": 0, "fail_calls": 0, "fail_status": 500, "delay_s": 0.0}
-state: dict = {**DEFAULTS, "calls": 0, "in_flight": 0, "max_in_flight": 0, "requests": []}
+state: dict = {**DEFAULTS, "calls": 0, "in_flight": 0, "max_in_flight": 0, "requests": [], "generation": 0}
 
 _GROUP = re.compile(r'<response id="(\d+)">\n(.*?)\n</response>', re.DOTALL)
 
@@ -61,12 +61,14 @@ async def chat(request: Request):
     body = await request.json()
     state["calls"] += 1
     state["requests"] = [*state["requests"][-49:], body]
+    generation = state["generation"]  # a call still running from before a reset is not counted after it
     state["in_flight"] += 1
     state["max_in_flight"] = max(state["max_in_flight"], state["in_flight"])
     try:
         await asyncio.sleep(state["delay_s"])
     finally:
-        state["in_flight"] -= 1
+        if generation == state["generation"]:
+            state["in_flight"] -= 1
     if state["fail_calls"] > 0:
         state["fail_calls"] -= 1
         return JSONResponse({"error": {"message": "scripted failure"}}, status_code=state["fail_status"])
@@ -86,7 +88,8 @@ async def control(request: Request):
     """Set any of DEFAULTS' keys (``reset: true`` first restores them and zeroes the counters)."""
     data = await request.json()
     if data.get("reset"):
-        state.update({**DEFAULTS, "calls": 0, "max_in_flight": 0, "requests": []})
+        state.update({**DEFAULTS, "calls": 0, "in_flight": 0, "max_in_flight": 0, "requests": [],
+                      "generation": state["generation"] + 1})
     state.update({k: data[k] for k in DEFAULTS if k in data})
     return {k: state[k] for k in ("calls", "in_flight", "max_in_flight", "requests")}
 
