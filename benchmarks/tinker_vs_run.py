@@ -65,7 +65,7 @@ def serve_tinker(root: Path, model: Path, rollout: bool) -> tuple[subprocess.Pop
     (root / "tinker.yaml").write_text(json.dumps(spec))  # YAML is a superset of JSON
     log = (root / "tinker.log").open("w")
     proc = subprocess.Popen([sys.executable, "-m", "deploy.cli", "run", str(root / "tinker.yaml")], cwd=REPO,
-                            env=vs_trl.env(1), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                            env=vs_trl.env({}), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     import httpx
 
