@@ -65,6 +65,8 @@ def diff(new: Any, base: Any, unit: int) -> tuple[Any, Any]:
     units there. Both flat uint8 torch buffers of one length on one device."""
     if new.numel() != base.numel():
         raise PatchError(f"bucket is {new.numel()} bytes, its base {base.numel()}")
+    if new.device != base.device:  # never a silent cross-device compare (or a CUDA buffer reaching numpy below)
+        raise PatchError(f"bucket on {new.device}, its base on {base.device}: stage them on one device first")
     import torch
 
     a, b = _units(new, unit), _units(base, unit)
