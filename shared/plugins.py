@@ -226,7 +226,7 @@ class PluginPoint(Generic[T]):
         return type(name, (_KindSettings,), {"__plugin_point__": self, "__module__": __name__})
 
 
-class _KindSettings(Mapping):  # type: ignore[type-arg]
+class _KindSettings(Mapping):
     """Base of the types :meth:`PluginPoint.settings_type` makes (see :func:`point_of`). Never instantiated: a
     ``Mapping`` only so that settings sources read it as a section (``FLEETRL_ROLLOUT_ENGINE__DEVICE=cpu``)."""
 

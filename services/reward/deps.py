@@ -9,7 +9,7 @@ unset, there is no check. ``/health`` and ``/metrics`` never need it.
 from __future__ import annotations
 
 import hmac
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -30,7 +30,7 @@ def require_token(request: Request, _: Annotated[HTTPAuthorizationCredentials | 
     token = request.app.state.settings.auth_token
     if token is None:
         return
-    scheme, _, given = (request.headers.get("authorization") or "").partition(" ")
+    scheme, _sep, given = (request.headers.get("authorization") or "").partition(" ")
     if scheme.lower() != "bearer" or not given:
         raise NotAuthorized("this route needs Authorization: Bearer <auth_token> (the reward service's auth_token)")
     if not hmac.compare_digest(given.encode(), token.get_secret_value().encode()):
@@ -38,6 +38,6 @@ def require_token(request: Request, _: Annotated[HTTPAuthorizationCredentials | 
 
 
 TokenDep = Depends(require_token)
-TOKEN_ERRORS = {401: {"model": ErrorResponse, "description": "auth_token is set: no bearer token, or a wrong one."}}
+TOKEN_ERRORS: dict[int | str, dict[str, Any]] = {401: {"model": ErrorResponse, "description": "auth_token is set: no bearer token, or a wrong one."}}
 
 __all__ = ["TOKEN_ERRORS", "ServiceDep", "TokenDep", "get_service"]

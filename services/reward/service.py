@@ -34,6 +34,11 @@ from shared.reward_api import (
 log = logging.getLogger("fleetrl.reward")
 
 
+def nan_if_none(value: float | None) -> float:
+    """A reply's value as OpenRLHF reads it: NaN where FleetRL's reply has no value (a marked failure)."""
+    return float("nan") if value is None else float(value)
+
+
 def _retryable(exc: BaseException) -> bool:
     return isinstance(exc, ScorerFailure) and exc.retryable
 
@@ -214,8 +219,8 @@ class RewardService:
                 "/get_reward protocol has no per-item error marker, so the request fails",
                 [e.model_dump() for e in reply.errors[:50]],
             )
-        rewards = [float(s) if s is not None else float("nan") for s in reply.scores]  # None only beside an error
-        extra_logs = {s.name: [float(row[s.name]) for row in reply.components] for s in self.scorers}
+        rewards = [nan_if_none(s) for s in reply.scores]  # None only beside an error
+        extra_logs = {s.name: [nan_if_none(row[s.name]) for row in reply.components] for s in self.scorers}
         return GetRewardResponse(rewards=rewards, scores=rewards, extra_logs=extra_logs)
 
     # --- helpers -------------------------------------------------------------------------------------

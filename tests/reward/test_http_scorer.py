@@ -11,10 +11,10 @@ import time
 import httpx
 import pytest
 
-from services.reward.errors import RewardRequestError
+from services.reward.errors import RewardRequestError, ScorerFailure
 from services.reward.metrics import RewardMetrics
 from services.reward.scorer_config import HttpScorerConfig
-from services.reward.scorers.http_remote import HttpScorer
+from services.reward.scorers.http_remote import FleetRLProtocol, HttpScorer
 from services.reward.service import RewardService
 from services.reward.settings import RewardSettings
 from shared.ports import free_port
@@ -159,3 +159,11 @@ async def test_retries_stop_at_max_total_s():
     await svc.stop()
     assert failed.value.status == 504 and 1.4 < elapsed < 3.0, (failed.value.detail, elapsed)
     assert re.search(r"failed after [234] tries", failed.value.detail)  # 3: 0.5 + 0.05 + 0.5 + 0.05 + 0.4 (cut)
+
+
+def test_a_fleetrl_reply_with_a_null_score_and_no_error_is_a_scorer_failure():
+    # ScoreResponse allows a null score only beside an error; one without is the remote's failure, named (it was
+    # float(None): a TypeError, so a 500 instead of the scorer's failure)
+    with pytest.raises(ScorerFailure, match=r"scores\[1\] is null"):
+        FleetRLProtocol.values({"scores": [1.0, None], "components": [{"a": 1.0}, {"a": None}]}, 2)
+    assert FleetRLProtocol.values({"scores": [1.0, 0], "components": [{}, {}]}, 2) == [1.0, 0.0]

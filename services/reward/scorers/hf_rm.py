@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from services.reward.scorers.base import Scorer, render_prompt, strip_tokens
 from services.reward.scorers.batcher import DynamicBatcher
 from shared.reward_api import ScoreItem
+
+if TYPE_CHECKING:
+    import torch
 
 
 def _pick_device(device: str) -> str:
@@ -53,13 +57,15 @@ class RewardModel:
             config.model, num_labels=1, dtype=_pick_dtype(config.dtype, self.device)
         )
         self.model = model.to(self.device).eval()
-        self.backbone = getattr(model, model.base_model_prefix, None)
-        self.head = getattr(model, config.head, None)
-        if self.backbone is None or self.head is None:
+        backbone = getattr(model, model.base_model_prefix, None)
+        head = getattr(model, config.head, None)
+        if backbone is None or head is None:
             raise ValueError(
                 f"{config.model}: model {type(model).__name__} has no backbone `{model.base_model_prefix}` or "
                 f"value head `{config.head}`; set `head` to the name of its output layer"
             )
+        self.backbone: torch.nn.Module = backbone
+        self.head: torch.nn.Module = head
         mcfg = model.config
         normalize = config.normalize if config.normalize is not None else bool(getattr(mcfg, "normalize_reward", False))
         self.mean = float(getattr(mcfg, "mean", 0.0)) if normalize else 0.0
@@ -70,7 +76,10 @@ class RewardModel:
         """The sequence the model reads: chat template for messages (when the tokenizer has one), else prompt + response."""
         if isinstance(item.prompt, list) and self.tokenizer.chat_template:
             messages = [m.model_dump() for m in item.prompt] + [{"role": "assistant", "content": item.response}]
-            text = self.tokenizer.apply_chat_template(messages, tokenize=False)
+            rendered = self.tokenizer.apply_chat_template(messages, tokenize=False)
+            if not isinstance(rendered, str):  # tokenize=False renders text
+                raise TypeError(f"{self.config.model}: the chat template gave {type(rendered).__name__}, not text")
+            text = rendered
         else:
             text = render_prompt(item.prompt) + item.response
         if self.config.append_eos and self.tokenizer.eos_token:
@@ -119,10 +128,16 @@ class HfRmScorer(Scorer):
         if self._batcher is not None:
             await self._batcher.close()
 
+    def _started(self) -> tuple[RewardModel, DynamicBatcher[str]]:
+        if self.rm is None or self._batcher is None:
+            raise RuntimeError(f"reward model scorer {self.name!r} used before start()")
+        return self.rm, self._batcher
+
     async def check(self) -> None:
-        await self._batcher.submit(["health check"])
+        await self._started()[1].submit(["health check"])
 
     async def score(self, items: Sequence[ScoreItem]) -> list[float]:
+        rm, batcher = self._started()
         # the texts (chat template, special tokens) are built in a thread: their cost grows with the response
-        texts = await asyncio.to_thread(lambda: [self.rm.text(item) for item in items])
-        return await self._batcher.submit(texts)
+        texts = await asyncio.to_thread(lambda: [rm.text(item) for item in items])
+        return await batcher.submit(texts)

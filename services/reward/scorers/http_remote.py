@@ -41,7 +41,12 @@ class FleetRLProtocol:
                                 f"by its scorer {first.scorer!r}: {first.error}")
         if len(reply.scores) != n:
             raise ScorerFailure(f"remote returned {len(reply.scores)} scores for {n} items")
-        return [float(s) for s in reply.scores]
+        values = []
+        for k, s in enumerate(reply.scores):
+            if s is None:
+                raise ScorerFailure(f"remote scores[{k}] is null but no error marks that item")
+            values.append(float(s))
+        return values
 
 
 class OpenRLHFProtocol:
@@ -58,9 +63,9 @@ class OpenRLHFProtocol:
     @staticmethod
     def values(body: Any, n: int) -> list[float]:
         # Lenient like OpenRLHF's own client: `rewards`, else `scores`; other keys are the server's business.
-        if not isinstance(body, dict) or not isinstance(body.get("rewards", body.get("scores")), list):
+        rewards = body.get("rewards", body.get("scores")) if isinstance(body, dict) else None
+        if not isinstance(rewards, list):
             raise ScorerFailure(f"the reply has no rewards (it was {str(body)[:120]})")
-        rewards = body.get("rewards", body.get("scores"))
         if len(rewards) != n:
             raise ScorerFailure(f"remote returned {len(rewards)} rewards for {n} queries")
         values = []
@@ -71,7 +76,8 @@ class OpenRLHFProtocol:
         return values
 
 
-PROTOCOLS = {"fleetrl": FleetRLProtocol, "openrlhf": OpenRLHFProtocol}
+PROTOCOLS: dict[str, type[FleetRLProtocol | OpenRLHFProtocol]] = {
+    "fleetrl": FleetRLProtocol, "openrlhf": OpenRLHFProtocol}
 
 
 def shown_url(url: str) -> str:
@@ -172,6 +178,8 @@ class HttpScorer(Scorer):
             return values
 
     async def _request(self, items: Sequence[ScoreItem]) -> list[float]:
+        if self._client is None:
+            raise RuntimeError(f"{self.where} used before start()")
         try:
             response = await self._client.post(self.config.url, json=self._protocol.payload(items))
         except httpx.TimeoutException as exc:

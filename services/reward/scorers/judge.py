@@ -198,6 +198,20 @@ def _retrieve(task: asyncio.Task) -> None:
 # --- modes ------------------------------------------------------------------------------------------------------
 
 
+def one_value(judgment: Judgment) -> float:
+    """A pointwise or pairwise judgment (one number; a list here is a reader's or cache's bug)."""
+    if isinstance(judgment, list):
+        raise TypeError(f"a judgment of {len(judgment)} values where one was expected")
+    return float(judgment)
+
+
+def many_values(judgment: Judgment) -> list[float]:
+    """A group judgment (one value per response; one number here is a reader's or cache's bug)."""
+    if not isinstance(judgment, list):
+        raise TypeError(f"a judgment of one value ({judgment!r}) where one per response was expected")
+    return judgment
+
+
 async def pointwise(scorer: JudgeScorer, items: list[Judged]) -> list[float]:
     parser = scorer.config.parser
     read = lambda text: scorer.reader.one(parser, text)
@@ -207,13 +221,15 @@ async def pointwise(scorer: JudgeScorer, items: list[Judged]) -> list[float]:
         first.setdefault(k, j)
     targets = scorer.distinct(keys)  # each key once with dedup, every item's own call without
     jobs = [j for j in items] if len(targets) == len(keys) else [first[k] for k in targets]
-    values = await asyncio.gather(*(
-        scorer.judgment(k, lambda j=j: scorer.ask({"prompt": j.prompt, "response": j.response, "label": j.label},
-                                                   read)) for k, j in zip(targets, jobs)))
+
+    def asker(j: Judged) -> Callable[[], Awaitable[Judgment]]:
+        return lambda: scorer.ask({"prompt": j.prompt, "response": j.response, "label": j.label}, read)
+
+    values = await asyncio.gather(*(scorer.judgment(k, asker(j)) for k, j in zip(targets, jobs)))
     if len(targets) == len(keys):
-        return [float(v) for v in values]
+        return [one_value(v) for v in values]
     by_key = dict(zip(targets, values))
-    return [float(by_key[k]) for k in keys]
+    return [one_value(by_key[k]) for k in keys]
 
 
 def groups_of(scorer: JudgeScorer, items: list[Judged]) -> list[list[int]]:
@@ -252,7 +268,7 @@ async def group(scorer: JudgeScorer, items: list[Judged]) -> list[float]:
         values = {"prompt": head.prompt, "label": head.label, "responses": numbered_responses(responses), "n": str(n)}
         key = scorer.key("group", head.prompt, head.label, responses)
         scores = await scorer.judgment(key, lambda: scorer.ask(values, read))
-        return [(i, float(scores[p])) for i, p in zip(idx, places)]
+        return [(i, float(many_values(scores)[p])) for i, p in zip(idx, places)]
 
     parts = await asyncio.gather(*(one_group(idx) for idx in groups_of(scorer, items)))
     out = [0.0] * len(items)
@@ -275,9 +291,9 @@ async def pairwise(scorer: JudgeScorer, items: list[Judged]) -> list[float]:
             return scorer.judgment(scorer.key("pair", head.prompt, head.label, x, y),
                                    lambda: scorer.ask(values, read))
         if not config.swap:
-            return float(await ask(a, b))
+            return one_value(await ask(a, b))
         ab, ba = await asyncio.gather(ask(a, b), ask(b, a))
-        return (float(ab) + 1.0 - float(ba)) / 2.0
+        return (one_value(ab) + 1.0 - one_value(ba)) / 2.0
 
     async def one_group(idx: list[int]) -> list[tuple[int, float]]:
         head = items[idx[0]]

@@ -59,9 +59,9 @@ def usage_tokens(body: dict, sent_chars: int, text: str) -> int:
         total = usage.get("total_tokens")
         if isinstance(total, int) and total >= 0:
             return total
-        parts = [usage.get("prompt_tokens"), usage.get("completion_tokens")]
-        if all(isinstance(p, int) and p >= 0 for p in parts):
-            return parts[0] + parts[1]
+        prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        if isinstance(prompt, int) and prompt >= 0 and isinstance(completion, int) and completion >= 0:
+            return prompt + completion
     return (sent_chars + len(text)) // 4
 
 
@@ -131,6 +131,8 @@ class JudgeClient:
 
     async def _post(self, messages: list[dict[str, str]]) -> tuple[str, int]:
         payload = {"model": self.config.model, "messages": messages, **self._sampling}
+        if self._client is None:
+            raise RuntimeError(f"judge client {self.url} used before start()")
         try:
             response = await self._client.post(self.config.url, json=payload)
         except httpx.TimeoutException as exc:

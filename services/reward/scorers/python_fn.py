@@ -255,6 +255,8 @@ class PythonScorer(Scorer):
 
     async def score(self, items: Sequence[ScoreItem]) -> list[float]:
         if self._runner is None:
+            if self._fn is None or self._gate is None:
+                raise RuntimeError(f"python scorer {self.name!r} used before start()")
             return await self._signature.run_async(self._fn, self.config, items, self._gate)
         parts = chunks(items, self.config.max_workers, whole=self._signature is OpenRLHFSignature)
         values = await asyncio.gather(*(self._runner.run(chunk, offset) for offset, chunk in parts))
