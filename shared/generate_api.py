@@ -115,7 +115,10 @@ class _Upstream(_Strict):
         return out
 
 
-GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf")
+GrammarKind = Literal["regex", "json_schema", "ebnf", "json_object"]
+"""How a structured-output constraint's spec reads (SGLang's and vLLM's names)."""
+
+GRAMMAR_FIELDS: tuple[GrammarKind, ...] = ("json_schema", "regex", "ebnf")
 """SGLang's structured-output fields of ``sampling_params`` (at most one per request)."""
 
 
@@ -194,7 +197,7 @@ class SamplingParamsIn(_Upstream):
     def stop_regex_list(self) -> list[str]:
         return _pattern_list(self.stop_regex, "stop_regex")
 
-    def grammar(self) -> tuple[str, str] | None:
+    def grammar(self) -> tuple[GrammarKind, str] | None:
         """(kind, spec) of the structured output asked for, if any."""
         return next(((f, getattr(self, f)) for f in GRAMMAR_FIELDS if getattr(self, f)), None)
 
@@ -258,7 +261,7 @@ class GenerateRequest(_Upstream):
         """The prompts as a list (texts or id lists)."""
         if self.text is not None:
             return self.text if isinstance(self.text, list) else [self.text]
-        return self.input_ids if self.is_batch else [self.input_ids]  # type: ignore[list-item,return-value]
+        return self.input_ids if self.is_batch else [self.input_ids]  # type: ignore[return-value]  # is_batch narrows
 
 
 class MetaInfo(BaseModel):
@@ -303,7 +306,7 @@ class ResponseFormat(_Strict):
             raise ValueError("response_format json_schema needs json_schema.schema (a JSON schema object)")
         return self
 
-    def grammar(self) -> tuple[str, str] | None:
+    def grammar(self) -> tuple[GrammarKind, str] | None:
         """(kind, spec) as SGLang names it, or None for free text."""
         if self.type == "json_schema":
             return "json_schema", json.dumps(self.json_schema["schema"])  # type: ignore[index]
@@ -359,7 +362,7 @@ class _OpenAICommon(_Upstream):
             raise ValueError("stream_options is only allowed with stream=true")
         return self
 
-    def grammar(self) -> tuple[str, str] | None:
+    def grammar(self) -> tuple[GrammarKind, str] | None:
         return self.response_format.grammar() if self.response_format is not None else None
 
 
@@ -398,8 +401,8 @@ class CompletionRequest(_OpenAICommon):
         if isinstance(p, str):
             return [p]
         if p and isinstance(p[0], int):
-            return [p]  # type: ignore[list-item]
-        return p  # type: ignore[return-value]
+            return [p]
+        return p  # type: ignore[return-value]  # not text and not one id list: a batch of id lists
 
 
 class TextPart(BaseModel):

@@ -26,7 +26,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from shared.generate_api import ChoiceLogprobs, WeightVersion
+from shared.generate_api import ChoiceLogprobs, GrammarKind, WeightVersion
 from shared.wire_checks import (
     INT32_MAX,
     SEED_MAX,
@@ -126,7 +126,7 @@ class TokenSamplingParams(_VLLMShaped):
             raise ValueError("thinking_token_budget is not supported by this server (leave it out)")
         return self
 
-    def grammar(self) -> tuple[str, str] | None:
+    def grammar(self) -> tuple[GrammarKind, str] | None:
         """(kind, spec) of ``structured_outputs`` in SGLang's names (ValueError naming what is not supported)."""
         so = {k: v for k, v in (self.structured_outputs or {}).items() if v not in (None, False)}
         for key in ("disable_fallback", "disable_any_whitespace", "disable_additional_properties", "whitespace_pattern",

@@ -81,6 +81,16 @@ class ScoreResponse(BaseModel):
             raise ValueError(f"{len(self.scores)} scores but {len(self.components)} component rows")
         return self
 
+    def scored(self) -> list[tuple[float, dict[str, float]]]:
+        """Each item's score and the values its scorers gave; ValueError naming the first item without a score
+        (a marked failure: a caller that needs every score checks ``errors`` first)."""
+        out = []
+        for k, (score, components) in enumerate(zip(self.scores, self.components)):
+            if score is None:
+                raise ValueError(f"item {k} has no score ({len(self.errors)} marked failure(s))")
+            out.append((float(score), {name: float(v) for name, v in components.items() if v is not None}))
+        return out
+
 
 class GetRewardRequest(Utf8Fields):
     """Body of ``POST /get_reward`` (OpenRLHF). ``query`` is prompt + response text.

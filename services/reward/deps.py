@@ -9,7 +9,7 @@ unset, there is no check. ``/health`` and ``/metrics`` never need it.
 from __future__ import annotations
 
 import hmac
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -18,6 +18,7 @@ from services.reward.service import RewardService
 from shared.service_kit.auth import NotAuthorized
 from shared.service_kit.deps import get_service
 from shared.service_kit.envelope import ErrorResponse
+from shared.service_kit.openapi import Responses
 
 ServiceDep = Annotated[RewardService, Depends(get_service)]
 
@@ -38,6 +39,6 @@ def require_token(request: Request, _: Annotated[HTTPAuthorizationCredentials | 
 
 
 TokenDep = Depends(require_token)
-TOKEN_ERRORS: dict[int | str, dict[str, Any]] = {401: {"model": ErrorResponse, "description": "auth_token is set: no bearer token, or a wrong one."}}
+TOKEN_ERRORS: Responses = {401: {"model": ErrorResponse, "description": "auth_token is set: no bearer token, or a wrong one."}}
 
 __all__ = ["TOKEN_ERRORS", "ServiceDep", "TokenDep", "get_service"]

@@ -104,6 +104,7 @@ class RewardClient:
 
     async def _send(self, calls: list[tuple[list[ScoreItem], asyncio.Future]]) -> None:
         """One request for ``calls``; each future gets its own part of the reply (or the failure)."""
+        replies: list[ScoreResponse] | list[ScoreResponse | BaseException]
         try:
             if len(calls) == 1:
                 replies = [await self._score(calls[0][0])]

@@ -14,7 +14,7 @@ import os
 import signal
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing, asynccontextmanager
 from dataclasses import replace
@@ -258,8 +258,9 @@ class RolloutService:
     async def encode_all(self, texts: Sequence[str | Sequence[int]]) -> list[list[int]]:
         """Prompts given as text tokenised (off the event loop), prompts given as ids as they are."""
         self.check_batch(len(texts))  # before tokenising any of them
-        if all(not isinstance(t, str) for t in texts):
-            return [list(t) for t in texts]
+        given = [t for t in texts if not isinstance(t, str)]
+        if len(given) == len(texts):
+            return [list(t) for t in given]
         return await self.off_loop(lambda: [self.encode(t) if isinstance(t, str) else list(t) for t in texts])
 
     async def chat_prompt(self, messages: list[dict[str, Any]], **kwargs: Any) -> list[int]:
@@ -330,7 +331,7 @@ class RolloutService:
 
     def check_features(self, params: SamplingParams) -> None:
         """400 naming each optional sampling feature the request uses that the serving engine cannot apply."""
-        missing = [name if name != "grammar" else f"{params.grammar.kind} (structured output)"
+        missing = [f"{params.grammar.kind} (structured output)" if name == "grammar" and params.grammar else name
                    for name in params.features_used() if name not in self.engine.honours]
         if missing:
             raise RequestError(f"{', '.join(missing)}: the `{self.engine.kind}` engine serving this model cannot "
@@ -393,7 +394,7 @@ class RolloutService:
             self._record(seq, out)
         return outs
 
-    async def stream(self, seqs: list[SequenceRequest]) -> AsyncIterator[tuple[int, SequenceDelta]]:
+    async def stream(self, seqs: list[SequenceRequest]) -> AsyncGenerator[tuple[int, SequenceDelta], None]:
         """Deltas of all sequences as they come, tagged with the sequence's index.
 
         Closing the iterator early (client gone) aborts every sequence still running.

@@ -37,7 +37,11 @@ _REF = {"$ref": "#/components/schemas/ErrorResponse"}
 _METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")
 
 
-def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+Responses = dict[int | str, dict[str, Any]]
+"""What a route's ``responses=`` takes (FastAPI's type): status -> OpenAPI response."""
+
+
+def error_responses(*statuses: int) -> Responses:
     """``responses=`` for a route: each status answered with the envelope."""
     return {s: {"model": ErrorResponse, "description": DESCRIPTIONS.get(s, "Error.")} for s in statuses}
 

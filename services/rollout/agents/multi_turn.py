@@ -266,8 +266,7 @@ async def _score(ctx: RolloutContext, cfg: AgentSettings, episodes: list[Episode
         items = [ScoreItem(prompt=prompt, response=episodes[i].final_text, label=task.label,
                            metadata=task.metadata) for i in need]
         reply = await ctx.score(items)
-        for i, s, comps in zip(need, reply.scores, reply.components):
-            scored[i] = (float(s), {k: float(v) for k, v in comps.items() if v is not None})
+        scored.update(zip(need, reply.scored()))
     texts: dict[tuple[int, ...], str] = {}  # the group's trajectories mostly share their prompt: decoded once
 
     def prompt_text(ids: tuple[int, ...]) -> str:
@@ -280,6 +279,8 @@ async def _score(ctx: RolloutContext, cfg: AgentSettings, episodes: list[Episode
                 for e in episodes]
 
     out = []
+    reward: float
+    comps: dict[str, float]
     for (p_text, r_text), (i, e) in zip(await ctx.off_loop(decoded), enumerate(episodes)):
         if e.finish == "length" and cfg.on_length == "penalize":
             reward, comps = cfg.length_penalty, {"length_penalty": cfg.length_penalty}

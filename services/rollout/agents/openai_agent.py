@@ -244,8 +244,7 @@ async def _score(ctx: RolloutContext, runs: list[Run]) -> list[Trajectory]:
                                                                       skip_special_tokens=True),
                            label=task.label, metadata=task.metadata) for i in need]
         reply = await ctx.score(items)
-        for i, s, comps in zip(need, reply.scores, reply.components):
-            scored[i] = (float(s), {k: float(v) for k, v in comps.items() if v is not None})
+        scored.update(zip(need, reply.scored()))
     out = []
     for i, r in enumerate(runs):
         reward, comps = (r.reward, r.components or {"program": r.reward}) if r.reward is not None else scored[i]

@@ -40,7 +40,7 @@ import asyncio
 import json
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import replace
 from pathlib import Path
@@ -169,7 +169,7 @@ class Engine(ABC):
             return False
 
     # ---- generation ---------------------------------------------------------------------------------
-    async def stream(self, request: SequenceRequest, admit_timeout: float | None = None) -> AsyncIterator[SequenceDelta]:
+    async def stream(self, request: SequenceRequest, admit_timeout: float | None = None) -> AsyncGenerator[SequenceDelta, None]:
         """Deltas of one sequence. Waits for admission while paused (at most ``admit_timeout`` s).
 
         Use it under ``contextlib.aclosing``: closing it early aborts the sequence and frees its slot.
@@ -320,7 +320,7 @@ class Engine(ABC):
         return await self._probe()
 
     @abstractmethod
-    def _stream(self, request: SequenceRequest) -> AsyncIterator[SequenceDelta]:
+    def _stream(self, request: SequenceRequest) -> AsyncGenerator[SequenceDelta, None]:
         """Generate one admitted sequence. Must abort it at the engine when closed early."""
 
     @abstractmethod

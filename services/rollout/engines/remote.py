@@ -17,12 +17,13 @@ import asyncio
 import json
 import logging
 from abc import abstractmethod
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 
 import httpx
 
 from services.rollout.engines.base import Engine, EngineUnavailable
+from services.rollout.engines.settings import RemoteEngineSettings
 from services.rollout.engines.types import Finish, SequenceDelta, SequenceRequest
 
 log = logging.getLogger(__name__)
@@ -31,11 +32,13 @@ _CONTROL_CONNECTIONS = 8
 
 
 class RemoteEngine(Engine):
-    def __init__(self, settings, model_path: str) -> None:
+    settings: RemoteEngineSettings
+
+    def __init__(self, settings: RemoteEngineSettings, model_path: str) -> None:
         super().__init__(settings, model_path)
         self.base_url: str = settings.base_url
         self.client: httpx.AsyncClient | None = None
-        self.control: httpx.AsyncClient | None = None
+        self._control: httpx.AsyncClient | None = None
         self._aborts: dict[str, asyncio.Event] = {}
 
     async def _start(self) -> None:
@@ -46,19 +49,26 @@ class RemoteEngine(Engine):
             timeout=httpx.Timeout(s.request_timeout_s, connect=s.connect_timeout_s),
             limits=httpx.Limits(max_connections=s.max_connections, max_keepalive_connections=s.max_connections),
         )
-        self.control = httpx.AsyncClient(
+        self._control = httpx.AsyncClient(
             base_url=self.base_url, headers=headers,
             timeout=httpx.Timeout(s.health_timeout_s, connect=s.connect_timeout_s),
             limits=httpx.Limits(max_connections=_CONTROL_CONNECTIONS, max_keepalive_connections=_CONTROL_CONNECTIONS),
         )
 
     async def _stop(self) -> None:
-        for client in (self.client, self.control):
+        for client in (self.client, self._control):
             if client is not None:
                 await client.aclose()
-        self.client = self.control = None
+        self.client = self._control = None
 
-    async def _stream(self, request: SequenceRequest) -> AsyncIterator[SequenceDelta]:
+    @property
+    def control(self) -> httpx.AsyncClient:
+        """The client of the server's control routes (health, aborts, weights); EngineUnavailable when closed."""
+        if self._control is None:
+            raise EngineUnavailable("the engine client is closed")
+        return self._control
+
+    async def _stream(self, request: SequenceRequest) -> AsyncGenerator[SequenceDelta, None]:
         if self.client is None:
             raise EngineUnavailable("the engine client is closed")
         aborted = asyncio.Event()
@@ -104,16 +114,21 @@ class RemoteEngine(Engine):
 
     # ---- helpers for subclasses --------------------------------------------------------------------
     @abstractmethod
-    def _remote(self, request: SequenceRequest) -> AsyncIterator[SequenceDelta]:
+    def _remote(self, request: SequenceRequest) -> AsyncGenerator[SequenceDelta, None]:
         """Send one sequence to the server and translate its reply into deltas."""
 
+    def _client(self) -> httpx.AsyncClient:
+        if self.client is None:
+            raise EngineUnavailable("the engine client is closed")
+        return self.client
+
     async def _post_json(self, path: str, payload: dict) -> dict:
-        r = await self.client.post(path, json=payload)
+        r = await self._client().post(path, json=payload)
         self._raise_for(r, path)
         return r.json()
 
     async def _post_sse(self, path: str, payload: dict) -> AsyncIterator[dict]:
-        async with self.client.stream("POST", path, json=payload) as r:
+        async with self._client().stream("POST", path, json=payload) as r:
             if r.status_code >= 400:
                 await r.aread()
                 self._raise_for(r, path)

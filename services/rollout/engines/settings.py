@@ -6,7 +6,7 @@ Importable without torch. ``RolloutSettings.engine`` holds the settings of one r
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
@@ -17,6 +17,8 @@ class EngineSettingsBase(BaseModel):
     """Fields every engine kind has (subclass it for your own engine's settings)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+    if TYPE_CHECKING:
+        kind: str  # each kind's settings declare `kind: Literal["<kind>"]` (ENGINES.register checks it)
 
     context_length: int | None = Field(
         default=None, ge=8, description="Context window in tokens; unset reads max_position_embeddings from config.json."
@@ -83,7 +85,7 @@ class HFEngineSettings(EngineSettingsBase):
         return v
 
 
-class _RemoteEngineSettings(EngineSettingsBase):
+class RemoteEngineSettings(EngineSettingsBase):
     base_url: str = Field(description="URL of the engine's own HTTP server, e.g. http://127.0.0.1:30000.")
     api_key: SecretStr | None = Field(default=None, description="Bearer token the engine server expects, if any "
                                       "(a secret: never printed in settings, logs or errors).")
@@ -99,7 +101,7 @@ class _RemoteEngineSettings(EngineSettingsBase):
         return v.rstrip("/")
 
 
-class SGLangEngineSettings(_RemoteEngineSettings):
+class SGLangEngineSettings(RemoteEngineSettings):
     """A running SGLang server (``python -m sglang.launch_server``), driven through its HTTP API."""
 
     kind: Literal["sglang"] = "sglang"
@@ -108,7 +110,7 @@ class SGLangEngineSettings(_RemoteEngineSettings):
     )
 
 
-class VLLMEngineSettings(_RemoteEngineSettings):
+class VLLMEngineSettings(RemoteEngineSettings):
     """A running vLLM OpenAI server (``vllm serve``), driven through its HTTP API.
 
     Start it with ``--logprobs-mode processed_logprobs`` so returned logprobs are those of the

@@ -4,9 +4,10 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 from services.rollout.engines.remote import RemoteEngine
+from services.rollout.engines.settings import SGLangEngineSettings
 from services.rollout.engines.types import FEATURES, Finish, SamplingParams, SequenceDelta, SequenceRequest
 
 log = logging.getLogger(__name__)
@@ -28,7 +29,7 @@ def _features(p: SamplingParams) -> dict:
     default, so a server that predates one is not sent it unless asked)."""
     out: dict = {}
     for name in p.features_used():
-        if name == "grammar":
+        if name == "grammar" and p.grammar is not None:
             kind, spec = p.grammar.kind, p.grammar.spec
             out.update({"json_schema": '{"type": "object"}'} if kind == "json_object" else {kind: spec})
         else:
@@ -38,6 +39,7 @@ def _features(p: SamplingParams) -> dict:
 
 
 class SGLangEngine(RemoteEngine):
+    settings: SGLangEngineSettings
     kind = "sglang"
     honours = frozenset(FEATURES)  # SGLang defines every one of them (0.5.x)
     weight_sink = "services.rollout.weights.sinks.sglang:SGLangSink"  # the server's own weight-update API
@@ -79,7 +81,7 @@ class SGLangEngine(RemoteEngine):
             body["top_logprobs_num"] = p.top_logprobs
         return body
 
-    async def _remote(self, request: SequenceRequest) -> AsyncIterator[SequenceDelta]:
+    async def _remote(self, request: SequenceRequest) -> AsyncGenerator[SequenceDelta, None]:
         body = self.payload(request)
         if not request.stream:
             out = await self._post_json("/generate", body)

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from shared.generate_api import GrammarKind
+
 FinishType = Literal["stop", "length", "abort"]
 
 
@@ -67,7 +69,7 @@ class SamplingParams:
 class Grammar:
     """A structured-output constraint: ``kind`` says how ``spec`` reads (SGLang's and vLLM's names)."""
 
-    kind: Literal["regex", "json_schema", "ebnf", "json_object"]
+    kind: GrammarKind
     spec: str  # the regex, the JSON schema as JSON text, the EBNF grammar ("" for json_object)
 
 

@@ -8,9 +8,10 @@ the token was sampled from.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 from services.rollout.engines.remote import RemoteEngine
+from services.rollout.engines.settings import VLLMEngineSettings
 from services.rollout.engines.types import FEATURES, Finish, SamplingParams, SequenceDelta, SequenceRequest
 
 
@@ -26,7 +27,7 @@ def _features(p: SamplingParams) -> dict:
     """The optional features a sequence uses, in vLLM's request names (only those not at their default)."""
     out: dict = {}
     for name in p.features_used():
-        if name == "grammar":
+        if name == "grammar" and p.grammar is not None:
             kind, spec = p.grammar.kind, p.grammar.spec
             value = True if kind == "json_object" else json.loads(spec) if kind == "json_schema" else spec
             out["structured_outputs"] = {_STRUCTURED[kind]: value}
@@ -38,6 +39,7 @@ def _features(p: SamplingParams) -> dict:
 
 
 class VLLMEngine(RemoteEngine):
+    settings: VLLMEngineSettings
     kind = "vllm"
     honours = frozenset(FEATURES) - {"stop_regex"}  # vLLM has no stop regex
     weight_sink = "services.rollout.weights.sinks.vllm:VLLMSink"  # vLLM's native weight-transfer API
@@ -65,7 +67,7 @@ class VLLMEngine(RemoteEngine):
         body.update(_features(p))
         return body
 
-    async def _remote(self, request: SequenceRequest) -> AsyncIterator[SequenceDelta]:
+    async def _remote(self, request: SequenceRequest) -> AsyncGenerator[SequenceDelta, None]:
         body = self.payload(request)
         if not request.stream:
             out = await self._post_json("/v1/completions", body)

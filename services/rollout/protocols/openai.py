@@ -185,6 +185,7 @@ def response(service: RolloutService, p: OpenAIPlan, outs: list[SequenceOutput])
     tids = p.request.return_token_ids
     version = str(max((o.weight_version for o in outs), default=0))
     meta = {"weight_version": version}  # where SGLang's OpenAI routes put it
+    body: ChatCompletionResponse | CompletionResponse
     if p.chat:
         choices = []
         for k, o in enumerate(outs):
@@ -197,15 +198,15 @@ def response(service: RolloutService, p: OpenAIPlan, outs: list[SequenceOutput])
                                       prompt_token_ids=p.prompts[0] if tids else None, weight_version=version,
                                       metadata=meta)
     else:
-        choices = []
+        completions = []
         for k, o in enumerate(outs):
             fr, sr = finish_reason(o.finish)
-            lp = (completion_logprobs(service, p, o.output_ids, o.logprobs, o.top_logprobs, 0)
-                  if p.want_logprobs else None)
-            choices.append(CompletionChoice(index=k, text=o.text, logprobs=lp, finish_reason=fr, stop_reason=sr,
+            clp = (completion_logprobs(service, p, o.output_ids, o.logprobs, o.top_logprobs, 0)
+                   if p.want_logprobs else None)
+            completions.append(CompletionChoice(index=k, text=o.text, logprobs=clp, finish_reason=fr, stop_reason=sr,
                                             token_ids=o.output_ids if tids else None,
                                             prompt_token_ids=p.prompts[k // n] if tids else None))
-        body = CompletionResponse(id=p.id, created=p.created, model=p.model, choices=choices, usage=usage,
+        body = CompletionResponse(id=p.id, created=p.created, model=p.model, choices=completions, usage=usage,
                                   weight_version=version, metadata=meta)
     return body.model_dump(exclude_none=True)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 
 from services.rollout.engines.types import (
@@ -83,7 +83,7 @@ def _ids(req: GenerateRequest, rid: str, prompts: int, n: int) -> list[str]:
     return [per_prompt[k // n] if n == 1 else f"{per_prompt[k // n]}-{k % n}" for k in range(prompts * n)]
 
 
-async def prompt_only_deltas(p: GeneratePlan) -> AsyncIterator[tuple[int, SequenceDelta]]:
+async def prompt_only_deltas(p: GeneratePlan) -> AsyncGenerator[tuple[int, SequenceDelta], None]:
     """A ``max_new_tokens=0`` plan's answers as the engine would give them: no token, finish length 0."""
     for k in range(len(p.ids)):
         yield k, SequenceDelta([], [], "", Finish("length", length=0))
@@ -91,7 +91,10 @@ async def prompt_only_deltas(p: GeneratePlan) -> AsyncIterator[tuple[int, Sequen
 
 def prompt_only_outputs(service: RolloutService, p: GeneratePlan) -> list[SequenceOutput]:
     n = p.request.sampling_params.n
-    return [SequenceOutput(rid=p.ids[k], prompt_ids=tuple(p.prompts_only[k // n]), finish=Finish("length", length=0),
+    prompts = p.prompts_only
+    if prompts is None:
+        raise ValueError("prompt_only_outputs: the plan has sequences to generate")
+    return [SequenceOutput(rid=p.ids[k], prompt_ids=tuple(prompts[k // n]), finish=Finish("length", length=0),
                            weight_version=service.engine.weight_version) for k in range(len(p.ids))]
 
 

@@ -12,6 +12,7 @@ import json
 import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from services.rollout.engines.types import Grammar, SamplingParams, SequenceOutput, SequenceRequest
 from services.rollout.protocols.openai import check_model
@@ -53,7 +54,7 @@ def sampling(service: RolloutService, r: TokenGenerateRequest) -> SamplingParams
         top_p=sp.top_p, top_k=sp.top_k, min_p=sp.min_p, stop=sp.stop_list(), stop_token_ids=tuple(sp.stop_token_ids or ()),
         ignore_eos=sp.ignore_eos, skip_special_tokens=sp.skip_special_tokens,
         no_stop_trim=sp.include_stop_str_in_output, seed=sp.seed,
-        top_logprobs=sp.logprobs if (sp.logprobs or 0) > 1 else 0,  # the sampled token comes first anyway
+        top_logprobs=sp.logprobs if sp.logprobs is not None and sp.logprobs > 1 else 0,  # the sampled token comes first anyway
         min_new_tokens=min(sp.min_tokens, budget), spaces_between_special_tokens=sp.spaces_between_special_tokens,
         frequency_penalty=sp.frequency_penalty, presence_penalty=sp.presence_penalty,
         repetition_penalty=sp.repetition_penalty, grammar=Grammar(*grammar) if grammar else None,
@@ -120,7 +121,7 @@ async def sse_chunks(p: TokensPlan, deltas: AsyncIterator,
         if not d.token_ids and d.finish is None:
             continue
         lp = logprobs(d.token_ids, d.logprobs, d.top_logprobs, p.top_n) if p.top_n is not None else None
-        chunk = {"request_id": p.id, "choices": [TokenGenerateChoice(
+        chunk: dict[str, Any] = {"request_id": p.id, "choices": [TokenGenerateChoice(
             index=k, token_ids=list(d.token_ids), finish_reason=_finish(d.finish), logprobs=lp).model_dump()]}
         if opts is not None and opts.include_usage and opts.continuous_usage_stats:
             chunk["usage"] = _usage(len(p.prompt), generated[k])

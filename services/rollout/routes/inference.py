@@ -16,11 +16,11 @@ from services.rollout.routes import recording
 from services.rollout.routes.streaming import GENERATION_ERRORS, SSE_OK, sse_response, until_disconnect
 from shared.inference_api import GENERATE_PATH, SESSION_ID_HEADER, TokenGenerateRequest, TokenGenerateResponse
 from shared.service_kit.envelope import ErrorResponse
-from shared.service_kit.openapi import error_responses
+from shared.service_kit.openapi import Responses, error_responses
 from shared.session_api import SESSION_ID_PATTERN
 
 router = APIRouter(tags=["inference"])
-SESSION_ELSEWHERE = {307: {
+SESSION_ELSEWHERE: Responses = {307: {
     "model": ErrorResponse,
     "description": "The session is held by another rollout replica: the same request again at `Location` (the "
                    "OpenAI client follows it; so does httpx with follow_redirects). `X-Session-Replica` names that "

@@ -8,11 +8,12 @@ from fastapi import APIRouter, Response
 from services.rollout.deps import ServiceDep
 from services.rollout.service import RolloutService
 from shared.generate_api import ModelInfo, RolloutHealth
+from shared.service_kit.openapi import Responses
 from shared.telemetry import PrometheusText, metrics_response
 
 router = APIRouter(tags=["info"])
 
-UNHEALTHY = {503: {"model": RolloutHealth, "description": "Unhealthy (the same body, status unhealthy)."}}
+UNHEALTHY: Responses = {503: {"model": RolloutHealth, "description": "Unhealthy (the same body, status unhealthy)."}}
 
 
 def _health(service: RolloutService, ok: bool, response: Response) -> RolloutHealth:

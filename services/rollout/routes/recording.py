@@ -14,7 +14,7 @@ session is free again for the next call or the finish, as if the call had not be
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
 
 from fastapi import Request
@@ -83,7 +83,7 @@ async def _run(service: RolloutService, request: Request, seqs: list[SequenceReq
     seq = seqs[0]
     out = SequenceOutput(rid=seq.rid, prompt_ids=seq.prompt_ids)
 
-    async def gathered() -> AsyncIterator:
+    async def gathered() -> AsyncGenerator:
         async with aclosing(service.stream(seqs)) as deltas:
             async for k, d in deltas:
                 out.add(d)

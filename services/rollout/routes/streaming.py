@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
 from fastapi import Request
@@ -13,7 +13,7 @@ from fastapi.responses import StreamingResponse
 
 from services.rollout.errors import RequestError
 from shared.service_kit.envelope import error_body
-from shared.service_kit.openapi import error_responses
+from shared.service_kit.openapi import Responses, error_responses
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -25,7 +25,7 @@ SSE_EVENT = {  # one server-sent event (OpenAPI 3.1: a text/event-stream `schema
     "properties": {"data": {"type": "string", "description": "A chunk as JSON; if generation fails after the first "
                                                               "chunk, the error envelope; `[DONE]` last."}},
 }
-SSE_OK = {200: {"content": {"text/event-stream": {"schema": SSE_EVENT}},
+SSE_OK: Responses = {200: {"content": {"text/event-stream": {"schema": SSE_EVENT}},
                 "description": "The result; with `stream`, server-sent events."}}
 GENERATION_ERRORS = error_responses(429, 503)  # 429: over capacity; 503: paused past its wait, engine down
 
@@ -35,8 +35,10 @@ class SSEResponse(StreamingResponse):
     once the response is over, however it ended: finished, failed, or the client gone before or while the
     body streamed (Starlette then stops iterating the body without closing it)."""
 
-    def __init__(self, body: AsyncIterator[bytes], deltas: AsyncIterator, cleanup: Callable[[], None] | None) -> None:
+    def __init__(self, body: AsyncGenerator[bytes, None], deltas: AsyncGenerator,
+                 cleanup: Callable[[], None] | None) -> None:
         super().__init__(body, media_type="text/event-stream", headers=SSE_HEADERS)
+        self._body = body  # body_iterator, typed as the generator it is
         self._deltas = deltas
         self._cleanup = cleanup
 
@@ -45,14 +47,14 @@ class SSEResponse(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             try:
-                await self.body_iterator.aclose()
+                await self._body.aclose()
                 await self._deltas.aclose()
             finally:
                 if self._cleanup is not None:
                     self._cleanup()
 
 
-async def sse_response(deltas: AsyncIterator, render: Callable[[AsyncIterator], AsyncIterator[bytes]],
+async def sse_response(deltas: AsyncGenerator, render: Callable[[AsyncIterator], AsyncIterator[bytes]],
                        cleanup: Callable[[], None] | None = None) -> StreamingResponse:
     """Stream ``render(deltas)``. The first delta is awaited here, so admission failures (429 / 503)
     still get a real status; later failures become an SSE error event before ``[DONE]``. A client that
@@ -73,7 +75,7 @@ async def sse_response(deltas: AsyncIterator, render: Callable[[AsyncIterator], 
         async for item in deltas:
             yield item
 
-    async def body() -> AsyncIterator[bytes]:
+    async def body() -> AsyncGenerator[bytes, None]:
         try:
             async for chunk in render(chained()):
                 yield chunk

@@ -22,7 +22,7 @@ __all__ = ["ChatTokensCache", "continuation", "same_reply", "template_key"]
 from services.rollout.sessions.store import ChatTurn, Session
 
 
-def _calls(tool_calls: Any) -> list[tuple[str, Any]] | None:
+def _calls(tool_calls: Any) -> list[tuple[Any, Any]] | None:
     """(name, arguments as a value) of OpenAI ``tool_calls``; None if unreadable."""
     out = []
     for c in tool_calls or []:

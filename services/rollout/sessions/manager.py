@@ -210,7 +210,7 @@ class SessionManager:
             where = f"ended: {held}" if held in ENDED else f"open on the replica at {held}"
             raise SessionConflict(f"session {sid!r} already exists ({where}); pick another id")
 
-    def info(self, session: Session, state: str = "open") -> SessionInfo:
+    def info(self, session: Session, state: Literal["open", "finished", "deleted"] = "open") -> SessionInfo:
         w = session.who
         return SessionInfo(session_id=session.id, state=state, prompt_id=w.prompt_id, group_id=w.group_id,
                            group_size=w.group_size, index=w.index, run=session.run, calls=session.calls,
@@ -387,7 +387,7 @@ class SessionManager:
 
     async def _rewards(self, session: Session, body: SessionFinish, texts: list[tuple[str, str]]):
         n = len(session.trajectories)
-        if not body.score:
+        if body.reward is not None:  # SessionFinish: a reward, or score=true
             return [float(body.reward)] * n, [dict(body.reward_components) for _ in range(n)]
         if self.rewards is None:
             raise RequestError("score=true needs a reward service (sessions.reward_url or worker.reward_url); "
@@ -406,8 +406,8 @@ class SessionManager:
         if any(s is None for s in reply.scores):
             raise SessionUnavailable(f"the reward service could not score session {session.id!r}: {reply.errors}; "
                                      "the session is still open")
-        comps = [{k: float(v) for k, v in c.items() if v is not None} for c in reply.components]
-        return [float(s) for s in reply.scores], comps
+        scored = reply.scored()
+        return [s for s, _ in scored], [c for _, c in scored]
 
     def _queue(self, run: str) -> StreamQueue:
         q = self._queues.get(run)

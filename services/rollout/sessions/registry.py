@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import httpx
@@ -52,7 +53,7 @@ class SessionElsewhere(ServiceError):
         self.owner = owner
 
 
-def url_of_socket(host: str, scope: dict[str, Any]) -> str | None:
+def url_of_socket(host: str, scope: Mapping[str, Any]) -> str | None:
     """The replica's URL from the socket a request came in on (``port: 0``: the port the server bound)."""
     server = scope.get("server")
     if not server or not server[1]:
@@ -80,7 +81,7 @@ class SessionRegistry:
                 return None
             held = await self.redis.get(self._key(sid))
             if held is not None:
-                return held.decode()
+                return held.decode() if isinstance(held, bytes) else held
         return "unknown"  # set and gone three times in a row: cannot happen unless the key churns
 
     async def refresh(self, url: str, open_sessions: list[tuple[str, float]]) -> None:
@@ -108,7 +109,7 @@ class SessionRegistry:
         held = await self.redis.get(self._key(sid))
         if held is None:
             return None, False
-        value = held.decode()
+        value = held.decode() if isinstance(held, bytes) else held
         if value in ENDED:
             return value, False
         return value, bool(await self.redis.exists(keys.rollout_replica(self.run, value)))

@@ -98,9 +98,10 @@ class PeerCatchUp:
                     continue
                 if v not in records:
                     records[v] = await version_records(sc.redis, sc.run, v)
-                if records[v] is None:
+                record = records[v]
+                if record is None:
                     continue
-                manifest, sums = records[v]
+                manifest, sums = record
                 t0 = time.perf_counter()
                 try:
                     buffers = await self._fetch(peer, manifest, sums)

@@ -32,6 +32,7 @@ from services.rollout.weights.peer import PeerCatchUp
 from services.rollout.weights.receiver import RoundWatcher
 from services.rollout.weights.settings import REPLICA_TRANSPORTS, SidecarSettings
 from services.rollout.weights.sinks import WeightSink, create_sink
+from services.rollout.weights.sinks.base import ServesPeers
 from services.rollout.weights.transport import LastUpdate, ReplicaTransport
 from shared import keys
 from shared.weight_sync.registry import ReplicaRegistry
@@ -89,7 +90,7 @@ class WeightSidecar:
         self._tasks: list[asyncio.Task] = []
         self._stopping = asyncio.Event()
         # elastic pool: serve our verified weights to joiners, and join from a peer (services/rollout/weights/peer.py)
-        self.peer_url = peer_url if self.settings.peer and hasattr(self.sink, "peer_bucket") else ""
+        self.peer_url = peer_url if self.settings.peer and isinstance(self.sink, ServesPeers) else ""
         self.peer = PeerCatchUp(self, peer_token) if self.settings.peer else None
         self._peer_manifest: Any = None
         self._peer_serving = asyncio.Semaphore(1)  # one bucket packed at a time: a request cannot make us do more
@@ -212,8 +213,11 @@ class WeightSidecar:
             manifest = self._peer_manifest = records[0]
         if not 0 <= index < len(manifest.buckets):
             raise LookupError(f"version {version} has {len(manifest.buckets)} buckets; there is no bucket {index}")
+        sink = self.sink
+        if not isinstance(sink, ServesPeers):
+            raise LookupError("this replica's engine cannot serve weights to peers")  # noqa: TRY004 - the route's 404
         async with self._peer_serving:
-            data = await asyncio.to_thread(self.sink.peer_bucket, manifest.buckets[index])
+            data = await asyncio.to_thread(sink.peer_bucket, manifest.buckets[index])
         if self.weight_version != version:  # switched while packing: these bytes may mix versions
             raise ValueError(f"this replica moved to version {self.weight_version} while serving {version}")
         return data

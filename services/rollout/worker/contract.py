@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
@@ -162,6 +162,8 @@ class RolloutContext:
                 return ids, replica.tokenizer.decode(ids, skip_special_tokens=False)
             if isinstance(task.prompt, str):
                 return replica.encode(task.prompt), task.prompt
+            if task.prompt is None:  # PromptTask's validator: ids or a prompt
+                raise RequestError("the task has neither prompt_token_ids nor a prompt")
             return replica.apply_chat_template([m.model_dump() for m in task.prompt]), task.prompt
         except RequestError as exc:
             raise PermanentTaskError(f"bad prompt task: {exc}") from exc
@@ -229,7 +231,7 @@ class RolloutContext:
         return scores
 
 
-async def each_sample(make: Callable[[int], Awaitable[T]], n: int) -> list[T]:
+async def each_sample(make: Callable[[int], Coroutine[Any, Any, T]], n: int) -> list[T]:
     """``make(i)`` for the ``n`` samples of a group, run at once; if one fails for good, the others are
     cancelled (their own ``finally`` blocks clean up) and its exception is raised."""
     tasks = [asyncio.create_task(make(i)) for i in range(n)]

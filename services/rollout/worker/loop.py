@@ -93,6 +93,9 @@ class RolloutWorker:
         if not self.settings.redis_url:
             raise RuntimeError("the rollout worker needs redis_url (--redis-url, FLEETRL_ROLLOUT_REDIS_URL, the "
                                "config file, or $REDIS_URL)")
+        reward_url = self.cfg.reward_url
+        if not reward_url:  # the worker's settings refuse enabled without it
+            raise RuntimeError("the rollout worker needs worker.reward_url (the reward service's base URL)")
         self.redis = aioredis.from_url(self.settings.redis_url, socket_timeout=30, socket_connect_timeout=5)
         run = self.settings.run_name
         signer = signer_for(self.settings.run_key)  # prompts must be the learner's; experiences are signed as ours
@@ -108,7 +111,7 @@ class RolloutWorker:
         await self.prompts.ensure_group()
         await self.experiences.ensure_group()
         token = self.cfg.reward_token.get_secret_value() if self.cfg.reward_token else None
-        self.rewards = RewardClient(self.cfg.reward_url, self.cfg.reward_timeout_s, self.cfg.reward_backoff_max_s,
+        self.rewards = RewardClient(reward_url, self.cfg.reward_timeout_s, self.cfg.reward_backoff_max_s,
                                     on_retry=lambda _: self.m_reward_retries.inc(), token=token,
                                     max_attempts=self.cfg.reward_max_attempts, max_retry_s=self.cfg.reward_max_retry_s,
                                     batch_s=self.cfg.reward_batch_ms / 1000.0)
@@ -154,6 +157,16 @@ class RolloutWorker:
                  held, self.drained["finished"], len(back), self.drained["seconds"])
         return self.drained
 
+    def _lease(self) -> Lease:
+        if self.lease is None:
+            raise RuntimeError("the rollout worker is not started")
+        return self.lease
+
+    def _redis(self) -> aioredis.Redis:
+        if self.redis is None:
+            raise RuntimeError("the rollout worker is not started")
+        return self.redis
+
     @property
     def draining(self) -> bool:
         return self._draining.is_set()
@@ -190,7 +203,7 @@ class RolloutWorker:
                     for d in await self.prompts.consume(self.consumer, count=room, block_ms=500):
                         if d.id in self._groups:  # ours and still in progress (cannot happen while leased)
                             continue
-                        self.lease.hold([d.id])
+                        self._lease().hold([d.id])
                         t = asyncio.create_task(self._handle(d))
                         self._groups[d.id] = t
                         active.add(t)
@@ -222,7 +235,7 @@ class RolloutWorker:
         if backlog >= self.cfg.max_experience_backlog:
             self.m_held.labels("backlog").inc()
             return "backlog"
-        raw = await self.redis.get(keys.weights_version(self.settings.run_name))
+        raw = await self._redis().get(keys.weights_version(self.settings.run_name))
         latest = int(raw) if raw is not None else 0
         if latest - self.replica.weight_version > self.cfg.max_staleness:
             self.m_held.labels("staleness").inc()
@@ -270,7 +283,7 @@ class RolloutWorker:
             log.exception("prompt %s: unexpected error", d.record.id)
             await self._fail(d, f"{type(exc).__name__}: {exc}")
         finally:
-            self.lease.release([d.id])
+            self._lease().release([d.id])
             self._groups.pop(d.id, None)
             self._settling.discard(d.id)
 

@@ -28,9 +28,8 @@ async def single_turn(ctx: RolloutContext) -> list[Trajectory]:
     items = [ScoreItem(prompt=prompt, response=o.text, label=task.label, metadata=task.metadata) for o in outs]
     scores = await ctx.score(items)
     return [
-        single_turn_trajectory(ids, prompt_text, out, float(score),
-                               {k: float(v) for k, v in comps.items() if v is not None}, params)
-        for out, score, comps in zip(outs, scores.scores, scores.components)
+        single_turn_trajectory(ids, prompt_text, out, score, comps, params)
+        for out, (score, comps) in zip(outs, scores.scored())
     ]
 
 

@@ -18,12 +18,12 @@ import asyncio
 import logging
 import os
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import torch
 
-from services.rollout.engines.base import Engine, EnginePaused
+from services.rollout.engines.base import Engine, EnginePaused, EngineUnavailable
 from services.rollout.engines.hf.grammar import Grammars
 from services.rollout.engines.hf.loop import DecodeLoop, Row
 from services.rollout.engines.hf.prefix_cache import PrefixCache
@@ -90,7 +90,7 @@ class HFEngine(Engine):
             # a budget on this GPU shared with the learner: allocations past it fail here, not in the learner
             torch.cuda.set_per_process_memory_fraction(self.settings.gpu_memory_fraction, self.device)
         model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=dtype)
-        return model.to(self.device).eval()
+        return model.to(self.device).eval()  # type: ignore[arg-type]  # transformers' stub: .to wrapped without device
 
     def _eos_ids(self) -> frozenset[int]:
         ids: set[int] = set()
@@ -133,9 +133,11 @@ class HFEngine(Engine):
                 q.put_nowait(delta)
 
     # ---- Engine ------------------------------------------------------------------------------------
-    async def _stream(self, request: SequenceRequest) -> AsyncIterator[SequenceDelta]:
+    async def _stream(self, request: SequenceRequest) -> AsyncGenerator[SequenceDelta, None]:
         if request.rid in self._queues:
             raise ValueError(f"request id {request.rid!r} is already in flight")
+        if self._decode is None or self._grammars is None:
+            raise EngineUnavailable("the hf engine is not started")
         grammar = None
         if request.params.grammar is not None:  # compiled in a worker thread, bounded (engines/hf/grammar.py)
             resumed = request.prompt_ids[len(request.prompt_ids) - request.resumed:] if request.resumed else ()

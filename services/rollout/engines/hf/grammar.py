@@ -46,7 +46,7 @@ def grammar_text(g: Grammar) -> str:
             raise ValueError(f"json_schema is not JSON: {exc}") from None
         if not isinstance(schema, (dict, bool)):
             raise ValueError("json_schema must be a JSON object (a schema)")
-        return LLMatcher.grammar_from_json_schema(schema)
+        return LLMatcher.grammar_from_json_schema(json.dumps(schema) if isinstance(schema, bool) else schema)
     if g.kind == "ebnf":
         try:
             lark = any_to_lark(g.spec)  # GBNF (SGLang's / xgrammar's EBNF) or Lark, as llguidance reads them

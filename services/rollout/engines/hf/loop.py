@@ -183,8 +183,9 @@ class DecodeLoop:
             own = len(ids) - req.resumed  # a continuation's earlier output counts as output for the penalties
             penalties = Penalties.of(p.frequency_penalty, p.presence_penalty, p.repetition_penalty, ids[:own],
                                      self.vocab_size, self.device)
-            for t in ids[own:] if penalties is not None else ():
-                penalties.add(t)
+            if penalties is not None:
+                for t in ids[own:]:
+                    penalties.add(t)
             window, timeout = self.stop_regex_bounds
             stop_regex = StopRegex.of(p.stop_regex, window, timeout)
             # incremental text only where it is needed during decoding (stop strings / regex, streaming)
@@ -284,7 +285,7 @@ class DecodeLoop:
                 # the step's rows and the newcomers sampled (and retired) together: one sampling call
                 stepped += joined
                 step_logits = logits if step_logits is None else torch.cat([step_logits, logits])
-        if stepped:
+        if stepped and step_logits is not None:
             self._sample_into(stepped, step_logits, out)
             self._retire(batch, out)
         if self._on_step is not None and (self._active or out):
@@ -334,7 +335,8 @@ class DecodeLoop:
             if n != len(ids) - 1:  # every sampled token but the last has been fed; anything else: do not guess
                 log.warning("sequence %s: %d cached positions for %d ids; not kept", row.req.rid, n, len(ids))
                 return
-            self.prefix_cache.put(ids[:n], kv, row.epoch)
+            if self.prefix_cache is not None:
+                self.prefix_cache.put(ids[:n], kv, row.epoch)
         except Exception:  # the cache is an optimisation: never fail a row for it
             log.exception("keeping the prefix of sequence %s failed", row.req.rid)
 
@@ -371,7 +373,7 @@ class DecodeLoop:
         """Sample the rows' next tokens and advance them. If sampling the batch fails, the rows are sampled
         one by one and only those that fail are ended; a row whose advance fails is ended alone."""
         try:
-            picks: list = self._sample(rows, logits)
+            picks: list[tuple[int, float, list | None] | BaseException] = list(self._sample(rows, logits))
         except Exception as exc:  # noqa: BLE001 - found out below, row by row
             if len(rows) == 1:
                 picks = [exc]
@@ -436,7 +438,7 @@ class DecodeLoop:
         p = row.req.params
         row.out_ids.append(tok)
         row.logprobs.append(lp)
-        if top is not None:
+        if top is not None and row.top is not None:
             row.top.append(top)
         if row.penalties is not None:
             row.penalties.add(tok)

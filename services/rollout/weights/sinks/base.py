@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from services.rollout.weights.receiver import RoundFailed, RoundWatcher, UpdateRefused
 from services.rollout.weights.settings import SidecarSettings
@@ -22,14 +22,22 @@ from shared.weight_sync.wire import GroupKind, IpcRound, Manifest, Member, Rende
 
 log = logging.getLogger(__name__)
 
-__all__ = ["RoundFailed", "UpdateRefused", "WeightSink", "create_sink", "sink_class"]
+__all__ = ["RoundFailed", "ServesPeers", "UpdateRefused", "WeightSink", "create_sink", "sink_class"]
+
+
+@runtime_checkable
+class ServesPeers(Protocol):
+    """A sink that can hand a bucket of the version it holds to a peer replica (``peer`` fetches)."""
+
+    def peer_bucket(self, bucket: Any) -> bytes: ...
 
 
 class WeightSink(ABC):
     group_kind: ClassVar[GroupKind] = "torch"  # the update group the engine joins (shared.weight_sync.group)
     #: applies delta rounds (patches against the version it holds, shared.weight_sync.delta): only sinks that
     #: hold the received bytes themselves can; engines receiving into their own buffers get every bucket whole
-    accepts_delta: ClassVar[bool] = False
+    #: (a sink may turn it off for itself once it sees it cannot: the class value is the default)
+    accepts_delta: bool = False
 
     def __init__(self, engine: Any, settings: SidecarSettings) -> None:
         self.engine, self.settings = engine, settings

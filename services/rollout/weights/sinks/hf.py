@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from services.rollout.weights.receiver import (
     AbandonWatch,
@@ -28,6 +28,9 @@ from services.rollout.weights.sinks.base import RoundFailed, UpdateRefused, Weig
 from shared.weight_sync.phases import PhaseClock
 from shared.weight_sync.wire import IpcRound, Manifest, Member, Rendezvous
 
+if TYPE_CHECKING:
+    from services.rollout.weights.ipc import IpcReceiver
+
 log = logging.getLogger(__name__)
 
 
@@ -39,7 +42,7 @@ class HFSink(WeightSink):
     def __init__(self, engine: Any, settings: Any) -> None:
         super().__init__(engine, settings)
         self._loader: Any = None
-        self._receiver: BucketReceiver | None = None
+        self._receiver: BucketReceiver | IpcReceiver | None = None
         self._live: tuple[list, list] | None = None  # (layout, buffers) the model's tensors point into (swap)
         self._prefault: asyncio.Future | None = None
 
@@ -63,7 +66,9 @@ class HFSink(WeightSink):
         clock = PhaseClock()
         self.phases = clock.phases
         loader = self._loader_for()
-        if self._receiver is None:
+        if not isinstance(self._receiver, BucketReceiver):  # as run_ipc: a sink that took ipc rounds before
+            if self._receiver is not None:
+                await asyncio.to_thread(self._receiver.close)
             device = self._device() if rdv.backend == "nccl" else "cpu"
             self._receiver = BucketReceiver(device=device, keep_staging=self.settings.keep_staging,
                                             bind_addr=self.settings.bind_addr)
@@ -117,6 +122,8 @@ class HFSink(WeightSink):
         refused: the publisher then sends the version whole."""
         loader = self._loader_for()
         d = rdv.delta
+        if d is None:
+            raise UpdateRefused("a delta round's rendezvous without its delta")
         async with AbandonWatch(watcher.redis, watcher.run, rdv.round) as watch:
             receiving = asyncio.ensure_future(
                 asyncio.to_thread(receiver.receive_delta, rdv, member, manifest, watch.flag))
@@ -152,6 +159,9 @@ class HFSink(WeightSink):
         from shared.weight_sync.digest import digest
 
         targets = self._loader_for().targets
+        checksum = manifest.checksum
+        if checksum is None:
+            raise UpdateRefused("a delta round without checksums cannot be checked")
         digests: list[int | None] = []
         for i, (b, buf) in enumerate(zip(manifest.buckets, buffers)):
             if payload[i] >= 0:
@@ -162,7 +172,7 @@ class HFSink(WeightSink):
                         apply_patch(buf, data)
                     except PatchError as exc:
                         raise UpdateRefused(f"bucket {i}: {exc}") from exc
-            digests.append(digest(buf, manifest.checksum))
+            digests.append(digest(buf, checksum))
         return Received(manifest, buffers, digests)
 
     async def run_ipc(self, rnd: IpcRound, manifest: Manifest, watcher: RoundWatcher) -> None:
@@ -224,11 +234,12 @@ class HFSink(WeightSink):
 
         if manifest.snapshot is None:
             raise UpdateRefused(f"version {manifest.version} has no snapshot")
+        snapshot = manifest.snapshot
         loader = self._loader_for()
         loader.check(e for b in manifest.buckets for e in b.tensors)
 
         def fetch() -> list[dict]:
-            return list(read_snapshot(manifest.snapshot, self.settings.snapshot_timeout_s,
+            return list(read_snapshot(snapshot, self.settings.snapshot_timeout_s,
                                       self.settings.snapshot_prefer_url, self.settings.snapshot_trusted_urls,
                                       self.settings.snapshot_root))
 
