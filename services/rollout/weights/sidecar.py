@@ -50,6 +50,8 @@ def create_sidecar(engine: Any, settings: Any) -> WeightSidecar | None:
     if not section.enabled or not settings.redis_url:
         log.warning("weight sidecar off (%s)", "weights.enabled is false" if not section.enabled else "no redis_url")
         return None
+    if section.adapters_resident == 0:  # adapter versions kept loaded in an engine server: as stale as samples may be
+        section = section.model_copy(update={"adapters_resident": settings.worker.max_staleness + 1})
     import redis.asyncio as aioredis
 
     redis = aioredis.from_url(settings.redis_url, socket_connect_timeout=5, socket_timeout=30)
@@ -115,10 +117,18 @@ class WeightSidecar:
                            group=self.sink.group_kind if self.settings.group == "auto" else self.settings.group,
                            engine=getattr(self.engine, "kind", ""), weight_version=self.weight_version,
                            delta=self.settings.transport == "collective" and self.sink.accepts_delta,
+                           adapters=self.settings.transport == "collective" and self.sink.accepts_adapters,
                            wants_version=self.wants_version, peer_url=self.peer_url)
 
     async def start(self) -> None:
         """Register, start the loops, and wait (bounded) to reach the latest version."""
+        if not self.info().adapters:
+            why = ("weights.adapters is off" if self.settings.adapters == "off" else
+                   f"weights.transport is {self.settings.transport}" if self.settings.transport != "collective" else
+                   f"the {getattr(self.engine, 'kind', '?')} engine loads adapters only with weights.adapters: on "
+                   "(and LoRA enabled in its server)")
+            log.info("this replica does not load LoRA adapter rounds (%s): a LoRA learner sends it merged full rounds",
+                     why)
         await self.advertise()
         loop = asyncio.get_running_loop()
         loops = [self._heartbeat_loop(), self._latest_loop(), *self.transport.loops()]
