@@ -202,8 +202,11 @@ def lora_adapter(actor: nn.Module) -> tuple[list[tuple[str, torch.Tensor]], dict
                 return None
             if getattr(module, "use_dora", {}).get(adapter, False):
                 return None
-            tensors += [(f"{name}.lora_A", module.lora_A[adapter].weight.detach()),
-                        (f"{name}.lora_B", module.lora_B[adapter].weight.detach())]
+            # in the adapted weight's dtype (what the replica serves in: peft keeps a bf16 model's adapters in
+            # fp32, twice the bytes, and a merge rounds to the weight's dtype anyway); no copy when they match
+            dtype = module.get_base_layer().weight.dtype
+            tensors += [(f"{name}.lora_A", module.lora_A[adapter].weight.detach().to(dtype)),
+                        (f"{name}.lora_B", module.lora_B[adapter].weight.detach().to(dtype))]
             modules.append({"name": name, "scaling": float(module.scaling[adapter]),
                             "fan_in_fan_out": bool(getattr(module, "fan_in_fan_out", False))})
         elif type(module).__name__ in ("ModulesToSaveWrapper", "TrainableTokensWrapper"):
