@@ -22,7 +22,7 @@ publishers of two runs: as an adapter round to 2 fresh receivers that load adapt
 version's adapter into its pristine base), and as a merged full round to 2 receivers with ``weights.adapters:
 off``. The last line compares the two (median over the steps): bytes on the wire and publish time, both end to end
 (the merged round includes merging the adapter on the learner, as a LoRA learner's publish does).
-``--lora-only`` skips the delta part.
+``--lora-only`` skips the delta part; ``--adapter-apply unmerged`` has the adapter receivers serve unmerged.
 
 Every process this script starts is killed when it ends.
 """
@@ -74,7 +74,8 @@ async def receiver(args) -> None:
     torch.set_num_threads(1)
     model = build(args, torch.bfloat16)
     r = aioredis.from_url(args.redis)
-    sidecar = WeightSidecar(ModuleEngine(model), r, args.run, SidecarSettings(join_timeout_s=0, adapters=args.adapters),
+    sidecar = WeightSidecar(ModuleEngine(model), r, args.run, SidecarSettings(join_timeout_s=0, adapters=args.adapters,
+                                                                         adapter_apply=args.adapter_apply),
                             name=f"recv{args.index}")
     await sidecar.start()
     parent = os.getppid()
@@ -255,6 +256,8 @@ def main() -> None:
     ap.add_argument("--lora-only", action="store_true", help="only the LoRA run")
     ap.add_argument("--run", default=RUN)
     ap.add_argument("--adapters", default="auto")
+    ap.add_argument("--adapter-apply", default="merge", choices=["merge", "unmerged"],
+                    help="how the adapter receivers apply a version (weights.adapter_apply)")
     args = ap.parse_args()
     asyncio.run(receiver(args) if args.role == "receiver" else driver(args))
 
