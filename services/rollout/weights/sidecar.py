@@ -50,8 +50,6 @@ def create_sidecar(engine: Any, settings: Any) -> WeightSidecar | None:
     if not section.enabled or not settings.redis_url:
         log.warning("weight sidecar off (%s)", "weights.enabled is false" if not section.enabled else "no redis_url")
         return None
-    if section.adapters_resident == 0:  # adapter versions kept loaded in an engine server: as stale as samples may be
-        section = section.model_copy(update={"adapters_resident": settings.worker.max_staleness + 1})
     import redis.asyncio as aioredis
 
     redis = aioredis.from_url(settings.redis_url, socket_connect_timeout=5, socket_timeout=30)
@@ -64,8 +62,11 @@ def create_sidecar(engine: Any, settings: Any) -> WeightSidecar | None:
                 or f"http://{settings.host}:{settings.port}").rstrip("/")
     # named by that address too: every compose replica was "0.0.0.0:8001" in the learner's status and lag warnings
     name = urlsplit(peer_url).netloc or f"{settings.host}:{settings.port}"
-    return WeightSidecar(engine, redis, settings.run_name, section, name=name,
-                         owns_redis=True, peer_url=peer_url if section.peer else "", peer_token=token)
+    sidecar = WeightSidecar(engine, redis, settings.run_name, section, name=name,
+                            owns_redis=True, peer_url=peer_url if section.peer else "", peer_token=token)
+    # adapter versions an engine server keeps loaded (adapters_resident 0): as many as samples may be stale, + 1
+    sidecar.sink.stale_versions = settings.worker.max_staleness + 1
+    return sidecar
 
 
 class WeightSidecar:
