@@ -16,8 +16,13 @@ Receivers check every round against the learner's digests, so a wrong patch woul
 
     .venv/bin/python benchmarks/weight_delta.py [--steps 3] [--layers 8] [--hidden 768] [--bucket-mb 64]
 
-LoRA adapter-only rounds are not built yet (issue 38, part 2): the last line prints the adapter's bytes
-against the merged model's and says so.
+Then a LoRA run (issue 38 part 2): the same model in bf16 with a rank-``--lora-rank`` adapter on every linear
+layer of its blocks, trained by AdamW (lr 1e-4) for ``--steps`` steps; each version is published twice, by two
+publishers of two runs: as an adapter round to 2 fresh receivers that load adapters (the hf sink merges each
+version's adapter into its pristine base), and as a merged full round to 2 receivers with ``weights.adapters:
+off``. The last line compares the two (median over the steps): bytes on the wire and publish time, both end to end
+(the merged round includes merging the adapter on the learner, as a LoRA learner's publish does).
+``--lora-only`` skips the delta part; ``--adapter-apply unmerged`` has the adapter receivers serve unmerged.
 
 Every process this script starts is killed when it ends.
 """
@@ -69,24 +74,25 @@ async def receiver(args) -> None:
     torch.set_num_threads(1)
     model = build(args, torch.bfloat16)
     r = aioredis.from_url(args.redis)
-    sidecar = WeightSidecar(ModuleEngine(model), r, RUN, SidecarSettings(join_timeout_s=0),
+    sidecar = WeightSidecar(ModuleEngine(model), r, args.run, SidecarSettings(join_timeout_s=0, adapters=args.adapters,
+                                                                         adapter_apply=args.adapter_apply),
                             name=f"recv{args.index}")
     await sidecar.start()
     parent = os.getppid()
-    while os.getppid() == parent and not await r.exists(f"{RUN}:quit"):
+    while os.getppid() == parent and not await r.exists(f"{args.run}:quit"):
         await asyncio.sleep(0.5)
     await sidecar.stop()
     await r.aclose()
 
 
-def start_receivers(tmp: Path, redis_url: str) -> list[subprocess.Popen]:
+def start_receivers(tmp: Path, redis_url: str, run: str = RUN, adapters: str = "auto") -> list[subprocess.Popen]:
     procs = []
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     for i in range(2):
-        with open(tmp / f"recv{i}.log", "wb") as log:
-            procs.append(subprocess.Popen([sys.executable, __file__, "--role", "receiver", "--redis", redis_url,
-                                           "--index", str(i), *sys.argv[1:]], env=env, stdout=log, stderr=log,
-                                          start_new_session=True))
+        with open(tmp / f"{run}-recv{i}.log", "wb") as log:
+            procs.append(subprocess.Popen([sys.executable, __file__, *sys.argv[1:], "--role", "receiver", "--redis",
+                                           redis_url, "--index", str(i), "--run", run, "--adapters", adapters],
+                                          env=env, stdout=log, stderr=log, start_new_session=True))
     return procs
 
 
@@ -111,8 +117,11 @@ async def driver(args) -> None:
     server = EmbeddedRedis(data_dir=tmp / "redis").start()
     procs: list[subprocess.Popen] = []
     try:
-        procs = start_receivers(tmp, server.url)
         r = aioredis.from_url(server.url)
+        if args.lora_only:
+            print(await lora_rounds(args, tmp, server.url, r, procs))
+            return
+        procs += start_receivers(tmp, server.url)
         model = build(args, torch.float32)
         n_params = sum(p.numel() for p in model.parameters())
         print(f"model: Qwen2-shaped, {n_params / 1e6:.1f}M parameters, published as bf16 "
@@ -160,7 +169,6 @@ async def driver(args) -> None:
                           + " ".join(f"{c} {v / 1e6:.2f}" for c, v in codec["sizes"].items())
                           + f"; chosen {codec['chosen']}; delta phases (ms): "
                           + " ".join(f"{k} {v * 1e3:.0f}" for k, v in d.phases.items()))
-            lora_bytes, merged_bytes = lora_sizes(model, args.lora_rank)
         for lr, rows in summary.items():
             print(f"lr {lr:g}: median bytes {statistics.median(b for b, _ in rows):.4f}x full, median publish "
                   f"time {statistics.median(t for _, t in rows):.2f}x full over {len(rows)} steps")
@@ -168,26 +176,66 @@ async def driver(args) -> None:
         rows = summary[lo]
         print(f"delta at lr {lo:g}: bytes {statistics.median(b for b, _ in rows):.3f}x full, publish time "
               f"{statistics.median(t for _, t in rows):.2f}x full")
-        print(f"lora rank {args.lora_rank}: bytes {lora_bytes / merged_bytes:.3f}x merged, publish time n/a "
-              "(adapter-only rounds are not built yet)")
         await r.set(f"{RUN}:quit", "1")
-        await r.aclose()
+        del model, opt
+        print(await lora_rounds(args, tmp, server.url, r, procs))
     finally:
+        await r.aclose()
         reap(procs)
         server.stop()
 
 
-def lora_sizes(model, rank: int) -> tuple[int, int]:
-    """Bytes (bf16) of a rank-``rank`` adapter on every linear layer of the decoder's blocks, and of the merged
-    model: what an adapter-only round would send against what a merged full round sends."""
+async def lora_rounds(args, tmp: Path, redis_url: str, r, procs: list) -> str:
+    """The LoRA run (module docstring); returns the last line."""
     import torch
 
-    adapter = 0
-    for name, mod in model.named_modules():
-        if isinstance(mod, torch.nn.Linear) and ".layers." in name:
-            adapter += rank * (mod.in_features + mod.out_features) * 2
-    merged = sum(p.numel() for p in model.parameters()) * 2
-    return adapter, merged
+    from services.learner.settings import LoraSettings
+    from services.learner.training.models import adapter_weights, apply_lora
+    from services.learner.weights import WeightPublisher
+    from shared.weight_sync import WeightSyncSettings
+    from shared.weight_sync.registry import ReplicaRegistry
+
+    runs = {"adapter": f"{RUN}-lora", "merged": f"{RUN}-merged"}
+    procs += start_receivers(tmp, redis_url, runs["adapter"], "on")
+    procs += start_receivers(tmp, redis_url, runs["merged"], "off")
+    base = build(args, torch.bfloat16)
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    actor = apply_lora(base, LoraSettings(rank=args.lora_rank, alpha=2 * args.lora_rank, target_modules=targets))
+    deadline = time.monotonic() + 600
+    for run in runs.values():
+        while len(await ReplicaRegistry(r, run).alive()) < 2:
+            if time.monotonic() > deadline:
+                raise TimeoutError("the receivers did not register")
+            await asyncio.sleep(0.5)
+    settings = WeightSyncSettings(bucket_bytes=args.bucket_mb << 20, collective_timeout_s=600, load_timeout_s=600,
+                                  init_timeout_s=120, delta="off")
+    opt = torch.optim.AdamW([p for p in actor.parameters() if p.requires_grad], lr=1e-4, weight_decay=0.0)
+    gen = torch.Generator().manual_seed(2)
+    rows: list[tuple[float, float]] = []
+    async with WeightPublisher(r, runs["adapter"], settings) as lora_pub, \
+            WeightPublisher(r, runs["merged"], settings) as merged_pub:
+        for step in range(args.steps + 1):  # the first version forms the groups: not counted
+            ids = torch.randint(0, args.vocab, (args.batch, args.seq), generator=gen)
+            loss = actor(input_ids=ids, labels=ids).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            await lora_pub.publish(adapter_weights(actor))
+            a = lora_pub.last_report
+            assert set(a.round_bytes) == {"adapter"} and len(a.loaded) == 2, a
+            await merged_pub.publish(adapter_weights(actor))  # its replicas load no adapters: merged, whole
+            m = merged_pub.last_report
+            assert set(m.round_bytes) == {"full"} and len(m.loaded) == 2, m
+            if step == 0:
+                continue
+            rows.append((a.round_bytes["adapter"] / m.round_bytes["full"], a.seconds / m.seconds))
+            print(f"lora step {step}: loss {float(loss.detach()):.3f}; adapter round {a.round_bytes['adapter'] / 1e6:.2f} "
+                  f"MB in {a.seconds:.3f}s, merged round {m.round_bytes['full'] / 1e6:.1f} MB in {m.seconds:.2f}s; "
+                  "adapter phases (ms): " + " ".join(f"{k} {v * 1e3:.0f}" for k, v in a.phases.items()))
+    for run in runs.values():
+        await r.set(f"{run}:quit", "1")
+    return (f"lora rank {args.lora_rank}: bytes {statistics.median(b for b, _ in rows):.3f}x merged, publish time "
+            f"{statistics.median(t for _, t in rows):.2f}x merged")
 
 
 def main() -> None:
@@ -205,6 +253,11 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=32)
     ap.add_argument("--bucket-mb", type=int, default=64)
     ap.add_argument("--lora-rank", type=int, default=16)
+    ap.add_argument("--lora-only", action="store_true", help="only the LoRA run")
+    ap.add_argument("--run", default=RUN)
+    ap.add_argument("--adapters", default="auto")
+    ap.add_argument("--adapter-apply", default="merge", choices=["merge", "unmerged"],
+                    help="how the adapter receivers apply a version (weights.adapter_apply)")
     args = ap.parse_args()
     asyncio.run(receiver(args) if args.role == "receiver" else driver(args))
 

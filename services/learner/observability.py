@@ -56,7 +56,8 @@ class MetricsSink:
         self.publish_phase = Gauge("fleetrl_learner_publish_phase_seconds", "Last weight publish's time per phase",
                                    ["phase"], registry=registry)
         self.round_bytes = Counter("fleetrl_weight_round_bytes", "Bytes weight rounds broadcast, by kind: full (every "
-                                   "bucket whole), delta (patches against the confirmed base; docs/weight-sync.md)",
+                                   "bucket whole), delta (patches against the confirmed base), adapter (a LoRA adapter only; "
+                                   "docs/weight-sync.md)",
                                    ["kind"], registry=registry)
         self.changed_fraction = Gauge("fleetrl_weight_changed_fraction", "Share of the last published version's wire "
                                       "values that differ from the delta base (last delta plan)", registry=registry)

@@ -72,6 +72,30 @@ class SnapshotInfo(_Record):
     checksums: tuple[int, ...] = Field(description="CRC32 of each file's bytes.")
 
 
+class AdapterModule(_Record):
+    """One adapted module of a LoRA adapter round: its tensors are ``{name}.lora_A`` ([rank, in]) and
+    ``{name}.lora_B`` ([out, rank]); the module's weight is ``base + scaling * B @ A`` (transposed when
+    ``fan_in_fan_out``: GPT-2's Conv1D keeps its weight as [in, out])."""
+
+    name: str = Field(min_length=1, max_length=512)
+    scaling: float
+    fan_in_fan_out: bool = False
+
+
+class AdapterInfo(_Record):
+    """What makes a version an **adapter round**: its buckets hold only a LoRA adapter's tensors, which each
+    replica applies to its own copy of the base model (the base it loaded at start, kept pristine: every version
+    is base + that version's adapter, never a merge on top of the previous one)."""
+
+    rank: int = Field(ge=1)
+    alpha: float
+    use_rslora: bool = False
+    modules: tuple[AdapterModule, ...] = Field(min_length=1)
+
+    def tensor_names(self) -> list[str]:
+        return [f"{m.name}.{ab}" for m in self.modules for ab in ("lora_A", "lora_B")]
+
+
 class Manifest(_Record):
     version: int = Field(ge=1)
     bucket_bytes: int
@@ -84,6 +108,9 @@ class Manifest(_Record):
     layout_id: str = Field(
         default="", description="Digest of the bucket layout (see layout_id()); equal ids mean equal buckets."
     )
+    adapter: AdapterInfo | None = Field(
+        default=None, description="Set for an adapter round: the buckets hold a LoRA adapter (its tensors named in "
+                                  "AdapterInfo), not the model's weights.")
     created_at: float = Field(default_factory=time.time)
 
     def dumps(self) -> str:
@@ -240,6 +267,9 @@ class ReplicaInfo(_Record):
     delta: bool = Field(default=False, description="The replica applies delta rounds (its sink holds the bytes "
                                                    "it receives: the hf engine); engines that receive into their "
                                                    "own buffers get every bucket whole.")
+    adapters: bool = Field(default=False, description="The replica loads LoRA adapter rounds (applies a version's "
+                                                      "adapter to its own base copy); one that cannot gets merged "
+                                                      "full rounds.")
     peer_url: str = Field(default="", description="Where joining replicas fetch this replica's verified weights "
                                                   "(GET {peer_url}/weights/peer/...); '' when it serves none.")
     updated_at: float = Field(default_factory=time.time)

@@ -139,16 +139,17 @@ class Checkpoints:
         return self.models.run(req.model_id, req.seq_id, fn)
 
     def _publish(self, slot: ModelSlot, path: str) -> int | None:
-        """On the model's worker thread: publish its weights (LoRA merged) to the rollout fleet and wait for the
-        round, so the next training step cannot change them under the publish. None: no fleet, or it failed
-        (then this sampler's samples run in the learner, from the checkpoint just written)."""
+        """On the model's worker thread: publish its weights to the rollout fleet and wait for the round, so the
+        next training step cannot change them under the publish: a LoRA model's adapter only (an adapter round;
+        the merged model where a replica cannot load adapters, or base weights train too). None: no fleet, or it
+        failed (then this sampler's samples run in the learner, from the checkpoint just written)."""
         rollout = self.sampling.rollout
         if rollout is None or self.loop is None:
             return None
         from services.learner.tinker.rollout import RolloutUnavailable
-        from services.learner.training.models import merged_state_dict
+        from services.learner.training.models import adapter_weights, merged_state_dict
 
-        weights = merged_state_dict(slot.model.model)
+        weights = adapter_weights(slot.model.model) or merged_state_dict(slot.model.model)
         done = asyncio.run_coroutine_threadsafe(rollout.publish(weights), self.loop)
         try:
             version = done.result(timeout=self._publish_timeout())

@@ -19,6 +19,7 @@ from services.learner.training.backends import (
     resolve_backend,
 )
 from services.learner.training.models import (
+    adapter_weights,
     load_actor,
     load_tokenizer,
     merged_state_dict,
@@ -160,9 +161,11 @@ class TrainerBase:
     def policy_weights(self) -> dict[str, torch.Tensor] | torch.nn.Module:
         """Actor weights under the base model's parameter names for the weight sync: the actor module itself
         where it holds them as they are (the publisher lists a module's tensors from a walk it keeps between
-        publishes: ~10x cheaper than building a state dict every time), else a state dict with LoRA merged
-        in, gathered where the backend partitions parameters; under FSDP a :class:`ShardedWeights` that the
-        publisher gathers bucket by bucket (every rank takes part: call this on every rank)."""
+        publishes: ~10x cheaper than building a state dict every time); with LoRA the adapter
+        (:class:`~services.learner.weights.adapter.AdapterWeights`: an adapter round, or the merged model for a
+        fleet with a replica that cannot load adapters), else a state dict with LoRA merged in, gathered where
+        the backend partitions parameters; under FSDP a :class:`ShardedWeights` that the publisher gathers bucket
+        by bucket (every rank takes part: call this on every rank)."""
         model = self.actor.model
         if self.actor.lockstep:
             from services.learner.weights.shards import ShardedWeights
@@ -170,6 +173,8 @@ class TrainerBase:
             return ShardedWeights(model)
         if not hasattr(model, "merge_and_unload") and not self.actor.shards_parameters:
             return model
+        if not self.actor.shards_parameters and (adapter := adapter_weights(model)) is not None:
+            return adapter
         return self.actor.gathered(lambda: merged_state_dict(model))
 
     def export(self, out_dir: Path, checkpoint: Path | None = None) -> None:

@@ -177,6 +177,61 @@ def _lora_merged_state_dict(actor: nn.Module) -> dict[str, torch.Tensor] | None:
     return out
 
 
+@torch.no_grad()
+def lora_adapter(actor: nn.Module) -> tuple[list[tuple[str, torch.Tensor]], dict] | None:
+    """The actor's LoRA adapter for an adapter round: ``[(f"{module}.lora_A", A), (f"{module}.lora_B", B), ...]``
+    (base-model module names, the adapter's own tensors: no copy) and ``{"rank", "alpha", "use_rslora",
+    "modules": [{"name", "scaling", "fan_in_fan_out"}]}``. None where an adapter round cannot carry it (not a
+    peft LoRA model, several or merged adapters, DoRA, LoRA on embeddings, ``modules_to_save``, per-module ranks
+    or alphas): the merged model is published then."""
+    if not hasattr(actor, "get_base_model") or not hasattr(actor, "peft_config"):
+        return None
+    from peft.tuners.lora import LoraLayer
+
+    if len(actor.peft_config) != 1:
+        return None
+    adapter, config = next(iter(actor.peft_config.items()))
+    if getattr(config, "rank_pattern", None) or getattr(config, "alpha_pattern", None) or \
+            getattr(config, "modules_to_save", None) or getattr(config, "use_dora", False):
+        return None
+    tensors: list[tuple[str, torch.Tensor]] = []
+    modules: list[dict] = []
+    for name, module in actor.get_base_model().named_modules():
+        if isinstance(module, LoraLayer):
+            if module.merged or adapter not in module.lora_A or module.lora_embedding_A:
+                return None
+            if getattr(module, "use_dora", {}).get(adapter, False):
+                return None
+            # in the adapted weight's dtype (what the replica serves in: peft keeps a bf16 model's adapters in
+            # fp32, twice the bytes, and a merge rounds to the weight's dtype anyway); no copy when they match
+            dtype = module.get_base_layer().weight.dtype
+            tensors += [(f"{name}.lora_A", module.lora_A[adapter].weight.detach().to(dtype)),
+                        (f"{name}.lora_B", module.lora_B[adapter].weight.detach().to(dtype))]
+            modules.append({"name": name, "scaling": float(module.scaling[adapter]),
+                            "fan_in_fan_out": bool(getattr(module, "fan_in_fan_out", False))})
+        elif type(module).__name__ in ("ModulesToSaveWrapper", "TrainableTokensWrapper"):
+            return None
+    if not modules:
+        return None
+    if any(p.requires_grad for n, p in actor.get_base_model().named_parameters() if ".lora_" not in n):
+        return None  # base weights train too (a tied unembedding trained directly): only the merged model has them
+    return tensors, {"rank": int(config.r), "alpha": float(config.lora_alpha),
+                     "use_rslora": bool(getattr(config, "use_rslora", False)), "modules": modules}
+
+
+def adapter_weights(actor: nn.Module):
+    """The actor's version as an :class:`~services.learner.weights.adapter.AdapterWeights` (the adapter, and the
+    merged model for replicas that cannot load adapters), or None where :func:`lora_adapter` is None."""
+    got = lora_adapter(actor)
+    if got is None:
+        return None
+    from services.learner.weights.adapter import AdapterWeights
+    from shared.weight_sync.wire import AdapterInfo
+
+    tensors, info = got
+    return AdapterWeights(tensors, AdapterInfo.model_validate(info), merged=lambda: merged_state_dict(actor))
+
+
 def _is_adapter_tensor(owner: str, lora: dict) -> bool:
     """``<layer>.lora_A.<adapter>`` and the like: LoRA's own tensors, not part of the base model."""
     parts = owner.split(".")

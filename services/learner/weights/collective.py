@@ -106,9 +106,10 @@ class CollectiveTransport(WeightTransport):
         assert self.outbox.manifest is not None
         report, main = shipment.report, shipment.main
         by_kind: dict[str, list[ReplicaInfo]] = {}
+        adapter = self.outbox.manifest.adapter is not None  # adapter rounds: every sidecar receives them itself
         for t in replicas:
             if t.backend == self.settings.backend:
-                by_kind.setdefault(t.group, []).append(t)
+                by_kind.setdefault("torch" if adapter else t.group, []).append(t)
         for kind, remaining in by_kind.items():
             for _ in range(self.settings.max_attempts):
                 if not remaining:
@@ -153,8 +154,9 @@ class CollectiveTransport(WeightTransport):
         else:
             placed, rank = [], 1
             for m in members:
-                placed.append(Member(replica_id=m.replica_id, rank=rank, ranks=m.ranks))
-                rank += m.ranks
+                ranks = 1 if manifest.adapter is not None else m.ranks  # an adapter: the sidecar alone receives it
+                placed.append(Member(replica_id=m.replica_id, rank=rank, ranks=ranks))
+                rank += ranks
             listener = net.listen(s.listen_addr, s.rendezvous_port, s.rendezvous_ports)
             port = listener.getsockname()[1]
             rdv = Rendezvous(
@@ -197,8 +199,8 @@ class CollectiveTransport(WeightTransport):
                     listener=listener, gloo_addr=s.gloo_addr)
                 clock.lap("group")
             sent = await self._send(group, plan)
-            shipment.report.round_bytes["delta" if plan is not None else "full"] = \
-                shipment.report.round_bytes.get("delta" if plan is not None else "full", 0) + sent
+            kind_sent = "delta" if plan is not None else "adapter" if manifest.adapter is not None else "full"
+            shipment.report.round_bytes[kind_sent] = shipment.report.round_bytes.get(kind_sent, 0) + sent
             if plan is not None:
                 shipment.sent_delta = True
             if late_manifest is not None:
@@ -348,6 +350,11 @@ class CollectiveTransport(WeightTransport):
         behind = [i for i in await self.registry.alive()
                   if self.serves(i) and i.weight_version < v
                   and i.wants_version == v and self._catch_up_tries[(i.replica_id, v)] < self.settings.max_attempts]
+        if manifest.adapter is not None:  # an adapter version is no use to a replica that cannot load adapters
+            for i in [i for i in behind if not i.adapters]:
+                self._catch_up_tries[(i.replica_id, v)] = self.settings.max_attempts
+                self.waiting.add(i.replica_id)  # the next publish (soon: replicas_waiting) goes out merged
+            behind = [i for i in behind if i.adapters]
         if not behind:
             return
         async with lock:

@@ -32,6 +32,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from services.learner.weights import packing as T
+from services.learner.weights.adapter import AdapterWeights
 from services.learner.weights.delta import DeltaBase
 from services.learner.weights.health import RoundHistory, lag_problem
 from services.learner.weights.outbox import Outbox
@@ -83,6 +84,7 @@ class WeightPublisher:
         self._walk = ModuleWalk()  # a published module's tensors, re-walked only when its structure changes
         self._catch_up_task: asyncio.Task | None = None
         self._closing = asyncio.Event()
+        self._merged_said: set[str] = set()  # replicas already named as getting merged rounds (adapter_or_merged)
 
     async def __aenter__(self) -> Self:
         return self
@@ -94,7 +96,9 @@ class WeightPublisher:
     async def publish(self, weights: Any, *, version: int | None = None) -> int:
         """Publish ``weights`` as a new version (default: latest + 1) and return the version. ``weights`` may be
         a :class:`~services.learner.weights.shards.ShardedWeights` (rank 0 of a sharded learner): its buckets
-        are gathered from every rank as they are packed, and the other ranks are released when this returns."""
+        are gathered from every rank as they are packed, and the other ranks are released when this returns; or
+        an :class:`~services.learner.weights.adapter.AdapterWeights` (a LoRA learner): an adapter round when
+        every live replica loads adapters, else the merged model (:meth:`adapter_or_merged`)."""
         sharded = weights if isinstance(weights, ShardedWeights) else None
         try:
             return await self._publish(weights, version, sharded)
@@ -118,14 +122,17 @@ class WeightPublisher:
             v = latest + 1 if version is None else int(version)
             if v <= latest:
                 raise ValueError(f"version {v} is not newer than the latest published version {latest}")
+            replicas = await self.registry.alive(listing)
+            adapter = None
+            if isinstance(weights, AdapterWeights):
+                weights, adapter = await self.adapter_or_merged(weights, replicas)
             named = sharded.named() if sharded is not None else T.named_tensors(weights, self._walk)
             if not named:
                 raise ValueError("nothing to publish: no tensors")
             buckets = self._plan_for(T.specs(named))
-            replicas = await self.registry.alive(listing)
             manifest = Manifest(version=v, bucket_bytes=s.bucket_bytes, total_bytes=sum(b.nbytes for b in buckets),
                                 buckets=buckets, checksum=self._digest_algo(replicas) if s.checksum else None,
-                                layout_id=self._layout_id)
+                                layout_id=self._layout_id, adapter=adapter)
             self.outbox.begin(manifest, dict(named), source=sharded)
             self._sums_written = False
             for transport in self.transports.values():
@@ -138,7 +145,8 @@ class WeightPublisher:
                 self.outbox.manifest = manifest
                 # the manifest goes out with the first round's rendezvous (see CollectiveTransport._round)
                 shipment = Shipment(report=report, clock=clock, manifest_unwritten=True, round_id=round_id)
-                shipment.delta = await self._delta_plan(replicas, report)
+                # an adapter round is small and is applied to each replica's base, not patched onto its weights
+                shipment.delta = None if adapter is not None else await self._delta_plan(replicas, report)
                 clock.lap("manifest")
                 for name, transport in self.transports.items():  # each replica by the transport it advertises
                     await transport.deliver([i for i in replicas if i.transport == name], shipment)
@@ -222,6 +230,21 @@ class WeightPublisher:
         T.flatten_into_buckets(named, buckets)
         self.outbox.send_in_place = True
         return len(buckets)
+
+    async def adapter_or_merged(self, weights: AdapterWeights, replicas: list) -> tuple[Any, Any]:
+        """What a LoRA learner's version goes out as: ``(adapter tensors, AdapterInfo)`` when every live replica
+        loads adapter rounds (``ReplicaInfo.adapters``), else ``(merged weights, None)``: a merged full round for
+        the whole fleet (one outbox, one version's buckets), said once per replica that cannot."""
+        cannot = [i for i in replicas if not i.adapters]
+        for i in cannot:
+            if i.replica_id not in self._merged_said:
+                self._merged_said.add(i.replica_id)
+                log.warning("replica %s (%s engine, %s transport) cannot load LoRA adapters: versions go out as the "
+                            "merged model (full rounds) while it is live", i.name or i.replica_id, i.engine or "?",
+                            i.transport)
+        if cannot:
+            return await asyncio.to_thread(weights.merged), None
+        return weights.tensors, weights.info
 
     def _delta_members(self, replicas: list) -> list:
         """The live replicas a delta round could serve (collective, this backend, a sink that applies patches)."""

@@ -40,6 +40,19 @@ class RemoteEngine(Engine):
         self.client: httpx.AsyncClient | None = None
         self._control: httpx.AsyncClient | None = None
         self._aborts: dict[str, asyncio.Event] = {}
+        #: the LoRA adapter requests name (the sidecar's adapter rounds load one per version), None: the base model
+        self.adapter: str | None = None
+
+    def use_adapter(self, version: int, name: str) -> None:
+        """Serve ``version`` as the server's loaded adapter ``name`` (an adapter round). Both change together, with
+        no await between, so a request's recorded ``weight_version`` is that of the adapter it names."""
+        super().set_weight_version(version)
+        self.adapter = name
+
+    def set_weight_version(self, v: int) -> None:
+        """A whole version (full round): requests name the served model again."""
+        super().set_weight_version(v)
+        self.adapter = None
 
     async def _start(self) -> None:
         s = self.settings
@@ -71,11 +84,14 @@ class RemoteEngine(Engine):
     async def _stream(self, request: SequenceRequest) -> AsyncGenerator[SequenceDelta, None]:
         if self.client is None:
             raise EngineUnavailable("the engine client is closed")
+        # the adapter of the version Engine.stream just recorded (captured before the first await: a round that
+        # loads the next adapter meanwhile does not change what this request runs on)
+        adapter = self.adapter
         aborted = asyncio.Event()
         self._aborts[request.rid] = aborted
         waiter = asyncio.ensure_future(aborted.wait())
         try:
-            async with aclosing(self._remote(request)) as deltas:
+            async with aclosing(self._remote(request, adapter)) as deltas:
                 while True:
                     nxt = asyncio.ensure_future(deltas.__anext__())
                     await asyncio.wait({nxt, waiter}, return_when=asyncio.FIRST_COMPLETED)
@@ -114,8 +130,9 @@ class RemoteEngine(Engine):
 
     # ---- helpers for subclasses --------------------------------------------------------------------
     @abstractmethod
-    def _remote(self, request: SequenceRequest) -> AsyncGenerator[SequenceDelta, None]:
-        """Send one sequence to the server and translate its reply into deltas."""
+    def _remote(self, request: SequenceRequest, adapter: str | None = None) -> AsyncGenerator[SequenceDelta, None]:
+        """Send one sequence to the server (on LoRA adapter ``adapter``, None: the base model) and translate its
+        reply into deltas."""
 
     def _client(self) -> httpx.AsyncClient:
         if self.client is None:

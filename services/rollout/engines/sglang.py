@@ -65,7 +65,7 @@ class SGLangEngine(RemoteEngine):
             except Exception as exc:  # noqa: BLE001 - best effort: closing the request aborts it anyway
                 log.warning("SGLang /abort_request %s failed: %r", rid, exc)
 
-    def payload(self, request: SequenceRequest) -> dict:
+    def payload(self, request: SequenceRequest, adapter: str | None = None) -> dict:
         p = request.params
         sp = {
             "max_new_tokens": p.max_new_tokens, "temperature": p.temperature, "top_p": p.top_p, "top_k": p.top_k,
@@ -79,10 +79,12 @@ class SGLangEngine(RemoteEngine):
                 "stream": request.stream, "rid": request.rid}
         if p.top_logprobs:
             body["top_logprobs_num"] = p.top_logprobs
+        if adapter is not None:
+            body["lora_path"] = adapter  # a loaded LoRA adapter, by the name it was loaded under
         return body
 
-    async def _remote(self, request: SequenceRequest) -> AsyncGenerator[SequenceDelta, None]:
-        body = self.payload(request)
+    async def _remote(self, request: SequenceRequest, adapter: str | None = None) -> AsyncGenerator[SequenceDelta, None]:
+        body = self.payload(request, adapter)
         if not request.stream:
             out = await self._post_json("/generate", body)
             yield self._delta(out, 0, "")

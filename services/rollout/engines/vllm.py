@@ -52,10 +52,10 @@ class VLLMEngine(RemoteEngine):
         r = await self.control.get("/health")
         return r.status_code == 200
 
-    def payload(self, request: SequenceRequest) -> dict:
+    def payload(self, request: SequenceRequest, adapter: str | None = None) -> dict:
         p = request.params
         body = {
-            "model": self.served_model, "prompt": list(request.prompt_ids), "max_tokens": p.max_new_tokens,
+            "model": adapter or self.served_model,  # a loaded LoRA adapter is addressed by its name "prompt": list(request.prompt_ids), "max_tokens": p.max_new_tokens,
             "temperature": p.temperature, "top_p": p.top_p, "top_k": p.top_k, "min_p": p.min_p, "n": 1,
             "stop": list(p.stop), "stop_token_ids": list(p.stop_token_ids), "ignore_eos": p.ignore_eos,
             "skip_special_tokens": p.skip_special_tokens, "include_stop_str_in_output": p.no_stop_trim,
@@ -67,8 +67,8 @@ class VLLMEngine(RemoteEngine):
         body.update(_features(p))
         return body
 
-    async def _remote(self, request: SequenceRequest) -> AsyncGenerator[SequenceDelta, None]:
-        body = self.payload(request)
+    async def _remote(self, request: SequenceRequest, adapter: str | None = None) -> AsyncGenerator[SequenceDelta, None]:
+        body = self.payload(request, adapter)
         if not request.stream:
             out = await self._post_json("/v1/completions", body)
             yield self._delta(out["choices"][0], 0)

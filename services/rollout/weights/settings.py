@@ -81,6 +81,29 @@ class SidecarSettings(BaseModel):
                     "engine does); copy = copied into the model's own storage (for code that holds raw "
                     "pointers to the weights, e.g. captured CUDA graphs).",
     )
+    adapters: Literal["auto", "on", "off"] = Field(
+        default="auto",
+        description="LoRA adapter rounds (a LoRA learner sends only the adapter; docs/weight-sync.md): on = this "
+                    "replica loads them; off = it asks for merged full rounds; auto = on for the hf engine, off for "
+                    "engine servers (vLLM needs --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True, SGLang "
+                    "--enable-lora: turn it on where the server was started so).",
+    )
+    adapter_apply: Literal["merge", "unmerged"] = Field(
+        default="merge",
+        description="hf: how an adapter round enters the model: merge = each adapted weight becomes base + "
+                    "scaling * B @ A (from a copy of the base weights; faster generation), unmerged = the base "
+                    "stays and hooks add the adapter's output at every forward (no copy).",
+    )
+    adapters_resident: int = Field(
+        default=0, ge=0, le=64,
+        description="Engine servers: adapter versions kept loaded (older ones are unloaded); 0 = the worker's "
+                    "max_staleness + 1 (requests still running on an older version keep their adapter).",
+    )
+    adapter_dir: str | None = Field(
+        default=None,
+        description="Engine servers: where adapter versions are written for the server to load (a path the server "
+                    "reads too); unset: a temporary directory of this process.",
+    )
     heartbeat_s: float = Field(default=1.0, gt=0, description="Registry heartbeat period.")
     heartbeat_ttl_s: float = Field(default=5.0, gt=0, description="A replica silent this long is considered dead.")
     poll_s: float = Field(

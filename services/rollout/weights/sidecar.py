@@ -63,8 +63,11 @@ def create_sidecar(engine: Any, settings: Any) -> WeightSidecar | None:
                 or f"http://{settings.host}:{settings.port}").rstrip("/")
     # named by that address too: every compose replica was "0.0.0.0:8001" in the learner's status and lag warnings
     name = urlsplit(peer_url).netloc or f"{settings.host}:{settings.port}"
-    return WeightSidecar(engine, redis, settings.run_name, section, name=name,
-                         owns_redis=True, peer_url=peer_url if section.peer else "", peer_token=token)
+    sidecar = WeightSidecar(engine, redis, settings.run_name, section, name=name,
+                            owns_redis=True, peer_url=peer_url if section.peer else "", peer_token=token)
+    # adapter versions an engine server keeps loaded (adapters_resident 0): as many as samples may be stale, + 1
+    sidecar.sink.stale_versions = settings.worker.max_staleness + 1
+    return sidecar
 
 
 class WeightSidecar:
@@ -116,10 +119,18 @@ class WeightSidecar:
                            group=self.sink.group_kind if self.settings.group == "auto" else self.settings.group,
                            engine=getattr(self.engine, "kind", ""), weight_version=self.weight_version,
                            delta=self.settings.transport == "collective" and self.sink.accepts_delta,
+                           adapters=self.settings.transport == "collective" and self.sink.accepts_adapters,
                            wants_version=self.wants_version, peer_url=self.peer_url)
 
     async def start(self) -> None:
         """Register, start the loops, and wait (bounded) to reach the latest version."""
+        if not self.info().adapters:
+            why = ("weights.adapters is off" if self.settings.adapters == "off" else
+                   f"weights.transport is {self.settings.transport}" if self.settings.transport != "collective" else
+                   f"the {getattr(self.engine, 'kind', '?')} engine loads adapters only with weights.adapters: on "
+                   "(and LoRA enabled in its server)")
+            log.info("this replica does not load LoRA adapter rounds (%s): a LoRA learner sends it merged full rounds",
+                     why)
         await self.advertise()
         loop = asyncio.get_running_loop()
         loops = [self._heartbeat_loop(), self._latest_loop(), *self.transport.loops()]

@@ -50,8 +50,13 @@ def test_lora_trains_adapters_and_exports_merged_weights(tiny_model_dir, tmp_pat
     ids = torch.tensor([[1, 10, 20, 30, GOOD, GOOD]])
     with torch.no_grad():
         assert torch.allclose(merged(input_ids=ids).logits, model(input_ids=ids).logits, atol=1e-4)
-    # publishing sends plain (merged) parameter names
-    names = set(trainer.policy_weights())
+    # publishing sends the adapter (an adapter round: lora_A / lora_B per adapted module, base-model module names),
+    # and the merged model under plain parameter names for a fleet with a replica that cannot load adapters
+    pub = trainer.policy_weights()
+    adapted = [m.name for m in pub.info.modules]
+    assert [n for n, _ in pub.tensors] == [f"{m}.{ab}" for m in adapted for ab in ("lora_A", "lora_B")]
+    assert adapted and all(f"{m}.weight" in merged.state_dict() for m in adapted)
+    names = set(pub.merged())
     assert names == set(merged.state_dict()) and not any("lora" in n for n in names)
 
     # fleetrl export of the sharded checkpoint: the base from model.actor, the adapters from the shards, merged

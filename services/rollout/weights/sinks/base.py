@@ -38,6 +38,9 @@ class WeightSink(ABC):
     #: hold the received bytes themselves can; engines receiving into their own buffers get every bucket whole
     #: (a sink may turn it off for itself once it sees it cannot: the class value is the default)
     accepts_delta: bool = False
+    #: loads LoRA adapter rounds with ``weights.adapters: auto`` (the hf sink; engine servers need LoRA enabled at
+    #: their start, so the operator turns them on)
+    adapters_by_default: ClassVar[bool] = False
 
     def __init__(self, engine: Any, settings: SidecarSettings) -> None:
         self.engine, self.settings = engine, settings
@@ -46,6 +49,14 @@ class WeightSink(ABC):
     @property
     def weight_version(self) -> int:
         return self.engine.weight_version
+
+    @property
+    def accepts_adapters(self) -> bool:
+        """Does this replica load adapter rounds (advertised as ``ReplicaInfo.adapters``)?"""
+        mode = self.settings.adapters
+        return mode == "on" or (mode == "auto" and self.adapters_by_default and not self._adapters_off)
+
+    _adapters_off = False  # set by a sink that found it cannot (said once in its log)
 
     @abstractmethod
     async def run_round(self, rdv: Rendezvous, member: Member, manifest: Manifest, watcher: RoundWatcher) -> None: ...

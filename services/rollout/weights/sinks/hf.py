@@ -38,9 +38,12 @@ class HFSink(WeightSink):
     """The hf engine's sink (``HFEngine.weight_sink``): receive, verify, swap or copy in (module docstring)."""
 
     accepts_delta = True  # it holds the bytes it receives: delta rounds are patched here and checked by digest
+    adapters_by_default = True  # adapter rounds: applied to its own base weights (services/rollout/weights/adapters.py)
 
     def __init__(self, engine: Any, settings: Any) -> None:
         super().__init__(engine, settings)
+        self._adapters: Any = None  # ModuleAdapters while the model serves base + an adapter
+        self._pristine = True  # the model still holds the base it loaded (no full, delta or snapshot version since)
         self._loader: Any = None
         self._receiver: BucketReceiver | IpcReceiver | None = None
         self._live: tuple[list, list] | None = None  # (layout, buffers) the model's tensors point into (swap)
@@ -79,6 +82,9 @@ class HFSink(WeightSink):
         # the group needs every rank: start receiving first, check names and shapes while bytes arrive; a round the
         # publisher abandons (a member died or hung) is left at once (AbandonWatch), not after the collective timeout
         self._check_wire_dtypes(manifest)
+        if manifest.adapter is not None:
+            await self._run_adapter(rdv, member, manifest, watcher, receiver, clock)
+            return
         if rdv.delta is not None:
             await self._run_delta(rdv, member, manifest, watcher, receiver, clock)
             return
@@ -97,6 +103,60 @@ class HFSink(WeightSink):
                 raise
         clock.lap("receive")
         await self._install(got, manifest, watcher, rdv, receiver, clock)
+
+    async def _run_adapter(self, rdv: Rendezvous, member: Member, manifest: Manifest, watcher: RoundWatcher,
+                           receiver: BucketReceiver, clock: PhaseClock) -> None:
+        """An adapter round: receive the adapter's buckets, verify them, and make the model base + this adapter
+        (``adapter_apply``). The base is the weights the engine loaded; a replica whose model a full round has
+        replaced since (and that holds no base copy) cannot, refuses, and stops advertising adapters (said once):
+        it gets merged full rounds from then on."""
+        async with AbandonWatch(watcher.redis, watcher.run, rdv.round) as watch:
+            receiving = asyncio.ensure_future(asyncio.to_thread(receiver.receive, rdv, member, manifest, watch.flag))
+            try:
+                got: Received = await watch.outlast(receiving)
+            except RoundAbandoned:
+                if not receiving.done():
+                    self._receiver = None
+                raise
+        clock.lap("receive")
+        try:
+            got.verify(await watcher.checksums(rdv, manifest), required=self.settings.require_checksums)
+            tensors = adapter_tensors(manifest, got.buffers)
+        finally:
+            receiver.recycle(got.buffers)
+        clock.lap("verify")
+        await self.apply_adapter(manifest, tensors)
+        clock.lap("apply")
+
+    async def apply_adapter(self, manifest: Manifest, tensors: dict) -> None:
+        """Make the model base + ``manifest``'s adapter (verified ``tensors``, by wire name), paused."""
+        from services.rollout.weights.adapters import ModuleAdapters
+
+        info = manifest.adapter
+        assert info is not None
+        if self._adapters is None and not self._pristine:
+            if not self._adapters_off:
+                self._adapters_off = True
+                log.warning("this replica's model holds a full version (not the base it loaded): it cannot apply "
+                            "adapter rounds and asks for merged full rounds from now on")
+            raise UpdateRefused(f"version {manifest.version} is an adapter round and this model no longer holds "
+                                "its base weights (a full round replaced them)")
+        adapters = self._adapters or ModuleAdapters(self._model(), self.settings.adapter_apply)
+        try:
+            adapters.check(info, tensors)
+        except (KeyError, ValueError) as exc:
+            raise UpdateRefused(str(exc)) from exc
+        async with self.paused():
+            await asyncio.to_thread(adapters.apply, info, tensors)
+            self._adapters = adapters
+            self.engine.set_weight_version(manifest.version)
+
+    def _replacing(self) -> None:
+        """A whole version (full, delta, snapshot, peer) is about to replace the weights: no base any more."""
+        self._pristine = False
+        if self._adapters is not None:
+            self._adapters.clear()
+            self._adapters = None
 
     def _check_wire_dtypes(self, manifest: Manifest) -> None:
         """Delta rounds patch the wire bytes this replica holds: a model kept in another dtype than the wire's (fp32
@@ -213,6 +273,7 @@ class HFSink(WeightSink):
         layout = [b.tensors for b in manifest.buckets]
         swap = self.settings.apply_mode == "swap"
         async with self.paused():
+            self._replacing()
             if swap:
                 swap = await asyncio.to_thread(loader.adopt, manifest.buckets, got.buffers)
             else:
@@ -234,6 +295,8 @@ class HFSink(WeightSink):
 
         if manifest.snapshot is None:
             raise UpdateRefused(f"version {manifest.version} has no snapshot")
+        if manifest.adapter is not None:
+            raise UpdateRefused(f"version {manifest.version} is an adapter round: snapshot replicas get merged ones")
         snapshot = manifest.snapshot
         loader = self._loader_for()
         loader.check(e for b in manifest.buckets for e in b.tensors)
@@ -254,6 +317,7 @@ class HFSink(WeightSink):
                     loader.copy_tensor(name, t)
 
         async with self.paused():
+            self._replacing()
             await asyncio.to_thread(apply)
             self.engine.set_weight_version(manifest.version)
 
@@ -261,16 +325,24 @@ class HFSink(WeightSink):
         """Bytes of ``bucket`` as the model holds them now, for a joining peer (``services/rollout/weights/peer.py``)."""
         from services.rollout.weights.peer import bucket_bytes
 
+        held = self._adapters.tensors if self._adapters is not None else {}
+        if bucket.tensors and bucket.tensors[0].name in held:  # an adapter version: the adapter applied now
+            return bucket_bytes(held, bucket)
         return bucket_bytes(self._loader_for().targets, bucket)
 
     async def load_buckets(self, manifest: Manifest, buffers: list) -> None:
-        """Load a whole version whose buckets were fetched from a peer and verified: copied in, paused."""
+        """Load a whole version whose buckets were fetched from a peer and verified: copied in, paused (an
+        adapter version: applied to the base)."""
+        if manifest.adapter is not None:
+            await self.apply_adapter(manifest, adapter_tensors(manifest, buffers))
+            return
         loader = self._loader_for()
         try:
             loader.check_buckets(manifest.buckets)
         except (KeyError, ValueError) as exc:
             raise UpdateRefused(str(exc)) from exc
         async with self.paused():
+            self._replacing()
             await asyncio.to_thread(loader.apply, manifest.buckets, buffers)
             self.engine.set_weight_version(manifest.version)
 
@@ -281,3 +353,16 @@ class HFSink(WeightSink):
         if self._receiver is not None:
             await asyncio.to_thread(self._receiver.close)
             self._receiver = None
+
+
+def adapter_tensors(manifest: Manifest, buffers: list) -> dict:
+    """An adapter round's tensors out of its received buckets, by wire name (copies: the buffers are reused), after
+    checking that they are exactly the ones ``manifest.adapter`` names."""
+    from services.rollout.weights.loader import unpack
+
+    tensors = {name: t.clone() for b, buf in zip(manifest.buckets, buffers) for name, t in unpack(b, buf)}
+    want = manifest.adapter.tensor_names()
+    if sorted(tensors) != sorted(want) or len(tensors) != len(want):
+        raise UpdateRefused(f"version {manifest.version}: the adapter round's tensors are not lora_A / lora_B of "
+                            "the modules it names")
+    return tensors

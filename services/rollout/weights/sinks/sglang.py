@@ -14,8 +14,12 @@ from shared.weight_sync.wire import Manifest, Member, Rendezvous
 
 class SGLangSink(RemoteEngineSink):
     """The sglang engine's sink (``SGLangEngine.weight_sink``): the server joins the group (module docstring)."""
+    adapter_load, adapter_unload = "/load_lora_adapter", "/unload_lora_adapter"  # the server's runtime LoRA API
 
     async def run_round(self, rdv: Rendezvous, member: Member, manifest: Manifest, watcher: RoundWatcher) -> None:
+        if manifest.adapter is not None:
+            await self.run_adapter_round(rdv, member, manifest, watcher)
+            return
         await self._pause()
         try:
             if rdv.fresh_group or self.group_name != rdv.group_name:  # (a fresh group may reuse a name)

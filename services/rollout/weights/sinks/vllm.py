@@ -18,6 +18,7 @@ from shared.weight_sync.wire import Manifest, Member, Rendezvous
 
 class VLLMSink(RemoteEngineSink):
     group_kind = "pynccl"  # vLLM's NCCLWeightTransferEngine joins a StatelessProcessGroup + PyNcclCommunicator
+    adapter_load, adapter_unload = "/v1/load_lora_adapter", "/v1/unload_lora_adapter"  # the server's runtime LoRA API
 
     def __init__(self, engine, settings) -> None:
         super().__init__(engine, settings)
@@ -44,6 +45,9 @@ class VLLMSink(RemoteEngineSink):
         await self.call("/init_weight_transfer_engine", {"init_info": info}, timeout)
 
     async def run_round(self, rdv: Rendezvous, member: Member, manifest: Manifest, watcher: RoundWatcher) -> None:
+        if manifest.adapter is not None:
+            await self.run_adapter_round(rdv, member, manifest, watcher)
+            return
         await self._pause()
         try:
             if rdv.fresh_group or self.group_name != rdv.group_name:  # (a fresh group may reuse a name)
