@@ -38,6 +38,14 @@ def delta_weight(a: torch.Tensor, b: torch.Tensor, scaling: float, fan_in_fan_ou
     return out * scaling
 
 
+def _weight_of(module: torch.nn.Module) -> torch.Tensor:
+    """A LoRA-targeted module's weight (a linear layer's: ``check`` refused modules without a 2-d one)."""
+    weight = getattr(module, "weight", None)
+    if not isinstance(weight, torch.Tensor):
+        raise ValueError(f"adapter module {type(module).__name__} has no weight tensor")  # noqa: TRY004 - as check()
+    return weight
+
+
 class ModuleAdapters:
     """Applies adapter versions to ``model`` (``mode``: merge or unmerged, module docstring); :meth:`clear` puts
     the base back (a full round replaces the weights: the sink then drops this object)."""
@@ -74,7 +82,7 @@ class ModuleAdapters:
             self._restore(gone)  # a module the new adapter leaves alone is the base again
         for m in info.modules:
             module = self.model.get_submodule(m.name)
-            weight = module.weight
+            weight = _weight_of(module)
             a = tensors[f"{m.name}.lora_A"].to(weight.device)
             b = tensors[f"{m.name}.lora_B"].to(weight.device)
             if self.mode == "merge":
@@ -103,7 +111,7 @@ class ModuleAdapters:
     @torch.no_grad()
     def _restore(self, name: str) -> None:
         if self.mode == "merge":
-            self.model.get_submodule(name).weight.copy_(self.base.pop(name))
+            _weight_of(self.model.get_submodule(name)).copy_(self.base.pop(name))
         else:
             self.live.pop(name, None)
             hook = self.hooks.pop(name, None)

@@ -41,6 +41,9 @@ class WeightSink(ABC):
     #: loads LoRA adapter rounds with ``weights.adapters: auto`` (the hf sink; engine servers need LoRA enabled at
     #: their start, so the operator turns them on)
     adapters_by_default: ClassVar[bool] = False
+    #: versions a sample may lag behind, + 1: what a sink keeping several adapter versions loaded keeps
+    #: (create_sidecar sets it from the worker's max_staleness)
+    stale_versions: int = 2
 
     def __init__(self, engine: Any, settings: SidecarSettings) -> None:
         self.engine, self.settings = engine, settings

@@ -360,6 +360,8 @@ def adapter_tensors(manifest: Manifest, buffers: list) -> dict:
     checking that they are exactly the ones ``manifest.adapter`` names."""
     from services.rollout.weights.loader import unpack
 
+    if manifest.adapter is None:
+        raise UpdateRefused(f"version {manifest.version} is not an adapter round")
     tensors = {name: t.clone() for b, buf in zip(manifest.buckets, buffers) for name, t in unpack(b, buf)}
     want = manifest.adapter.tensor_names()
     if sorted(tensors) != sorted(want) or len(tensors) != len(want):
