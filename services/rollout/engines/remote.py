@@ -81,6 +81,10 @@ class RemoteEngine(Engine):
             raise EngineUnavailable("the engine client is closed")
         return self._control
 
+    @control.setter
+    def control(self, client: httpx.AsyncClient) -> None:
+        self._control = client
+
     async def _stream(self, request: SequenceRequest) -> AsyncGenerator[SequenceDelta, None]:
         if self.client is None:
             raise EngineUnavailable("the engine client is closed")
