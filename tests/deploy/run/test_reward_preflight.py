@@ -26,15 +26,8 @@ from deploy.run.reward_stall import RewardStall, before_after
 from deploy.run.run_record import compare
 from deploy.run.spec import RewardSpec
 from shared.ports import free_port
-from tests.deploy.run.conftest import tiny_spec
+from tests.deploy.run.conftest import tiny_spec, with_remote_scorer
 from tests.procs import REPO
-
-
-def with_remote_scorer(spec_file: Path, url: str) -> Path:
-    raw = yaml.safe_load(spec_file.read_text())
-    raw["reward"] = {"scorers": [{"name": "myrm", "kind": "http", "protocol": "openrlhf", "url": url}]}
-    spec_file.write_text(yaml.safe_dump(raw, sort_keys=False))
-    return spec_file
 
 
 def test_remote_problems_name_the_scorer_and_url_and_how_to_skip(tmp_path, tiny_model_dir):
