@@ -14,7 +14,8 @@ SkipPreflight = Annotated[bool, typer.Option(
     "--skip-preflight", help="Do not probe the remote (http) reward scorers before starting (for a server that "
     "cannot take a probe item).")]
 Sets = Annotated[list[str] | None, typer.Option("--set", help="Override a setting: --set train.max_steps=20 "
-                                                 "(repeatable; validated like the file).")]
+                                                 "(repeatable; validated like the file; a list's item by its "
+                                                 "index: --set reward.scorers.0.url=...).")]
 
 
 def _load(file: Path, sets: list[str] | None):
