@@ -122,7 +122,7 @@ async def driver(args) -> None:
             if time.monotonic() > deadline:
                 raise TimeoutError("the receivers did not register")
             await asyncio.sleep(0.5)
-        settings = WeightSyncSettings(bucket_bytes=args.bucket_mb << 20, collective_timeout_s=600,
+        settings = WeightSyncSettings(bucket_bytes=args.bucket_mb << 20, delta="auto", collective_timeout_s=600,
                                       load_timeout_s=600, init_timeout_s=120)
         gen = torch.Generator().manual_seed(1)
         async with WeightPublisher(r, RUN, settings) as pub:
