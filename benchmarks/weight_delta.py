@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import statistics
 import subprocess
@@ -73,8 +74,13 @@ async def receiver(args) -> None:
                             name=f"recv{args.index}")
     await sidecar.start()
     parent = os.getppid()
+    seen = None
     while os.getppid() == parent and not await r.exists(f"{RUN}:quit"):
-        await asyncio.sleep(0.5)
+        last = sidecar.last_update
+        if last is not None and last.round != seen:  # the round's phases on this receiver, for the driver
+            seen = last.round
+            await r.hset(f"{RUN}:phases:{args.index}", str(last.version), json.dumps(last.phases))
+        await asyncio.sleep(0.05)
     await sidecar.stop()
     await r.aclose()
 
@@ -122,6 +128,10 @@ async def driver(args) -> None:
             if time.monotonic() > deadline:
                 raise TimeoutError("the receivers did not register")
             await asyncio.sleep(0.5)
+        global IDLE_CPU
+        c0 = cpu_seconds(procs)
+        await asyncio.sleep(2.0)
+        IDLE_CPU = (cpu_seconds(procs) - c0) / 2.0
         settings = WeightSyncSettings(bucket_bytes=args.bucket_mb << 20, delta="auto", collective_timeout_s=600,
                                       load_timeout_s=600, init_timeout_s=120)
         gen = torch.Generator().manual_seed(1)
@@ -141,25 +151,37 @@ async def driver(args) -> None:
                     opt.zero_grad(set_to_none=True)
                     train_s = time.perf_counter() - t0
                     weights = wire(model)
+                    cpu0 = cpu_seconds(procs)
                     await pub.publish(weights)
                     d = pub.last_report
                     assert set(d.round_bytes) == {"delta"} and len(d.loaded) == 2, d
+                    await asyncio.sleep(0.2)  # the receivers' pollers note the round's phases
+                    cpu1 = cpu_seconds(procs)
                     # the same weights again, whole: the receivers marked not level (as after a refused patch)
                     pub.delta.suspect.update(d.loaded)
                     await pub.publish(weights)
                     f = pub.last_report
+                    base_s = pub.delta.last_advance_s  # the full round's copy into the base: delta: off skips it
+                    await asyncio.sleep(0.2)
+                    cpu2 = cpu_seconds(procs)
+                    cpu_d, cpu_f = cpu1 - cpu0 - 0.2 * IDLE_CPU, cpu2 - cpu1 - 0.2 * IDLE_CPU
+                    recv = await replica_phases(r, d.version)
                     assert set(f.round_bytes) == {"full"} and len(f.loaded) == 2, f
                     bytes_ratio = d.round_bytes["delta"] / f.round_bytes["full"]
-                    time_ratio = d.seconds / f.seconds
+                    time_ratio = d.seconds / (f.seconds - base_s)  # against a full round of delta: off
                     summary.setdefault(lr, []).append((bytes_ratio, time_ratio))
                     codec = pub.delta.last_codecs  # of the delta round's plan
                     print(f"lr {lr:g} step {step + 1}: loss {loss_value:.3f} (train {train_s:.1f}s), changed "
                           f"{d.changed_fraction:.4f} of the wire values; delta {d.round_bytes['delta'] / 1e6:.2f} MB "
                           f"/ full {f.round_bytes['full'] / 1e6:.1f} MB = {bytes_ratio:.4f}; publish "
-                          f"{d.seconds:.2f}s / {f.seconds:.2f}s = {time_ratio:.2f}; positions by codec (MB): "
+                          f"{d.seconds:.3f}s / {f.seconds - base_s:.3f}s = {time_ratio:.2f} (full round "
+                          f"{f.seconds:.3f}s less its copy into the base {base_s:.3f}s, which delta: off does not "
+                          f"make); positions by codec (MB): "
                           + " ".join(f"{c} {v / 1e6:.2f}" for c, v in codec["sizes"].items())
                           + f"; chosen {codec['chosen']}; delta phases (ms): "
-                          + " ".join(f"{k} {v * 1e3:.0f}" for k, v in d.phases.items()))
+                          + " ".join(f"{k} {v * 1e3:.0f}" for k, v in d.phases.items())
+                          + f"; replica phases (ms): {recv}; CPU seconds (learner + receivers) delta "
+                          f"{cpu_d:.2f} / full {cpu_f:.2f}")
             lora_bytes, merged_bytes = lora_sizes(model, args.lora_rank)
         for lr, rows in summary.items():
             print(f"lr {lr:g}: median bytes {statistics.median(b for b, _ in rows):.4f}x full, median publish "
@@ -175,6 +197,34 @@ async def driver(args) -> None:
     finally:
         reap(procs)
         server.stop()
+
+
+IDLE_CPU = 0.0  # CPU seconds a second the three processes use between rounds (pollers), measured at start
+
+
+def cpu_seconds(procs: list[subprocess.Popen]) -> float:
+    """User + system CPU seconds of this process (every thread) and the receivers so far: what a round costs the
+    machine, whatever else runs on it (wall times on a loaded machine mostly say how loaded it was)."""
+    import psutil
+
+    total = 0.0
+    for p in [psutil.Process()] + [psutil.Process(x.pid) for x in procs]:
+        t = p.cpu_times()
+        total += t.user + t.system
+    return total
+
+
+async def replica_phases(r, version: int) -> str:
+    """Each receiver's phases of the round that brought ``version`` (written by its poller)."""
+    import json
+
+    out = []
+    for i in range(2):
+        raw = await r.hget(f"{RUN}:phases:{i}", str(version))
+        if raw:
+            ph = json.loads(raw)
+            out.append(" ".join(f"{k} {v * 1e3:.0f}" for k, v in ph.items()))
+    return " | ".join(out) or "n/a"
 
 
 def lora_sizes(model, rank: int) -> tuple[int, int]:

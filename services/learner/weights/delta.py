@@ -28,6 +28,7 @@ Memory: one copy of the wire bytes (``base.buffers``), on the device each bucket
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,6 +95,7 @@ class DeltaBase:
     last_full: int = 0  # the last version published by a full round to every member
     #: the last plan's position bytes by codec (summed over its patches) and how often each was chosen
     last_codecs: dict[str, Any] = field(default_factory=dict)
+    last_advance_s: float = 0.0  # how long the last advance of the base took (the benchmark reports it)
     _said: bool = False
 
     @property
@@ -192,24 +194,27 @@ class DeltaBase:
 
         from shared.weight_sync.delta import apply_diff
 
+        t0 = time.perf_counter()
         m = outbox.manifest
         same = plan is not None and plan.base_version == self.version and self.layout_id == m.layout_id and \
             len(self.buffers) == len(m.buckets)
-        if not same:
-            self.buffers = []
+        # a full round over the same layout copies into the buffers held (fresh ones would fault in their pages)
+        keep = len(self.buffers) == len(m.buckets) and \
+            all(buf.numel() == b.nbytes for buf, b in zip(self.buffers, m.buckets))
+        if not keep:
+            self.buffers = [None] * len(m.buckets)
         for i, b in enumerate(m.buckets):
             src = outbox.pack(i)
-            if same:
-                patch = plan.patches[i]
-                if patch is None:
-                    self.buffers[i].copy_(src)
-                elif patch.changed:
+            patch = plan.patches[i] if same else None
+            if patch is not None:
+                if patch.changed:
                     apply_diff(self.buffers[i], patch)
-            else:
-                buf = torch.empty(b.nbytes, dtype=torch.uint8, device=src.device)
-                buf.copy_(src)
-                self.buffers.append(buf)
+                continue
+            if self.buffers[i] is None or self.buffers[i].device != src.device:
+                self.buffers[i] = torch.empty(b.nbytes, dtype=torch.uint8, device=src.device)
+            self.buffers[i].copy_(src)
         self.version, self.layout_id = m.version, m.layout_id
+        self.last_advance_s = time.perf_counter() - t0
 
     def forget(self) -> None:
         """Drop the base (a failed publish: the held bytes may not be the version anyone has)."""
