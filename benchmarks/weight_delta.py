@@ -15,6 +15,10 @@ version is published as bf16 (the wire dtype). Per step:
 Receivers check every round against the learner's digests, so a wrong patch would show as a refused round.
 
     .venv/bin/python benchmarks/weight_delta.py [--steps 3] [--layers 8] [--hidden 768] [--bucket-mb 64]
+    .venv/bin/python benchmarks/weight_delta.py --cpu-breakdown   # CPU time of each step, one process
+
+Each round's line also gives the CPU seconds the three processes spent on it (psutil: on a loaded machine wall
+times mostly say how loaded it was) and each receiver's phases.
 
 LoRA adapter-only rounds are not built yet (issue 38, part 2): the last line prints the adapter's bytes
 against the merged model's and says so.
@@ -227,6 +231,73 @@ async def replica_phases(r, version: int) -> str:
     return " | ".join(out) or "n/a"
 
 
+def cpu_breakdown(args) -> None:
+    """``--cpu-breakdown``: where a delta round's CPU goes, step by step, against a full round's steps: one process,
+    one thread, CPU time (``time.thread_time``, the median of 5), the same model and one real AdamW step at the
+    first ``--lrs`` (no network, no other process: each side's own work)."""
+    import torch
+
+    from services.learner.weights import packing
+    from services.rollout.weights.loader import read_bucket
+    from shared.weight_sync import delta as D
+    from shared.weight_sync.digest import digest
+    from shared.weight_sync.wire import DTYPES, plan_buckets
+
+    torch.set_num_threads(1)
+    model = build(args, torch.float32)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lrs[0], weight_decay=0.0)
+    old = wire(model)
+    ids = torch.randint(0, args.vocab, (args.batch, args.seq), generator=torch.Generator().manual_seed(1))
+    model(input_ids=ids, labels=ids).loss.backward()
+    opt.step()
+    new_w = wire(model)
+    buckets = plan_buckets(packing.specs(list(old.items())), args.bucket_mb << 20)
+    base = [packing.pack_bucket(b, old, out=torch.empty(b.nbytes, dtype=torch.uint8)) for b in buckets]
+    new = [torch.empty(b.nbytes, dtype=torch.uint8) for b in buckets]
+    stage = [torch.zeros(b.nbytes, dtype=torch.uint8) for b in buckets]
+    replica = build(args, torch.bfloat16)
+    replica.load_state_dict(old)
+    targets = dict(replica.state_dict(keep_vars=True))
+    units = [D.unit_size([DTYPES[e.dtype] for e in b.tensors], b.nbytes) for b in buckets]
+    rows: list[tuple[str, float]] = []
+
+    def cpu(label, fn):
+        times = []
+        for _ in range(5):
+            t0 = time.thread_time()
+            out = fn()
+            times.append(time.thread_time() - t0)
+        rows.append((label, statistics.median(times)))
+        return out
+
+    cpu("learner: pack the version (full rounds too)", lambda: [packing.pack_bucket(b, new_w, out=o)
+                                                                for b, o in zip(buckets, new)])
+    cpu("learner: digest it, xxh3 (full rounds too)", lambda: [digest(o, "xxh3_64") for o in new])
+    cpu("learner: compare with the base (positions, values)", lambda: [D.diff(n, b, u)
+                                                                      for n, b, u in zip(new, base, units)])
+    patches = cpu("learner: build the patches (compare + encode)", lambda: [D.make_patch(n, b, u) for n, b, u
+                                                                          in zip(new, base, units)])
+    scratch = [b.clone() for b in base]
+    cpu("learner: advance the base (scatter)", lambda: [D.apply_diff(s, p) for s, p in zip(scratch, patches)])
+    cpu("learner, full round with delta on: copy into the base", lambda: [s.copy_(n) for s, n in zip(scratch, new)])
+    cpu("replica: its current bytes into staging", lambda: [read_bucket(targets, b, s) for b, s in zip(buckets, stage)])
+    cpu("replica: decode the patches", lambda: [D.read_patch(p.data, s.numel()) for p, s in zip(patches, stage)])
+
+    def rebuild():
+        for b, s, p in zip(buckets, stage, patches):
+            read_bucket(targets, b, s)
+            D.apply_patch(s, p.data)
+
+    cpu("replica: current bytes + decode + scatter", rebuild)
+    assert all(torch.equal(s, n) for s, n in zip(stage, new)), "a rebuilt bucket differs"
+    cpu("replica: digest, xxh3 (full rounds too)", lambda: [digest(s, "xxh3_64") for s in stage])
+    changed = sum(p.changed for p in patches if p is not None) / sum(b.nbytes // u for b, u in zip(buckets, units))
+    print(f"{sum(b.nbytes for b in buckets) / 1e6:.0f} MB in {len(buckets)} buckets, lr {args.lrs[0]:g}: "
+          f"{changed:.4f} of the units changed; CPU ms (one thread, median of 5):")
+    for label, sec in rows:
+        print(f"  {label:58s} {sec * 1e3:7.1f}")
+
+
 def lora_sizes(model, rank: int) -> tuple[int, int]:
     """Bytes (bf16) of a rank-``rank`` adapter on every linear layer of the decoder's blocks, and of the merged
     model: what an adapter-only round would send against what a merged full round sends."""
@@ -255,7 +326,12 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=32)
     ap.add_argument("--bucket-mb", type=int, default=64)
     ap.add_argument("--lora-rank", type=int, default=16)
+    ap.add_argument("--cpu-breakdown", action="store_true",
+                    help="only: CPU time of each step of a delta round and of a full round, in this process")
     args = ap.parse_args()
+    if args.cpu_breakdown:
+        cpu_breakdown(args)
+        return
     asyncio.run(receiver(args) if args.role == "receiver" else driver(args))
 
 
