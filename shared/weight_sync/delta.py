@@ -83,7 +83,7 @@ _scratch = threading.local()  # per thread: the compare's bool mask, reused buck
 
 def _mask(n: int) -> Any:
     """A reusable bool array of ``n`` elements (a fresh 32 MB mask per 64 MiB bucket would fault in its pages
-    every time: that cost more than the compare itself, measured)."""
+    every time: about 15 % of the compare's CPU)."""
     import numpy as np
 
     m = getattr(_scratch, "mask", None)
@@ -95,7 +95,8 @@ def _mask(n: int) -> Any:
 def diff_host(a: Any, b: Any) -> tuple[Any, Any]:
     """:func:`diff` on host numpy arrays of units: one compare into a reused mask, one ``flatnonzero``, one gather
     of the new units (numpy's compare and ``flatnonzero`` were 1.5-2.4x torch's ``nonzero`` here; comparing
-    8-byte words first and expanding the changed ones cost more CPU than it saved at 2-3 % changed units)."""
+    8-byte words first and expanding the changed ones, or chunking for the cache, saved nothing at 2-3 % changed
+    units: docs/benchmarks.md, "Weight delta")."""
     import numpy as np
 
     m = _mask(len(a))
@@ -326,8 +327,8 @@ def read_patch(data: Any, nbytes: int) -> tuple[int, Any, memoryview]:
 
 
 def _scatter(buf: Any, unit: int, pos: Any, vals: Any) -> None:
-    """``buf``'s units at ``pos`` become ``vals`` (host numpy arrays): numpy's fancy assignment on a host buffer
-    (torch's ``index_put_`` took ~10x longer here, measured), torch's on a GPU one."""
+    """``buf``'s units at ``pos`` become ``vals`` (host numpy arrays, as decoded): numpy's fancy assignment on a
+    host buffer (no torch index tensors made from them), torch's on a GPU one."""
     import torch
 
     units = _units(buf, unit)
