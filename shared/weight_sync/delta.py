@@ -291,7 +291,8 @@ def make_patch(new: Any, base: Any, unit: int, codec: str | None = None) -> Patc
     if total >= new.numel():
         return None
     data = np.empty(total, dtype=np.uint8)
-    HEADER.pack_into(data, 0, MAGIC, CODECS.index(codec), unit, n_units, k, sizes[codec])
+    data[:HEADER.size] = np.frombuffer(HEADER.pack(MAGIC, CODECS.index(codec), unit, n_units, k, sizes[codec]),
+                                       dtype=np.uint8)
     body = encode_positions(codec, pos, n_units, gaps=g)
     data[HEADER.size:HEADER.size + len(body)] = np.frombuffer(body, dtype=np.uint8)
     vals = vals_t.cpu().numpy()  # the units' bytes, little-endian as on the wire

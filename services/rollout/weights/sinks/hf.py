@@ -118,6 +118,7 @@ class HFSink(WeightSink):
         that differs) is refused: the publisher then sends the version whole."""
         loader = self._loader_for()
         d = rdv.delta
+        assert d is not None
         why = None  # decided before the first byte: this replica still receives everything, and refuses after
         if self.engine.weight_version != d.base_version:
             why = (f"delta round against version {d.base_version}, this replica holds {self.engine.weight_version}: "
@@ -140,8 +141,8 @@ class HFSink(WeightSink):
                     self._receiver = None
                 raise
         clock.lap("receive")
-        if why:
-            raise UpdateRefused(why)
+        if why or rebuild is None:
+            raise UpdateRefused(why or "")
         self.phases["patch"] = round(rebuild.seconds, 6)  # (inside receive: each patch while the next travels)
         await self._install(got, manifest, watcher, rdv, receiver, clock)
 
