@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints/cpu.txt | cks
 export TOKENIZERS_PARALLELISM := false
 export HF_HUB_OFFLINE := 1
 
-.PHONY: install test test-fast test-slow test-gpu docs demo demo-agent bench lint clean
+.PHONY: install test test-fast test-slow test-bench test-gpu docs demo demo-agent bench lint clean
 
 $(STAMP): pyproject.toml constraints/cpu.txt
 	@$(PY) -c 'import sys; assert sys.version_info >= (3, 10), "FleetRL needs Python >= 3.10"'
@@ -30,7 +30,12 @@ TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(BIN)/ruff check shared services tests benchmarks deploy
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -q -m 'not gpu' -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=20 tests
+	$(BIN)/python -m pytest -q -m 'not gpu and not bench' -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=20 tests
+
+## the benchmark scripts' quick runs (tests/benchmarks: each script runs end to end and prints its rows and ratios);
+## not behaviour of the product, so not in `make test`; CI runs it after `make test` (.ci/run)
+test-bench: $(STAMP)
+	$(BIN)/python -m pytest -q -m bench -n $(TEST_WORKERS) --dist loadfile --durations=10 tests/benchmarks
 
 ## the edit loop: unit and in-process tests, no process started (<= 3 min here); tiers: tests/conftest.py
 test-fast: $(STAMP)
@@ -38,7 +43,7 @@ test-fast: $(STAMP)
 
 ## what test-fast leaves out: tests that start processes (`process`) or take over ~30 s (`slow`)
 test-slow: $(STAMP)
-	$(BIN)/python -m pytest -q -m '(slow or process) and not gpu' --durations=20 tests
+	$(BIN)/python -m pytest -q -m '(slow or process) and not gpu and not bench' --durations=20 tests
 
 ## the documentation site (docs/, mkdocs.yml) into site/; --strict: a broken link or anchor is an error
 docs: $(STAMP)

@@ -15,6 +15,10 @@ version is published as bf16 (the wire dtype). Per step:
 Receivers check every round against the learner's digests, so a wrong patch would show as a refused round.
 
     .venv/bin/python benchmarks/weight_delta.py [--steps 3] [--layers 8] [--hidden 768] [--bucket-mb 64]
+    .venv/bin/python benchmarks/weight_delta.py --cpu-breakdown   # CPU time of each step, one process
+
+Each round's line also gives the CPU seconds the three processes spent on it (psutil: on a loaded machine wall
+times mostly say how loaded it was) and each receiver's phases.
 
 Then a LoRA run (issue 38 part 2): the same model in bf16 with a rank-``--lora-rank`` adapter on every linear
 layer of its blocks, trained by AdamW (lr 1e-4) for ``--steps`` steps; each version is published twice, by two
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import statistics
 import subprocess
@@ -79,8 +84,13 @@ async def receiver(args) -> None:
                             name=f"recv{args.index}")
     await sidecar.start()
     parent = os.getppid()
+    seen = None
     while os.getppid() == parent and not await r.exists(f"{args.run}:quit"):
-        await asyncio.sleep(0.5)
+        last = sidecar.last_update
+        if last is not None and last.round != seen:  # the round's phases on this receiver, for the driver
+            seen = last.round
+            await r.hset(f"{args.run}:phases:{args.index}", str(last.version), json.dumps(last.phases))
+        await asyncio.sleep(0.05)
     await sidecar.stop()
     await r.aclose()
 
@@ -131,7 +141,11 @@ async def driver(args) -> None:
             if time.monotonic() > deadline:
                 raise TimeoutError("the receivers did not register")
             await asyncio.sleep(0.5)
-        settings = WeightSyncSettings(bucket_bytes=args.bucket_mb << 20, collective_timeout_s=600,
+        global IDLE_CPU
+        c0 = cpu_seconds(procs)
+        await asyncio.sleep(2.0)
+        IDLE_CPU = (cpu_seconds(procs) - c0) / 2.0
+        settings = WeightSyncSettings(bucket_bytes=args.bucket_mb << 20, delta="auto", collective_timeout_s=600,
                                       load_timeout_s=600, init_timeout_s=120)
         gen = torch.Generator().manual_seed(1)
         async with WeightPublisher(r, RUN, settings) as pub:
@@ -150,25 +164,37 @@ async def driver(args) -> None:
                     opt.zero_grad(set_to_none=True)
                     train_s = time.perf_counter() - t0
                     weights = wire(model)
+                    cpu0 = cpu_seconds(procs)
                     await pub.publish(weights)
                     d = pub.last_report
                     assert set(d.round_bytes) == {"delta"} and len(d.loaded) == 2, d
+                    await asyncio.sleep(0.2)  # the receivers' pollers note the round's phases
+                    cpu1 = cpu_seconds(procs)
                     # the same weights again, whole: the receivers marked not level (as after a refused patch)
                     pub.delta.suspect.update(d.loaded)
                     await pub.publish(weights)
                     f = pub.last_report
+                    base_s = pub.delta.last_advance_s  # the full round's copy into the base: delta: off skips it
+                    await asyncio.sleep(0.2)
+                    cpu2 = cpu_seconds(procs)
+                    cpu_d, cpu_f = cpu1 - cpu0 - 0.2 * IDLE_CPU, cpu2 - cpu1 - 0.2 * IDLE_CPU
+                    recv = await replica_phases(r, d.version)
                     assert set(f.round_bytes) == {"full"} and len(f.loaded) == 2, f
                     bytes_ratio = d.round_bytes["delta"] / f.round_bytes["full"]
-                    time_ratio = d.seconds / f.seconds
+                    time_ratio = d.seconds / (f.seconds - base_s)  # against a full round of delta: off
                     summary.setdefault(lr, []).append((bytes_ratio, time_ratio))
                     codec = pub.delta.last_codecs  # of the delta round's plan
                     print(f"lr {lr:g} step {step + 1}: loss {loss_value:.3f} (train {train_s:.1f}s), changed "
                           f"{d.changed_fraction:.4f} of the wire values; delta {d.round_bytes['delta'] / 1e6:.2f} MB "
                           f"/ full {f.round_bytes['full'] / 1e6:.1f} MB = {bytes_ratio:.4f}; publish "
-                          f"{d.seconds:.2f}s / {f.seconds:.2f}s = {time_ratio:.2f}; positions by codec (MB): "
+                          f"{d.seconds:.3f}s / {f.seconds - base_s:.3f}s = {time_ratio:.2f} (full round "
+                          f"{f.seconds:.3f}s less its copy into the base {base_s:.3f}s, which delta: off does not "
+                          f"make); positions by codec (MB): "
                           + " ".join(f"{c} {v / 1e6:.2f}" for c, v in codec["sizes"].items())
                           + f"; chosen {codec['chosen']}; delta phases (ms): "
-                          + " ".join(f"{k} {v * 1e3:.0f}" for k, v in d.phases.items()))
+                          + " ".join(f"{k} {v * 1e3:.0f}" for k, v in d.phases.items())
+                          + f"; replica phases (ms): {recv}; CPU seconds (learner + receivers) delta "
+                          f"{cpu_d:.2f} / full {cpu_f:.2f}")
         for lr, rows in summary.items():
             print(f"lr {lr:g}: median bytes {statistics.median(b for b, _ in rows):.4f}x full, median publish "
                   f"time {statistics.median(t for _, t in rows):.2f}x full over {len(rows)} steps")
@@ -183,6 +209,101 @@ async def driver(args) -> None:
         await r.aclose()
         reap(procs)
         server.stop()
+
+
+IDLE_CPU = 0.0  # CPU seconds a second the three processes use between rounds (pollers), measured at start
+
+
+def cpu_seconds(procs: list[subprocess.Popen]) -> float:
+    """User + system CPU seconds of this process (every thread) and the receivers so far: what a round costs the
+    machine, whatever else runs on it (wall times on a loaded machine mostly say how loaded it was)."""
+    import psutil
+
+    total = 0.0
+    for p in [psutil.Process()] + [psutil.Process(x.pid) for x in procs]:
+        t = p.cpu_times()
+        total += t.user + t.system
+    return total
+
+
+async def replica_phases(r, version: int) -> str:
+    """Each receiver's phases of the round that brought ``version`` (written by its poller)."""
+    import json
+
+    out = []
+    for i in range(2):
+        raw = await r.hget(f"{RUN}:phases:{i}", str(version))
+        if raw:
+            ph = json.loads(raw)
+            out.append(" ".join(f"{k} {v * 1e3:.0f}" for k, v in ph.items()))
+    return " | ".join(out) or "n/a"
+
+
+def cpu_breakdown(args) -> None:
+    """``--cpu-breakdown``: where a delta round's CPU goes, step by step, against a full round's steps: one process,
+    one thread, CPU time (``time.thread_time``, the median of 5), the same model and one real AdamW step at the
+    first ``--lrs`` (no network, no other process: each side's own work)."""
+    import torch
+
+    from services.learner.weights import packing
+    from services.rollout.weights.loader import read_bucket
+    from shared.weight_sync import delta as D
+    from shared.weight_sync.digest import digest
+    from shared.weight_sync.wire import DTYPES, plan_buckets
+
+    torch.set_num_threads(1)
+    model = build(args, torch.float32)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lrs[0], weight_decay=0.0)
+    old = wire(model)
+    ids = torch.randint(0, args.vocab, (args.batch, args.seq), generator=torch.Generator().manual_seed(1))
+    model(input_ids=ids, labels=ids).loss.backward()
+    opt.step()
+    new_w = wire(model)
+    buckets = plan_buckets(packing.specs(list(old.items())), args.bucket_mb << 20)
+    base = [packing.pack_bucket(b, old, out=torch.empty(b.nbytes, dtype=torch.uint8)) for b in buckets]
+    new = [torch.empty(b.nbytes, dtype=torch.uint8) for b in buckets]
+    stage = [torch.zeros(b.nbytes, dtype=torch.uint8) for b in buckets]
+    replica = build(args, torch.bfloat16)
+    replica.load_state_dict(old)
+    targets = dict(replica.state_dict(keep_vars=True))
+    units = [D.unit_size([DTYPES[e.dtype] for e in b.tensors], b.nbytes) for b in buckets]
+    rows: list[tuple[str, float]] = []
+
+    def cpu(label, fn):
+        times = []
+        for _ in range(5):
+            t0 = time.thread_time()
+            out = fn()
+            times.append(time.thread_time() - t0)
+        rows.append((label, statistics.median(times)))
+        return out
+
+    cpu("learner: pack the version (full rounds too)", lambda: [packing.pack_bucket(b, new_w, out=o)
+                                                                for b, o in zip(buckets, new)])
+    cpu("learner: digest it, xxh3 (full rounds too)", lambda: [digest(o, "xxh3_64") for o in new])
+    cpu("learner: compare with the base (positions, values)", lambda: [D.diff(n, b, u)
+                                                                      for n, b, u in zip(new, base, units)])
+    patches = cpu("learner: build the patches (compare + encode)", lambda: [D.make_patch(n, b, u) for n, b, u
+                                                                          in zip(new, base, units)])
+    scratch = [b.clone() for b in base]
+    cpu("learner: advance the base (scatter)", lambda: [D.apply_diff(s, p) for s, p in zip(scratch, patches)])
+    cpu("learner, full round with delta on: copy into the base", lambda: [s.copy_(n) for s, n in zip(scratch, new)])
+    cpu("replica: its current bytes into staging", lambda: [read_bucket(targets, b, s) for b, s in zip(buckets, stage)])
+    cpu("replica: decode the patches", lambda: [D.read_patch(p.data, s.numel()) for p, s in zip(patches, stage)])
+
+    def rebuild():
+        for b, s, p in zip(buckets, stage, patches):
+            read_bucket(targets, b, s)
+            D.apply_patch(s, p.data)
+
+    cpu("replica: current bytes + decode + scatter", rebuild)
+    assert all(torch.equal(s, n) for s, n in zip(stage, new)), "a rebuilt bucket differs"
+    cpu("replica: digest, xxh3 (full rounds too)", lambda: [digest(s, "xxh3_64") for s in stage])
+    changed = sum(p.changed for p in patches if p is not None) / sum(b.nbytes // u for b, u in zip(buckets, units))
+    print(f"{sum(b.nbytes for b in buckets) / 1e6:.0f} MB in {len(buckets)} buckets, lr {args.lrs[0]:g}: "
+          f"{changed:.4f} of the units changed; CPU ms (one thread, median of 5):")
+    for label, sec in rows:
+        print(f"  {label:58s} {sec * 1e3:7.1f}")
 
 
 async def lora_rounds(args, tmp: Path, redis_url: str, r, procs: list) -> str:
@@ -258,7 +379,12 @@ def main() -> None:
     ap.add_argument("--adapters", default="auto")
     ap.add_argument("--adapter-apply", default="merge", choices=["merge", "unmerged"],
                     help="how the adapter receivers apply a version (weights.adapter_apply)")
+    ap.add_argument("--cpu-breakdown", action="store_true",
+                    help="only: CPU time of each step of a delta round and of a full round, in this process")
     args = ap.parse_args()
+    if args.cpu_breakdown:
+        cpu_breakdown(args)
+        return
     asyncio.run(receiver(args) if args.role == "receiver" else driver(args))
 
 

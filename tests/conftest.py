@@ -59,9 +59,15 @@ def tiny_reward_model_dir(tmp_path_factory) -> Path:
     return build_tiny_reward_model(tmp_path_factory.mktemp("tiny-rm"))
 
 
+BENCHMARKS = Path(__file__).resolve().parent / "benchmarks"
+
+
 def pytest_collection_modifyitems(config, items) -> None:
-    """Every test that uses a fixture marked ``@starts_processes`` (directly or through another) is a ``process`` test."""
+    """Every test under tests/benchmarks is a ``bench`` test (a benchmark script's quick run: ``make test-bench``).
+    Every test that uses a fixture marked ``@starts_processes`` (directly or through another) is a ``process`` test."""
     for item in items:
+        if BENCHMARKS in Path(item.path).parents:
+            item.add_marker(pytest.mark.bench)
         info = getattr(item, "_fixtureinfo", None)
         if info is None:
             continue

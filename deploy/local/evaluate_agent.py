@@ -4,7 +4,8 @@ environment) run once per held-out prompt at temperature 0, against whatever pol
 The rollout function is the very one the workers run, given a :class:`RolloutContext` whose generation goes
 over the rollout service's HTTP API (``POST /generate`` with ``input_ids``: token-in / token-out, as the worker
 drives its engine) and whose scoring is the reward service's ``/score``. A held-out episode succeeds when its
-reward is >= 0.999 (the environment's, or the reward service's on the final answer).
+reward (the environment's, or the reward service's on the final answer) is >= ``eval.success_threshold``, as a
+single-turn answer does; the mean reward is kept beside the success.
 """
 
 from __future__ import annotations
@@ -82,26 +83,50 @@ class HttpReplica:
 
 @dataclass(frozen=True)
 class AgentEval:
-    accuracy: float
+    accuracy: float  # the share of episodes whose reward is >= the success threshold
     weight_version: str
     trajectories: list[Trajectory]
     tool_calls: int  # episodes with more than one turn (the model called a tool)
+    mean_reward: float | None = None
+    answers: tuple[dict, ...] = ()  # per episode, as ``fleetrl eval --show`` prints it and samples.jsonl keeps it
+
+
+def summarize(trajectories: list[Trajectory], rows: list[dict], tokenizer: Any, success_threshold: float = 1.0,
+              weight_version: str = "") -> AgentEval:
+    """Held-out episodes in figures: success (reward >= ``success_threshold``), mean reward, the episodes that
+    called a tool, and one answer per episode (the prompt, the whole response with the environment's turns, the
+    label, the reward, the model's tokens and turns, whether it called a tool or hit max_new_tokens)."""
+    answers = []
+    for t, row in zip(trajectories, rows):
+        model_turns = [x for x in t.turns if x.kind == "model"]
+        answers.append({"prompt": row.get("prompt", row.get("input")),
+                        "completion": tokenizer.decode(list(t.response_ids), skip_special_tokens=True),
+                        "label": row.get("label"), "reward": t.reward,
+                        "tokens": sum(len(x.ids) for x in model_turns) if t.turns else len(t.response_ids),
+                        "model_turns": len(model_turns) or 1, "called_tool": len(t.turns) > 1,
+                        "hit_max_new_tokens": t.finish_reason == "length"})
+    n = len(trajectories)
+    return AgentEval(accuracy=sum(t.reward >= success_threshold for t in trajectories) / n if n else 0.0,
+                     weight_version=weight_version, trajectories=trajectories,
+                     tool_calls=sum(1 for t in trajectories if len(t.turns) > 1),
+                     mean_reward=sum(t.reward for t in trajectories) / n if n else None, answers=tuple(answers))
 
 
 def greedy_success(rollout_url: str, reward_url: str, rows: list[dict], worker: Any, *, max_new_tokens: int,
                    samples: tuple[Path, str] | None = None, concurrency: int = 64,
-                   timeout: float = 300.0, mixed_ok: bool = False) -> AgentEval:
+                   timeout: float = 300.0, mixed_ok: bool = False, success_threshold: float = 1.0) -> AgentEval:
     """Run ``worker.rollout_function`` greedily once per row (``input`` as the prompt, ``label``); ``worker`` is
     the rollout service's ``WorkerSettings`` (its agent settings, stop tokens). ``samples``: (path, title) of a
     markdown file for the first few episodes. Raises RuntimeError when the answers came from several weight
     versions (unless ``mixed_ok``: see :func:`~deploy.local.evaluate.one_version`) or an episode could not be
-    run (with the reason)."""
+    run (with the reason). An episode succeeds when its reward is >= ``success_threshold``
+    (``eval.success_threshold``)."""
     return asyncio.run(_greedy_success(rollout_url, reward_url, rows, worker, max_new_tokens, samples,
-                                       concurrency, timeout, mixed_ok))
+                                       concurrency, timeout, mixed_ok, success_threshold))
 
 
 async def _greedy_success(rollout_url, reward_url, rows, worker, max_new_tokens, samples, concurrency,
-                          timeout, mixed_ok) -> AgentEval:
+                          timeout, mixed_ok, success_threshold) -> AgentEval:
     from transformers import AutoTokenizer  # only when evaluating
 
     fn = load_rollout_function(worker.rollout_function)
@@ -131,11 +156,9 @@ async def _greedy_success(rollout_url, reward_url, rows, worker, max_new_tokens,
             await rewards.aclose()
             replica.close()
     version = one_version({str(v) for t in trajectories for _, v in t.version_spans}, mixed_ok)
-    ok = sum(1 for t in trajectories if t.reward >= 0.999)
-    called = sum(1 for t in trajectories if len(t.turns) > 1)
     if samples is not None:
         write_samples(samples[0], trajectories, tokenizer, samples[1])
-    return AgentEval(ok / len(rows), version, trajectories, called)
+    return summarize(trajectories, rows, tokenizer, success_threshold, version)
 
 
 def render_markdown(trajectories: list[Trajectory], tokenizer: Any, title: str, limit: int = 6) -> str:

@@ -14,7 +14,8 @@ SkipPreflight = Annotated[bool, typer.Option(
     "--skip-preflight", help="Do not probe the remote (http) reward scorers before starting (for a server that "
     "cannot take a probe item).")]
 Sets = Annotated[list[str] | None, typer.Option("--set", help="Override a setting: --set train.max_steps=20 "
-                                                 "(repeatable; validated like the file).")]
+                                                 "(repeatable; validated like the file; a list's item by its "
+                                                 "index: --set reward.scorers.0.url=...).")]
 
 
 def _load(file: Path, sets: list[str] | None):
@@ -148,7 +149,8 @@ def eval_cmd(
     rollout_url: Annotated[str | None, typer.Option(help="Evaluate what a running rollout service serves "
                                                     "instead.")] = None,
     samples: Annotated[int, typer.Option(min=0, help="Also sample this many answers per prompt: their accuracy "
-                                         "and pass@k for k = 1, 2, 4, ..., samples (unbiased estimator).")] = 0,
+                                         "and pass@k for k = 1, 2, 4, ..., samples (unbiased estimator; "
+                                         "single-turn specs only).")] = 0,
     temperature: Annotated[float | None, typer.Option(min=0.0, help="Temperature of --samples (default: the "
                                                       "spec's sampling.temperature).")] = None,
     seed: Annotated[int | None, typer.Option(min=0, help="Seed of --samples: answer j of every prompt uses seed + j, "
@@ -160,7 +162,9 @@ def eval_cmd(
 ) -> None:
     """Held-out greedy accuracy (the share of answers whose reward is >= eval.success_threshold, default 1.0) and
     mean reward (eval.data, judged by the spec's reward) of a model or a running rollout service, with --samples
-    K also sampled accuracy and pass@k; prints a JSON summary (and with --show N, N answers first)."""
+    K also sampled accuracy and pass@k; prints a JSON summary whose "measured" says what was counted (and with
+    --show N, N answers first). An agent spec (a rollout function other than single_turn): one greedy episode
+    per prompt, with tool_call_rate; --samples is refused."""
     import json
 
     import httpx
@@ -191,8 +195,11 @@ def eval_cmd(
 
 def show_answer(answer: dict) -> str:
     """One held-out answer as ``fleetrl eval --show`` prints it: the prompt, the completion, the label, the
-    reward and the length (``max`` when it hit max_new_tokens)."""
+    reward and the length (``max`` when it hit max_new_tokens); an agent's episode also its model turns and
+    whether it called a tool."""
     reward = "failed" if answer.get("reward") is None else f"{answer['reward']:.3f}"
     length = f"{answer.get('tokens')} tokens" + (" (hit max_new_tokens)" if answer.get("hit_max_new_tokens") else "")
+    if "model_turns" in answer:  # an agent's episode (its completion holds the environment's turns too)
+        length += f", {answer['model_turns']} model turns" + (" (called a tool)" if answer.get("called_tool") else "")
     return (f"--- reward {reward}, {length}, label {answer.get('label')!r}\n"
             f"prompt:     {answer.get('prompt')!r}\ncompletion: {answer.get('completion')!r}")

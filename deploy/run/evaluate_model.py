@@ -35,6 +35,10 @@ def evaluate_model(spec: RunSpec, spec_file: Path, model: str | None = None, rol
         raise ValueError("eval.data is not set: name the held-out prompts (--set eval.data=FILE)")
     if spec.reward is None:
         raise ValueError("reward is not set: held-out answers are judged by the spec's reward")
+    worker = episode_worker(service_config(spec, "rollout", spec_file))
+    if worker is not None and samples > 0:
+        raise ValueError(f"--samples draws single-turn answers; this spec's held-out prompts are "
+                         f"{worker.rollout_function} episodes (each evaluated once, greedy): leave --samples out")
     problems = preflight(spec, spec_file) or ([] if skip_preflight else remote_problems(spec))
     if problems:
         raise ValueError(problems[0])
@@ -47,11 +51,24 @@ def evaluate_model(spec: RunSpec, spec_file: Path, model: str | None = None, rol
     except FleetError as exc:
         raise ValueError(fleet_error_line(exc, where / "logs")) from exc
     answers = result.pop("answers")
-    out = {**result, "model": what, "eval_data": spec.eval.data}
+    out = {"measured": measured(spec, spec_file), **result, "model": what, "eval_data": spec.eval.data}
+    if worker is not None:  # the share of episodes in which the model called a tool
+        out["tool_call_rate"] = sum(bool(a.get("called_tool")) for a in answers) / len(answers) if answers else 0.0
     (where / "result.json").write_text(json.dumps(out, indent=2))
     with (where / "samples.jsonl").open("w") as f:  # every held-out answer, with its reward and length
         f.writelines(json.dumps(a) + "\n" for a in answers)
     return {**out, "answers": answers}
+
+
+def measured(spec: RunSpec, spec_file: Path) -> str:
+    """What ``fleetrl eval``'s ``accuracy`` counts, in words: one greedy answer per held-out prompt, or one
+    greedy episode of the workers' rollout function (an agent with tools)."""
+    worker = episode_worker(service_config(spec, "rollout", spec_file))
+    if worker is None:
+        return "one greedy answer per held-out prompt"
+    turns = getattr(getattr(worker, "agent", None), "max_turns", None)
+    return f"one greedy {worker.rollout_function} episode per held-out prompt" + \
+        (f" (up to {turns} model turns)" if turns else "")
 
 
 def eval_dir(spec: RunSpec) -> Path:

@@ -90,7 +90,8 @@ def evaluate(rollout_url: str, reward_url: str, rows: list[dict], step: int, max
     written beside ``log_path`` as ``heldout_samples_step<step>.md`` (turns, tool calls, reward), and the log
     line has ``tool_call_rate``: the share of episodes in which the model called a tool. An answer is correct
     when its reward is >= ``success_threshold`` (``eval.success_threshold``); the mean reward is kept beside
-    the accuracy; ``samples_out`` (single-turn) gets every answer with its reward and length."""
+    the accuracy; ``samples_out`` gets every answer (an episode: its whole response, turns, tool call) with its
+    reward and length."""
     extra: dict[str, float] = {}
     mean_reward = None
     for attempt in range(attempts):
@@ -108,9 +109,12 @@ def evaluate(rollout_url: str, reward_url: str, rows: list[dict], step: int, max
                 samples = None if log_path is None else (
                     log_path.parent / f"heldout_samples_step{step}.md", f"held-out episodes at step {step} (greedy)")
                 res = greedy_success(rollout_url, reward_url, rows, worker, max_new_tokens=max_new_tokens,
-                                     samples=samples, mixed_ok=attempt == attempts - 1)
-                acc, version = res.accuracy, res.weight_version
+                                     samples=samples, mixed_ok=attempt == attempts - 1,
+                                     success_threshold=success_threshold)
+                acc, version, mean_reward = res.accuracy, res.weight_version, res.mean_reward
                 extra = {"tool_call_rate": res.tool_calls / len(rows)}
+                if samples_out is not None:
+                    samples_out[:] = res.answers
             break
         except RuntimeError:  # answers from several weight versions (the fleet updated mid-pass), or a failed episode
             if attempt == attempts - 1:

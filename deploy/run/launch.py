@@ -352,7 +352,11 @@ class RunLauncher:
 
     def _reward_stalled(self, view: RunView) -> None:
         """A scorer failing for ``reward.stall_after_s`` is said once (and shown while it lasts); one failing
-        for ``reward.give_up_after_s`` stops the run (the learner checkpoints on the way out)."""
+        for ``reward.give_up_after_s`` stops the run (the learner checkpoints on the way out); one that answers
+        again is said once too."""
+        back = self._stall.came_back(view.reward_failing)
+        if back:
+            self.display.event(back)
         line, give_up = self._stall.check(view.reward_failing)
         if line and line.split(" for ", 1)[0] != (view.stalled or "").split(" for ", 1)[0]:
             self.display.event(line)

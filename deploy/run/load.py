@@ -34,14 +34,26 @@ def parse_set(item: str) -> tuple[list[str], Any]:
 
 
 def apply_set(raw: dict[str, Any], path: list[str], value: Any) -> None:
-    node = raw
-    for i, part in enumerate(path[:-1]):
-        child = node.setdefault(part, {})
-        if not isinstance(child, dict):
-            where = ".".join(path[: i + 1])
-            raise SpecError(f"--set {'.'.join(path)}: {where} is {type(child).__name__} {child!r}, not a section")
-        node = child
-    node[path[-1]] = value
+    """Set ``value`` at ``path`` in ``raw``: a section by its key (made when missing), a list's item by its index
+    (``reward.scorers.0.url``). A refusal names the path, never the values there (a scorer's api_key)."""
+    node: Any = raw
+    for i, part in enumerate(path):
+        last = i == len(path) - 1
+        if isinstance(node, list):
+            if not part.isdigit() or int(part) >= len(node):
+                items = f"by its index ({'0' if len(node) == 1 else f'0 to {len(node) - 1}'})" if node else \
+                    "(it is empty: write the whole list, --set key='[...]')"
+                raise SpecError(f"--set {'.'.join(path)}: {'.'.join(path[:i])} is a list of {len(node)}: name an "
+                                f"item {items}")
+            part = int(part)  # type: ignore[assignment]
+        elif not isinstance(node, dict):
+            raise SpecError(f"--set {'.'.join(path)}: {'.'.join(path[:i])} is a {type(node).__name__}, not a section")
+        elif not last:
+            node.setdefault(part, {})
+        if last:
+            node[part] = value
+        else:
+            node = node[part]
 
 
 def load_spec(file: str | Path, sets: list[str] | tuple[str, ...] = ()) -> RunSpec:

@@ -140,6 +140,8 @@ class Poller:
         self._first: tuple[float, int] | None = None
         self._client = httpx.Client(timeout=2.0)
         self.managed: set[str] = set()  # services a controller restarts or drains: their exits are not an error
+        #: the failing scorers of the poll before: what a reward service that misses a poll said last stands
+        self._failing_before: dict[str, tuple[float, str]] = {}
 
     def close(self) -> None:
         self._client.close()
@@ -153,7 +155,7 @@ class Poller:
 
     def poll(self) -> RunView:
         views = []
-        self.view.reward_failing = {}
+        self._failing_before, self.view.reward_failing = self.view.reward_failing, {}
         for name, svc in list(self.fleet.services.items()):
             if not svc.alive:  # a clean exit is "finished", not its log's last line (uvicorn's goodbye)
                 views.append(ServiceView(name, f"exited {svc.proc.returncode}", "finished" if svc.proc.returncode == 0
@@ -211,7 +213,8 @@ class Poller:
 
     def _reward(self, name: str, url: str) -> ServiceView:
         code, h = self._get(f"{url}/health")
-        if not h:
+        if not h:  # no answer this time (starting, or too busy): its scorers are as it said last
+            self.view.reward_failing.update(self._failing_before)
             return ServiceView(name, "starting")
         failing = {k: f for k, f in (h.get("failing") or {}).items() if isinstance(f, dict) and f.get("where")}
         for f in failing.values():

@@ -12,9 +12,12 @@ class ScorerFailure(Exception):
     retryable = True
     tries = 1  # how many tries the service made before giving up (set by the service)
 
-    def __init__(self, message: str, *, retryable: bool | None = None):
+    def __init__(self, message: str, *, retryable: bool | None = None, cause: str | None = None):
         super().__init__(message)
         self.message = message
+        #: the failure itself, as ``/health``'s ``failing`` and a stalled run quote it (a refusal by the
+        #: circuit breaker gives the last real failure behind it)
+        self.cause = cause or message
         if retryable is not None:
             self.retryable = retryable
 

@@ -100,7 +100,7 @@ class RewardService:
         if failure is None:
             self._failing.pop(scorer.name, None)
             return
-        cause = failure.message if isinstance(failure, ScorerFailure) else f"{type(failure).__name__}: {failure}"
+        cause = failure.cause if isinstance(failure, ScorerFailure) else f"{type(failure).__name__}: {failure}"
         since = self._failing.get(scorer.name, (time.monotonic(), ""))[0]
         self._failing[scorer.name] = (since, cause)
 

@@ -27,6 +27,7 @@ only the changed positions and values moved there; :func:`apply_patch` writes in
 from __future__ import annotations
 
 import struct
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -70,13 +71,37 @@ def diff(new: Any, base: Any, unit: int) -> tuple[Any, Any]:
     import torch
 
     a, b = _units(new, unit), _units(base, unit)
-    if new.device.type == "cpu":  # numpy's compare and flatnonzero: 1.5-2.4x torch's nonzero here (measured)
-        import numpy as np
-
-        an = a.numpy()
-        pos = np.flatnonzero(an != b.numpy())
-        return torch.from_numpy(pos), torch.from_numpy(an[pos])
+    if new.device.type == "cpu":
+        pos, vals = diff_host(a.numpy(), b.numpy())
+        return torch.from_numpy(pos), torch.from_numpy(vals)
     pos = (a != b).nonzero().squeeze(1)  # on the GPU: compared where the bucket lives
+    return pos, a[pos]
+
+
+_scratch = threading.local()  # per thread: the compare's bool mask, reused bucket after bucket
+
+
+def _mask(n: int) -> Any:
+    """A reusable bool array of ``n`` elements (a fresh 32 MB mask per 64 MiB bucket would fault in its pages
+    every time: about 15 % of the compare's CPU)."""
+    import numpy as np
+
+    m = getattr(_scratch, "mask", None)
+    if m is None or len(m) < n:
+        m = _scratch.mask = np.empty(n, dtype=bool)
+    return m[:n]
+
+
+def diff_host(a: Any, b: Any) -> tuple[Any, Any]:
+    """:func:`diff` on host numpy arrays of units: one compare into a reused mask, one ``flatnonzero``, one gather
+    of the new units (numpy's compare and ``flatnonzero`` were 1.5-2.4x torch's ``nonzero`` here; comparing
+    8-byte words first and expanding the changed ones, or chunking for the cache, saved nothing at 2-3 % changed
+    units: docs/benchmarks.md, "Weight delta")."""
+    import numpy as np
+
+    m = _mask(len(a))
+    np.not_equal(a, b, out=m)
+    pos = np.flatnonzero(m)
     return pos, a[pos]
 
 
@@ -101,25 +126,39 @@ def _ungap(g: Any) -> Any:
 
 
 def _varint_len(g: Any) -> Any:
+    """LEB128 bytes of each gap: 1 + how many of 2^7, 2^14, ... it reaches (one compare per length present)."""
     import numpy as np
 
     n = np.ones(len(g), dtype=np.int64)
-    v = g >> 7
-    while v.any():
-        n += v > 0
-        v >>= 7
+    top = int(g.max()) if len(g) else 0
+    shift = 7
+    while top >> shift:
+        n += g >= (1 << shift)
+        shift += 7
     return n
 
 
 def codec_sizes(pos: Any, n_units: int) -> dict[str, int]:
     """Bytes each codec takes for these (host numpy, int64, ascending) positions."""
-    g = _gaps(pos)
-    k = len(pos)
-    return {"varint": int(_varint_len(g).sum()), "gap16": 2 * int(k + (g // _G16).sum()), "index32": 4 * k,
-            "bitmask": (n_units + 7) // 8}
+    return _sizes(_gaps(pos), n_units)
 
 
-def encode_positions(codec: str, pos: Any, n_units: int) -> bytes:
+def _sizes(g: Any, n_units: int) -> dict[str, int]:
+    import numpy as np
+
+    k = len(g)
+    top = int(g.max()) if k else 0
+    varint = k
+    shift = 7
+    while top >> shift:
+        varint += int(np.count_nonzero(g >= (1 << shift)))
+        shift += 7
+    escapes = int((g[g >= _G16] // _G16).sum()) if top >= _G16 else 0
+    return {"varint": varint, "gap16": 2 * (k + escapes), "index32": 4 * k, "bitmask": (n_units + 7) // 8}
+
+
+def encode_positions(codec: str, pos: Any, n_units: int, gaps: Any = None) -> bytes:
+    """``pos`` (host numpy, int64, ascending) in ``codec``; ``gaps``: their :func:`_gaps` when already made."""
     import numpy as np
 
     if codec == "index32":
@@ -128,8 +167,10 @@ def encode_positions(codec: str, pos: Any, n_units: int) -> bytes:
         mask = np.zeros(n_units, dtype=np.uint8)
         mask[pos] = 1
         return np.packbits(mask, bitorder="little").tobytes()
-    g = _gaps(pos)
+    g = _gaps(pos) if gaps is None else gaps
     if codec == "gap16":
+        if not len(g) or int(g.max()) < _G16:
+            return g.astype("<u2").tobytes()
         q, r = np.divmod(g, _G16)
         reps = q + 1  # q escape tokens, then the remainder
         out = np.full(int(reps.sum()), _G16, dtype="<u2")
@@ -137,14 +178,26 @@ def encode_positions(codec: str, pos: Any, n_units: int) -> bytes:
         out[ends] = r
         return out.tobytes()
     if codec == "varint":
-        lens = _varint_len(g)
-        total = int(lens.sum())
-        starts = np.cumsum(lens) - lens
-        owner = np.repeat(np.arange(len(g)), lens)
-        shift = (np.arange(total) - starts[owner]) * 7
-        out = ((g[owner] >> shift) & 0x7F).astype(np.uint8)
-        out[np.arange(total) != (starts + lens - 1)[owner]] |= 0x80
-        return out.tobytes()
+        # every gap's low 7 bits as one byte; the few gaps of 128 or more (~4 % at 2.5 % changed) get the
+        # continuation bit, and their further bytes are inserted after them in one pass (np.insert keeps the
+        # given order for equal indices: level 1, then 2, ...)
+        long = np.flatnonzero(g >= 0x80)
+        if not len(long):
+            return g.astype(np.uint8).tobytes()
+        out = (g & 0x7F).astype(np.uint8)
+        out[long] |= 0x80
+        at, extra = [], []
+        j, sel = 1, long
+        while len(sel):
+            v = g[sel] >> (7 * j)
+            nxt = v >= 0x80
+            at.append(sel + 1)
+            extra.append(((v & 0x7F) | np.where(nxt, 0x80, 0)).astype(np.uint8))
+            sel = sel[nxt]
+            j += 1
+        at_all = np.concatenate(at)
+        order = np.argsort(at_all, kind="stable")
+        return np.insert(out, at_all[order], np.concatenate(extra)[order]).tobytes()
     raise PatchError(f"unknown position codec {codec!r}")
 
 
@@ -166,24 +219,39 @@ def decode_positions(codec: str, raw: memoryview | bytes, k: int, n_units: int) 
         pos = _ungap(g)
     elif codec == "varint":
         b = np.frombuffer(raw, dtype=np.uint8)
-        ends = np.flatnonzero(b < 0x80)
-        if len(ends) != k or (len(b) and ends[-1:].tolist() != [len(b) - 1]):
+        cont = np.flatnonzero(b >= 0x80)  # continuation bytes: few (gaps of 128 or more)
+        if len(b) - len(cont) != k or (len(b) and b[-1] >= 0x80):
             raise PatchError("varint positions do not end where the count says")
-        starts = np.concatenate(([0], ends[:-1] + 1))
-        lens = ends - starts + 1
-        if len(lens) and lens.max() > 9:
-            raise PatchError("varint gap too long")
-        owner = np.repeat(np.arange(k), lens)
-        shift = (np.arange(len(b)) - starts[owner]) * 7
-        # each gap's 7-bit groups summed: a running sum over all bytes, differenced at each gap's last byte
-        csum = np.cumsum((b & 0x7F).astype(np.int64) << shift)
-        g = csum[ends] - np.concatenate(([0], csum[ends[:-1]]))
+        g = b.astype(np.int64)
+        if len(cont):
+            g[cont] -= 0x80
+            # a run of continuation bytes c, c+1, ... belongs to the gap whose first byte starts the run; each
+            # byte after a continuation byte adds its 7 bits at its depth in the run, into that first byte
+            first = np.ones(len(cont), dtype=bool)
+            first[1:] = cont[1:] != cont[:-1] + 1
+            run = np.flatnonzero(first)
+            depth = np.arange(len(cont)) - np.repeat(run, np.diff(np.append(run, len(cont))))
+            if len(depth) and depth.max() > 7:
+                raise PatchError("varint gap too long")
+            head = cont[run][np.repeat(np.arange(len(run)), np.diff(np.append(run, len(cont))))]
+            for d in range(int(depth.max()) + 1):  # heads are distinct within one depth
+                at = depth == d
+                g[head[at]] += g[cont[at] + 1] << (7 * (d + 1))
+            if int(g.min()) < 0:
+                raise PatchError("varint gap too long")
+            keep = np.ones(len(b), dtype=bool)
+            keep[cont + 1] = False  # the bytes folded into their gap's first byte
+            g = g[keep]
+        if k and int(g.max()) >= n_units:
+            raise PatchError("patch positions out of the bucket")
         pos = _ungap(g)
     else:
         raise PatchError(f"unknown position codec {codec!r}")
     if len(pos) != k:
         raise PatchError(f"patch lists {len(pos)} positions, its header {k}")
-    if k and (pos[-1] >= n_units or pos[0] < 0 or (k > 1 and (np.diff(pos) <= 0).any())):
+    if k and (pos[-1] >= n_units or pos[0] < 0):
+        raise PatchError("patch positions out of the bucket or not ascending")
+    if codec == "index32" and k > 1 and (np.diff(pos) <= 0).any():  # (gaps and bits ascend by construction)
         raise PatchError("patch positions out of the bucket or not ascending")
     return pos
 
@@ -193,39 +261,58 @@ def decode_positions(codec: str, raw: memoryview | bytes, k: int, n_units: int) 
 class Patch:
     """One bucket's patch: the encoded bytes, and what it holds (for reports and the benchmark)."""
 
-    data: bytes
+    data: Any  # the patch: a uint8 numpy array (bytes-like: len(), bytes(), memoryview())
     changed: int  # units that differ
     units: int  # units in the bucket
     codec: str
     sizes: dict[str, int]  # position bytes of every codec (what the choice was made from)
     positions: Any = None  # the changed positions (int64 torch, the buffers' device): the publisher's own base
     values: Any = None  # their new units (same device), so the base is patched without decoding
+    unit: int = 0  # bytes a unit
 
 
 def make_patch(new: Any, base: Any, unit: int, codec: str | None = None) -> Patch | None:
     """The patch that turns ``base`` into ``new`` (flat uint8 torch buffers, one device), or None when it
-    would not be smaller than the bucket itself (send it whole). ``codec``: force one (tests, benchmark)."""
+    would not be smaller than the bucket itself (send it whole). ``codec``: force one (tests, benchmark).
+
+    One compare (:func:`diff`), the gaps made once and used for the sizes and the encoding, and the patch
+    written into one array (header, positions, values): no Python loop over positions, no bytes joined."""
     import numpy as np
 
     pos_t, vals_t = diff(new, base, unit)
     n_units = new.numel() // unit
     pos = pos_t.cpu().numpy().astype(np.int64, copy=False)
-    sizes = codec_sizes(pos, n_units)
+    g = _gaps(pos)
+    sizes = _sizes(g, n_units)
     if codec is None:
         codec = min(CODECS, key=lambda c: sizes[c])
-    total = HEADER.size + sizes[codec] + len(pos) * unit
+    k = len(pos)
+    total = HEADER.size + sizes[codec] + k * unit
     if total >= new.numel():
         return None
-    vals = vals_t.cpu().numpy().tobytes()  # the units' bytes, little-endian as on the wire
-    head = HEADER.pack(MAGIC, CODECS.index(codec), unit, n_units, len(pos), sizes[codec])
-    data = head + encode_positions(codec, pos, n_units) + vals
-    return Patch(data=data, changed=len(pos), units=n_units, codec=codec, sizes=sizes, positions=pos_t, values=vals_t)
+    data = np.empty(total, dtype=np.uint8)
+    data[:HEADER.size] = np.frombuffer(HEADER.pack(MAGIC, CODECS.index(codec), unit, n_units, k, sizes[codec]),
+                                       dtype=np.uint8)
+    body = encode_positions(codec, pos, n_units, gaps=g)
+    data[HEADER.size:HEADER.size + len(body)] = np.frombuffer(body, dtype=np.uint8)
+    vals = vals_t.cpu().numpy()  # the units' bytes, little-endian as on the wire
+    data[HEADER.size + len(body):] = vals.view(np.uint8)
+    return Patch(data=data, changed=k, units=n_units, codec=codec, sizes=sizes, positions=pos_t, values=vals_t,
+                 unit=unit)
 
 
-def read_patch(data: bytes | memoryview, nbytes: int) -> tuple[int, Any, bytes | memoryview]:
+def _host_bytes(data: Any) -> memoryview:
+    """A patch's bytes as a memoryview: bytes, bytearray, memoryview, a uint8 numpy array or a torch tensor
+    (copied to the host first when it lives on a GPU)."""
+    if hasattr(data, "numpy"):  # a torch tensor
+        data = data.cpu().numpy() if data.device.type != "cpu" else data.numpy()
+    return memoryview(data).cast("B")
+
+
+def read_patch(data: Any, nbytes: int) -> tuple[int, Any, memoryview]:
     """Parse a patch for a bucket of ``nbytes``: (unit, positions as int64 numpy, values bytes). Raises
     :class:`PatchError` on anything that does not fit."""
-    data = memoryview(data)
+    data = _host_bytes(data)
     if len(data) < HEADER.size:
         raise PatchError(f"patch of {len(data)} bytes is shorter than its header")
     magic, codec_id, unit, n_units, k, pos_bytes = HEADER.unpack_from(data)
@@ -240,23 +327,35 @@ def read_patch(data: bytes | memoryview, nbytes: int) -> tuple[int, Any, bytes |
     return unit, pos, data[HEADER.size + pos_bytes:]
 
 
-def apply_diff(buf: Any, patch: Patch, unit: int) -> None:
+def _scatter(buf: Any, unit: int, pos: Any, vals: Any) -> None:
+    """``buf``'s units at ``pos`` become ``vals`` (host numpy arrays, as decoded): numpy's fancy assignment on a
+    host buffer (no torch index tensors made from them), torch's on a GPU one."""
+    import torch
+
+    units = _units(buf, unit)
+    if buf.device.type == "cpu":
+        units.numpy()[pos] = vals
+    else:
+        units[torch.from_numpy(pos).to(buf.device)] = torch.from_numpy(vals).to(buf.device)
+
+
+def apply_diff(buf: Any, patch: Patch, unit: int | None = None) -> None:
     """Write ``patch``'s changed units into ``buf`` straight from its positions and values (the publisher
     advancing its own base; no decoding)."""
+    unit = unit or patch.unit
+    if patch.positions.device.type == "cpu" and buf.device.type == "cpu":
+        _units(buf, unit).numpy()[patch.positions.numpy()] = patch.values.numpy()
+        return
     _units(buf, unit)[patch.positions.to(buf.device)] = patch.values.to(buf.device)
 
 
-def apply_patch(buf: Any, data: bytes | memoryview) -> int:
+def apply_patch(buf: Any, data: Any) -> int:
     """Write a patch into ``buf`` (a flat uint8 torch buffer holding the base, any device): returns the units
-    changed. Checks the patch fully before writing anything."""
+    changed. ``data``: bytes-like or a uint8 torch tensor. Checks the patch fully before writing anything."""
     import numpy as np
-    import torch
 
     unit, pos, vals = read_patch(data, buf.numel())
     if not len(pos):
         return 0
-    units = _units(buf, unit)
-    idx = torch.from_numpy(pos).to(buf.device)
-    src = torch.from_numpy(np.frombuffer(vals, dtype=np.uint8).copy()).view(units.dtype).to(buf.device)
-    units[idx] = src
+    _scatter(buf, unit, pos, np.frombuffer(vals, dtype=_UNIT_DTYPES[unit]))
     return len(pos)

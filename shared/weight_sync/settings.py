@@ -89,9 +89,11 @@ class WeightSyncSettings(BaseModel):
     )
     delta: Literal["auto", "off"] = Field(
         default="off",
-        description="Opt-in for now: on one machine a delta publish of a 100M bf16 model took 2.05x a full one "
-                    "(building and checking patches costs more than a loopback copy; benchmarks/weight_delta.py); "
-                    "across hosts the bytes sent (0.03x at lr 1e-6) should dominate. auto: when every member of a round holds the version all of them last confirmed, send each "
+        description="Opt-in for now: on the 2-core development machine over loopback gloo a delta round of a 100M "
+                    "bf16 model still costs more than a full one (comparing 100M values with the base and rebuilding "
+                    "them on each replica cost more CPU than a loopback copy; benchmarks/weight_delta.py, "
+                    "docs/benchmarks.md); across hosts the bytes sent (0.03x at lr 1e-6) should dominate. auto: "
+                    "when every member of a round holds the version all of them last confirmed, send each "
                     "bucket as a patch of its changed elements against it (or whole, when that is not smaller); "
                     "members check the result against the new version's digests. Costs one copy of the wire "
                     "bytes on the learner (the base), on the device the buckets are packed on. Needs the "

@@ -47,8 +47,10 @@ async def weight_sync_status(redis: Any, run: str) -> dict[str, Any]:
             "created_at": rdv.created_at,
             "kind": "full" if rdv.delta is None else "delta",
             "delta_base": None if rdv.delta is None else rdv.delta.base_version,
-            "patch_bytes": None if rdv.delta is None else sum(max(0, n) for n in rdv.delta.payload),
-            "whole_buckets": None if rdv.delta is None else sum(1 for n in rdv.delta.payload if n < 0),
+            "patch_bytes": None if rdv.delta is None or rdv.delta.payload is None
+            else sum(max(0, n) for n in rdv.delta.payload),
+            "whole_buckets": None if rdv.delta is None or rdv.delta.payload is None
+            else sum(1 for n in rdv.delta.payload if n < 0),
             "members": [{"replica_id": m.replica_id, "rank": m.rank,
                          "report": reports[m.replica_id].state if m.replica_id in reports else None,
                          "detail": reports[m.replica_id].detail if m.replica_id in reports else ""}

@@ -167,9 +167,13 @@ class DeltaRound(_Record):
     version's digests (:class:`Checksums`); a member not at ``base_version`` refuses, and gets a full round."""
 
     base_version: int = Field(ge=1)
-    payload: tuple[int, ...] = Field(
-        description="Per bucket, what is broadcast: -1 the whole bucket, 0 nothing (unchanged), n > 0 a patch "
-                    "of n bytes (shared.weight_sync.delta).")
+    payload: tuple[int, ...] | None = Field(
+        default=None,
+        description="Per bucket, what was broadcast: -1 the whole bucket, 0 nothing (unchanged), n > 0 a patch "
+                    "of n bytes (shared.weight_sync.delta). Members read it in band: before each bucket the "
+                    "publisher broadcasts that number (one int64), since a bucket's patch is built while the one "
+                    "before it is on the wire; the rendezvous gets it once the round's broadcasts are done (for "
+                    "fleetrl weights status), None until then.")
 
 
 class Rendezvous(_Record):

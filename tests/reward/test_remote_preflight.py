@@ -38,6 +38,9 @@ class _UserServer(BaseHTTPRequestHandler):
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         _UserServer.seen.append({"path": self.path, "body": body, "auth": self.headers.get("Authorization")})
+        if self.path.startswith("/page"):  # http.server's own error page (text/html), as a stdlib server answers
+            self.send_error(404)
+            return
         replies = {"/get_reward": {"rewards": [1.0] * len(body.get("query", []))},
                    "/score": {"scores": [0.5] * len(body.get("items", [])),
                               "components": [{"rm": 0.5}] * len(body.get("items", [])), "errors": []},
@@ -79,6 +82,9 @@ def test_a_wrong_url_is_one_line_with_the_scorer_the_url_and_what_came_back(user
         f"reward scorer 'myrm' at {dead}: cannot connect (Connection refused)"
     assert probe_problem(http_scorer(f"{user_server}/get_rewards")) == \
         f"reward scorer 'myrm' at {user_server}/get_rewards: answered 404: {{\"detail\": \"Not Found\"}}"
+    # an HTML error page is said in words (its status and reason), not as the start of the page's markup
+    assert probe_problem(http_scorer(f"{user_server}/page")) == \
+        f"reward scorer 'myrm' at {user_server}/page: answered 404 Not Found (an HTML page)"
     assert probe_problem(http_scorer(f"{user_server}/wrong")) == \
         f"reward scorer 'myrm' at {user_server}/wrong: the reply has no rewards (it was {{'ok': True}})"
     assert probe_problem(http_scorer(f"{user_server}/wrong", protocol="fleetrl")).endswith(
@@ -129,5 +135,24 @@ async def test_a_failing_scorer_is_reported_with_where_and_since_when_until_it_s
         svc.scorers[0].config = http_scorer(f"{user_server}/get_reward", timeout_s=2)  # the server is back
         assert (await svc.score([ScoreItem(prompt="p", response="r")])).scores == [1.0]
         assert svc.failing() == {}
+    finally:
+        await svc.stop()
+
+
+async def test_a_scorer_behind_an_open_circuit_is_failing_with_the_real_cause_not_the_breakers_words():
+    """The stalled line quotes ``failing``'s error: once the breaker opens, that stays the server's own failure
+    (``cannot connect (Connection refused)``), not ``circuit open after 5 consecutive failures ...; next trial
+    in 0.8s`` (a walk of docs/your-own-task.md printed that)."""
+    url = f"http://127.0.0.1:{free_port()}/get_reward"
+    svc = RewardService(RewardSettings(scorers=[{
+        "name": "myrm", "kind": "http", "protocol": "openrlhf", "url": url, "timeout_s": 2,
+        "retry": {"attempts": 1}, "breaker_failures": 1, "breaker_reset_s": 60}], probe_remote_scorers=False))
+    await svc.start()
+    try:
+        for _ in range(2):  # the first call opens the circuit, the second is refused by it
+            with pytest.raises(RewardRequestError):
+                await svc.score([ScoreItem(prompt="p", response="r")])
+        assert svc.scorers[0].breaker.is_open
+        assert svc.failing()["myrm"].error == "cannot connect (Connection refused)"
     finally:
         await svc.stop()

@@ -19,6 +19,7 @@ from services.rollout.weights.settings import SidecarSettings
 from services.rollout.weights.sidecar import WeightSidecar
 from shared.weight_sync import WeightSyncSettings
 from shared.weight_sync.delta import HEADER
+from shared.weight_sync.status import weight_sync_status
 
 FAST = {"delta": "auto", "init_timeout_s": 20, "collective_timeout_s": 10, "regroup_timeout_s": 5, "load_timeout_s": 20,
         "catch_up_poll_s": 0.1}
@@ -226,7 +227,9 @@ async def test_a_replica_holding_another_dtype_than_the_wire_takes_whole_rounds(
         await a.stop()
 
 
-async def test_a_version_where_everything_changed_goes_as_a_plain_full_round(redis_client, threads):
+async def test_a_version_where_everything_changed_sends_every_bucket_whole(redis_client, threads):
+    # patches are built while the round runs (bucket k+1's while bucket k is on the wire), so a dense version is
+    # still a delta round, whose every bucket goes whole: the bytes of a full round, and the base moves with it
     run = "delta-dense"
     a = await start_replica(redis_client, run, "a")
     model = make_model()
@@ -236,11 +239,18 @@ async def test_a_version_where_everything_changed_goes_as_a_plain_full_round(red
             await pub.publish(model)
             nudge(model, 1, frac=1.0)  # every value moves: no patch would be smaller than its bucket
             await pub.publish(model)
-            assert kinds(pub) == {"full"} and pub.last_report.changed_fraction > 0.9, pub.last_report
-            assert set(a.sink.phases) == {"receive", "verify", "apply"}  # no patch step on the replica
+            r = pub.last_report
+            assert r.round_bytes == {"delta": r.total_bytes} and r.changed_fraction > 0.9 and r.loaded, r
+            status = await weight_sync_status(redis_client, run)
+            n_buckets = len(pub.outbox.manifest.buckets)
+            assert status["last_round"]["whole_buckets"] == n_buckets and status["last_round"]["patch_bytes"] == 0
+            assert_bit_equal(model, [a])
             nudge(model, 2)
-            await pub.publish(model)  # and the base moved with it: the next sparse step is a delta round
-            assert kinds(pub) == {"delta"}
+            await pub.publish(model)  # and the base moved with it: the next sparse step sends patches
+            r = pub.last_report
+            assert kinds(pub) == {"delta"} and r.round_bytes["delta"] < 0.25 * r.total_bytes, r
+            status = await weight_sync_status(redis_client, run)
+            assert status["last_round"]["kind"] == "delta" and 0 < status["last_round"]["patch_bytes"] < r.total_bytes
             assert_bit_equal(model, [a])
     finally:
         await a.stop()

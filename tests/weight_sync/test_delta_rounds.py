@@ -84,3 +84,39 @@ async def test_delta_rounds_across_processes_and_a_joiner_from_a_peer_ends_level
             await pub.publish(model)
             assert kinds(pub) == {"delta"} and len(pub.last_report.loaded) == 2
         await assert_bit_equal(pub, model, [a, c])
+
+
+async def test_a_replica_killed_mid_delta_round_is_dropped_and_the_survivor_ends_level(replicas, redis_client,
+                                                                                      tiny_model_dir):
+    # patches are built while the round runs: the victim dies after bucket 1's patch went out, before bucket 2's
+    run = "delta-kill"
+    a, b = replicas(run), replicas(run)
+    infos = await wait_registered(redis_client, run, 2)
+    victim_id = next(i.replica_id for i in infos if i.name.endswith(b.url.rsplit(":", 1)[1]))
+    model = new_weights(tiny_model_dir)
+    settings = WeightSyncSettings(bucket_bytes=32 << 10, delta="auto", **FAST)
+    async with WeightPublisher(redis_client, run, settings) as pub:
+        await pub.publish(model)
+        assert len(pub.outbox.manifest.buckets) >= 3 and len(pub.last_report.loaded) == 2
+        build = pub.delta.build
+
+        def build_and_kill(outbox, plan, i):
+            if i == 2 and b.proc.poll() is None:
+                os.killpg(b.proc.pid, signal.SIGKILL)
+                b.proc.wait(10)
+            return build(outbox, plan, i)
+
+        pub.delta.build = build_and_kill
+        nudge(model, 1)
+        await asyncio.wait_for(pub.publish(model), 60)
+        report = pub.last_report
+        assert report.dropped == [victim_id] and len(report.loaded) == 1, report
+        assert kinds(pub) == {"delta"}, report  # the survivor's retry is a delta round too (the plan's patches reused)
+        await assert_bit_equal(pub, model, [a])
+        await asyncio.sleep(2.2)  # b's registry entry expires (heartbeat_ttl_s 2)
+        # a member of that publish never confirmed it: the base stayed, so one full round re-establishes it
+        for step, kind in ((2, "full"), (3, "delta")):
+            nudge(model, step)
+            await pub.publish(model)
+            assert kinds(pub) == {kind} and len(pub.last_report.loaded) == 1, pub.last_report
+            await assert_bit_equal(pub, model, [a])

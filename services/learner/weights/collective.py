@@ -67,12 +67,14 @@ class _HeldGroup:
     rendezvous: Rendezvous
 
 
-def patch_tensor(data: bytes, backend: str) -> Any:
-    """A patch's bytes as a uint8 tensor where ``backend`` sends from: host memory for gloo, the current GPU
-    for nccl."""
+def patch_tensor(data: Any, backend: str) -> Any:
+    """A patch's bytes (a uint8 numpy array, :class:`~shared.weight_sync.delta.Patch`) as a uint8 tensor where
+    ``backend`` sends from: the array itself for gloo (no copy), the current GPU for nccl."""
+    import numpy as np
     import torch
 
-    t = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    arr = data if isinstance(data, np.ndarray) else np.frombuffer(bytearray(data), dtype=np.uint8)
+    t = torch.from_numpy(arr)
     if backend == "nccl":
         t = t.to(torch.device("cuda", torch.cuda.current_device()))
     return t
@@ -137,8 +139,6 @@ class CollectiveTransport(WeightTransport):
         ids = [m.replica_id for m in members]
         delta = self.publisher.delta
         plan = shipment.delta if main and kind == "torch" and delta.eligible(members) else None
-        if plan is not None:  # the plan digested every bucket: members may verify as soon as patches land
-            await self.publisher.write_checksums()
         held = self.held.get(kind) if main else None
         reuse = held is not None and not held.group.broken and [m.replica_id for m in held.rendezvous.members] == ids
         if main and not reuse:
@@ -203,6 +203,10 @@ class CollectiveTransport(WeightTransport):
             shipment.report.round_bytes[kind_sent] = shipment.report.round_bytes.get(kind_sent, 0) + sent
             if plan is not None:
                 shipment.sent_delta = True
+                shipment.report.changed_fraction = round(plan.changed_fraction, 6)
+                # the sizes each bucket went as, for fleetrl weights status (members read them in band)
+                done = rdv.model_copy(update={"delta": plan.record(done=True)})
+                await self.redis.set(wkeys.rendezvous(self.run), done.dumps(), ex=s.key_ttl_s)
             if late_manifest is not None:
                 await late_manifest
             clock.lap("send")
@@ -250,23 +254,15 @@ class CollectiveTransport(WeightTransport):
         ``inflight_buckets`` outstanding). Each bucket is digested while its broadcast is under way (digests
         never hold bytes back), and the checksums record is written as soon as the last digest is done:
         usually before the replicas, which digest what they received, come to read it (they wait for it,
-        bounded by the collective timeout). With a delta ``plan``, a bucket goes as its patch (on the device
-        the backend sends from), whole, or not at all (``DeltaRound.payload``). Returns the bytes sent."""
+        bounded by the collective timeout). With a delta ``plan`` (:meth:`_send_delta`), a bucket goes as its
+        patch, whole, or not at all. Returns the bytes sent."""
+        if plan is not None:
+            return await self._send_delta(group, plan)
         n = len(self.outbox.manifest.buckets)
-        payload = plan.payload if plan is not None else (-1,) * n
         pending: deque[Any] = deque()
         sent = 0
         for i in range(n):
-            if payload[i] == 0:
-                continue
-            try:
-                if payload[i] > 0:
-                    wire = patch_tensor(plan.patches[i].data, self.settings.backend)
-                else:
-                    wire = await asyncio.to_thread(self.outbox.wire_buffer, i)
-            except Exception as exc:  # staging on this side: a local failure, not the round's
-                raise PublishFailed(f"staging bucket {i} for {self.settings.backend} failed: "
-                                    f"{type(exc).__name__}: {exc}") from exc
+            wire = await self._staged(i)
             sent += wire.numel()
             pending.append(group.broadcast(wire, src=0))
             await asyncio.to_thread(self.outbox.digest, i)
@@ -276,8 +272,52 @@ class CollectiveTransport(WeightTransport):
                 await asyncio.to_thread(group.wait, pending.popleft())
         while pending:
             await asyncio.to_thread(group.wait, pending.popleft())
-        if plan is not None:
-            await self.publisher.write_checksums()
+        return sent
+
+    async def _staged(self, i: int) -> Any:
+        """Bucket ``i``'s bytes where the backend sends from (a local failure, not the round's)."""
+        try:
+            return await asyncio.to_thread(self.outbox.wire_buffer, i)
+        except Exception as exc:
+            raise PublishFailed(f"staging bucket {i} for {self.settings.backend} failed: "
+                                f"{type(exc).__name__}: {exc}") from exc
+
+    async def _send_delta(self, group: Any, plan: Any) -> int:
+        """A delta round's broadcasts, pipelined: for each bucket its patch is built (packed, compared with the
+        base, encoded: :meth:`DeltaBase.build`) while the bucket before it is on the wire and the members patch
+        it; then its size goes out (one int64: -1 whole, 0 unchanged, n a patch of n bytes), then the patch or
+        the bucket, and it is digested while they travel (the digests are of the full version: every member
+        checks its patched bytes against them). Returns the bytes sent (the sizes not counted)."""
+        import torch
+
+        delta, backend = self.publisher.delta, self.settings.backend
+        n = len(self.outbox.manifest.buckets)
+        pending: deque[Any] = deque()
+        sent = 0
+        for i in range(n):
+            try:
+                patch = await asyncio.to_thread(delta.build, self.outbox, plan, i)
+            except Exception as exc:
+                raise PublishFailed(f"building bucket {i}'s patch failed: {type(exc).__name__}: {exc}") from exc
+            size = plan.sent(i)
+            if size > 0:
+                wire = patch_tensor(patch.data, backend)
+            elif size < 0:
+                wire = await self._staged(i)
+            head = torch.tensor([size], dtype=torch.int64)
+            if backend == "nccl":
+                head = head.to(torch.device("cuda", torch.cuda.current_device()))
+            pending.append((group.broadcast(head, src=0), head))
+            if size:
+                sent += wire.numel()
+                pending.append((group.broadcast(wire, src=0), wire))
+            await asyncio.to_thread(self.outbox.digest, i)
+            if i == n - 1:
+                await self.publisher.write_checksums()
+            while len(pending) > 2 * self.settings.inflight_buckets:
+                await asyncio.to_thread(group.wait, pending.popleft()[0])
+        while pending:
+            await asyncio.to_thread(group.wait, pending.popleft()[0])
         return sent
 
     async def _abandon(self, round_id: int) -> None:

@@ -2,7 +2,8 @@
 hold it, and a version's patches against it.
 
     base = DeltaBase(settings)
-    plan = base.plan(outbox)          # after the outbox took the version: patches, or None (a full round)
+    plan = base.start(outbox)         # after the outbox took the version: an empty plan, or None (a full round)
+    base.build(outbox, plan, i)       # during the round: bucket i's patch (None: it goes whole)
     base.eligible(members)            # may a round to these replicas be a delta round?
     base.confirmed(ids, version)      # members that reported the version loaded
     base.settle(outbox, plan, ids)    # after the publish: advance the base if every member confirmed it
@@ -17,12 +18,17 @@ Rules (docs/weight-sync.md, "Delta rounds"):
   is full for everyone (a full round re-establishes it);
 - every ``full_every`` versions a round is full anyway.
 
+A plan is built bucket by bucket while the round runs (the collective transport builds bucket k+1's patch
+while bucket k is on the wire and the members patch it), so a delta round is announced at once; each bucket's
+broadcast is preceded by its size (:class:`DeltaPlan.sent`).
+
 Memory: one copy of the wire bytes (``base.buffers``), on the device each bucket is packed on.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,23 +41,36 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class DeltaPlan:
-    """A version's buckets against the base: a patch each, or None for a bucket that goes whole."""
+    """A version's buckets against the base, built one bucket at a time while the round runs
+    (:meth:`DeltaBase.build`: bucket k+1's patch is made while bucket k is on the wire): a patch each, or None
+    for a bucket that goes whole."""
 
     version: int
     base_version: int
     patches: list[Patch | None]
     full_bytes: int  # the version's bytes
-    changed: int = 0  # units that differ from the base, all buckets
+    changed: int = 0  # units that differ from the base, buckets built so far
     units: int = 0
     whole_bytes: int = 0  # buckets sent whole (a patch would not have been smaller)
+    built: list[bool] = field(default_factory=list)  # bucket i's patch (or None: whole) is made
+    sizes: dict[str, int] = field(default_factory=dict)  # position bytes by codec, summed over the patches
+    chosen: dict[str, int] = field(default_factory=dict)  # how often each codec was chosen
+
+    def sent(self, i: int) -> int:
+        """What bucket i's broadcast is (:class:`~shared.weight_sync.wire.DeltaRound`): -1 the whole bucket, 0
+        nothing (unchanged), n a patch of n bytes."""
+        p = self.patches[i]
+        return -1 if p is None else (len(p.data) if p.changed else 0)
 
     @property
     def payload(self) -> tuple[int, ...]:
-        """Per bucket what is broadcast (:class:`~shared.weight_sync.wire.DeltaRound`)."""
-        return tuple(-1 if p is None else (len(p.data) if p.changed else 0) for p in self.patches)
+        """Per bucket what was broadcast (every bucket built)."""
+        return tuple(self.sent(i) for i in range(len(self.patches)))
 
-    def record(self) -> DeltaRound:
-        return DeltaRound(base_version=self.base_version, payload=self.payload)
+    def record(self, done: bool = False) -> DeltaRound:
+        """The round's :class:`DeltaRound`: announced without the payload (sizes go in band, before each bucket);
+        ``done``: with it, once every bucket went (for ``fleetrl weights status``)."""
+        return DeltaRound(base_version=self.base_version, payload=self.payload if done else None)
 
     @property
     def bytes(self) -> int:
@@ -76,6 +95,7 @@ class DeltaBase:
     last_full: int = 0  # the last version published by a full round to every member
     #: the last plan's position bytes by codec (summed over its patches) and how often each was chosen
     last_codecs: dict[str, Any] = field(default_factory=dict)
+    last_advance_s: float = 0.0  # how long the last advance of the base took (the benchmark reports it)
     _said: bool = False
 
     @property
@@ -95,35 +115,49 @@ class DeltaBase:
             return False
         return m.version - self.last_full < self.settings.full_every
 
-    def plan(self, outbox: Any) -> DeltaPlan | None:
-        """Each bucket of the held version against the base (blocking: run it in a thread); digests every bucket
-        too, so the checksums can go out before the round is announced. None when no delta round is possible."""
+    def start(self, outbox: Any) -> DeltaPlan | None:
+        """An empty plan for the held version (its buckets are built during the round, :meth:`build`), or None
+        when no delta round is possible."""
         if not self.usable(outbox):
             return None
         m = outbox.manifest
-        plan = DeltaPlan(version=m.version, base_version=self.version, patches=[], full_bytes=m.total_bytes)
-        sizes: dict[str, int] = {}
-        chosen: dict[str, int] = {}
-        for i, b in enumerate(m.buckets):
-            new = outbox.pack(i)
-            outbox.digest(i)
-            unit = unit_size([DTYPES[e.dtype] for e in b.tensors], b.nbytes)
-            base = self.buffers[i]
-            if base.device != new.device:
-                base = base.to(new.device)
-            patch = make_patch(new, base, unit) if b.nbytes else None
-            plan.patches.append(patch)
-            n_units = b.nbytes // unit
-            plan.units += n_units
-            if patch is None:
-                plan.changed += n_units  # (an upper bound: sent whole)
-                plan.whole_bytes += b.nbytes
-            else:
-                plan.changed += patch.changed
-                chosen[patch.codec] = chosen.get(patch.codec, 0) + 1
-                for c, n in patch.sizes.items():
-                    sizes[c] = sizes.get(c, 0) + n
-        self.last_codecs = {"sizes": sizes, "chosen": chosen}
+        n = len(m.buckets)
+        return DeltaPlan(version=m.version, base_version=self.version, patches=[None] * n, full_bytes=m.total_bytes,
+                         built=[False] * n)
+
+    def build(self, outbox: Any, plan: DeltaPlan, i: int) -> Patch | None:
+        """Bucket ``i`` of the held version against the base (packed first if needed): its patch, or None when
+        it goes whole. Made once per plan (a retried round reuses it). Blocking: run it in a thread."""
+        if plan.built[i]:
+            return plan.patches[i]
+        b = outbox.manifest.buckets[i]
+        new = outbox.pack(i)
+        unit = unit_size([DTYPES[e.dtype] for e in b.tensors], b.nbytes)
+        base = self.buffers[i]
+        if base.device != new.device:
+            base = base.to(new.device)
+        patch = make_patch(new, base, unit) if b.nbytes else None
+        plan.patches[i], plan.built[i] = patch, True
+        n_units = b.nbytes // unit
+        plan.units += n_units
+        if patch is None:
+            plan.changed += n_units  # (an upper bound: sent whole)
+            plan.whole_bytes += b.nbytes
+        else:
+            plan.changed += patch.changed
+            plan.chosen[patch.codec] = plan.chosen.get(patch.codec, 0) + 1
+            for c, n in patch.sizes.items():
+                plan.sizes[c] = plan.sizes.get(c, 0) + n
+        self.last_codecs = {"sizes": plan.sizes, "chosen": plan.chosen}
+        return patch
+
+    def plan(self, outbox: Any) -> DeltaPlan | None:
+        """:meth:`start`, then every bucket built and digested (blocking). None when no delta round is possible."""
+        plan = self.start(outbox)
+        if plan is not None:
+            for i in range(len(plan.patches)):
+                self.build(outbox, plan, i)
+                outbox.digest(i)
         return plan
 
     def eligible(self, members: list[ReplicaInfo]) -> bool:
@@ -160,24 +194,27 @@ class DeltaBase:
 
         from shared.weight_sync.delta import apply_diff
 
+        t0 = time.perf_counter()
         m = outbox.manifest
         same = plan is not None and plan.base_version == self.version and self.layout_id == m.layout_id and \
             len(self.buffers) == len(m.buckets)
-        if not same:
-            self.buffers = []
+        # a full round over the same layout copies into the buffers held (fresh ones would fault in their pages)
+        keep = len(self.buffers) == len(m.buckets) and \
+            all(buf.numel() == b.nbytes for buf, b in zip(self.buffers, m.buckets))
+        if not keep:
+            self.buffers = [None] * len(m.buckets)
         for i, b in enumerate(m.buckets):
             src = outbox.pack(i)
-            if same:
-                patch = plan.patches[i]
-                if patch is None:
-                    self.buffers[i].copy_(src)
-                elif patch.changed:
-                    apply_diff(self.buffers[i], patch, patch.data[5])  # header byte 5: the unit
-            else:
-                buf = torch.empty(b.nbytes, dtype=torch.uint8, device=src.device)
-                buf.copy_(src)
-                self.buffers.append(buf)
+            patch = plan.patches[i] if same else None
+            if patch is not None:
+                if patch.changed:
+                    apply_diff(self.buffers[i], patch)
+                continue
+            if self.buffers[i] is None or self.buffers[i].device != src.device:
+                self.buffers[i] = torch.empty(b.nbytes, dtype=torch.uint8, device=src.device)
+            self.buffers[i].copy_(src)
         self.version, self.layout_id = m.version, m.layout_id
+        self.last_advance_s = time.perf_counter() - t0
 
     def forget(self) -> None:
         """Drop the base (a failed publish: the held bytes may not be the version anyone has)."""

@@ -251,17 +251,12 @@ class WeightPublisher:
         return [i for i in replicas if i.delta and i.transport == "collective" and i.backend == self.settings.backend]
 
     async def _delta_plan(self, replicas: list, report: PublishReport) -> Any:
-        """The version's patches against the base, when some replica is level with it (else None: full rounds)."""
+        """An empty plan against the base when the replicas are level with it (else None: full rounds); its
+        patches are built during the round (``DeltaBase.build``)."""
         members = self._delta_members(replicas)
-        if not self.delta.eligible(members) or not self.delta.usable(self.outbox):
+        if not self.delta.eligible(members):
             return None
-        plan = await asyncio.to_thread(self.delta.plan, self.outbox)
-        if plan is None:
-            return None
-        report.changed_fraction = round(plan.changed_fraction, 6)
-        if all(p is None for p in plan.patches):
-            return None  # nothing to gain: every bucket goes whole anyway, as a plain full round
-        return plan
+        return self.delta.start(self.outbox)
 
     def _digest_algo(self, replicas: list) -> str:
         """The version's digest algorithm: the setting, with ``auto`` also choosing wsum64 (computed on the GPU)

@@ -39,7 +39,8 @@ class CircuitBreaker:
             retry_in = max(0.0, self.reset_s - waited)
             raise CircuitOpen(
                 f"circuit open after {self._consecutive} consecutive failures (last: {self.last_error}); "
-                f"next trial in {retry_in:.1f}s"
+                f"next trial in {retry_in:.1f}s",
+                cause=self.last_error or None,
             )
         self._trial_in_flight = True
 

@@ -97,6 +97,17 @@ def short_reason(exc: BaseException) -> str:
     return text.split("] ", 1)[-1] if text.startswith("[Errno") else text
 
 
+def answered(response: httpx.Response, limit: int = 300) -> str:
+    """A reply that is not a 200, in one line: ``answered 404: {"detail":"Not Found"}``; an HTML error page (a
+    stdlib or proxy server's) by its status and reason, ``answered 404 Not Found (an HTML page)``, never the
+    start of its markup."""
+    content_type = response.headers.get("content-type", "")
+    text = " ".join(response.text.split())
+    if "html" in content_type or text[:15].lower().startswith(("<!doctype html", "<html")):
+        return f"answered {response.status_code} {response.reason_phrase} (an HTML page)".replace("  ", " ")
+    return f"answered {response.status_code}" + (f": {text[:limit]}" if text else "")
+
+
 def first_error(exc: ValueError) -> str:
     """A reply that is not what the protocol says, in one line: pydantic's first error (where and what)."""
     errors = getattr(exc, "errors", None)
@@ -189,10 +200,9 @@ class HttpScorer(Scorer):
         except httpx.HTTPError as exc:
             raise ScorerFailure(f"{type(exc).__name__}: {exc}") from exc
         if response.status_code != 200:
-            text = response.text[:300]
             status = response.status_code
             error = ScorerUnavailable if status in (429, 503) else ScorerFailure
-            raise error(f"answered {status}: {text}", retryable=status >= 500 or status == 429)
+            raise error(answered(response), retryable=status >= 500 or status == 429)
         try:
             body = response.json()
         except ValueError as exc:

@@ -20,7 +20,14 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 
 from services.reward.errors import ScorerFailure
-from services.reward.scorers.http_remote import PROTOCOLS, first_error, request_headers, short_reason, where
+from services.reward.scorers.http_remote import (
+    PROTOCOLS,
+    answered,
+    first_error,
+    request_headers,
+    short_reason,
+    where,
+)
 from shared.reward_api import ScoreItem
 
 PROBE_ITEM = ScoreItem(prompt="1 + 1 = ", response="2", label="2")
@@ -44,8 +51,7 @@ def probe_problem(config, timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
     except httpx.HTTPError as exc:
         return f"{where(config)}: {type(exc).__name__}: {short_reason(exc)}"
     if response.status_code != 200:
-        body = " ".join(response.text.split())[:160]
-        return f"{where(config)}: answered {response.status_code}" + (f": {body}" if body else "")
+        return f"{where(config)}: {answered(response, 160)}"
     try:
         body = response.json()
     except ValueError:

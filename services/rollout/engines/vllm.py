@@ -55,7 +55,8 @@ class VLLMEngine(RemoteEngine):
     def payload(self, request: SequenceRequest, adapter: str | None = None) -> dict:
         p = request.params
         body = {
-            "model": adapter or self.served_model,  # a loaded LoRA adapter is addressed by its name "prompt": list(request.prompt_ids), "max_tokens": p.max_new_tokens,
+            # a loaded LoRA adapter is addressed by its name in `model`
+            "model": adapter or self.served_model, "prompt": list(request.prompt_ids), "max_tokens": p.max_new_tokens,
             "temperature": p.temperature, "top_p": p.top_p, "top_k": p.top_k, "min_p": p.min_p, "n": 1,
             "stop": list(p.stop), "stop_token_ids": list(p.stop_token_ids), "ignore_eos": p.ignore_eos,
             "skip_special_tokens": p.skip_special_tokens, "include_stop_str_in_output": p.no_stop_trim,

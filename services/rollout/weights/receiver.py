@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from shared.weight_sync import keys as wkeys
 from shared.weight_sync import net
@@ -45,6 +45,14 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 log = logging.getLogger(__name__)
+
+
+class DeltaRebuild(Protocol):
+    """What a sink that applies delta rounds gives :meth:`BucketReceiver.receive_delta`: bucket ``i``'s bytes as
+    the replica holds them now, and a patch applied to them (:class:`UpdateRefused` when it does not fit)."""
+
+    def current(self, i: int, out: Any) -> None: ...
+    def patch(self, i: int, buf: Any, patch: Any) -> None: ...
 
 
 class RoundFailed(RuntimeError):
@@ -333,35 +341,57 @@ class BucketReceiver(StagingSets):
             raise RoundFailed(str(exc)) from exc
         return Received(manifest, buffers, digests)
 
-    def receive_delta(self, rdv: Rendezvous, member: Member, manifest: Manifest,
-                      abandoned: threading.Event | None = None) -> tuple[list[Any], list[Any]]:
-        """A delta round's broadcasts (``rdv.delta.payload``): a staging set, whole buckets received into it, and
-        each patch in a buffer of its own (None where the bucket is whole or unchanged). Blocking; raises as
-        :meth:`receive`. The caller fills the other buckets from the bytes it holds and applies the patches."""
-        assert rdv.delta is not None
-        payload = rdv.delta.payload
-        if len(payload) != len(manifest.buckets):
-            raise UpdateRefused(f"delta round names {len(payload)} buckets, the manifest {len(manifest.buckets)}")
-        group = self._join(rdv, member, abandoned)
+    def receive_delta(self, rdv: Rendezvous, member: Member, manifest: Manifest, rebuild: DeltaRebuild | None,
+                      abandoned: threading.Event | None = None) -> Received:
+        """A delta round's broadcasts, bucket by bucket as the publisher builds them: first the bucket's size (one
+        int64: -1 whole, 0 unchanged, n a patch of n bytes), then the bucket or its patch. While the size is on
+        its way, ``rebuild.current`` writes the bytes this replica holds into the staging buffer; a patch is
+        applied to them (``rebuild.patch``) as soon as it lands, while the publisher builds the next one; every
+        bucket is then digested. With ``rebuild`` None (the replica cannot take this round) every broadcast is
+        still received (the group needs every rank) and nothing is rebuilt: the caller refuses.
+
+        Blocking; raises as :meth:`receive`. A patch that does not fit stops the rebuilding (the rest is still
+        received) and is raised as :class:`UpdateRefused` at the end."""
         import torch
 
+        group = self._join(rdv, member, abandoned)
         buffers = self.take([b.nbytes for b in manifest.buckets])
-        patches: list[Any] = [None] * len(payload)
+        digests: list[int | None] = []
+        refused: UpdateRefused | None = None
         try:
-            works = []
-            for i, n in enumerate(payload):
-                if n == 0:
-                    continue
-                if n > 0:
-                    patches[i] = torch.empty(n, dtype=torch.uint8, device=self.device)
-                works.append(group.broadcast(buffers[i] if n < 0 else patches[i], src=0))
-            for work in works:
+            for i, bucket in enumerate(manifest.buckets):
+                head = torch.empty(1, dtype=torch.int64, device=self.device)
+                work = group.broadcast(head, src=0)
+                if rebuild is not None and refused is None:
+                    rebuild.current(i, buffers[i])  # the bytes held now, while the publisher sends the size
                 group.wait(work, cancel=abandoned)
+                size = int(head.item())
+                if size < -1 or size >= max(bucket.nbytes, 1):  # out of step with the publisher: leave the group
+                    self.close()
+                    raise RoundFailed(f"delta round: bucket {i} announced as {size} bytes (it has {bucket.nbytes})")
+                if size:
+                    into = buffers[i] if size < 0 else torch.empty(size, dtype=torch.uint8, device=self.device)
+                    group.wait(group.broadcast(into, src=0), cancel=abandoned)
+                    if size > 0 and rebuild is not None and refused is None:
+                        try:
+                            rebuild.patch(i, buffers[i], into)
+                        except UpdateRefused as exc:
+                            refused = exc
+                if rebuild is not None and refused is None and manifest.checksum:
+                    digests.append(digest(buffers[i], manifest.checksum))
         except CollectiveError as exc:
             self.recycle(buffers)
             self.close()
             raise RoundFailed(str(exc)) from exc
-        return buffers, patches
+        except BaseException:
+            self.recycle(buffers)
+            raise
+        if rebuild is None or refused is not None:
+            self.recycle(buffers)
+            if refused is not None:
+                raise refused
+            return Received(manifest, [], [])
+        return Received(manifest, buffers, digests if manifest.checksum else [None] * len(buffers))
 
     def _join(self, rdv: Rendezvous, member: Member, abandoned: threading.Event | None) -> Any:
         """The round's group: the one held when the round reuses it, else formed now."""

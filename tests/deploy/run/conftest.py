@@ -38,6 +38,14 @@ def tiny_spec(tmp: Path, model: Path, **extra) -> Path:
     return path
 
 
+def with_remote_scorer(spec_file: Path, url: str, **settings) -> Path:
+    """``spec_file`` with its reward one ``http`` scorer ``myrm`` in OpenRLHF's protocol at ``url``."""
+    raw = yaml.safe_load(spec_file.read_text())
+    raw["reward"] = {"scorers": [{"name": "myrm", "kind": "http", "protocol": "openrlhf", "url": url, **settings}]}
+    spec_file.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return spec_file
+
+
 @pytest.fixture()
 def spec_file(tmp_path, tiny_model_dir) -> Path:
     return tiny_spec(tmp_path, tiny_model_dir)

@@ -36,6 +36,7 @@ def test_fleetrl_eval_prints_the_accuracy_of_a_model(spec_file, tiny_model_dir):
     # what is measured (issue 41): accuracy = share of rewards >= eval.success_threshold, the mean reward beside it;
     # --show 2 prints two answers with their reward and length, and every answer is kept in samples.jsonl
     assert result["success_threshold"] == 1.0 and 0.0 <= result["mean_reward"] <= 1.0
+    assert result["measured"] == "one greedy answer per held-out prompt" and "tool_call_rate" not in result
     assert shown.count("--- reward ") == 2 and shown.count("\ncompletion: ") == 2 and " tokens" in shown
     (answers,) = (spec_file.parent / "run" / "evals").glob("*/samples.jsonl")
     assert len(answers.read_text().splitlines()) == 8

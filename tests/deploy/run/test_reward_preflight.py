@@ -26,15 +26,8 @@ from deploy.run.reward_stall import RewardStall, before_after
 from deploy.run.run_record import compare
 from deploy.run.spec import RewardSpec
 from shared.ports import free_port
-from tests.deploy.run.conftest import tiny_spec
+from tests.deploy.run.conftest import tiny_spec, with_remote_scorer
 from tests.procs import REPO
-
-
-def with_remote_scorer(spec_file: Path, url: str) -> Path:
-    raw = yaml.safe_load(spec_file.read_text())
-    raw["reward"] = {"scorers": [{"name": "myrm", "kind": "http", "protocol": "openrlhf", "url": url}]}
-    spec_file.write_text(yaml.safe_dump(raw, sort_keys=False))
-    return spec_file
 
 
 def test_remote_problems_name_the_scorer_and_url_and_how_to_skip(tmp_path, tiny_model_dir):
@@ -122,6 +115,17 @@ def test_the_poller_reads_failing_scorers_and_shows_them_without_a_dict_repr():
     assert "{" not in view.doing
     assert poller.view.reward_failing == {where: (75.0, "cannot connect (Connection refused)")}
 
+    def no_answer(request: httpx.Request) -> httpx.Response:
+        raise httpx.ReadTimeout("timed out", request=request)
+
+    # a reward service that does not answer one poll (busy, a slow health check) has not cleared its scorers:
+    # what it said last stands, so the run neither says the scorer is back nor forgets how long it has failed
+    poller.view.reward_failing = {}
+    poller._failing_before = {where: (75.0, "cannot connect (Connection refused)")}
+    poller._client = httpx.Client(transport=httpx.MockTransport(no_answer))
+    assert poller._reward("reward-0", "http://127.0.0.1:1").state == "starting"
+    assert poller.view.reward_failing == {where: (75.0, "cannot connect (Connection refused)")}
+
 
 def test_held_out_results_say_accuracy_and_mean_reward_before_and_after():
     evals = [EvalPoint(0, 0.16, "0", 0.412), EvalPoint(100, 0.31, "100", 0.655), EvalPoint(200, 0.335, "200", 0.7)]
@@ -171,7 +175,10 @@ def test_the_launcher_says_stalled_once_and_gives_up_naming_the_command(tmp_path
     assert view.stalled.endswith("unreachable for 7 s (last error: cannot connect (Connection refused))")
     view.reward_failing = {}
     launcher._reward_stalled(view)
-    assert view.stalled is None  # it came back
+    assert view.stalled is None  # it came back, and the run says so once
+    assert display.lines[1:] == [f"back: {where} answers again after 7 s or more of failing; the run goes on"]
+    launcher._reward_stalled(view)
+    assert len(display.lines) == 2
     view.reward_failing = {where: (31.0, "answered 503: busy")}
     with pytest.raises(RunError) as gave_up:
         launcher._reward_stalled(view)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import TYPE_CHECKING, Any
 
 from services.rollout.weights.receiver import (
@@ -176,64 +177,39 @@ class HFSink(WeightSink):
 
     async def _run_delta(self, rdv: Rendezvous, member: Member, manifest: Manifest, watcher: RoundWatcher,
                          receiver: BucketReceiver, clock: PhaseClock) -> None:
-        """A delta round: receive the patches (and whole buckets), rebuild every bucket from the bytes the model
-        holds plus its patch, digest it, and switch as a full round does. Anything that does not give the
-        version's exact bytes (not at the base version, a patch that does not fit, a digest that differs) is
-        refused: the publisher then sends the version whole."""
+        """A delta round: each bucket rebuilt as it arrives (the bytes the model holds plus its patch, applied
+        while the publisher builds the next patch), digested, and switched to as a full round is. Anything that
+        does not give the version's exact bytes (not at the base version, a patch that does not fit, a digest
+        that differs) is refused: the publisher then sends the version whole."""
         loader = self._loader_for()
         d = rdv.delta
-        if d is None:
-            raise UpdateRefused("a delta round's rendezvous without its delta")
+        assert d is not None
+        why = None  # decided before the first byte: this replica still receives everything, and refuses after
+        if self.engine.weight_version != d.base_version:
+            why = (f"delta round against version {d.base_version}, this replica holds {self.engine.weight_version}: "
+                   "needs the version whole")
+        elif not manifest.checksum:
+            why = "a delta round without checksums cannot be checked"
+        else:
+            try:
+                loader.check_buckets(manifest.buckets)
+            except (KeyError, ValueError) as exc:
+                why = str(exc)
+        rebuild = None if why else _Rebuild(loader.targets, manifest)
         async with AbandonWatch(watcher.redis, watcher.run, rdv.round) as watch:
             receiving = asyncio.ensure_future(
-                asyncio.to_thread(receiver.receive_delta, rdv, member, manifest, watch.flag))
+                asyncio.to_thread(receiver.receive_delta, rdv, member, manifest, rebuild, watch.flag))
             try:
-                buffers, patches = await watch.outlast(receiving)  # every broadcast first: the group needs us
+                got: Received = await watch.outlast(receiving)  # every broadcast, even when refusing: the group needs us
             except RoundAbandoned:
                 if not receiving.done():
                     self._receiver = None
                 raise
         clock.lap("receive")
-        try:
-            if self.engine.weight_version != d.base_version:
-                raise UpdateRefused(f"delta round against version {d.base_version}, this replica holds "
-                                    f"{self.engine.weight_version}: needs the version whole")
-            if not manifest.checksum:
-                raise UpdateRefused("a delta round without checksums cannot be checked")
-            try:
-                loader.check_buckets(manifest.buckets)
-            except (KeyError, ValueError) as exc:
-                raise UpdateRefused(str(exc)) from exc
-            got = await asyncio.to_thread(self._patched, manifest, buffers, patches, d.payload)
-        except BaseException:
-            receiver.recycle(buffers)
-            raise
-        clock.lap("patch")
+        if why or rebuild is None:
+            raise UpdateRefused(why or "")
+        self.phases["patch"] = round(rebuild.seconds, 6)  # (inside receive: each patch while the next travels)
         await self._install(got, manifest, watcher, rdv, receiver, clock)
-
-    def _patched(self, manifest: Manifest, buffers: list, patches: list, payload: tuple[int, ...]) -> Received:
-        """Every bucket of the new version in ``buffers``: whole ones as received, the others the model's current
-        bytes with their patch applied; each digested. Blocking."""
-        from services.rollout.weights.loader import read_bucket
-        from shared.weight_sync.delta import PatchError, apply_patch
-        from shared.weight_sync.digest import digest
-
-        targets = self._loader_for().targets
-        checksum = manifest.checksum
-        if checksum is None:
-            raise UpdateRefused("a delta round without checksums cannot be checked")
-        digests: list[int | None] = []
-        for i, (b, buf) in enumerate(zip(manifest.buckets, buffers)):
-            if payload[i] >= 0:
-                read_bucket(targets, b, buf)
-                if payload[i] > 0:
-                    data = patches[i].cpu().numpy().tobytes()  # (host: positions are decoded with numpy)
-                    try:
-                        apply_patch(buf, data)
-                    except PatchError as exc:
-                        raise UpdateRefused(f"bucket {i}: {exc}") from exc
-            digests.append(digest(buf, checksum))
-        return Received(manifest, buffers, digests)
 
     async def run_ipc(self, rnd: IpcRound, manifest: Manifest, watcher: RoundWatcher) -> None:
         """Copy the learner's buckets (CUDA IPC handles, same GPU) into staging buffers on the model's device,
@@ -368,3 +344,30 @@ def adapter_tensors(manifest: Manifest, buffers: list) -> dict:
         raise UpdateRefused(f"version {manifest.version}: the adapter round's tensors are not lora_A / lora_B of "
                             "the modules it names")
     return tensors
+
+
+class _Rebuild:
+    """A delta round's buckets rebuilt on this replica (:class:`~services.rollout.weights.receiver.DeltaRebuild`):
+    the bytes the model holds now, then the patch applied to them. Blocking (the receiving thread)."""
+
+    def __init__(self, targets: dict[str, Any], manifest: Manifest) -> None:
+        self.targets, self.manifest = targets, manifest
+        self.seconds = 0.0  # spent rebuilding (the ``patch`` phase)
+
+    def current(self, i: int, out: Any) -> None:
+        from services.rollout.weights.loader import read_bucket
+
+        t0 = time.perf_counter()
+        read_bucket(self.targets, self.manifest.buckets[i], out)
+        self.seconds += time.perf_counter() - t0
+
+    def patch(self, i: int, buf: Any, patch: Any) -> None:
+        from shared.weight_sync.delta import PatchError, apply_patch
+
+        t0 = time.perf_counter()
+        try:
+            apply_patch(buf, patch)  # (decoded on the host: a GPU patch is copied down first)
+        except PatchError as exc:
+            raise UpdateRefused(f"bucket {i}: {exc}") from exc
+        finally:
+            self.seconds += time.perf_counter() - t0
