@@ -120,6 +120,11 @@ async def model_info():
     return {"model_path": "standin", "weight_version": "3"}
 
 
+@app.get("/weight_info")
+async def weight_info():  # vLLM 0.33 (dev mode): the version /finish_weight_update last set
+    return {"weight_version": "5"}
+
+
 @app.post("/abort_request")
 async def abort_request(body: dict):
     LAST["abort_request"] = body

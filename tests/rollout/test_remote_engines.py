@@ -52,7 +52,8 @@ def test_generate_maps_request_and_response(remote_rollout, standin):
     assert out["output_ids"] == ids
     assert [t[0] for t in out["meta_info"]["output_token_logprobs"]] == pytest.approx(lps)
     assert out["meta_info"]["finish_reason"] == {"type": "length", "length": 6}
-    assert out["meta_info"]["weight_version"] == ("3" if kind == "sglang" else "0")  # SGLang's integer version adopted
+    # the server's integer version adopted (SGLang's /model_info, vLLM 0.33's /weight_info)
+    assert out["meta_info"]["weight_version"] == ("3" if kind == "sglang" else "5")
     sent = httpx.get(f"{standin}/_last/{'generate' if kind == 'sglang' else 'completions'}", timeout=5).json()
     if kind == "sglang":
         assert sent["input_ids"] == [10, 20, 30] and sent["return_logprob"] is True

@@ -1,5 +1,6 @@
 """Drive a running vLLM OpenAI server through its HTTP API (``/v1/completions`` with token-id prompts,
-``return_token_ids``; ``/health``). No vLLM import in this process.
+``return_token_ids``; ``/health``; 0.33's ``/weight_info``). No vLLM import in this process. Spoken as vLLM 0.33
+serves it; 0.17 serves the same ``/v1/completions`` fields (docs/rollout.md, "Engine versions").
 
 Run the server with ``--logprobs-mode processed_logprobs`` so logprobs are those of the distribution
 the token was sampled from.
@@ -8,10 +9,13 @@ the token was sampled from.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import AsyncIterator
 
 from services.rollout.engines.remote import RemoteEngine
 from services.rollout.engines.types import FEATURES, Finish, SamplingParams, SequenceDelta, SequenceRequest
+
+log = logging.getLogger(__name__)
 
 
 def _token_id(key: str) -> int:
@@ -45,6 +49,16 @@ class VLLMEngine(RemoteEngine):
     @property
     def served_model(self) -> str:
         return self.settings.served_model_name or self.model_path
+
+    async def _start(self) -> None:
+        await super()._start()
+        try:  # adopt the server's weight version when it is an integer (0.33 keeps it: /finish_weight_update sets it)
+            r = await self.control.get("/weight_info")  # 404 on 0.17 and on a server without VLLM_SERVER_DEV_MODE
+            version = r.json().get("weight_version") if r.status_code == 200 else None
+            if isinstance(version, str) and version.isdigit():
+                self.set_weight_version(int(version))
+        except Exception as exc:  # noqa: BLE001 - the server may not be up yet; health will say so
+            log.info("vLLM server not reachable yet at %s: %r", self.base_url, exc)
 
     async def _probe(self) -> bool:
         r = await self.control.get("/health")

@@ -23,20 +23,25 @@ class RemoteEngineSink(WeightSink):
         self.group_name: str | None = None
         self.dirty = False
 
-    async def call(self, path: str, body: dict | None, timeout_s: float, params: dict | None = None) -> dict:
+    async def call(self, path: str, body: dict | None, timeout_s: float, params: dict | None = None,
+                   absent_ok: bool = False, method: str = "POST") -> dict | None:
+        """One call to the server's API; ``absent_ok``: a route this server release does not serve (404) gives
+        None instead of :class:`RoundFailed` (the caller then speaks the older protocol)."""
         url = f"{str(self.engine.base_url).rstrip('/')}{path}"
         try:
-            r = await self.engine.client.post(url, json=body, params=params, timeout=timeout_s)
+            r = await self.engine.client.request(method, url, json=body, params=params, timeout=timeout_s)
         except httpx.HTTPError as exc:
-            raise RoundFailed(f"POST {path}: {type(exc).__name__}: {exc}") from exc
+            raise RoundFailed(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
+        if r.status_code == 404 and absent_ok:
+            return None
         if r.status_code >= 400:
-            raise RoundFailed(f"POST {path}: HTTP {r.status_code}: {r.text[:500]}")
+            raise RoundFailed(f"{method} {path}: HTTP {r.status_code}: {r.text[:500]}")
         try:
             data = r.json() if r.content else {}
         except ValueError:
             data = {}
         if isinstance(data, dict) and data.get("success") is False:
-            raise RoundFailed(f"POST {path}: {data.get('message', 'failed')}")
+            raise RoundFailed(f"{method} {path}: {data.get('message', 'failed')}")
         return data if isinstance(data, dict) else {}
 
     async def _pause(self) -> None:
