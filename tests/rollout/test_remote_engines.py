@@ -85,6 +85,22 @@ def test_optional_features_pass_through_in_each_servers_names(remote_rollout, st
     assert not {"min_new_tokens", "min_tokens", "json_schema", "structured_outputs"} & set(fields)  # defaults: unsent
 
 
+def test_a_forced_tool_call_reaches_the_server_as_its_json_schema(remote_rollout, standin):
+    kind, url = remote_rollout
+    params = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": params}}],
+            "tool_choice": {"type": "function", "function": {"name": "f"}}}
+    r = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=30)
+    assert r.status_code == 200, r.text
+    sent = httpx.get(f"{standin}/_last/{'generate' if kind == 'sglang' else 'completions'}", timeout=5).json()
+    want = {**params, "x-guidance": {"whitespace_flexible": False}}
+    if kind == "sglang":
+        assert json.loads(sent["sampling_params"]["json_schema"]) == want
+    else:
+        assert sent["structured_outputs"] == {"json": want}
+
+
 def test_a_feature_the_engine_lacks_is_refused_naming_it_and_the_engine(remote_rollout):
     kind, url = remote_rollout
     r = httpx.post(f"{url}/generate", json={"input_ids": [10, 20], "sampling_params": {"max_new_tokens": 2,
