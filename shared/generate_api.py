@@ -209,7 +209,9 @@ class GenerateRequest(_Upstream):
     input_ids: TokenIds | list[TokenIds] | None = None
     sampling_params: SamplingParamsIn = Field(default_factory=SamplingParamsIn)
     return_logprob: StrictBool = False
-    logprob_start_len: StrictInt = Field(default=-1, description="Only -1 (logprobs of output tokens) is supported.")
+    logprob_start_len: StrictInt = Field(
+        default=-1, ge=-1, le=INT32_MAX, description="With return_logprob: meta_info.input_token_logprobs holds the "
+        "prompt tokens from this position on (position 0: null); -1: none (output tokens only).")
     top_logprobs_num: StrictInt = Field(default=0, ge=0, le=_MAX_TOP_LOGPROBS)
     return_text_in_logprobs: StrictBool = False
     stream: StrictBool = False
@@ -242,8 +244,6 @@ class GenerateRequest(_Upstream):
             rows = self.input_ids if self.input_ids and isinstance(self.input_ids[0], list) else [self.input_ids]
             if not rows or any(not r for r in rows):
                 raise ValueError("`input_ids` is empty")
-        if self.logprob_start_len != -1:
-            raise ValueError("logprob_start_len: only -1 (logprobs of the output tokens) is supported")
         if isinstance(self.rid, list) and len(self.rid) != len(self.prompts_raw()):
             raise ValueError(f"`rid` has {len(self.rid)} ids for {len(self.prompts_raw())} prompts")
         return self
@@ -273,6 +273,7 @@ class MetaInfo(BaseModel):
         "while this sequence was generated (partial rollouts); weight_version is then the oldest.")
     e2e_latency: float | None = None
     output_token_logprobs: list[tuple[float, int, str | None]] | None = None
+    input_token_logprobs: list[tuple[float | None, int, str | None]] | None = None
     output_top_logprobs: list[list[tuple[float, int, str | None]]] | None = None
 
 

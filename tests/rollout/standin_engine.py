@@ -52,6 +52,7 @@ class SGLGenerate(_S):
     input_ids: list[int]
     sampling_params: SGLSampling
     return_logprob: bool = False
+    logprob_start_len: int = -1
     top_logprobs_num: int = 0
     stream: bool = False
     rid: str | None = None
@@ -142,6 +143,10 @@ async def generate(body: SGLGenerate):
              "finish_reason": finish if final else None, "weight_version": "3"}
         if body.return_logprob:
             m["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(lps[:k], ids[:k])]
+            start = body.logprob_start_len if body.logprob_start_len >= 0 else len(body.input_ids)
+            # SGLang's input_token_logprobs: position 0 has no context (None); here lp(t_i) = -t_i / 1000
+            m["input_token_logprobs"] = [[None if i == 0 else -t / 1000, t, None]
+                                         for i, t in enumerate(body.input_ids) if i >= start]
             if body.top_logprobs_num:
                 m["output_top_logprobs"] = [[[lp, t, None]] for lp, t in zip(lps[:k], ids[:k])]
         return m
