@@ -84,6 +84,7 @@ class VCompletion(_S):
     presence_penalty: float = 0.0
     repetition_penalty: float = 1.0
     structured_outputs: dict | None = None
+    prompt_logprobs: int | None = None  # per prompt token {token id: {logprob, rank, decoded_token}}, null first
 
 
 def tokens_for(prompt: list[int], limit: int, stop_ids: list[int]) -> tuple[list[int], list[float], dict]:
@@ -176,6 +177,10 @@ async def completions(body: VCompletion):
         part = ids[sl]
         c = {"index": 0, "text": text_of(part), "token_ids": part, "finish_reason": reason if final else None,
              "stop_reason": finish.get("matched") if final else None}
+        if body.prompt_logprobs is not None:  # here lp(t_i) = -t_i / 1000, as the SGLang side
+            c["prompt_logprobs"] = [None if i == 0 else {str(t): {"logprob": -t / 1000, "rank": 1,
+                                                                  "decoded_token": f"t{t}"}}
+                                    for i, t in enumerate(body.prompt)]
         if body.logprobs is not None:
             c["logprobs"] = {"tokens": [f"token_id:{t}" for t in part], "token_logprobs": lps[sl],
                              "top_logprobs": [{f"token_id:{t}": lp} for t, lp in zip(part, lps[sl])] if body.logprobs else None,

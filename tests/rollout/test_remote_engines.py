@@ -101,19 +101,20 @@ def test_a_forced_tool_call_reaches_the_server_as_its_json_schema(remote_rollout
         assert sent["structured_outputs"] == {"json": want}
 
 
-def test_prompt_logprobs_come_from_sglang_and_are_refused_on_vllm(remote_rollout, standin):
+def test_prompt_logprobs_come_from_each_server(remote_rollout, standin):
     kind, url = remote_rollout
     body = {"input_ids": [10, 20, 30, 40], "return_logprob": True, "logprob_start_len": 1,
             "sampling_params": {"max_new_tokens": 0}}
     r = httpx.post(f"{url}/generate", json=body, timeout=30)
-    if kind == "vllm":
-        assert r.status_code == 400 and "logprob_start_len=1: the `vllm` engine" in r.text, r.text
-        return
     assert r.status_code == 200, r.text
     got = r.json()["meta_info"]["input_token_logprobs"]
     assert got == [[-0.02, 20, None], [-0.03, 30, None], [-0.04, 40, None]]  # the stand-in's -t / 1000
-    sent = httpx.get(f"{standin}/_last/generate", timeout=5).json()
-    assert sent["logprob_start_len"] == 1 and sent["sampling_params"] == {"max_new_tokens": 0}
+    if kind == "sglang":
+        sent = httpx.get(f"{standin}/_last/generate", timeout=5).json()
+        assert sent["logprob_start_len"] == 1 and sent["sampling_params"] == {"max_new_tokens": 0}
+    else:
+        sent = httpx.get(f"{standin}/_last/completions", timeout=5).json()
+        assert sent["prompt"] == [10, 20, 30, 40] and sent["prompt_logprobs"] == 0
 
 
 def test_a_feature_the_engine_lacks_is_refused_naming_it_and_the_engine(remote_rollout):

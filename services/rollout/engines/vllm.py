@@ -12,6 +12,9 @@ import json
 import logging
 from collections.abc import AsyncIterator
 
+import httpx
+
+from services.rollout.engines.base import EngineUnavailable
 from services.rollout.engines.remote import RemoteEngine
 from services.rollout.engines.types import FEATURES, Finish, SamplingParams, SequenceDelta, SequenceRequest
 
@@ -45,6 +48,27 @@ class VLLMEngine(RemoteEngine):
     kind = "vllm"
     honours = frozenset(FEATURES) - {"stop_regex"}  # vLLM has no stop regex
     weight_sink = "services.rollout.weights.sinks.vllm:VLLMSink"  # vLLM's native weight-transfer API
+    scores_prompts = True
+
+    async def prompt_logprobs(self, prompt_ids: list[int], start: int,
+                              admit_timeout: float | None = None) -> list[float | None]:
+        """``/v1/completions`` with ``prompt_logprobs: 0`` (0.17 and 0.33): per prompt token a dict keyed by token
+        id holding at least that token's logprob (null for the first); one token is generated and dropped."""
+        await self._admit(admit_timeout)
+        if self.client is None:
+            raise EngineUnavailable("the engine client is closed")
+        body = {"model": self.served_model, "prompt": list(prompt_ids), "max_tokens": 1, "temperature": 0.0,
+                "prompt_logprobs": 0, "return_token_ids": True}
+        try:
+            out = await self._post_json("/v1/completions", body)
+        except httpx.HTTPError as exc:
+            raise EngineUnavailable(f"engine server {self.base_url}: {type(exc).__name__}: {exc}") from exc
+        rows = (out.get("choices") or [{}])[0].get("prompt_logprobs") or []
+        if len(rows) != len(prompt_ids):
+            raise EngineUnavailable(f"engine server {self.base_url}: {len(rows)} prompt logprobs for "
+                                    f"{len(prompt_ids)} prompt tokens")
+        lps = [None if row is None else float(row[str(tid)]["logprob"]) for row, tid in zip(rows, prompt_ids)]
+        return lps[start:]
 
     @property
     def served_model(self) -> str:
