@@ -48,11 +48,17 @@ def _error(message: str, status: int = 500):
 
 
 def _strict(cls_name: str, info: dict, allowed: tuple[str, ...]):
-    """What vLLM answers when its info dataclass gets a field it does not have (a TypeError, reported)."""
+    """What vLLM answers when its info dataclass gets a field it does not have: the worker's TypeError comes back
+    through the engine core as a bare ``Exception``, which 0.17 answers with Starlette's plain 500 (no reason)
+    and 0.33's catch-all handler as JSON with the message."""
+    from fastapi.responses import PlainTextResponse
+
     extra = [k for k in info if k not in allowed]
-    if extra:
-        return _error(f"Invalid info for {cls_name}: __init__() got an unexpected keyword argument '{extra[0]}'", 400)
-    return None
+    if not extra:
+        return None
+    if VLLM == "0.17.0":
+        return PlainTextResponse("Internal Server Error", status_code=500)
+    return _error(f"Invalid info for {cls_name}: __init__() got an unexpected keyword argument '{extra[0]}'")
 
 
 def _form(master_address, master_port, rank, world_size, group_name, backend):
@@ -137,6 +143,11 @@ async def init_engine(body: dict):
                                  info["world_size"], f"fleetrl-weights-{info['master_port']}", "gloo")
     state["groups"]["vllm"] = pg
     return _ok("/init_weight_transfer_engine", body)
+
+
+@app.get("/version")
+async def version():
+    return {"version": VLLM}
 
 
 @app.post("/pause")

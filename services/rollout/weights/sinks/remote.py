@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import httpx
@@ -10,6 +11,12 @@ from services.rollout.weights.sinks.base import RoundFailed, WeightSink
 
 # added to a call's own collective / init bound so that the server answers before we give up on it
 HTTP_SLACK_S = 15.0
+
+
+def release(text: str) -> tuple[int, ...] | None:
+    """An engine server's release as numbers: ``"0.5.4.post3"`` -> ``(0, 5, 4)``; None when it is not one."""
+    m = re.match(r"v?(\d+)\.(\d+)(?:\.(\d+))?", text or "")
+    return tuple(int(x or 0) for x in m.groups()) if m else None
 
 
 class RemoteEngineSink(WeightSink):

@@ -12,20 +12,13 @@ sglang engine works with those releases too (0.5.4's ``/generate`` takes every f
 
 from __future__ import annotations
 
-import re
-
 from services.rollout.weights.receiver import RoundWatcher
 from services.rollout.weights.sinks.base import RoundFailed, UpdateRefused
-from services.rollout.weights.sinks.remote import HTTP_SLACK_S, RemoteEngineSink
+from services.rollout.weights.sinks.remote import HTTP_SLACK_S, RemoteEngineSink, release
 from shared.weight_sync.wire import Manifest, Member, Rendezvous
 
 FLAT_BUCKETS_SINCE = (0, 5, 6)  # the first SGLang release whose distributed update takes load_format
 
-
-def release(text: str) -> tuple[int, ...] | None:
-    """``"0.5.4.post3"`` -> ``(0, 5, 4)``; None when it does not start with a dotted version."""
-    m = re.match(r"v?(\d+)\.(\d+)(?:\.(\d+))?", text or "")
-    return tuple(int(x or 0) for x in m.groups()) if m else None
 
 
 class SGLangSink(RemoteEngineSink):

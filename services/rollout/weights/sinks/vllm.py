@@ -15,8 +15,10 @@ with vLLM 0.17 kept working:
 
 vLLM 0.17 serves neither ``/start_weight_update`` nor ``/finish_weight_update`` (its ``/update_weights`` alone
 reloads layer by layer) and takes the packed-transfer parameters with each ``/update_weights`` (its init info
-refuses them). The sink finds out which protocol the server speaks from the server's own answers (a 404 for
-the session routes; the init info refusing ``packed``) and remembers it.
+refuses them, with a bare HTTP 500: 0.17 does not say why). The sink reads the server's release first
+(``GET /version``, served by both): 0.17.x and older get 0.17's protocol, 0.33 and newer 0.33's. A release in
+between (not tested) is found out from its answers: a 404 for the session routes, an init refusal that names
+``packed``.
 
 If a round breaks after the server started loading, generation stays paused on both sides (``dirty``) until a
 later round completes, so mixed weights never serve."""
@@ -27,7 +29,7 @@ import logging
 
 from services.rollout.weights.receiver import RoundWatcher
 from services.rollout.weights.sinks.base import RoundFailed, UpdateRefused
-from services.rollout.weights.sinks.remote import HTTP_SLACK_S, RemoteEngineSink
+from services.rollout.weights.sinks.remote import HTTP_SLACK_S, RemoteEngineSink, release
 from shared.weight_sync.wire import Manifest, Member, Rendezvous
 
 log = logging.getLogger(__name__)
@@ -41,6 +43,18 @@ class VLLMSink(RemoteEngineSink):
         self.wire_at_init: bool | None = None  # where this server takes the packed parameters (None: unknown)
         self.sessions: bool | None = None  # it serves /start_weight_update and /finish_weight_update (>= 0.18)
         self.server_paused = False
+        self.server_version: str | None = None  # the server's release, once read
+
+    async def _learn_release(self) -> None:
+        if self.server_version is not None:
+            return
+        info = await self.call("/version", None, HTTP_SLACK_S, absent_ok=True, method="GET") or {}
+        self.server_version = str(info.get("version") or "unknown")
+        got = release(self.server_version)
+        if got is not None and got < (0, 18):  # as the 0.17.0 wheel serves it
+            self.wire_at_init, self.sessions = False, False
+        elif got is not None and got >= (0, 33):  # as the 0.33.0 wheel serves it
+            self.wire_at_init, self.sessions = True, True
 
     @staticmethod
     def _wire(manifest: Manifest) -> dict:
@@ -88,6 +102,7 @@ class VLLMSink(RemoteEngineSink):
             self.server_paused = False
 
     async def run_round(self, rdv: Rendezvous, member: Member, manifest: Manifest, watcher: RoundWatcher) -> None:
+        await self._learn_release()
         await self._pause()
         try:
             await self._server_pause()
