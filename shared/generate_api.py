@@ -212,7 +212,9 @@ class GenerateRequest(_Upstream):
     input_ids: TokenIds | list[TokenIds] | None = None
     sampling_params: SamplingParamsIn = Field(default_factory=SamplingParamsIn)
     return_logprob: StrictBool = False
-    logprob_start_len: StrictInt = Field(default=-1, description="Only -1 (logprobs of output tokens) is supported.")
+    logprob_start_len: StrictInt = Field(
+        default=-1, ge=-1, le=INT32_MAX, description="With return_logprob: meta_info.input_token_logprobs holds the "
+        "prompt tokens from this position on (position 0: null); -1: none (output tokens only).")
     top_logprobs_num: StrictInt = Field(default=0, ge=0, le=_MAX_TOP_LOGPROBS)
     return_text_in_logprobs: StrictBool = False
     stream: StrictBool = False
@@ -245,8 +247,6 @@ class GenerateRequest(_Upstream):
             rows = self.input_ids if self.input_ids and isinstance(self.input_ids[0], list) else [self.input_ids]
             if not rows or any(not r for r in rows):
                 raise ValueError("`input_ids` is empty")
-        if self.logprob_start_len != -1:
-            raise ValueError("logprob_start_len: only -1 (logprobs of the output tokens) is supported")
         if isinstance(self.rid, list) and len(self.rid) != len(self.prompts_raw()):
             raise ValueError(f"`rid` has {len(self.rid)} ids for {len(self.prompts_raw())} prompts")
         return self
@@ -276,6 +276,7 @@ class MetaInfo(BaseModel):
         "while this sequence was generated (partial rollouts); weight_version is then the oldest.")
     e2e_latency: float | None = None
     output_token_logprobs: list[tuple[float, int, str | None]] | None = None
+    input_token_logprobs: list[tuple[float | None, int, str | None]] | None = None
     output_top_logprobs: list[list[tuple[float, int, str | None]]] | None = None
 
 
@@ -429,6 +430,41 @@ class ChatMessageIn(_Strict):
         return "".join(part.text for part in self.content)
 
 
+class ToolChoiceFunction(_Strict):
+    name: str = Field(min_length=1)
+
+
+class NamedToolChoice(_Strict):
+    """OpenAI's ``tool_choice: {"type": "function", "function": {"name": ...}}``: this tool is called."""
+
+    type: Literal["function"]
+    function: ToolChoiceFunction
+
+
+def _tool_parameters(tools: list[dict[str, Any]]) -> dict[str, tuple[int, dict[str, Any]]]:
+    """Each function tool's name -> (its index in ``tools``, its JSON-schema parameters; ``{}`` reads as any
+    object). ValueError naming the field that is wrong."""
+    out: dict[str, tuple[int, dict[str, Any]]] = {}
+    for i, tool in enumerate(tools):
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(tool, dict) or tool.get("type", "function") != "function" or not isinstance(fn, dict):
+            raise ValueError(f"tools[{i}]: a forced tool_choice needs function tools ({{type: function, function: "
+                             "{name, parameters}}})")
+        name = fn.get("name")
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"tools[{i}].function.name: a non-empty string is required")
+        params = fn.get("parameters")
+        if params is None:
+            params = {"type": "object", "properties": {}}
+        if not isinstance(params, dict):  # (a ValueError: pydantic turns it into the 400 naming the field)
+            raise ValueError(f"tools[{i}].function.parameters must be a JSON schema object, got "  # noqa: TRY004
+                             f"{type(params).__name__}")
+        if name in out:
+            raise ValueError(f"tools[{i}].function.name: {name!r} is declared twice")
+        out[name] = (i, params)
+    return out
+
+
 class ChatCompletionRequest(_OpenAICommon):
     """Body of ``POST /v1/chat/completions``; the prompt is the tokenizer's chat template applied."""
 
@@ -442,7 +478,12 @@ class ChatCompletionRequest(_OpenAICommon):
     tools: list[dict[str, Any]] | None = Field(
         default=None, description="Rendered by the chat template; the model's calls come back as `tool_calls` (the "
         "server's tool_call_parser; not while streaming).")
-    tool_choice: Literal["none", "auto"] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
+        default=None, description="`required` or a named function: the reply is tool calls, their arguments "
+        "constrained by the tools' parameter schemas (as vLLM does it: the JSON itself, not the model's tool-call "
+        "format); not with stream=true.")
+    parallel_tool_calls: StrictBool | None = Field(
+        default=None, description="false: tool_choice `required` makes exactly one call (default: one or more).")
     add_generation_prompt: StrictBool = True
     continue_final_message: StrictBool = False
     chat_template_kwargs: dict[str, Any] | None = None
@@ -456,7 +497,50 @@ class ChatCompletionRequest(_OpenAICommon):
             raise ValueError("top_logprobs needs logprobs=true")
         if self.continue_final_message and self.add_generation_prompt:
             raise ValueError("continue_final_message needs add_generation_prompt=false")
+        if self.forced_tool() is not None:
+            if not self.tools:
+                raise ValueError("tool_choice: a forced tool call needs tools")
+            if self.stream:
+                raise ValueError("tool_choice: a forced tool call is not supported with stream=true")
+            if self.response_format is not None and self.response_format.type != "text":
+                raise ValueError("tool_choice: a forced tool call cannot be combined with response_format")
+            declared = _tool_parameters(self.tools)
+            name = self.forced_tool()
+            if name != "required" and name not in declared:
+                raise ValueError(f"tool_choice.function.name: {name!r} is not one of the tools "
+                                 f"({sorted(declared)})")
         return self
+
+    def forced_tool(self) -> str | None:
+        """The tool the reply must call, ``"required"`` (any of them), or None (the model chooses)."""
+        if isinstance(self.tool_choice, NamedToolChoice):
+            return self.tool_choice.function.name
+        return "required" if self.tool_choice == "required" else None
+
+    def tool_schemas(self) -> dict[str, tuple[int, dict[str, Any]]]:
+        """Each tool's name -> (index in ``tools``, parameters schema) (checked by validation when forced)."""
+        return _tool_parameters(self.tools or [])
+
+    def grammar(self) -> tuple[GrammarKind, str] | None:
+        """A forced tool call's JSON schema: the named tool's parameters, or for ``required`` a non-empty array of
+        ``{name, parameters}`` objects, one of the tools each (``parallel_tool_calls: false``: exactly one)."""
+        forced = self.forced_tool()
+        if forced is None:
+            return super().grammar()
+        tools = self.tool_schemas()
+        if forced != "required":
+            schema: dict[str, Any] = dict(tools[forced][1])
+        else:
+            one_of = [{"type": "object", "properties": {"name": {"const": name}, "parameters": params},
+                       "required": ["name", "parameters"], "additionalProperties": False}
+                      for name, (_, params) in tools.items()]
+            schema = {"type": "array", "minItems": 1, "items": {"anyOf": one_of}}
+            if self.parallel_tool_calls is False:
+                schema["maxItems"] = 1
+        # compact JSON (llguidance's keyword, which other validators ignore): a call that is all whitespace between
+        # its tokens would run out of tokens before it closes; a schema's own x-guidance wins
+        schema.setdefault("x-guidance", {"whitespace_flexible": False})
+        return "json_schema", json.dumps(schema)
 
 
 class Usage(BaseModel):

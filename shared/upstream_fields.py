@@ -146,7 +146,6 @@ OPENAI_CHAT: dict[str, Any] = {
     "web_search_options": None,
     "functions": None,
     "function_call": None,
-    "parallel_tool_calls": ANY,
     # vLLM's chat extras
     "echo": False,
     "documents": None,

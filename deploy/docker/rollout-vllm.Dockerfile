@@ -2,7 +2,7 @@
 # The base image brings CUDA and its own torch: FleetRL's pure-Python dependencies go on top, torch is
 # left exactly as the base pinned it (that version coupling is why each engine has its own image).
 #   docker build -f deploy/docker/rollout-vllm.Dockerfile -t fleetrl-rollout-vllm .
-ARG BASE_IMAGE=vllm/vllm-openai:v0.17.0
+ARG BASE_IMAGE=vllm/vllm-openai:v0.33.0
 FROM ${BASE_IMAGE}
 
 ENV PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \

@@ -52,6 +52,7 @@ class SGLGenerate(_S):
     input_ids: list[int]
     sampling_params: SGLSampling
     return_logprob: bool = False
+    logprob_start_len: int = -1
     top_logprobs_num: int = 0
     stream: bool = False
     rid: str | None = None
@@ -83,6 +84,7 @@ class VCompletion(_S):
     presence_penalty: float = 0.0
     repetition_penalty: float = 1.0
     structured_outputs: dict | None = None
+    prompt_logprobs: int | None = None  # per prompt token {token id: {logprob, rank, decoded_token}}, null first
 
 
 def tokens_for(prompt: list[int], limit: int, stop_ids: list[int]) -> tuple[list[int], list[float], dict]:
@@ -120,6 +122,11 @@ async def model_info():
     return {"model_path": "standin", "weight_version": "3"}
 
 
+@app.get("/weight_info")
+async def weight_info():  # vLLM 0.33 (dev mode): the version /finish_weight_update last set
+    return {"weight_version": "5"}
+
+
 @app.post("/abort_request")
 async def abort_request(body: dict):
     LAST["abort_request"] = body
@@ -137,6 +144,10 @@ async def generate(body: SGLGenerate):
              "finish_reason": finish if final else None, "weight_version": "3"}
         if body.return_logprob:
             m["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(lps[:k], ids[:k])]
+            start = body.logprob_start_len if body.logprob_start_len >= 0 else len(body.input_ids)
+            # SGLang's input_token_logprobs: position 0 has no context (None); here lp(t_i) = -t_i / 1000
+            m["input_token_logprobs"] = [[None if i == 0 else -t / 1000, t, None]
+                                         for i, t in enumerate(body.input_ids) if i >= start]
             if body.top_logprobs_num:
                 m["output_top_logprobs"] = [[[lp, t, None]] for lp, t in zip(lps[:k], ids[:k])]
         return m
@@ -166,6 +177,10 @@ async def completions(body: VCompletion):
         part = ids[sl]
         c = {"index": 0, "text": text_of(part), "token_ids": part, "finish_reason": reason if final else None,
              "stop_reason": finish.get("matched") if final else None}
+        if body.prompt_logprobs is not None:  # here lp(t_i) = -t_i / 1000, as the SGLang side
+            c["prompt_logprobs"] = [None if i == 0 else {str(t): {"logprob": -t / 1000, "rank": 1,
+                                                                  "decoded_token": f"t{t}"}}
+                                    for i, t in enumerate(body.prompt)]
         if body.logprobs is not None:
             c["logprobs"] = {"tokens": [f"token_id:{t}" for t in part], "token_logprobs": lps[sl],
                              "top_logprobs": [{f"token_id:{t}": lp} for t, lp in zip(part, lps[sl])] if body.logprobs else None,

@@ -148,3 +148,36 @@ def test_openai_routes_accept_sglang_extras_at_neutral_values(rollout):
     r = httpx.post(f"{rollout.url}/v1/completions", timeout=60, json={
         "model": "tiny", "prompt": "hi", "max_tokens": 2, "no_stop_trim": False, "return_hidden_states": False})
     assert r.status_code == 200, r.text
+
+
+def test_input_token_logprobs_from_logprob_start_len(rollout, reference):
+    """SGLang's prompt logprobs (what its frontend's ``select`` scores choices by): position 0 has none, each other
+    token its logprob under the served weights given the tokens before it; ``logprob_start_len`` cuts the list."""
+    model, _ = reference
+    ids = [72, 101, 108, 108, 111, 32, 119]
+    r = post(rollout, {"input_ids": ids, "return_logprob": True, "logprob_start_len": 0,
+                       "return_text_in_logprobs": True, "sampling_params": {"max_new_tokens": 0}})
+    assert r.status_code == 200, r.text
+    got = r.json()["meta_info"]["input_token_logprobs"]
+    assert [t[1] for t in got] == ids and got[0][0] is None and all(isinstance(t[2], str) for t in got)
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([ids])).logits[0, :-1]
+        ref = torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids[1:]).unsqueeze(-1)).squeeze(-1).tolist()
+    assert [t[0] for t in got[1:]] == pytest.approx(ref, abs=1e-4)
+    # a later start, while the request also generates (batch of two prompts, n = 2: each answer carries its prompt's)
+    r = post(rollout, {"input_ids": [ids, ids[:4]], "return_logprob": True, "logprob_start_len": 3,
+                       "sampling_params": {"max_new_tokens": 2, "n": 2, "temperature": 0}})
+    assert r.status_code == 200, r.text
+    outs = r.json()
+    assert len(outs) == 4
+    for out in outs[:2]:
+        assert [t[1] for t in out["meta_info"]["input_token_logprobs"]] == ids[3:]
+        assert [t[0] for t in out["meta_info"]["input_token_logprobs"]] == pytest.approx(ref[2:], abs=1e-4)
+        assert len(out["meta_info"]["output_token_logprobs"]) == 2
+    assert [t[1] for t in outs[2]["meta_info"]["input_token_logprobs"]] == ids[3:4]
+    # -1 (the default) gives none; a start past the prompt is a 400 naming the field
+    r = post(rollout, {"input_ids": ids, "return_logprob": True, "sampling_params": {"max_new_tokens": 1}})
+    assert "input_token_logprobs" not in r.json()["meta_info"]
+    r = post(rollout, {"input_ids": ids, "return_logprob": True, "logprob_start_len": 8,
+                       "sampling_params": {"max_new_tokens": 1}})
+    assert r.status_code == 400 and "logprob_start_len=8: more than the 7 tokens" in r.text, r.text

@@ -52,7 +52,8 @@ def test_generate_maps_request_and_response(remote_rollout, standin):
     assert out["output_ids"] == ids
     assert [t[0] for t in out["meta_info"]["output_token_logprobs"]] == pytest.approx(lps)
     assert out["meta_info"]["finish_reason"] == {"type": "length", "length": 6}
-    assert out["meta_info"]["weight_version"] == ("3" if kind == "sglang" else "0")  # SGLang's integer version adopted
+    # the server's integer version adopted (SGLang's /model_info, vLLM 0.33's /weight_info)
+    assert out["meta_info"]["weight_version"] == ("3" if kind == "sglang" else "5")
     sent = httpx.get(f"{standin}/_last/{'generate' if kind == 'sglang' else 'completions'}", timeout=5).json()
     if kind == "sglang":
         assert sent["input_ids"] == [10, 20, 30] and sent["return_logprob"] is True
@@ -82,6 +83,38 @@ def test_optional_features_pass_through_in_each_servers_names(remote_rollout, st
     sent = httpx.get(f"{standin}/_last/{'generate' if kind == 'sglang' else 'completions'}", timeout=5).json()
     fields = sent["sampling_params"] if kind == "sglang" else sent
     assert not {"min_new_tokens", "min_tokens", "json_schema", "structured_outputs"} & set(fields)  # defaults: unsent
+
+
+def test_a_forced_tool_call_reaches_the_server_as_its_json_schema(remote_rollout, standin):
+    kind, url = remote_rollout
+    params = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": params}}],
+            "tool_choice": {"type": "function", "function": {"name": "f"}}}
+    r = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=30)
+    assert r.status_code == 200, r.text
+    sent = httpx.get(f"{standin}/_last/{'generate' if kind == 'sglang' else 'completions'}", timeout=5).json()
+    want = {**params, "x-guidance": {"whitespace_flexible": False}}
+    if kind == "sglang":
+        assert json.loads(sent["sampling_params"]["json_schema"]) == want
+    else:
+        assert sent["structured_outputs"] == {"json": want}
+
+
+def test_prompt_logprobs_come_from_each_server(remote_rollout, standin):
+    kind, url = remote_rollout
+    body = {"input_ids": [10, 20, 30, 40], "return_logprob": True, "logprob_start_len": 1,
+            "sampling_params": {"max_new_tokens": 0}}
+    r = httpx.post(f"{url}/generate", json=body, timeout=30)
+    assert r.status_code == 200, r.text
+    got = r.json()["meta_info"]["input_token_logprobs"]
+    assert got == [[-0.02, 20, None], [-0.03, 30, None], [-0.04, 40, None]]  # the stand-in's -t / 1000
+    if kind == "sglang":
+        sent = httpx.get(f"{standin}/_last/generate", timeout=5).json()
+        assert sent["logprob_start_len"] == 1 and sent["sampling_params"] == {"max_new_tokens": 0}
+    else:
+        sent = httpx.get(f"{standin}/_last/completions", timeout=5).json()
+        assert sent["prompt"] == [10, 20, 30, 40] and sent["prompt_logprobs"] == 0
 
 
 def test_a_feature_the_engine_lacks_is_refused_naming_it_and_the_engine(remote_rollout):

@@ -62,3 +62,62 @@ def test_a_bad_grammar_is_a_400_naming_it(rollout, sp, says):
     r = httpx.post(f"{rollout.url}/generate", json={"text": "x", "sampling_params": {"max_new_tokens": 4, **sp}},
                    timeout=60)
     assert r.status_code == 400 and says in r.json()["detail"], r.text
+
+
+# ---- tool calls forced by tool_choice ---------------------------------------------------------------------
+WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 6},
+                                            "days": {"type": "integer", "minimum": 1, "maximum": 7},
+                                            "unit": {"enum": ["c", "f"]}},
+           "required": ["city", "days", "unit"], "additionalProperties": False}
+# bounded, so that no sampled call can outrun max_tokens (an unbounded integer of the random model can)
+ADD = {"type": "object", "properties": {"a": {"type": "integer", "minimum": -999, "maximum": 999},
+                                        "b": {"type": "integer", "minimum": -999, "maximum": 999}},
+       "required": ["a", "b"], "additionalProperties": False}
+FORCE_TOOLS = [{"type": "function", "function": {"name": "weather", "parameters": WEATHER}},
+               {"type": "function", "function": {"name": "add", "parameters": ADD}}]
+
+
+def _chat_tools(choice, n: int, **extra) -> dict:
+    return {"model": "tiny", "messages": [{"role": "user", "content": "weather in Paris?"}], "max_tokens": 120,
+            "n": n, "seed": 7, "tools": FORCE_TOOLS, "tool_choice": choice, **extra}
+
+
+def test_a_named_tool_choice_makes_every_sampled_call_parse_under_its_schema(rollout):
+    import jsonschema
+
+    choice = {"type": "function", "function": {"name": "weather"}}
+    choices = _post(rollout.url, "/v1/chat/completions", _chat_tools(choice, 100))["choices"]
+    assert len(choices) == 100
+    for c in choices:
+        assert c["finish_reason"] == "tool_calls", c
+        (call,) = c["message"]["tool_calls"]
+        assert call["function"]["name"] == "weather" and not c["message"].get("content")
+        jsonschema.validate(json.loads(call["function"]["arguments"]), WEATHER)
+
+
+def test_tool_choice_required_calls_one_of_the_tools_each_time(rollout):
+    import jsonschema
+
+    out = _post(rollout.url, "/v1/chat/completions", _chat_tools("required", 20, parallel_tool_calls=False))
+    for c in out["choices"]:
+        assert c["finish_reason"] == "tool_calls", c
+        (call,) = c["message"]["tool_calls"]  # parallel_tool_calls false: exactly one
+        name = call["function"]["name"]
+        jsonschema.validate(json.loads(call["function"]["arguments"]), {"weather": WEATHER, "add": ADD}[name])
+
+
+@pytest.mark.parametrize("tools, choice, says", [
+    ([{"type": "function", "function": {"name": "f", "parameters": {"type": "bogus"}}}],
+     {"type": "function", "function": {"name": "f"}}, "tools[0].function.parameters"),
+    ([FORCE_TOOLS[1], {"type": "function", "function": {"name": "g", "parameters": {"type": "bogus"}}}],
+     "required", "tools[1].function.parameters"),
+    ([FORCE_TOOLS[1], {"type": "function", "function": {"name": "g", "parameters": ["not", "a", "schema"]}}],
+     {"type": "function", "function": {"name": "add"}}, "tools[1].function.parameters"),
+    (FORCE_TOOLS, {"type": "function", "function": {"name": "nope"}}, "tool_choice.function.name"),
+    (None, "required", "tool_choice"),
+])
+def test_a_bad_forced_tool_is_a_400_naming_the_field(rollout, tools, choice, says):
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "tool_choice": choice,
+            **({"tools": tools} if tools is not None else {})}
+    r = httpx.post(f"{rollout.url}/v1/chat/completions", json=body, timeout=60)
+    assert r.status_code == 400 and says in r.text, r.text

@@ -52,12 +52,13 @@ def weights(seed: int) -> dict[str, torch.Tensor]:
 
 
 @asynccontextmanager
-async def standin_replica(tmp_path, redis_client, run: str, kind: str, vllm_api: str = "update",
+async def standin_replica(tmp_path, redis_client, run: str, kind: str, vllm: str = "0.33.0", sglang: str = "0.5.23",
                           **sidecar_settings):
-    """A stand-in engine server (its own process) with a sidecar driving it through ``kind``'s sink."""
+    """A stand-in engine server (its own process, imitating the releases named) with a sidecar driving it
+    through ``kind``'s sink."""
     port = free_port()
     log = tmp_path / f"standin-{port}.log"
-    proc = spawn(["-m", "tests.weight_sync.standin_engine", str(port), vllm_api], log, {"OMP_NUM_THREADS": "1"})
+    proc = spawn(["-m", "tests.weight_sync.standin_engine", str(port), vllm, sglang], log, {"OMP_NUM_THREADS": "1"})
     engine = RemoteEngine(kind, f"http://127.0.0.1:{port}")
     sidecar = WeightSidecar(engine, redis_client, run,
                             SidecarSettings(join_timeout_s=0, heartbeat_s=0.3, **sidecar_settings))
@@ -77,13 +78,13 @@ def crc(t: torch.Tensor) -> int:
     return zlib.crc32(memoryview(t.contiguous().view(-1).view(torch.uint8).numpy()))
 
 
-@pytest.mark.parametrize(("kind", "vllm_api"), [("sglang", ""), ("vllm", "update"), ("vllm", "init")])
-async def test_remote_sink_maps_requests_and_bytes_arrive(kind, vllm_api, tmp_path, redis_client):
+@pytest.mark.parametrize(("kind", "release"), [("sglang", "0.5.23"), ("vllm", "0.33.0"), ("vllm", "0.17.0")])
+async def test_remote_sink_maps_requests_and_bytes_arrive(kind, release, tmp_path, redis_client):
     run = f"sink-{kind}"
     # the stand-in receives over a torch gloo group on CPU; a real vLLM server joins a PyNccl group (the
     # sidecar's default for vllm, tests/weight_sync/test_real_engines_gpu.py)
-    async with standin_replica(tmp_path, redis_client, run, kind, vllm_api or "update", group="torch") as (
-            engine, sidecar):
+    releases = {"vllm": release} if kind == "vllm" else {"sglang": release}
+    async with standin_replica(tmp_path, redis_client, run, kind, **releases, group="torch") as (engine, sidecar):
         await wait_registered(redis_client, run, 1)
         settings = WeightSyncSettings(bucket_bytes=16 << 10, init_timeout_s=30, collective_timeout_s=20,
                                       load_timeout_s=30)
@@ -103,13 +104,53 @@ async def test_remote_sink_maps_requests_and_bytes_arrive(kind, vllm_api, tmp_pa
             assert calls.count("/init_weights_update_group") == 1
             assert calls.count("/update_weights_from_distributed") == 2 * nb
             assert got["weight_version"] == "2"
+        elif release == "0.33.0":
+            # the four steps each round, the packed parameters once at init, the version kept by the server
+            assert calls == ["/pause?mode=abort", "/init_weight_transfer_engine", "/start_weight_update",
+                             "/update_weights", "/finish_weight_update", "/resume",
+                             "/pause?mode=abort", "/start_weight_update", "/update_weights", "/finish_weight_update",
+                             "/resume"]
+            assert sidecar.sink.wire_at_init is True and sidecar.sink.sessions is True
+            assert got["weight_version"] == "2"
         else:
-            # an older release refuses the packed parameters at init: one refused init, then per round
-            assert calls.count("/init_weight_transfer_engine") == 1
-            assert calls.count("/update_weights") == 2
-            assert sidecar.sink.wire_at_init is (vllm_api == "init")
-            assert calls.count("/start_weight_update") == calls.count("/finish_weight_update") == 2
+            # 0.17 refuses the packed parameters at init (the sink then sends them per round) and has no session
+            assert calls == ["/pause?mode=abort", "/init_weight_transfer_engine", "/update_weights", "/resume",
+                             "/pause?mode=abort", "/update_weights", "/resume"]
+            assert sidecar.sink.wire_at_init is False and sidecar.sink.sessions is False
+        if kind == "vllm":
+            assert got["unpaused_updates"] == 0 and got["paused"] is False
         assert engine.pauses == 2
+
+
+async def test_a_vllm_session_left_open_by_a_broken_round_is_closed_before_the_next(tmp_path, redis_client):
+    """vLLM 0.33 refuses a second /start_weight_update while a session is open: a round that broke after
+    starting one leaves it open, and the next round closes it first instead of failing forever."""
+    async with standin_replica(tmp_path, redis_client, "sink-open", "vllm", group="torch") as (engine, sidecar):
+        await wait_registered(redis_client, "sink-open", 1)
+        r = await engine.client.post(f"{engine.base_url}/start_weight_update", json={}, timeout=10)
+        assert r.status_code == 200  # what a broken round leaves behind
+        settings = WeightSyncSettings(bucket_bytes=16 << 10, init_timeout_s=30, collective_timeout_s=20,
+                                      load_timeout_s=30)
+        async with WeightPublisher(redis_client, "sink-open", settings) as pub:
+            w = weights(3)
+            assert await pub.publish(w) == 1
+            assert pub.last_report.loaded == [sidecar.replica_id], pub.last_report
+        got = (await engine.client.get(f"{engine.base_url}/standin/state", timeout=10)).json()
+        assert got["crc"] == {n: crc(t) for n, t in w.items()} and got["weight_version"] == "1"
+        assert got["calls"].count("/finish_weight_update") == 2 and got["paused"] is False
+
+
+async def test_an_sglang_server_older_than_flat_buckets_is_refused_naming_its_release(tmp_path, redis_client):
+    """SGLang 0.5.4 ignores load_format and would take a flat bucket as its first tensor: the sink reads the
+    release and refuses before joining any group."""
+    from services.rollout.weights.sinks.base import UpdateRefused
+
+    async with standin_replica(tmp_path, redis_client, "sink-old", "sglang", sglang="0.5.4.post3") as (
+            engine, sidecar):
+        with pytest.raises(UpdateRefused, match=r"SGLang 0\.5\.4\.post3 .*load_format since 0\.5\.6"):
+            await sidecar.sink._check_release()
+        got = (await engine.client.get(f"{engine.base_url}/standin/state", timeout=10)).json()
+        assert got["calls"] == []
 
 
 async def test_replicas_of_different_group_kinds_update_in_separate_rounds(replicas, redis_client, tiny_model_dir,

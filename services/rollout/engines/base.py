@@ -111,6 +111,8 @@ class Engine(ABC):
     #: The optional sampling features (:data:`~services.rollout.engines.types.FEATURES`) this engine applies; a
     #: sequence asking for another is refused (HTTP 400 naming the field and this engine's ``kind``).
     honours: ClassVar[frozenset[str]] = frozenset()
+    #: The engine gives the logprobs of prompt tokens (:meth:`prompt_logprobs`; SGLang's ``logprob_start_len``).
+    scores_prompts: ClassVar[bool] = False
 
     def __init__(self, settings: EngineSettingsBase, model_path: str) -> None:
         self.settings = settings
@@ -244,6 +246,13 @@ class Engine(ABC):
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             raise
+
+    async def prompt_logprobs(self, prompt_ids: list[int], start: int,
+                              admit_timeout: float | None = None) -> list[float | None]:
+        """The logprob of each prompt token from position ``start`` on, under the served weights: ``lp(t_i | t_<i)``,
+        None for position 0 (no context), as SGLang's ``input_token_logprobs``. Engines with ``scores_prompts``."""
+        raise SequenceRejected(f"logprob_start_len: the `{self.kind}` engine serving this model gives no prompt "
+                               "logprobs (leave it at -1)")
 
     @abstractmethod
     async def abort(self, rid: str) -> None:

@@ -1,11 +1,15 @@
 """Drive a running SGLang server through its HTTP API (``/generate``, ``/health_generate``,
-``/model_info``, ``/abort_request``). No SGLang import in this process."""
+``/model_info``, ``/abort_request``). No SGLang import in this process. Prompt logprobs: the server's own
+``/generate`` with ``max_new_tokens: 0``, ``return_logprob`` and ``logprob_start_len``."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import AsyncGenerator
 
+import httpx
+
+from services.rollout.engines.base import EngineUnavailable
 from services.rollout.engines.remote import RemoteEngine
 from services.rollout.engines.settings import SGLangEngineSettings
 from services.rollout.engines.types import FEATURES, Finish, SamplingParams, SequenceDelta, SequenceRequest
@@ -43,6 +47,21 @@ class SGLangEngine(RemoteEngine):
     kind = "sglang"
     honours = frozenset(FEATURES)  # SGLang defines every one of them (0.5.x)
     weight_sink = "services.rollout.weights.sinks.sglang:SGLangSink"  # the server's own weight-update API
+    scores_prompts = True
+
+    async def prompt_logprobs(self, prompt_ids: list[int], start: int,
+                              admit_timeout: float | None = None) -> list[float | None]:
+        await self._admit(admit_timeout)
+        if self.client is None:
+            raise EngineUnavailable("the engine client is closed")
+        body = {"input_ids": list(prompt_ids), "sampling_params": {"max_new_tokens": 0}, "return_logprob": True,
+                "logprob_start_len": start}
+        try:
+            out = await self._post_json("/generate", body)
+        except httpx.HTTPError as exc:
+            raise EngineUnavailable(f"engine server {self.base_url}: {type(exc).__name__}: {exc}") from exc
+        rows = (out.get("meta_info") or {}).get("input_token_logprobs") or []
+        return [None if row[0] is None else float(row[0]) for row in rows]
 
     async def _start(self) -> None:
         await super()._start()

@@ -1,5 +1,6 @@
 """Drive a running vLLM OpenAI server through its HTTP API (``/v1/completions`` with token-id prompts,
-``return_token_ids``; ``/health``). No vLLM import in this process.
+``return_token_ids``; ``/health``; 0.33's ``/weight_info``). No vLLM import in this process. Spoken as vLLM 0.33
+serves it; 0.17 serves the same ``/v1/completions`` fields (docs/rollout.md, "Engine versions").
 
 Run the server with ``--logprobs-mode processed_logprobs`` so logprobs are those of the distribution
 the token was sampled from.
@@ -8,11 +9,17 @@ the token was sampled from.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import AsyncGenerator
 
+import httpx
+
+from services.rollout.engines.base import EngineUnavailable
 from services.rollout.engines.remote import RemoteEngine
 from services.rollout.engines.settings import VLLMEngineSettings
 from services.rollout.engines.types import FEATURES, Finish, SamplingParams, SequenceDelta, SequenceRequest
+
+log = logging.getLogger(__name__)
 
 
 def _token_id(key: str) -> int:
@@ -43,10 +50,41 @@ class VLLMEngine(RemoteEngine):
     kind = "vllm"
     honours = frozenset(FEATURES) - {"stop_regex"}  # vLLM has no stop regex
     weight_sink = "services.rollout.weights.sinks.vllm:VLLMSink"  # vLLM's native weight-transfer API
+    scores_prompts = True
+
+    async def prompt_logprobs(self, prompt_ids: list[int], start: int,
+                              admit_timeout: float | None = None) -> list[float | None]:
+        """``/v1/completions`` with ``prompt_logprobs: 0`` (0.17 and 0.33): per prompt token a dict keyed by token
+        id holding at least that token's logprob (null for the first); one token is generated and dropped."""
+        await self._admit(admit_timeout)
+        if self.client is None:
+            raise EngineUnavailable("the engine client is closed")
+        body = {"model": self.served_model, "prompt": list(prompt_ids), "max_tokens": 1, "temperature": 0.0,
+                "prompt_logprobs": 0, "return_token_ids": True}
+        try:
+            out = await self._post_json("/v1/completions", body)
+        except httpx.HTTPError as exc:
+            raise EngineUnavailable(f"engine server {self.base_url}: {type(exc).__name__}: {exc}") from exc
+        rows = (out.get("choices") or [{}])[0].get("prompt_logprobs") or []
+        if len(rows) != len(prompt_ids):
+            raise EngineUnavailable(f"engine server {self.base_url}: {len(rows)} prompt logprobs for "
+                                    f"{len(prompt_ids)} prompt tokens")
+        lps = [None if row is None else float(row[str(tid)]["logprob"]) for row, tid in zip(rows, prompt_ids)]
+        return lps[start:]
 
     @property
     def served_model(self) -> str:
         return self.settings.served_model_name or self.model_path
+
+    async def _start(self) -> None:
+        await super()._start()
+        try:  # adopt the server's weight version when it is an integer (0.33 keeps it: /finish_weight_update sets it)
+            r = await self.control.get("/weight_info")  # 404 on 0.17 and on a server without VLLM_SERVER_DEV_MODE
+            version = r.json().get("weight_version") if r.status_code == 200 else None
+            if isinstance(version, str) and version.isdigit():
+                self.set_weight_version(int(version))
+        except Exception as exc:  # noqa: BLE001 - the server may not be up yet; health will say so
+            log.info("vLLM server not reachable yet at %s: %r", self.base_url, exc)
 
     async def _probe(self) -> bool:
         r = await self.control.get("/health")

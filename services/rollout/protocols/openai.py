@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
-from services.rollout.agents.tool_calls import ToolCallStream, parse_tool_calls
+from services.rollout.agents.tool_calls import ToolCall, ToolCallStream, parse_tool_calls
 from services.rollout.engines.types import Grammar, SamplingParams, SequenceOutput, SequenceRequest
 from services.rollout.errors import RequestError
 from services.rollout.service import RolloutService, new_request_id
@@ -44,6 +45,7 @@ class OpenAIPlan:
     top_n: int  # top alternatives per token (0 = none)
     want_logprobs: bool
     tool_parser: str | None = None  # chat: read tool calls from the text in this format
+    forced_tool: str | None = None  # chat: the reply is this tool's arguments (JSON), or "required": [{name, parameters}]
     messages: list[dict] | None = None  # chat: the messages as rendered
 
 
@@ -120,14 +122,68 @@ async def plan_chat(service: RolloutService, r: ChatCompletionRequest,
     params = [_params(service, r, ids, max_tokens, top_n, "chat prompt")]
     rid = new_request_id()
     seqs = service.sequences([ids], params, r.n, r.stream, rid)
-    parser = service.settings.tool_call_parser if tools else None
+    forced = r.forced_tool() if tools else None
+    if forced is not None:
+        await check_tool_schemas(service, r, forced)
+    parser = service.settings.tool_call_parser if tools and forced is None else None
     return OpenAIPlan(r, True, seqs, [ids], f"chatcmpl-{rid}", int(time.time()), model, top_n, r.logprobs,
-                      tool_parser=parser, messages=messages)
+                      tool_parser=parser, messages=messages, forced_tool=forced)
+
+
+def _schema_error(params: dict) -> str:
+    from llguidance import LLMatcher
+
+    return LLMatcher.validate_grammar(LLMatcher.grammar_from_json_schema(params))
+
+
+async def check_tool_schemas(service: RolloutService, r: ChatCompletionRequest, forced: str) -> None:
+    """A forced call's parameter schemas must be ones the grammar library compiles: else a 400 naming the tool's
+    field (the engine would only name "the grammar"). Checked off the event loop, bounded like any grammar
+    (``engine.max_grammar_chars``, ``engine.grammar_compile_timeout_s``), for every engine kind."""
+    tools = r.tool_schemas()
+    engine = service.settings.engine
+    limit = getattr(engine, "max_grammar_chars", 65536)
+    timeout = getattr(engine, "grammar_compile_timeout_s", 10.0)
+    for name in list(tools) if forced == "required" else [forced]:
+        i, params = tools[name]
+        field = f"tools[{i}].function.parameters"
+        size = len(json.dumps(params))
+        if size > limit:
+            raise RequestError(f"{field}: {size} characters of JSON schema, more than engine.max_grammar_chars "
+                               f"({limit})")
+        try:
+            error = await asyncio.wait_for(asyncio.to_thread(_schema_error, params), timeout)
+        except (asyncio.TimeoutError, TimeoutError):
+            raise RequestError(f"{field}: checking the schema took more than {timeout:g}s") from None
+        if error:
+            raise RequestError(f"{field}: not a JSON schema a tool call can be constrained by: {error}")
+
+
+def _forced_calls(p: OpenAIPlan, text: str) -> list[dict] | None:
+    """The OpenAI ``tool_calls`` of a forced reply (its text is the JSON the grammar allowed), or None when the
+    text is not complete JSON (the reply was cut at its length limit)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    if p.forced_tool != "required":
+        pairs = [(p.forced_tool, value)]
+    elif isinstance(value, list) and all(isinstance(c, dict) and "name" in c for c in value):
+        pairs = [(c["name"], c.get("parameters", {})) for c in value]
+    else:
+        return None
+    return [ToolCall(name=str(name), arguments=args).openai() for name, args in pairs if isinstance(args, dict)] \
+        or None
 
 
 def assistant_message(p: OpenAIPlan, text: str, finish: str | None) -> tuple[AssistantMessage, str | None]:
     """The reply, with ``tool_calls`` read from the text when the request declared tools (finish_reason
     ``tool_calls`` then). A call the model wrote unreadably stays in the content, as vLLM's parsers leave it."""
+    if p.forced_tool is not None:
+        calls = _forced_calls(p, text)
+        if calls is None:
+            return AssistantMessage(content=text), finish
+        return AssistantMessage(content=None, tool_calls=calls), "tool_calls" if finish == "stop" else finish
     if p.tool_parser is None:
         return AssistantMessage(content=text), finish
     parsed = parse_tool_calls(text, p.tool_parser)

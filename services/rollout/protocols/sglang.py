@@ -15,6 +15,7 @@ from services.rollout.engines.types import (
     SequenceOutput,
     SequenceRequest,
 )
+from services.rollout.errors import RequestError
 from services.rollout.service import RolloutService, new_request_id
 from shared.generate_api import GenerateRequest, GenerateResponse, MetaInfo, SamplingParamsIn
 
@@ -28,6 +29,8 @@ class GeneratePlan:
     ids: list[str]  # meta_info.id per sequence
     started: float
     prompts_only: list[list[int]] | None = None  # max_new_tokens=0: no sequence runs; the prompts to answer for
+    #: per prompt, (logprob, token id) of its tokens from logprob_start_len on (None: not asked for)
+    input_logprobs: list[list[tuple[float | None, int]]] | None = None
 
     @property
     def as_list(self) -> bool:
@@ -63,14 +66,35 @@ async def plan(service: RolloutService, req: GenerateRequest) -> GeneratePlan:
         what = "prompt" if len(prompts) == 1 else f"prompt {i}"
         budget = service.check_prompt(ids, sp.max_new_tokens or None, what)
         params.append(sampling_params(sp, budget, req.top_logprobs_num))
+    input_lps = await _input_logprobs(service, req, prompts) if req.return_logprob and req.logprob_start_len >= 0 \
+        else None
     if sp.max_new_tokens == 0:  # SGLang's prefix caching (its frontend's cache_prefix): the prompt, no output
         for p in params:  # the request is still checked as a whole, as it would be if it ran
             service.check_features(p)
         return GeneratePlan(req, [], _ids(req, new_request_id(), len(prompts), sp.n), time.monotonic(),
-                            prompts_only=prompts)
+                            prompts_only=prompts, input_logprobs=input_lps)
     rid = new_request_id()
     seqs = service.sequences(prompts, params, sp.n, req.stream, rid)
-    return GeneratePlan(req, seqs, _ids(req, rid, len(prompts), sp.n), time.monotonic())
+    return GeneratePlan(req, seqs, _ids(req, rid, len(prompts), sp.n), time.monotonic(), input_logprobs=input_lps)
+
+
+async def _input_logprobs(service: RolloutService, req: GenerateRequest,
+                          prompts: list[list[int]]) -> list[list[tuple[float | None, int]]]:
+    """SGLang's ``input_token_logprobs`` (what its frontend's ``select`` scores choices by): the serving engine's
+    logprob of each prompt token from ``logprob_start_len`` on, computed before the request generates."""
+    start = req.logprob_start_len
+    if not service.engine.scores_prompts:
+        raise RequestError(f"logprob_start_len={start}: the `{service.engine.kind}` engine serving this model gives "
+                           "no prompt logprobs (leave it at -1)")
+    for i, ids in enumerate(prompts):
+        if start > len(ids):
+            what = "the prompt" if len(prompts) == 1 else f"prompt {i}"
+            raise RequestError(f"logprob_start_len={start}: more than the {len(ids)} tokens of {what}")
+    out = []
+    for ids in prompts:
+        lps = await service.engine.prompt_logprobs(ids, start, admit_timeout=service.limits.pause_wait_s)
+        out.append(list(zip(lps, ids[start:])))
+    return out
 
 
 def _ids(req: GenerateRequest, rid: str, prompts: int, n: int) -> list[str]:
@@ -115,6 +139,9 @@ def _meta(service: RolloutService, p: GeneratePlan, k: int, out: SequenceOutput,
     )
     if req.return_logprob:
         meta.output_token_logprobs = _logprob_triples(service, out.output_ids, out.logprobs, req.return_text_in_logprobs)
+        if p.input_logprobs is not None:
+            meta.input_token_logprobs = [(lp, tid, service.token_text(tid) if req.return_text_in_logprobs else None)
+                                         for lp, tid in p.input_logprobs[k // req.sampling_params.n]]
         if req.top_logprobs_num and out.top_logprobs is not None:
             meta.output_top_logprobs = [
                 [(lp, tid, service.token_text(tid) if req.return_text_in_logprobs else None) for tid, lp in row]

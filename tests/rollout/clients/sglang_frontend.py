@@ -1,7 +1,7 @@
 """SGLang's own frontend language against a rollout service, in a process of its own (``import sglang`` patches
 transformers process-wide, which the other tests in a pytest worker must not inherit).
 
-    python -m tests.rollout.clients.sglang_frontend URL  ->  one JSON line: {"single", "batch", "stream"}
+    python -m tests.rollout.clients.sglang_frontend URL  ->  one JSON line: {"single", "batch", "stream", "select"}
 
 The program is SGLang's (``sgl.function`` + ``sgl.gen``), run by SGLang's ``RuntimeEndpoint`` and interpreter: the
 requests are the ones its code builds. SGLang 0.5.23's package ``__init__`` imports ``triton`` (through
@@ -20,6 +20,8 @@ from importlib.machinery import ModuleSpec
 PREFIX = "You are a careful assistant. Answer the question that follows with one short phrase.\n"
 """Longer than 64 characters: ``run_batch`` caches it first (SGLang's ``cache_prefix``: ``max_new_tokens=0``)."""
 QUESTIONS = [f"Q: what is {i} plus {i}?\nA:" for i in range(8)]
+PICK = "Q: which pet do you like best?\nA:"
+CHOICES = [" cat", " dog", " parrot"]
 
 
 class _Inert(types.ModuleType):
@@ -58,13 +60,20 @@ def main(url: str) -> None:
         s += PREFIX + question
         s += sgl.gen("answer", max_tokens=4, temperature=0)
 
+    @sgl.function
+    def pick(s):
+        s += PREFIX + PICK
+        s += sgl.select("pet", choices=CHOICES)
+
     backend = sgl.RuntimeEndpoint(url)
     single = answer.run(question=QUESTIONS[0], backend=backend)["answer"]
     states = answer.run_batch([{"question": q} for q in QUESTIONS], backend=backend, num_threads=8)
     streamed = answer.run(question=QUESTIONS[0], backend=backend, stream=True)
     pieces = list(streamed.text_iter("answer"))
+    picked = pick.run(backend=backend)
     print(json.dumps({"version": sgl.__version__, "single": single, "batch": [st["answer"] for st in states],
-                      "stream_pieces": pieces, "stream": streamed["answer"]}))
+                      "stream_pieces": pieces, "stream": streamed["answer"], "select": picked["pet"],
+                      "select_meta": picked.get_meta_info("pet")}))
 
 
 if __name__ == "__main__":

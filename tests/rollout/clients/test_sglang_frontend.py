@@ -1,6 +1,7 @@
 """SGLang 0.5.23's own frontend (``sgl.RuntimeEndpoint`` + an ``sgl.function`` program) gets its answers from a
 FleetRL rollout service: one run, ``run_batch`` of 8 (which first caches the shared prefix with
-``max_new_tokens=0``) and a streamed run. Issue 37: main refused every one of its requests with 400
+``max_new_tokens=0``), a streamed run, and ``sgl.select`` (which scores each choice by its prompt logprobs:
+``return_logprob`` with ``logprob_start_len``, ``input_token_logprobs``). Issue 37: main refused every one of its requests with 400
 ``sampling_params.spaces_between_special_tokens: unknown field``. The client runs in its own process
 (``tests/rollout/clients/sglang_frontend.py``); its answers are checked against ``/generate`` called directly."""
 
@@ -15,7 +16,7 @@ import httpx
 import pytest
 
 from tests.procs import REPO
-from tests.rollout.clients.sglang_frontend import PREFIX, QUESTIONS
+from tests.rollout.clients.sglang_frontend import CHOICES, PICK, PREFIX, QUESTIONS
 from tests.rollout.conftest import THREAD_ENV
 
 pytestmark = [pytest.mark.process, pytest.mark.slow]  # `import sglang` alone takes 20-60 s here
@@ -41,3 +42,16 @@ def test_sglang_frontend_program_single_batch_and_stream(rollout):
     assert out["batch"] == expected
     assert "".join(out["stream_pieces"]) == out["stream"] == expected[0]
     assert len(out["stream_pieces"]) >= 2  # streamed as it was generated, not in one piece
+    # select: the choice with the best mean logprob of its tokens, each scored against /generate called directly
+    scores = out["select_meta"]["normalized_prompt_logprobs"]
+    assert out["select"] == CHOICES[scores.index(max(scores))] and len(set(scores)) == len(CHOICES)
+    text = PREFIX + PICK
+    tokens = httpx.post(f"{rollout.url}/generate", json={"text": text, "sampling_params": {"max_new_tokens": 0}},
+                        timeout=60).json()["meta_info"]["prompt_tokens"]
+    for choice, got in zip(CHOICES, out["select_meta"]["input_token_logprobs"]):
+        body = {"text": text + choice, "return_logprob": True, "logprob_start_len": tokens,
+                "sampling_params": {"max_new_tokens": 0}}
+        direct = httpx.post(f"{rollout.url}/generate", json=body, timeout=60).json()["meta_info"]
+        # the client dropped the token it scored for healing (prompt_tokens - 2) when no healing happened
+        assert [t[0] for t in got[-len(direct["input_token_logprobs"]):]] == pytest.approx(
+            [t[0] for t in direct["input_token_logprobs"]], abs=1e-5)

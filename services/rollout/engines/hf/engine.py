@@ -46,6 +46,7 @@ class HFEngine(Engine):
     honours = frozenset({"min_new_tokens", "stop_regex", "spaces_between_special_tokens", "frequency_penalty",
                          "presence_penalty", "repetition_penalty", "grammar"})
     weight_sink = "services.rollout.weights.sinks.hf:HFSink"  # receives the buckets itself, swaps them in
+    scores_prompts = True
     settings: HFEngineSettings
 
     def __init__(self, settings: HFEngineSettings, model_path: str) -> None:
@@ -57,6 +58,7 @@ class HFEngine(Engine):
         self._aloop: asyncio.AbstractEventLoop | None = None
         self.prefix_cache = PrefixCache(settings.prefix_cache_tokens)
         self._grammars: Grammars | None = None
+        self._scoring = asyncio.Lock()  # one prompt-logprob forward at a time, beside the decode loop
 
     async def _start(self) -> None:
         if self.settings.torch_threads:
@@ -102,6 +104,20 @@ class HFEngine(Engine):
         elif isinstance(gen_eos, (list, tuple)):
             ids.update(int(i) for i in gen_eos)
         return frozenset(ids)
+
+    async def prompt_logprobs(self, prompt_ids: list[int], start: int,
+                              admit_timeout: float | None = None) -> list[float | None]:
+        """One forward of the prompt on the engine's model, in a worker thread beside the decode loop (one at a
+        time). Weights change only while paused and each switch sets a version: a result computed across a switch
+        is computed again (at most 3 tries, then 503)."""
+        for _ in range(3):
+            await self._admit(admit_timeout)
+            version = self.weight_version
+            async with self._scoring:
+                lps = await asyncio.to_thread(_prompt_logprobs, self.model, prompt_ids, self.device)
+            if not self.paused and self.weight_version == version:
+                return lps[start:]
+        raise EnginePaused("the weights changed during every try at the prompt logprobs")
 
     # ---- weights: the prefix cache holds KV of the weights that computed it ------------------------------
     def set_weight_version(self, v: int) -> None:
@@ -204,3 +220,12 @@ class HFEngine(Engine):
             if tid is not None:
                 return int(tid)
         return 0
+
+
+def _prompt_logprobs(model: Any, ids: list[int], device: torch.device) -> list[float | None]:
+    """``[None, lp(t1 | t0), lp(t2 | t0 t1), ...]``: the model's log-softmax (no sampling transforms)."""
+    with torch.no_grad():
+        x = torch.tensor([ids], dtype=torch.long, device=device)
+        logits = model(input_ids=x, use_cache=False).logits[0, :-1].float()
+        lp = torch.log_softmax(logits, dim=-1).gather(-1, x[0, 1:].unsqueeze(-1)).squeeze(-1)
+    return [None, *lp.tolist()]

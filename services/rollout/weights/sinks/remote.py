@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -19,6 +20,12 @@ log = logging.getLogger(__name__)
 
 # added to a call's own collective / init bound so that the server answers before we give up on it
 HTTP_SLACK_S = 15.0
+
+
+def release(text: str) -> tuple[int, ...] | None:
+    """An engine server's release as numbers: ``"0.5.4.post3"`` -> ``(0, 5, 4)``; None when it is not one."""
+    m = re.match(r"v?(\d+)\.(\d+)(?:\.(\d+))?", text or "")
+    return tuple(int(x or 0) for x in m.groups()) if m else None
 
 
 class RemoteEngineSink(WeightSink):
@@ -106,20 +113,25 @@ class RemoteEngineSink(WeightSink):
                 log.warning("unloading adapter %s failed: %s", old, exc)
             shutil.rmtree(old_path, ignore_errors=True)
 
-    async def call(self, path: str, body: dict | None, timeout_s: float, params: dict | None = None) -> dict:
+    async def call(self, path: str, body: dict | None, timeout_s: float, params: dict | None = None,
+                   absent_ok: bool = False, method: str = "POST") -> dict | None:
+        """One call to the server's API; ``absent_ok``: a route this server release does not serve (404) gives
+        None instead of :class:`RoundFailed` (the caller then speaks the older protocol)."""
         url = f"{str(self.engine.base_url).rstrip('/')}{path}"
         try:
-            r = await self.engine.client.post(url, json=body, params=params, timeout=timeout_s)
+            r = await self.engine.client.request(method, url, json=body, params=params, timeout=timeout_s)
         except httpx.HTTPError as exc:
-            raise RoundFailed(f"POST {path}: {type(exc).__name__}: {exc}") from exc
+            raise RoundFailed(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
+        if r.status_code == 404 and absent_ok:
+            return None
         if r.status_code >= 400:
-            raise RoundFailed(f"POST {path}: HTTP {r.status_code}: {r.text[:500]}")
+            raise RoundFailed(f"{method} {path}: HTTP {r.status_code}: {r.text[:500]}")
         try:
             data = r.json() if r.content else {}
         except ValueError:
             data = {}
         if isinstance(data, dict) and data.get("success") is False:
-            raise RoundFailed(f"POST {path}: {data.get('message', 'failed')}")
+            raise RoundFailed(f"{method} {path}: {data.get('message', 'failed')}")
         return data if isinstance(data, dict) else {}
 
     async def _pause(self) -> None:

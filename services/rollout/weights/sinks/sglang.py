@@ -2,24 +2,51 @@
 tp_rank``) and receive one flat bucket per ``/update_weights_from_distributed`` call
 (``load_format: "flattened_bucket"``): one control call per bucket, never one per parameter. The last
 call carries ``weight_version`` and flushes the cache. The group is kept between rounds and replaced
-(``/destroy_weights_update_group``) when the publisher forms a new one."""
+(``/destroy_weights_update_group``) when the publisher forms a new one.
+
+Spoken as SGLang 0.5.23 serves it. ``load_format`` on ``/update_weights_from_distributed`` came with 0.5.6; an
+older server ignores the field and waits for one broadcast per tensor, so the bytes of a flat bucket would land
+in the wrong tensors. Before it first joins a group the sink reads the server's release (``GET /server_info``,
+``/get_server_info`` before 0.5.23) and refuses one older than 0.5.6, naming it. Generation through the
+sglang engine works with those releases too (0.5.4's ``/generate`` takes every field the engine sends)."""
 
 from __future__ import annotations
 
 from services.rollout.weights.receiver import RoundWatcher
 from services.rollout.weights.sinks.base import RoundFailed, UpdateRefused
-from services.rollout.weights.sinks.remote import HTTP_SLACK_S, RemoteEngineSink
+from services.rollout.weights.sinks.remote import HTTP_SLACK_S, RemoteEngineSink, release
 from shared.weight_sync.wire import Manifest, Member, Rendezvous
+
+FLAT_BUCKETS_SINCE = (0, 5, 6)  # the first SGLang release whose distributed update takes load_format
+
 
 
 class SGLangSink(RemoteEngineSink):
     """The sglang engine's sink (``SGLangEngine.weight_sink``): the server joins the group (module docstring)."""
     adapter_load, adapter_unload = "/load_lora_adapter", "/unload_lora_adapter"  # the server's runtime LoRA API
 
+    def __init__(self, engine, settings) -> None:
+        super().__init__(engine, settings)
+        self.server_version: str | None = None  # the server's release, once read
+
+    async def _check_release(self) -> None:
+        if self.server_version is None:
+            info = await self.call("/server_info", None, HTTP_SLACK_S, absent_ok=True, method="GET")
+            if info is None:  # before 0.5.23
+                info = await self.call("/get_server_info", None, HTTP_SLACK_S, absent_ok=True, method="GET") or {}
+            self.server_version = str(info.get("version") or "unknown")
+        got = release(self.server_version)
+        if got is not None and got < FLAT_BUCKETS_SINCE:
+            raise UpdateRefused(
+                f"SGLang {self.server_version} at {self.engine.base_url} cannot take flat buckets over the collective "
+                "(/update_weights_from_distributed has load_format since 0.5.6): run SGLang >= 0.5.6 (FleetRL speaks "
+                "0.5.23), or turn this replica's weight sync off (weights.enabled: false)")
+
     async def run_round(self, rdv: Rendezvous, member: Member, manifest: Manifest, watcher: RoundWatcher) -> None:
         if manifest.adapter is not None:
             await self.run_adapter_round(rdv, member, manifest, watcher)
             return
+        await self._check_release()
         await self._pause()
         try:
             if rdv.fresh_group or self.group_name != rdv.group_name:  # (a fresh group may reuse a name)
