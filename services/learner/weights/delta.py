@@ -161,10 +161,15 @@ class DeltaBase:
         return plan
 
     def eligible(self, members: list[ReplicaInfo]) -> bool:
-        """Are all ``members`` level with the base (a delta round can serve them)?"""
+        """Are all ``members`` level with the base (a delta round can serve them)? Level is what this publisher saw
+        each one load; the registry's ``weight_version`` only rules a member out when it is past the base (it took
+        a newer version elsewhere, from a peer): one below it is the replica's advertisement lagging the round it
+        reported (the registry is written after the round; a publish right after can read the old value, which
+        sent a needless full round now and then). A replica that is not at the base after all refuses the patch
+        itself (it checks ``base_version``) and gets the version whole in the same publish."""
         return bool(members) and all(
             i.delta and i.replica_id not in self.suspect and self.level.get(i.replica_id) == self.version
-            and i.weight_version == self.version for i in members)
+            and i.weight_version <= self.version for i in members)
 
     def confirmed(self, ids: list[str], version: int) -> None:
         for rid in ids:

@@ -19,7 +19,10 @@ def test_eligible_only_when_every_member_is_level_with_the_base():
     assert base.eligible([info("a", 5), info("b", 5)])
     assert not base.eligible([])
     assert not base.eligible([info("a", 5), info("c", 5)])  # c: never seen loading it (a peer joiner, a restart)
-    assert not base.eligible([info("a", 5), info("b", 4)])  # b's registry says it serves another version
+    # b's registry still says 4 although this publisher saw it load 5: the advertisement lags the round (written
+    # after it; a publish right after read the old value and went whole: a flaky full round in a full-suite run).
+    # A replica really behind refuses the patch itself and gets the version whole in the same publish.
+    assert base.eligible([info("a", 5), info("b", 4)])
     assert not base.eligible([info("a", 5), info("b", 5, delta=False)])  # an engine that cannot patch
     base.refused(["b"])
     assert not base.eligible([info("a", 5), info("b", 5)])  # refused a patch: whole until it confirms again
