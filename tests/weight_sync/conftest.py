@@ -4,6 +4,7 @@ sidecar, a publisher in the test process, and reference weights."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,16 @@ from tests.procs import kill9, spawn, starts_processes, stop, wait_http_ok
 
 TOKEN = "weights-test-token"
 PROMPT = "The quick brown fox"
+
+
+@pytest.fixture()
+async def threads():
+    """Publisher and replicas block in threads of one loop: more workers than the default 2-core pool."""
+    loop = asyncio.get_running_loop()
+    pool = concurrent.futures.ThreadPoolExecutor(16)
+    loop.set_default_executor(pool)
+    yield
+    pool.shutdown(wait=False)
 
 
 @dataclass

@@ -8,10 +8,8 @@ replica that cannot load adapters gets merged full rounds, with the same logprob
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
 
-import pytest
 import torch
 
 from services.learner.settings import LoraSettings
@@ -26,16 +24,6 @@ from tests.rollout.engines.conftest import make_engine
 FAST = {"init_timeout_s": 20, "collective_timeout_s": 10, "regroup_timeout_s": 5, "load_timeout_s": 20,
         "catch_up_poll_s": 0.1, "bucket_bytes": 1 << 20}
 PROMPT = (1, 40, 50, 60)
-
-
-@pytest.fixture()
-async def threads():
-    """Publisher and replicas block in threads of one loop: more workers than the default 2-core pool."""
-    loop = asyncio.get_running_loop()
-    pool = concurrent.futures.ThreadPoolExecutor(16)
-    loop.set_default_executor(pool)
-    yield
-    pool.shutdown(wait=False)
 
 
 def learner(model_dir) -> torch.nn.Module:

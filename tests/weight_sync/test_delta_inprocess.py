@@ -7,9 +7,7 @@ a replica that missed a version and a replica restarted mid-run each get the ver
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 
-import pytest
 import torch
 
 from services.learner.weights import WeightPublisher
@@ -88,16 +86,6 @@ async def wait_registered(pub: WeightPublisher, n: int) -> None:
             return
         await asyncio.sleep(0.05)
     raise AssertionError(f"{n} replicas never registered")
-
-
-@pytest.fixture()
-async def threads():
-    """Publisher and replicas block in threads of one loop: more workers than the default 2-core pool."""
-    loop = asyncio.get_running_loop()
-    pool = concurrent.futures.ThreadPoolExecutor(16)
-    loop.set_default_executor(pool)
-    yield
-    pool.shutdown(wait=False)
 
 
 async def test_delta_rounds_end_bit_equal_and_faults_get_full_rounds(redis_client, threads, monkeypatch):
