@@ -37,6 +37,23 @@ def command_line(verb: str, file: Path, sets: list[str] | None) -> str:
     return " ".join(["fleetrl", verb, shlex.quote(str(file)), *(f"--set {shlex.quote(s)}" for s in sets or [])])
 
 
+def _remote_refused(spec, live: bool | None) -> bool:
+    """The remote reward scorers' probe (:func:`.preflight.remote_problems`), first of all: before the zygote's
+    imports (torch, transformers) take the CPU, so a wrong URL is refused in seconds even on a busy machine (it
+    took 10.3 s beside them in a full ``make test``). True when refused (the lines are shown)."""
+    from .preflight import remote_problems
+
+    problems = remote_problems(spec)
+    if problems:
+        from .display import make_display
+
+        display = make_display(live)
+        for line in problems:
+            display.event(f"error: {line}")
+        display.close()
+    return bool(problems)
+
+
 def _mode(file: Path) -> str | None:
     """A spec file's top-level ``mode`` (``tinker``), or None; an unreadable file is left to the spec loader."""
     from shared.settings import SettingsError, read_config_file
@@ -67,6 +84,8 @@ def run_cmd(
 
         raise typer.Exit(serve_tinker(file.resolve()))
     spec = _load(file, set_)
+    if not skip_preflight and _remote_refused(spec, live):
+        raise typer.Exit(1)
     from deploy.local.zygote import Zygote
 
     # the services' imports (torch, transformers, ...) start now, in the zygote that forks them, while this process
@@ -79,7 +98,7 @@ def run_cmd(
     from .launch import run_spec
 
     code = run_spec(spec, file.resolve(), make_display(live), reset=reset, zygote=zygote,
-                    command=command_line("run", file, set_), skip_preflight=skip_preflight)
+                    command=command_line("run", file, set_), skip_preflight=True)  # probed above
     # every process, the zygote and the Redis of the run are stopped and the display is closed: leave without
     # the interpreter's teardown of the launcher's modules (0.5-0.7 s at load 5; shared/service_kit/process_exit.py)
     leave(code)

@@ -1,7 +1,8 @@
 """SGLang's own frontend language against a rollout service, in a process of its own (``import sglang`` patches
 transformers process-wide, which the other tests in a pytest worker must not inherit).
 
-    python -m tests.rollout.clients.sglang_frontend URL  ->  one JSON line: {"single", "batch", "stream", "select"}
+    python -m tests.rollout.clients.sglang_frontend URL [--no-select]  ->  one JSON line: {"single", "batch",
+    "stream", "select"} (``--no-select``: without ``sgl.select``, whose batch of texts sglang-router does not route)
 
 The program is SGLang's (``sgl.function`` + ``sgl.gen``), run by SGLang's ``RuntimeEndpoint`` and interpreter: the
 requests are the ones its code builds. SGLang 0.5.23's package ``__init__`` imports ``triton`` (through
@@ -22,6 +23,9 @@ PREFIX = "You are a careful assistant. Answer the question that follows with one
 QUESTIONS = [f"Q: what is {i} plus {i}?\nA:" for i in range(8)]
 PICK = "Q: which pet do you like best?\nA:"
 CHOICES = [" cat", " dog", " parrot"]
+STREAM_TOKENS = 32
+"""The streamed run's length (EOS ignored): long enough that SGLang's ``text_iter`` sees it arrive in pieces (4
+tokens came as one piece once: the client read after the whole answer had arrived)."""
 
 
 class _Inert(types.ModuleType):
@@ -51,7 +55,7 @@ def _stand_in_for_triton() -> None:
         sys.modules[name] = module
 
 
-def main(url: str) -> None:
+def main(url: str, select: bool = True) -> None:
     _stand_in_for_triton()
     import sglang as sgl
 
@@ -61,6 +65,11 @@ def main(url: str) -> None:
         s += sgl.gen("answer", max_tokens=4, temperature=0)
 
     @sgl.function
+    def tell(s, question):
+        s += PREFIX + question
+        s += sgl.gen("answer", max_tokens=STREAM_TOKENS, temperature=0, ignore_eos=True)
+
+    @sgl.function
     def pick(s):
         s += PREFIX + PICK
         s += sgl.select("pet", choices=CHOICES)
@@ -68,13 +77,15 @@ def main(url: str) -> None:
     backend = sgl.RuntimeEndpoint(url)
     single = answer.run(question=QUESTIONS[0], backend=backend)["answer"]
     states = answer.run_batch([{"question": q} for q in QUESTIONS], backend=backend, num_threads=8)
-    streamed = answer.run(question=QUESTIONS[0], backend=backend, stream=True)
+    streamed = tell.run(question=QUESTIONS[0], backend=backend, stream=True)
     pieces = list(streamed.text_iter("answer"))
-    picked = pick.run(backend=backend)
-    print(json.dumps({"version": sgl.__version__, "single": single, "batch": [st["answer"] for st in states],
-                      "stream_pieces": pieces, "stream": streamed["answer"], "select": picked["pet"],
-                      "select_meta": picked.get_meta_info("pet")}))
+    out = {"version": sgl.__version__, "single": single, "batch": [st["answer"] for st in states],
+           "stream_pieces": pieces, "stream": streamed["answer"]}
+    if select:
+        picked = pick.run(backend=backend)
+        out.update({"select": picked["pet"], "select_meta": picked.get_meta_info("pet")})
+    print(json.dumps(out))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], select="--no-select" not in sys.argv[2:])

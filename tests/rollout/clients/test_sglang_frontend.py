@@ -16,14 +16,15 @@ import httpx
 import pytest
 
 from tests.procs import REPO
-from tests.rollout.clients.sglang_frontend import CHOICES, PICK, PREFIX, QUESTIONS
+from tests.rollout.clients.sglang_frontend import CHOICES, PICK, PREFIX, QUESTIONS, STREAM_TOKENS
 from tests.rollout.conftest import THREAD_ENV
 
 pytestmark = [pytest.mark.process, pytest.mark.slow]  # `import sglang` alone takes 20-60 s here
 
 
-def _greedy(url: str, question: str) -> str:
-    body = {"text": PREFIX + question, "sampling_params": {"max_new_tokens": 4, "temperature": 0}}
+def _greedy(url: str, question: str, tokens: int = 4) -> str:
+    body = {"text": PREFIX + question, "sampling_params": {"max_new_tokens": tokens, "temperature": 0,
+                                                           "ignore_eos": tokens != 4}}
     r = httpx.post(f"{url}/generate", json=body, timeout=60)
     assert r.status_code == 200, r.text
     return r.json()["text"]
@@ -40,7 +41,7 @@ def test_sglang_frontend_program_single_batch_and_stream(rollout):
     assert all(expected), expected  # the tiny model answers something to every question
     assert out["single"] == expected[0]
     assert out["batch"] == expected
-    assert "".join(out["stream_pieces"]) == out["stream"] == expected[0]
+    assert "".join(out["stream_pieces"]) == out["stream"] == _greedy(rollout.url, QUESTIONS[0], STREAM_TOKENS)
     assert len(out["stream_pieces"]) >= 2  # streamed as it was generated, not in one piece
     # select: the choice with the best mean logprob of its tokens, each scored against /generate called directly
     scores = out["select_meta"]["normalized_prompt_logprobs"]
