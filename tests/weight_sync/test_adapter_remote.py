@@ -26,7 +26,7 @@ from services.rollout.engines.vllm import VLLMEngine
 from services.rollout.weights.settings import SidecarSettings
 from services.rollout.weights.sidecar import WeightSidecar
 from shared.weight_sync import WeightSyncSettings
-from tests.weight_sync.test_adapter_rounds import FAST, learner, threads, train_step, wait_registered  # noqa: F401
+from tests.weight_sync.test_adapter_rounds import FAST, learner, train_step, wait_registered
 
 ROUTES = {"vllm": ("/v1/load_lora_adapter", "/v1/unload_lora_adapter", "/v1/completions"),
           "sglang": ("/load_lora_adapter", "/unload_lora_adapter", "/generate")}
@@ -83,7 +83,7 @@ async def engine_for(kind: str, model_dir, app: FastAPI):
 
 @pytest.mark.parametrize("kind", ["vllm", "sglang"])
 async def test_engine_servers_load_each_version_as_an_adapter_and_keep_the_newest(
-        kind, redis_client, tiny_model_dir, tmp_path, threads):  # noqa: F811
+        kind, redis_client, tiny_model_dir, tmp_path, threads):
     run = f"adapter-remote-{kind}"
     app, state = standin(kind)
     engine = await engine_for(kind, tiny_model_dir, app)
@@ -121,7 +121,7 @@ async def test_engine_servers_load_each_version_as_an_adapter_and_keep_the_newes
         await engine.stop()
 
 
-async def test_a_server_without_adapters_on_advertises_none(redis_client, tiny_model_dir, threads):  # noqa: F811
+async def test_a_server_without_adapters_on_advertises_none(redis_client, tiny_model_dir, threads):
     """The default for engine servers (LoRA needs enabling at their start): they get merged full rounds."""
     app, _ = standin("vllm")
     engine = await engine_for("vllm", tiny_model_dir, app)
