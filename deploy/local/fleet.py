@@ -121,7 +121,7 @@ class Fleet:
         """Forked from the zygote where it can, else spawned."""
         if self.zygote is not None:
             try:
-                return self.zygote.fork(module, config_path, log_path, env)
+                return self.zygote.fork(module, ["--config", str(config_path)], log_path, env)
             except ZygoteError as exc:
                 with open(log_path, "a") as log:
                     log.write(f"fleet: spawned, not forked from the zygote ({exc})\n")

@@ -6,11 +6,11 @@ Without it every service of a ``fleetrl run`` imports the same ~4 s of modules (
 each on a core the others want; with it the machine does that once, while the launcher does its checks.
 
 **Protocol** (JSON lines): the zygote writes ``{"ready": ..., "preloaded": [...], "failed": {...}}`` once it has
-imported what it was asked to; then, per request ``{"module", "config", "log", "cwd", "env"}`` on its stdin, it
+imported what it was asked to; then, per request ``{"module", "argv", "log", "cwd", "env"}`` on its stdin, it
 answers ``{"pid": N}`` (a service started) or ``{"error": "..."}`` (nothing started: the caller spawns the service
 the ordinary way). EOF on stdin ends the zygote; the services it forked live on.
 
-**The service process** is what ``python -m <module> --config <config>`` would be, except that its imports are
+**The service process** is what ``python -m <module> <argv...>`` would be, except that its imports are
 already done:
 
 - forked twice, so that it is a child of the launcher (a subreaper while it waits for the pid: :func:`subreaper`):
@@ -28,7 +28,9 @@ child; an OpenMP pool that ran is broken in it). The zygote runs no torch op, an
 falls back to spawning) when it has more than one thread (``/proc/self/task``) or has initialised CUDA; on a host
 with an NVIDIA driver there is no zygote at all (an import may initialise CUDA, which no fork survives). The environment the zygote
 imported under is the services' environment (``OMP_NUM_THREADS``, ``HF_HUB_OFFLINE``, ... are read at import); a
-request with a different environment is refused the same way.
+request whose environment differs from it in any other variable than those read only when a service runs
+(:data:`RUNTIME_ENV`: a learner rank's ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ...; ``FLEETRL_*`` settings) is
+refused the same way; those are set (or unset) in the service before its module runs.
 
 ``FLEETRL_ZYGOTE=0`` turns it off: ``fleetrl run`` spawns every service as before.
 """
@@ -64,6 +66,11 @@ PRELOAD = (
 ready line: a service that needs it imports it, and fails, itself)."""
 
 START_ENV = dict(os.environ)  # what the zygote was started with (an import may add to os.environ)
+RUNTIME_ENV = frozenset({"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
+                         "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID"})
+"""Variables a service reads only when it runs, never at import (torch.distributed's rendezvous): a forked
+service may differ from the zygote in these and in ``FLEETRL_*`` (pydantic-settings reads them when a service
+builds its settings; nothing in shared/ or services/ reads the environment at import)."""
 PR_SET_CHILD_SUBREAPER, PR_GET_CHILD_SUBREAPER = 36, 37
 READY_TIMEOUT_S = 180.0
 
@@ -75,6 +82,20 @@ class ZygoteError(RuntimeError):
 class _BecomeService(BaseException):  # not an error: it unwinds a forked child to the top level
     def __init__(self, request: dict[str, Any]) -> None:
         self.request = request
+
+
+def runtime_overlay(base: dict[str, str], env: dict[str, str]) -> dict[str, str | None] | None:
+    """What a service's environment ``env`` sets (a value) or unsets (None) over the zygote's ``base``, when every
+    difference is in a variable read only at run time (:data:`RUNTIME_ENV`, ``FLEETRL_*`` but ``FLEETRL_ZYGOTE``);
+    None when any other variable differs (the service must then be spawned)."""
+    overlay: dict[str, str | None] = {}
+    for key in base.keys() | env.keys():
+        if base.get(key) == env.get(key):
+            continue
+        if key not in RUNTIME_ENV and not (key.startswith("FLEETRL_") and key != "FLEETRL_ZYGOTE"):
+            return None
+        overlay[key] = env.get(key)
+    return overlay
 
 
 def service_env(threads: int, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -196,11 +217,11 @@ class Zygote:
         return cls.start(service_env(threads), Path(run_dir) / "logs" / "zygote.log",
                          [m for m in [model_module(model)] if m])
 
-    def fork(self, module: str, config_path: Path, log_path: Path, env: dict[str, str],
+    def fork(self, module: str, argv: list[str], log_path: Path, env: dict[str, str],
              timeout: float = READY_TIMEOUT_S) -> ForkedProcess:
-        """``python -m module --config config_path`` forked from the zygote, its output appended to ``log_path``.
-        Raises :class:`ZygoteError` when it cannot (the caller spawns the service instead)."""
-        if env != self.env:
+        """``python -m module *argv`` forked from the zygote, its output appended to ``log_path``. Raises
+        :class:`ZygoteError` when it cannot (the caller spawns the service instead)."""
+        if runtime_overlay(self.env, env) is None:
             raise ZygoteError("the service's environment differs from the one the zygote imported under")
         with self._lock:
             if self.broken:
@@ -210,8 +231,8 @@ class Zygote:
                     self.ready = self._read(timeout)
                     if "ready" not in self.ready:
                         raise ZygoteError(f"zygote did not start: {self.ready}")
-                request = {"module": module, "config": str(config_path), "log": str(log_path), "cwd": str(REPO),
-                           "env": env}
+                request = {"module": module, "argv": [str(a) for a in argv], "log": str(log_path),
+                           "cwd": str(REPO), "env": env}
                 assert self.proc.stdin is not None
                 self._asked = True
                 subreaper(True)  # the zygote answers once the service is re-parented to this process
@@ -227,7 +248,7 @@ class Zygote:
                 raise ZygoteError(self.broken) from exc
             if "pid" not in reply:
                 raise ZygoteError(str(reply.get("error", reply)))
-            return ForkedProcess(int(reply["pid"]), [sys.executable, "-m", module, "--config", str(config_path)])
+            return ForkedProcess(int(reply["pid"]), [sys.executable, "-m", module, *map(str, argv)])
 
     def _read(self, timeout: float) -> dict[str, Any]:
         """One JSON line from the zygote, within ``timeout`` seconds."""
@@ -307,14 +328,16 @@ def _serve(reply_fd: int) -> None:
             continue
         try:
             request = json.loads(line)
-            if request.get("env") != START_ENV:
+            overlay = runtime_overlay(START_ENV, request.get("env") or {})
+            if overlay is None:
                 raise ZygoteError("the service's environment differs from the one the zygote imported under")
+            request["overlay"] = overlay
             if (n := _threads()) != 1:
                 raise ZygoteError(f"the zygote has {n} threads; forking it is not safe")
             if "torch" in sys.modules and sys.modules["torch"].cuda.is_initialized():
                 raise ZygoteError("the zygote has initialised CUDA; forking it is not safe")
             pid = _fork_service(request, out)
-            _say(f"forked {request['module']} --config {request['config']}: pid {pid}")
+            _say(f"forked {' '.join([request['module'], *request['argv']])}: pid {pid}")
             out.write(json.dumps({"pid": pid}) + "\n")
         except ZygoteError as exc:
             out.write(json.dumps({"error": str(exc)}) + "\n")
@@ -368,12 +391,17 @@ def _become(request: dict[str, Any]) -> None:
     os.close(log)
     sys.stdin = open(0, closefd=False)  # noqa: SIM115  (fd 0 is /dev/null now; the zygote's pipe is gone)
     os.chdir(request["cwd"])
+    for key, value in request["overlay"].items():  # variables read only at run time (runtime_overlay)
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
     if "numpy" in sys.modules:
         sys.modules["numpy"].random.seed()
     threads = os.environ.get("OMP_NUM_THREADS", "")
     if "torch" in sys.modules and threads.isdigit() and int(threads) > 0:
         sys.modules["torch"].set_num_threads(int(threads))
-    sys.argv = [request["module"], "--config", request["config"]]
+    sys.argv = [request["module"], *request["argv"]]
     runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
 
 

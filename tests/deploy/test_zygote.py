@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from deploy.local.fleet import Fleet, _stop_group, service_env
-from deploy.local.zygote import REPO, ForkedProcess, Zygote, ZygoteError, model_module
+from deploy.local.zygote import REPO, ForkedProcess, Zygote, ZygoteError, model_module, runtime_overlay
 
 pytestmark = pytest.mark.process
 
@@ -28,11 +28,12 @@ def start(tmp_path: Path, preload: tuple[str, ...] = ("decimal", "fractions")) -
     return zygote
 
 
-def probe(zygote: Zygote, tmp_path: Path, name: str, **config) -> tuple[ForkedProcess, Path, Path]:
+def probe(zygote: Zygote, tmp_path: Path, name: str, env: dict[str, str] | None = None,
+          **config) -> tuple[ForkedProcess, Path, Path]:
     report, log = tmp_path / f"{name}.json", tmp_path / f"{name}.log"
     cfg = tmp_path / f"{name}.cfg"
     cfg.write_text(json.dumps({"report": str(report), **config}))
-    return zygote.fork(PROBE, cfg, log, service_env(1)), report, log
+    return zygote.fork(PROBE, ["--config", str(cfg)], log, env or service_env(1)), report, log
 
 
 def running(pid: int) -> bool:
@@ -61,6 +62,36 @@ def test_a_forked_service_is_a_fresh_python_m_with_the_imports_done(tmp_path):
         assert "forked tests.deploy.zygote_probe" in (tmp_path / "zygote.log").read_text()
     finally:
         zygote.close()
+
+
+def test_a_rank_and_fleetrl_settings_are_set_in_the_forked_service_and_nothing_else_may_differ(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLEETRL_PROBE_GONE", "zygote's")  # in the zygote's environment, unset for the service
+    zygote = start(tmp_path)
+    try:
+        base = service_env(1)
+        env = {**base, "RANK": "1", "WORLD_SIZE": "2", "FLEETRL_LEARNER__RUN_NAME": "r"}
+        del env["FLEETRL_PROBE_GONE"]
+        proc, report, _ = probe(zygote, tmp_path, "rank", env=env)
+        assert proc.wait(timeout=30) == 0
+        assert json.loads(report.read_text())["env"] == {"RANK": "1", "WORLD_SIZE": "2",
+                                                        "FLEETRL_LEARNER__RUN_NAME": "r"}
+        # the zygote's own environment is untouched: the next service sees the zygote's
+        proc, report, _ = probe(zygote, tmp_path, "plain")
+        assert proc.wait(timeout=30) == 0 and json.loads(report.read_text())["env"] == {"FLEETRL_PROBE_GONE": "zygote's"}
+        for other in ({**base, "HF_HUB_OFFLINE": "0"}, {**base, "FLEETRL_ZYGOTE": "1"}):  # read at import / by us
+            with pytest.raises(ZygoteError, match="environment differs"):
+                probe(zygote, tmp_path, "other", env=other)
+    finally:
+        zygote.close()
+
+
+def test_runtime_overlay_names_what_a_service_sets_and_unsets():
+    base = {"PATH": "/bin", "RANK": "0", "FLEETRL_X": "1"}
+    assert runtime_overlay(base, dict(base)) == {}
+    assert runtime_overlay(base, {"PATH": "/bin", "RANK": "3", "MASTER_PORT": "29500"}) == {
+        "RANK": "3", "MASTER_PORT": "29500", "FLEETRL_X": None}
+    assert runtime_overlay(base, {**base, "PATH": "/usr/bin"}) is None
+    assert runtime_overlay(base, {**base, "OMP_NUM_THREADS": "2"}) is None
 
 
 def test_a_crash_is_exit_1_with_the_services_own_traceback(tmp_path):
@@ -102,7 +133,7 @@ def test_closing_stops_a_service_whose_answer_was_never_read_and_kills_a_zygote_
     cfg.write_text(json.dumps({"report": str(report), "sleep": 60}))
     zygote.ready = zygote._read(60)
     zygote._asked = True  # as fork() does; then the caller is interrupted before it reads the answer
-    zygote.proc.stdin.write((json.dumps({"module": PROBE, "config": str(cfg), "log": str(tmp_path / "h.log"),
+    zygote.proc.stdin.write((json.dumps({"module": PROBE, "argv": ["--config", str(cfg)], "log": str(tmp_path / "h.log"),
                                          "cwd": str(REPO), "env": service_env(1)}) + "\n").encode())
     zygote.proc.stdin.flush()
     deadline = time.monotonic() + 30
@@ -128,7 +159,7 @@ def test_a_zygote_with_threads_or_another_environment_does_not_fork_and_the_flee
         cfg = tmp_path / "g.cfg"
         cfg.write_text("{}")
         with pytest.raises(ZygoteError, match="environment differs"):
-            zygote.fork(PROBE, cfg, tmp_path / "g.log", service_env(2))
+            zygote.fork(PROBE, ["--config", str(cfg)], tmp_path / "g.log", service_env(2))
         # a fleet with that zygote still starts its service, spawned, and says so in the service's log
         fleet = Fleet(run_dir=tmp_path / "run", zygote=zygote)
         svc = fleet.start("reward-0", "services.reward", {"scorers": [{"name": "exact", "kind": "rule",

@@ -75,7 +75,7 @@ def test_a_service_forked_from_the_zygote_leaves_the_same_way(tmp_path):
     assert zygote is not None
     try:
         (tmp_path / "cfg.json").write_text(json.dumps({"dir": str(tmp_path), "code": 3}))
-        proc = zygote.fork(PROBE, tmp_path / "cfg.json", tmp_path / "out.txt", service_env(1))
+        proc = zygote.fork(PROBE, ["--config", str(tmp_path / "cfg.json")], tmp_path / "out.txt", service_env(1))
         assert proc.wait(timeout=60) == 3
     finally:
         zygote.close()
