@@ -124,7 +124,8 @@ def _print_from_redis(redis_url: str, collect: Callable[[Any], Awaitable[dict]])
     """Run ``collect(client)`` against ``redis_url`` and print its result as JSON; an unreachable or failing
     Redis is a one-line error and exit code 1, not a traceback."""
     import redis.asyncio as aioredis
-    from redis.exceptions import RedisError
+
+    from shared.redis_errors import REDIS_FAILED
 
     async def run() -> dict:
         client = aioredis.from_url(redis_url, socket_timeout=10, socket_connect_timeout=5)
@@ -135,7 +136,7 @@ def _print_from_redis(redis_url: str, collect: Callable[[Any], Awaitable[dict]])
 
     try:
         typer.echo(json.dumps(asyncio.run(run()), indent=2))
-    except (OSError, RedisError) as exc:
+    except REDIS_FAILED as exc:
         from shared.redact import redact_text, redact_url
 
         typer.echo(f"error: cannot read from Redis at {redact_url(redis_url)}: {redact_text(str(exc))}", err=True)
@@ -172,16 +173,15 @@ def queue_clear(
 ) -> None:
     """Delete every Redis key of a run (prompts, experiences, dead letters, processed ids, weight sync), so a
     learner can start that run name afresh. Its checkpoints are not touched."""
-    from redis.exceptions import RedisError
-
     from services.learner.run_guard import clear_run
     from shared.redact import redact_text, redact_url
+    from shared.redis_errors import REDIS_FAILED
 
     if not yes and not typer.confirm(f"delete every key of run {run_name!r} at {redact_url(redis_url)}?"):
         raise typer.Exit(1)
     try:
         n = clear_run(redis_url, run_name)
-    except (OSError, RedisError) as exc:
+    except REDIS_FAILED as exc:
         typer.echo(f"error: cannot clear run {run_name!r} at {redact_url(redis_url)}: {redact_text(str(exc))}",
                    err=True)
         raise typer.Exit(1) from exc

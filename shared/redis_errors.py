@@ -8,7 +8,7 @@ Redis error (a wrong command, a NOGROUP) is a defect, not an outage.
 
 from __future__ import annotations
 
-from redis.exceptions import AuthenticationError, AuthorizationError, BusyLoadingError
+from redis.exceptions import AuthenticationError, AuthorizationError, BusyLoadingError, RedisError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -16,6 +16,13 @@ REDIS_UNAVAILABLE: tuple[type[BaseException], ...] = (
     RedisConnectionError, RedisTimeoutError, BusyLoadingError,
     ConnectionError, TimeoutError,  # the socket's own, where redis-py lets one through
 )
+
+
+REDIS_FAILED: tuple[type[BaseException], ...] = (RedisError, OSError)
+"""Any failure of a Redis call, an outage or not (a refused password, a wrong type, a full server, a broken
+socket): caught where the caller degrades the same way whatever the cause and says the cause (a best-effort
+session record, a status probe, the CLI's one-line error). A caller that waits an outage out catches
+``REDIS_UNAVAILABLE`` instead, and lets every other Redis error through."""
 
 
 REDIS_REFUSED: tuple[type[BaseException], ...] = (AuthenticationError, AuthorizationError)

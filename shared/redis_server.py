@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING
 
 from shared.ports import free_port
 from shared.redact import redact_url
+from shared.redis_errors import REDIS_FAILED
 
 PASSWORD_FILE = "password"
 
@@ -213,7 +214,7 @@ class EmbeddedRedis:
             client.bgrewriteaof()
             info = settled()
             return info is not None and info.get("aof_rewrites", 0) > before and info.get("aof_last_bgrewrite_status") == "ok"
-        except (redis.RedisError, OSError):
+        except REDIS_FAILED:
             return False
         finally:
             client.close()

@@ -154,12 +154,14 @@ class FleetLauncher:
     def _pool_signal(self) -> dict[str, Any] | None:
         import redis
 
+        from shared.redis_errors import REDIS_FAILED
+
         if self._redis is None:
             self._redis = redis.Redis.from_url(self.s.redis_url, socket_timeout=2, socket_connect_timeout=2)
         try:
             raw = self._redis.get(keys.pool_signal(self.s.run_name))
             return json.loads(raw) if raw else None
-        except (redis.RedisError, ValueError):
+        except (*REDIS_FAILED, ValueError):  # no signal read: the pool holds still
             return None
 
     def _pool_change(self, action: str, name: str, reason: str, now: float) -> None:

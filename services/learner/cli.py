@@ -121,18 +121,17 @@ def _refuse_bad_redis_credentials(settings: LearnerSettings, embedded: EmbeddedR
 def _refuse_a_used_run_name(settings: LearnerSettings, embedded: EmbeddedRedis | None) -> None:
     """A fresh learner on a run name whose processed sample ids are still in Redis would train nothing: say so
     and exit 2 (services/learner/run_guard.py)."""
-    from redis.exceptions import RedisError
-
     from services.learner.algorithms.rl_algorithms import runner_class
     from services.learner.run_guard import stale_run_problem
     from shared.redact import redact_text, redact_url
+    from shared.redis_errors import REDIS_FAILED
 
     if not runner_class(settings.algorithm).needs_redis or not settings.redis_url:
         return
     try:
         problem = stale_run_problem(settings.redis_url, settings.run_name, settings.checkpoint_dir,
                                     settings.checkpoint.resume)
-    except (RedisError, OSError) as exc:
+    except REDIS_FAILED as exc:
         problem = f"cannot read Redis at {redact_url(settings.redis_url)} (redis_url): {redact_text(str(exc))}"
     if problem is not None:
         if embedded is not None:

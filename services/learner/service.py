@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry
-from redis.exceptions import RedisError
 
 from services.learner.algorithms.rl_algorithms import runner_class
 from services.learner.observability import MetricsSink
@@ -19,6 +18,7 @@ from services.learner.settings import LearnerSettings
 from services.learner.sft.runner import SFTRunner
 from services.learner.watches.rollout import RolloutWatch
 from shared.redact import redact_url
+from shared.redis_errors import REDIS_FAILED
 from shared.service_kit.errors import ServiceError
 
 log = logging.getLogger(__name__)
@@ -79,7 +79,7 @@ class LearnerService:
                 try:
                     await self.rollout_watch.poll()
                     await self._watch_weights()
-                except (RedisError, OSError) as exc:  # the runner itself waits out Redis outages and says so
+                except REDIS_FAILED as exc:  # the runner itself waits out Redis outages and says so
                     log.debug("rollout watch: %s", exc)
             await asyncio.sleep(period)
 
@@ -150,7 +150,7 @@ class LearnerService:
             try:
                 await asyncio.wait_for(self.redis.ping(), 2.0)
                 checks["redis"] = "ok"
-            except (RedisError, OSError, asyncio.TimeoutError) as exc:
+            except (*REDIS_FAILED, asyncio.TimeoutError) as exc:
                 checks["redis"] = f"unreachable: {type(exc).__name__}"
                 ok = False
         if self.runner is not None and self.runner.error:

@@ -3,12 +3,15 @@ mistake is reported."""
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 import pytest
 from redis.exceptions import AuthenticationError, AuthorizationError, BusyLoadingError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from shared.redis_errors import REDIS_UNAVAILABLE, raise_if_refused, redis_unavailable
+from shared.redis_errors import REDIS_FAILED, REDIS_UNAVAILABLE, raise_if_refused, redis_unavailable
 
 
 @pytest.mark.parametrize("exc", [RedisConnectionError("down"), RedisTimeoutError("slow"), BusyLoadingError("loading"),
@@ -37,3 +40,26 @@ def test_a_refused_password_is_raised_where_an_outage_would_be_waited_out():
                 raise_if_refused(caught)
                 pytest.fail("a refused password was taken for an outage")
     raise_if_refused(RedisConnectionError("down"))  # an outage: the handler goes on to wait
+
+
+def test_no_handler_spells_its_own_redis_error_tuple():
+    """What a handler catches from Redis is one of the named tuples (``REDIS_UNAVAILABLE``: an outage to wait out;
+    ``REDIS_FAILED``: any failure, where the caller degrades alike), never a tuple of its own: five different
+    spellings had different contents (issue 42)."""
+    root = Path(__file__).resolve().parents[2]
+    found = []
+    for folder in ("shared", "services", "deploy"):
+        for path in (root / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.ExceptHandler) and isinstance(node.type, ast.Tuple):
+                    names = {n.attr if isinstance(n, ast.Attribute) else getattr(n, "id", "") for n in node.type.elts}
+                    if any(name.endswith("RedisError") for name in names):
+                        found.append(f"{path.relative_to(root)}:{node.lineno}")
+    assert not found, f"catch REDIS_FAILED or REDIS_UNAVAILABLE (shared/redis_errors.py) instead: {found}"
+
+
+def test_any_redis_failure_is_failed_and_an_outage_is_one_of_them():
+    for exc in (ResponseError("WRONGTYPE"), AuthenticationError("invalid password"), RedisConnectionError("down"),
+                OSError("broken pipe")):
+        assert isinstance(exc, REDIS_FAILED)
+    assert not isinstance(ValueError("bad"), REDIS_FAILED)

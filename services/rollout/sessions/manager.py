@@ -58,7 +58,7 @@ from services.rollout.sessions.trajectory import (
 )
 from shared import keys
 from shared.experience_queue import BackpressureTimeout, StreamQueue
-from shared.redis_errors import REDIS_UNAVAILABLE
+from shared.redis_errors import REDIS_FAILED, REDIS_UNAVAILABLE
 from shared.reward_api import ScoreItem
 from shared.schemas import Experience
 from shared.session_api import SessionCreate, SessionFinish, SessionFinished, SessionInfo
@@ -120,7 +120,7 @@ class SessionManager:
         if self.url:
             try:
                 await self._announce()
-            except (aioredis.RedisError, OSError) as exc:  # the first create tries again (and answers 503 if it fails)
+            except REDIS_FAILED as exc:  # the first create tries again (and answers 503 if it fails)
                 log.warning("session registry: could not announce this replica yet: %s", exc)
         if self.reward_url:
             self.rewards = RewardClient(self.reward_url, self.cfg.reward_timeout_s, backoff_max_s=2.0,
@@ -139,7 +139,7 @@ class SessionManager:
             if self.owners is not None and self._announced and self.url:
                 try:  # its sessions are lost: other replicas now answer their calls 404 at once
                     await self.owners.leave(self.url)
-                except (aioredis.RedisError, OSError) as exc:
+                except REDIS_FAILED as exc:
                     log.warning("could not unregister this replica from the session registry: %s", exc)
             await self.redis.aclose()
 
@@ -153,7 +153,7 @@ class SessionManager:
             if self.url and self.owners is not None:
                 try:
                     await self.owners.refresh(self.url, [(s.id, self.store.expires_in(s)) for s in self.store.open.values()])
-                except (aioredis.RedisError, OSError) as exc:
+                except REDIS_FAILED as exc:
                     log.warning("session registry: could not refresh this replica's sessions: %s", exc)
 
     async def _announce(self) -> None:
@@ -167,7 +167,7 @@ class SessionManager:
             return
         try:
             await self.owners.ended(sid, how)
-        except (aioredis.RedisError, OSError) as exc:
+        except REDIS_FAILED as exc:
             log.warning("session registry: could not record that session %s %s: %s", sid, how, exc)
 
     def learn_url(self, request: Request) -> None:
@@ -201,7 +201,7 @@ class SessionManager:
             if not self._announced:
                 await self._announce()
             held = await self.owners.claim(sid, self.url)
-        except (aioredis.RedisError, OSError) as exc:
+        except REDIS_FAILED as exc:
             self.store.discard(sid)
             raise SessionUnavailable(f"redis unavailable ({type(exc).__name__}): cannot register session {sid!r} "
                                      "with the fleet; retry") from None
@@ -235,7 +235,7 @@ class SessionManager:
             return self.store.get(sid)
         try:
             owner, alive = await self.owners.lookup(sid)
-        except (aioredis.RedisError, OSError) as exc:
+        except REDIS_FAILED as exc:
             raise SessionUnavailable(f"redis unavailable ({type(exc).__name__}): cannot tell which replica holds "
                                      f"session {sid!r}; retry") from None
         if owner is None:
