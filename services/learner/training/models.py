@@ -195,7 +195,8 @@ def _lora_merged_state_dict(actor: PeftModel) -> dict[str, torch.Tensor] | None:
                 for adapter in layer.active_adapters:
                     if adapter in layer.lora_A or adapter in getattr(layer, "lora_embedding_A", {}):
                         # one rounding, as peft's in-place merge does: add in the promoted dtype, then cast
-                        tensor = (tensor + layer.get_delta_weight(adapter)).to(tensor.dtype)  # type: ignore[attr-defined]  # peft declares it on each LoRA layer class, not on LoraLayer
+                        delta = layer.get_delta_weight(adapter)  # type: ignore[attr-defined]  # peft: per layer class
+                        tensor = (tensor + delta).to(tensor.dtype)
             out[f"{layer_name}.{leaf}"] = tensor
         elif not _is_adapter_tensor(owner, lora):
             out[key] = tensor
