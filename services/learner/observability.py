@@ -241,7 +241,8 @@ def sample_row(step: int, e: Any) -> dict[str, Any]:
 def pick_samples(samples: list[Any], n: int) -> list[Any]:
     """Up to ``n`` of ``samples``: the first of each prompt group first (different prompts), then the rest."""
     seen: set[str] = set()
-    firsts, rest = [], []
+    firsts: list[Any] = []
+    rest: list[Any] = []
     for e in samples:
         (rest if e.group_id in seen else firsts).append(e)
         seen.add(e.group_id)

@@ -100,6 +100,9 @@ class PairSet(PromptSet):
     @classmethod
     def load_pairs(cls, settings: DataSettings, seed: int, margin_key: str | None = None,
                    ref_keys: tuple[str, str] | None = None) -> PairSet:
+        if settings.path is None:  # as PromptSet.load says it
+            raise ValueError("data.path is not set: name the preference pairs (JSONL, Parquet or a saved dataset "
+                             "directory)")
         pairs = read_pairs(settings.path, settings, margin_key, ref_keys, settings.max_samples)
         out = cls(settings, [{} for _ in pairs], seed)
         out.pairs = pairs

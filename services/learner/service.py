@@ -7,19 +7,20 @@ import asyncio
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 
-from services.learner.algorithms.rl_algorithms import runner_class
+from services.learner.algorithms.rl_algorithms import RunOwner, runner_class
 from services.learner.observability import MetricsSink
-from services.learner.rl.runner import RLRunner
 from services.learner.settings import LearnerSettings
-from services.learner.sft.runner import SFTRunner
 from services.learner.watches.rollout import RolloutWatch
 from shared.redact import redact_url
 from shared.redis_errors import REDIS_FAILED
 from shared.service_kit.errors import ServiceError
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +47,8 @@ class LearnerService:
         self.registry = CollectorRegistry()
         self.sink = MetricsSink(settings.observability, Path(settings.run_dir), self.registry,
                                 run_name=settings.run_name, config=shown_config(settings))
-        self.runner: RLRunner | SFTRunner | None = None
-        self.redis = None
+        self.runner: RunOwner | None = None
+        self.redis: Redis | None = None
         self._stop = asyncio.Event()
         self._task: asyncio.Task | None = None
         self.rollout_watch: RolloutWatch | None = None
@@ -74,10 +75,12 @@ class LearnerService:
     async def _watch_rollout(self) -> None:
         """Poll the rollout watch while the run is running (its problem shows in /status and the log)."""
         period = min(2.0, self.settings.rollout.stall_warn_s / 4)
+        watch = self.rollout_watch
+        assert watch is not None  # start() makes it before this task
         while not self._stop.is_set() and (self._task is None or not self._task.done()):
             if self.runner is not None and self.runner.phase == "running":
                 try:
-                    await self.rollout_watch.poll()
+                    await watch.poll()
                     await self._watch_weights()
                 except REDIS_FAILED as exc:  # the runner itself waits out Redis outages and says so
                     log.debug("rollout watch: %s", exc)
@@ -97,6 +100,7 @@ class LearnerService:
 
     async def _run(self) -> None:
         code = 0
+        assert self.runner is not None  # start() makes it before this task
         try:
             await self.runner.run(self._stop)
         except asyncio.CancelledError:

@@ -70,20 +70,23 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
 
 # ---- aggregation -------------------------------------------------------------------------------
 
-Aggregator = Callable[[torch.Tensor, torch.Tensor, float | None, float | None], torch.Tensor]
+Aggregator = Callable[[torch.Tensor, torch.Tensor, float | torch.Tensor | None, float | None], torch.Tensor]
 
 
-def _token_mean(loss: torch.Tensor, mask: torch.Tensor, num_tokens: float | None, num_seqs: float | None):
+def _token_mean(loss: torch.Tensor, mask: torch.Tensor, num_tokens: float | torch.Tensor | None,
+                num_seqs: float | None) -> torch.Tensor:
     denom = num_tokens if num_tokens is not None else mask.sum().clamp(min=1.0)
     return (loss * mask).sum() / denom
 
 
-def _seq_mean_token_sum(loss: torch.Tensor, mask: torch.Tensor, num_tokens: float | None, num_seqs: float | None):
+def _seq_mean_token_sum(loss: torch.Tensor, mask: torch.Tensor, num_tokens: float | torch.Tensor | None,
+                        num_seqs: float | None) -> torch.Tensor:
     denom = num_seqs if num_seqs is not None else loss.shape[0]
     return (loss * mask).sum(-1).sum() / max(denom, 1)
 
 
-def _seq_mean_token_mean(loss: torch.Tensor, mask: torch.Tensor, num_tokens: float | None, num_seqs: float | None):
+def _seq_mean_token_mean(loss: torch.Tensor, mask: torch.Tensor, num_tokens: float | torch.Tensor | None,
+                         num_seqs: float | None) -> torch.Tensor:
     per_seq = (loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
     denom = num_seqs if num_seqs is not None else loss.shape[0]
     return per_seq.sum() / max(denom, 1)
@@ -100,7 +103,7 @@ def aggregate(
     loss: torch.Tensor,
     mask: torch.Tensor,
     mode: str = "token-mean",
-    num_tokens: float | None = None,
+    num_tokens: float | torch.Tensor | None = None,
     num_seqs: float | None = None,
 ) -> torch.Tensor:
     """Reduce a ``[B, T]`` per-token loss to a scalar.

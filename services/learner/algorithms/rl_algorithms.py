@@ -15,9 +15,10 @@ All four place the (shaped) scalar reward on the last action token and, with KL 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import torch
 
@@ -158,7 +159,23 @@ def build_algorithm(settings: RLAlgorithmSettings) -> Algorithm:
     return cls(settings)
 
 
-def runner_class(settings: Any) -> type:
+class RunOwner(Protocol):
+    """What the learner service asks of a runner (RLRunner, SFTRunner, PreferenceRunner, a plug-in's)."""
+
+    needs_redis: ClassVar[bool]
+    phase: str
+    error: str | None
+
+    def __init__(self, settings: Any, redis: Any, sink: Any) -> None: ...
+
+    async def run(self, stop: asyncio.Event) -> None: ...
+
+    def status(self) -> dict[str, Any]: ...
+
+    def request_checkpoint(self) -> asyncio.Future: ...
+
+
+def runner_class(settings: Any) -> type[RunOwner]:
     """The runner that owns a run of the algorithm ``settings.name`` names (what the learner service starts)."""
     name = settings.name
     runner = ALGORITHMS.load(name).runner

@@ -15,11 +15,14 @@ import logging
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from services.learner.distributed.env import RankInfo, init_process_group, leave_process_group
 from services.learner.settings import LearnerSettings
 from shared.schemas import Experience
+
+if TYPE_CHECKING:
+    from services.learner.training.rl_trainer import RLTrainer
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +122,7 @@ class Follower:
 
     def __init__(self, settings: LearnerSettings, info: RankInfo) -> None:
         self.s, self.info = settings, info
-        self.trainer = None
+        self.trainer: RLTrainer | None = None
         self.steps = 0
 
     def run(self) -> None:
@@ -149,27 +152,26 @@ class Follower:
                 self.trainer = RLTrainer(self.s, int(msg.meta["total_steps"]), Path(resume) if resume else None,
                                          local_rank=self.info.local_rank)
             elif msg.op == Op.TRAIN:
-                self._require_trainer(msg.op)
-                self.trainer.train_step(msg.shard, batch_scores=msg.meta["scores"],
-                                        batch_samples=int(msg.meta["samples"]))
+                self._require_trainer(msg.op).train_step(msg.shard, batch_scores=msg.meta["scores"],
+                                                         batch_samples=int(msg.meta["samples"]))
                 self.steps += 1
             elif msg.op == Op.PUBLISH:
-                self._require_trainer(msg.op)
-                weights = self.trainer.policy_weights()  # joins the gather where weights are sharded
+                weights = self._require_trainer(msg.op).policy_weights()  # joins the gather where weights are sharded
                 serve = getattr(weights, "serve", None)  # FSDP: join each bucket's gather until rank 0 is done
                 if serve is not None:
                     serve()
             elif msg.op == Op.CHECKPOINT:
-                self._require_trainer(msg.op)
-                self.trainer.save_follower(Path(msg.meta["path"]))
-                if not self.trainer.actor.shards_parameters:
-                    replica_digests(self.trainer.actor.model)
+                trainer = self._require_trainer(msg.op)
+                trainer.save_follower(Path(msg.meta["path"]))
+                if not trainer.actor.shards_parameters:
+                    replica_digests(trainer.actor.model)
             elif msg.op == Op.STOP:
                 log.info("rank %d stopping after %d steps", self.info.rank, self.steps)
                 beat.stop()
                 leave_process_group()
                 return
 
-    def _require_trainer(self, op: Any) -> None:
+    def _require_trainer(self, op: Any) -> RLTrainer:
         if self.trainer is None:
             raise RuntimeError(f"rank {self.info.rank}: {op.name} before START")
+        return self.trainer

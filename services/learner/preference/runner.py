@@ -16,12 +16,16 @@ import asyncio
 import json
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from services.learner.algorithms.preference_losses import preference_metrics
 from services.learner.preference_data import PairSet, PreferencePair, read_pairs
 from services.learner.sft.plan import sft_plan
 from services.learner.sft.runner import SFTRunner
+
+if TYPE_CHECKING:
+    from services.learner.training.dpo_trainer import DPOTrainer
+    from services.learner.training.rm_trainer import RMTrainer
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +45,8 @@ def heldout_line(points: list[dict]) -> str | None:
 
 class PreferenceRunner(SFTRunner):
     needs_redis = False
+    trainer: RMTrainer | DPOTrainer | None
+    data: PairSet | None
 
     def __init__(self, settings, redis: Any, sink) -> None:
         super().__init__(settings, redis, sink)
@@ -73,8 +79,8 @@ class PreferenceRunner(SFTRunner):
         log.info(steps.note)
         resume_dir = latest / "trainer" if latest is not None else None
         trainer_cls = load_object(TRAINERS[self.pref.name], what=f"trainer of algorithm {self.pref.name}")
-        self.trainer = await asyncio.to_thread(trainer_cls, self.s, self.total_steps, resume_dir)
-        self.sink.open(self.total_steps, self.trainer.global_step)
+        self.trainer = trainer = await asyncio.to_thread(trainer_cls, self.s, self.total_steps, resume_dir)
+        self.sink.open(self.total_steps, trainer.global_step)
 
     # ---- held-out -----------------------------------------------------------------------------------
     def _points(self) -> list[dict]:
@@ -85,6 +91,7 @@ class PreferenceRunner(SFTRunner):
     async def _evaluate(self) -> dict[str, float]:
         if not self.heldout:
             return {}
+        assert self.trainer is not None  # started
         chosen, rejected = await asyncio.to_thread(self.trainer.pair_rewards, self.heldout)
         m = preference_metrics(chosen, rejected)
         point = {"step": self.trainer.global_step, "accuracy": m["rewards/accuracies"],
@@ -99,12 +106,14 @@ class PreferenceRunner(SFTRunner):
 
     def _due(self) -> bool:
         every = self.pref.eval_every
+        assert self.trainer is not None  # started
         return bool(every) and self.trainer.global_step % every == 0
 
     # ---- the loop -----------------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
         try:
             await self._start()
+            assert self.trainer is not None and self.data is not None  # _start sets both
             self.heldout_points = self._points()
             if self.heldout and self.trainer.global_step == 0:
                 self.points_path.unlink(missing_ok=True)  # a fresh run's history starts here
@@ -152,7 +161,11 @@ class PreferenceRunner(SFTRunner):
                     fut.set_exception(RuntimeError(f"run ended ({self.phase}) before the checkpoint"))
 
     def _export(self, out: Path) -> None:
+        assert self.trainer is not None and self.data is not None  # started
         if getattr(self.pref, "normalize_reward", False):
+            from services.learner.training.rm_trainer import RMTrainer
+
+            assert isinstance(self.trainer, RMTrainer)  # normalize_reward is the rm algorithm's setting
             pairs = self.data.pairs[: self.pref.normalize_max_pairs]
             mean, std = self.trainer.set_normalization(pairs)
             log.info("normalize_reward: mean %.4f std %.4f over %d training pairs, written to config.json", mean, std,

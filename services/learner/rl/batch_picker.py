@@ -55,7 +55,9 @@ class BatchPicker:
             dropped = self.positions.drop_group(gid)
             self.state.bump("experiences_dropped_stale", len(dropped))
             self.sink.count("experiences_dropped_stale", len(dropped))
-            key, attempt = parse_item_id(gid)
+            parsed = parse_item_id(gid)
+            assert parsed is not None  # a buffered group is of a position in flight (GroupBuffer.file)
+            key, attempt = parsed
             log.info("dropped stale group %s (version %d < %d); re-issuing", gid, oldest, limit)
             item = self.state.in_flight.get(key)
             # (not re-issued, or given up, already)

@@ -46,8 +46,9 @@ import logging
 import math
 import time
 from collections import deque
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from services.learner.checkpoint import CheckpointManager
 from services.learner.data import PromptSet, epoch_plan, passes_note
@@ -75,11 +76,34 @@ from shared.schemas import Experience, PromptTask
 from shared.signing import signer_for
 from shared.training_health import Peaks
 
+if TYPE_CHECKING:
+    from services.learner.distributed.ranks import OwnerLink
+    from services.learner.training.backends import TrainEngine
+    from services.learner.weights import WeightPublisher
+
 HEALTH_HISTORY = 100
 """Steps of metrics kept for /status's ``health`` (collapse and spike checks, shared/training_health.py)."""
 HEALTH_KEYS = ("reward_mean", "entropy", "kl", "mismatch_k3", "response_len_mean", "truncated_frac")
 
 log = logging.getLogger(__name__)
+
+
+class RLRunTrainer(Protocol):
+    """What the RL runner asks of the trainer its algorithm names (``trainer_class``: RLTrainer, the online
+    preference trainers, a plug-in's)."""
+
+    global_step: int
+    actor: TrainEngine[Any]
+
+    def train_step(self, experiences: Sequence[Experience]) -> dict[str, float]: ...
+
+    def limits(self) -> tuple[int, int | None]: ...
+
+    def policy_weights(self) -> Any: ...
+
+    def save(self, out_dir: Path) -> None: ...
+
+    def export(self, out_dir: Path, checkpoint: Path | None = None) -> None: ...
 
 
 class RLRunner:
@@ -102,14 +126,14 @@ class RLRunner:
         self.processed = ProcessedIds(redis, keys.processed_ids(run, "learner"), max_ids=q.processed_ids_max,
                                       ttl_s=q.processed_ids_ttl_s)
         self.state = RunState()
-        self.trainer = None
+        self.trainer: RLRunTrainer | None = None
         # the parts that work on the run state: once it is loaded (start), or once the trainer is (its limits)
         self.feeder: PromptFeeder | None = None
         self.positions: Positions | None = None
         self.picker: BatchPicker | None = None
         self.intake: ExperienceIntake | None = None
         self.dead_letters: DeadLetterHandler | None = None
-        self.publisher = None
+        self.publisher: WeightPublisher | None = None
         self.rounds: PublishRounds | None = None  # once the publisher exists
         self.phase = "starting"
         self.error: str | None = None
@@ -127,7 +151,7 @@ class RLRunner:
         self._loop_s: dict[str, float] = {}  # where the loop spent the time since the last step's line (loop_s)
         self.pool = PoolWatch(redis, run, settings.pool)  # the elastic pool's demand signal, every step
         self.ranks = RankInfo.from_env()
-        self.link = None  # OwnerLink to the follower ranks when WORLD_SIZE > 1
+        self.link: OwnerLink | None = None  # OwnerLink to the follower ranks when WORLD_SIZE > 1
 
     def _lease_lost(self, entry_ids: list[str]) -> None:
         log.error("%d experience entries this learner holds were taken by another consumer of group 'learner' "
@@ -184,6 +208,7 @@ class RLRunner:
                 return
             await self.experiences.ensure_group()
             await self.prompts.ensure_group()
+            assert self.feeder is not None  # _start built it before this task
             await self.feeder.feed()
         except REDIS_UNAVAILABLE as exc:
             log.info("first prompts wait until the trainer is loaded (Redis: %s)", exc)
@@ -191,23 +216,24 @@ class RLRunner:
     async def _load_trainer(self, latest: Path | None, resume_dir: Path | None) -> None:
         from services.learner.algorithms.rl_algorithms import trainer_class
 
+        assert self.feeder is not None and self.positions is not None  # _start built them
         if self.ranks.multi:
             from services.learner.distributed.ranks import OwnerLink
 
-            self.link = await asyncio.to_thread(OwnerLink, self.s, self.ranks)
-            await asyncio.to_thread(self.link.start, self.total_steps, resume_dir)
-        self.trainer = await asyncio.to_thread(trainer_class(self.s.algorithm), self.s, self.total_steps, resume_dir,
-                                               self.ranks.local_rank)
+            self.link = link = await asyncio.to_thread(OwnerLink, self.s, self.ranks)
+            await asyncio.to_thread(link.start, self.total_steps, resume_dir)
+        self.trainer = trainer = await asyncio.to_thread(trainer_class(self.s.algorithm), self.s, self.total_steps,
+                                                         resume_dir, self.ranks.local_rank)
         self.intake = ExperienceIntake(self.experiences, self.processed, self.lease, self.state, self.buffer,
-                                       self.trainer.limits(), self.s, self.sink)
+                                       trainer.limits(), self.s, self.sink)
         if latest is not None:
             self.commits.last_checkpoint = str(latest)
         from services.learner.weights import WeightPublisher
 
-        self.publisher = WeightPublisher(self.redis, self.s.run_name, self.s.publish.sync)
-        actor = self.trainer.actor
+        self.publisher = publisher = WeightPublisher(self.redis, self.s.run_name, self.s.publish.sync)
+        actor = trainer.actor
         if self.s.publish.in_place and not actor.owns_parameter_memory and not hasattr(actor.model, "merge_and_unload"):
-            buckets = await asyncio.to_thread(self.publisher.flatten, actor.model)
+            buckets = await asyncio.to_thread(publisher.flatten, actor.model)
             log.info("actor weights laid out in %d publish buckets: publishing sends them without a copy", buckets)
         watch = DeadLetterWatch(self.redis, self.s.run_name, self.state.dead_letter_cursors,
                                 signer=self.experiences.signer)
@@ -217,13 +243,14 @@ class RLRunner:
             log.warning("run_key is unset (allow_unsigned_records): prompts go out unsigned and experiences are "
                         "trained on without checking who wrote them; give every service of the run the same run_key "
                         "(docs/security-redis.md)")
-        self.rounds = PublishRounds(self.publisher, self.state, self.sink)
-        self.sink.open(self.total_steps, self.trainer.global_step)
+        self.rounds = PublishRounds(publisher, self.state, self.sink)
+        self.sink.open(self.total_steps, trainer.global_step)
 
     async def _start_gate(self, stop: asyncio.Event) -> bool:
         """Hold here, loaded, until the launcher opens ``train.start_gate`` (False: stopped meanwhile)."""
         t = self.s.train
-        if not t.start_gate:
+        gate = t.start_gate
+        if not gate:
             return True
         self.phase = "waiting_for_start_gate"
         log.info("loaded; waiting for the launcher's go (its step-0 held-out evaluation) before the first step "
@@ -232,7 +259,7 @@ class RLRunner:
 
         async def wait() -> None:
             nonlocal opened
-            opened = await wait_start_gate(self.redis, key, t.start_gate, t.start_gate_timeout_s, stop)
+            opened = await wait_start_gate(self.redis, key, gate, t.start_gate_timeout_s, stop)
 
         await self._until_redis_answers(wait, stop)
         if opened:
@@ -246,6 +273,7 @@ class RLRunner:
         st = self.state
         self.commits.carry_recorded(st)  # finish the commit the resumed checkpoint recorded
         await self.commits.settle()
+        assert self.rounds is not None and self.trainer is not None  # loaded (_start)
         if self.rounds.published_step < 0:
             published = int(await self.redis.get(keys.weights_version(self.s.run_name)) or 0)
             if published != self.state.weight_version or published > 0:
@@ -292,6 +320,7 @@ class RLRunner:
                     log.exception("could not stop the follower ranks")
 
     async def _iteration(self) -> None:
+        assert self.dead_letters is not None and self.feeder is not None and self.picker is not None  # started
         with self._lap("settle"):
             await self.commits.settle()
             if self.link is not None:
@@ -350,6 +379,7 @@ class RLRunner:
     async def _recover_after_outage(self) -> None:
         """What an outage can lose: entries delivered while the connection broke, prompts not persisted."""
         self.experiences.replay_history(self.s.queue.consumer)
+        assert self.feeder is not None  # outages are waited out once _start has built the parts
         await self.feeder.reissue_lost(self.redis)
 
     # ---- is the run done --------------------------------------------------------------------------------
@@ -358,6 +388,7 @@ class RLRunner:
         return self.feeder is not None and self.feeder.exhausted()
 
     def _done(self) -> bool:
+        assert self.trainer is not None  # loaded (_start)
         if self.s.train.max_steps and self.trainer.global_step >= self.s.train.max_steps:
             return True
         return self._exhausted() and not self.state.in_flight
@@ -367,6 +398,7 @@ class RLRunner:
         if self._wait_started is None:
             self._wait_started = time.perf_counter()
         t0 = time.perf_counter()
+        assert self.intake is not None  # loaded (_start)
         await self.intake.receive()
         with contextlib.suppress(*REDIS_UNAVAILABLE):  # the pool signal's backlog: what waited for a replica meanwhile
             await self.pool.sample_wait(time.perf_counter() - t0)
@@ -376,11 +408,14 @@ class RLRunner:
         if self._wait_started is not None:
             self._wait_s += time.perf_counter() - self._wait_started
             self._wait_started = None
+        assert self.trainer is not None and self.publisher is not None and self.rounds is not None  # loaded
+        assert self.picker is not None and self.positions is not None  # started
         st = self.state
         groups = [self.buffer.experiences(gid) for gid in gids]
         exps = [e for group in groups for e in group]
         staleness = [st.weight_version - e.weight_version for e in exps]  # of each sample's oldest token
         spans = [max(v for _, v in e.version_spans) - e.weight_version if e.version_spans else 0 for e in exps]
+        metrics: dict[str, Any]  # the trainer's numbers, then the step's own (not all numbers: sample_ids, loop_s)
         with self._lap("train"):
             if self.link is not None:
                 metrics = await asyncio.to_thread(self.link.train, self.trainer, groups)
@@ -437,6 +472,7 @@ class RLRunner:
     async def _publish(self, strict: bool = False) -> bool:
         """Publish the actor as a new version (``publish_rounds.py``: a failed round fails only itself, unless
         ``strict``)."""
+        assert self.trainer is not None and self.rounds is not None  # loaded (_start)
         if self.link is not None:
             weights = await asyncio.to_thread(self.link.policy_weights, self.trainer)
         else:
@@ -446,13 +482,16 @@ class RLRunner:
     # ---- commit ------------------------------------------------------------------------------------------
     async def _commit(self, settle: bool = True) -> None:
         """Checkpoint (trainer and run state), then settle exactly what it covers (see ``Commits``)."""
-        def write_trainer(out: Path) -> None:
-            if self.link is not None:
-                self.link.save(self.trainer, out)
-            else:
-                self.trainer.save(out)
+        trainer, link = self.trainer, self.link
+        assert trainer is not None  # loaded (_start)
 
-        await self.commits.commit(self.state, self.trainer.global_step, write_trainer, settle=settle)
+        def write_trainer(out: Path) -> None:
+            if link is not None:
+                link.save(trainer, out)
+            else:
+                trainer.save(out)
+
+        await self.commits.commit(self.state, trainer.global_step, write_trainer, settle=settle)
 
     def request_checkpoint(self) -> asyncio.Future:
         """A future resolved with ``{"step", "path"}`` once a checkpoint is written (at a step boundary)."""
@@ -460,6 +499,7 @@ class RLRunner:
 
     async def _finish(self, stopped: bool) -> None:
         self.phase = "stopping" if stopped else "finishing"
+        assert self.trainer is not None and self.rounds is not None  # loaded (_start)
         step = self.trainer.global_step
         if self.rounds.published_step != step and not stopped:
             await self._publish(strict=True)

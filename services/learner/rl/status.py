@@ -33,12 +33,16 @@ class RunView(Protocol):
     commits: Commits
     ranks: RankInfo
     link: Any  # OwnerLink to the follower ranks (its replica_digests), or None
-    last_metrics: Mapping[str, Any]
-    recent: Iterable[dict[str, Any]]  # the last steps' health metrics
     peaks: Peaks
     publisher: Any  # WeightPublisher once loaded, else None
     pool: PoolWatch
     picker: Any  # BatchPicker once the run started (its holding()), else None
+
+    @property
+    def last_metrics(self) -> Mapping[str, Any]: ...  # read only: the owner's dict
+
+    @property
+    def recent(self) -> Iterable[dict[str, Any]]: ...  # the last steps' health metrics (read only: a deque)
 
 
 def run_status(run: RunView) -> dict[str, Any]:

@@ -11,6 +11,7 @@ stops it before max_steps. Pure; the note is logged at start and shown by ``flee
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypeVar
 
 from services.learner.data import CYCLE
 from services.learner.settings import DataSettings
@@ -27,7 +28,10 @@ class SFTPlan:
     note: str  # how many steps, and why
 
 
-def _one(name: str, a: tuple[str, int | None, bool], b: tuple[str, int | None, bool]) -> tuple[str, int | None, bool]:
+T = TypeVar("T")
+
+
+def _one(name: str, a: tuple[str, T, bool], b: tuple[str, T, bool]) -> tuple[str, T, bool]:
     """The value of the setting that was set, (setting, value, was it set); both set differently: an error."""
     (na, va, sa), (nb, vb, sb) = a, b
     if sa and sb and va != vb:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from services.learner.checkpoint import CheckpointManager
 from services.learner.data import PromptSet
@@ -22,6 +22,18 @@ from services.learner.sft.plan import sft_plan
 log = logging.getLogger(__name__)
 
 
+class RunTrainer(Protocol):
+    """What the run owner asks of its trainer (SFTTrainer; the preference runner's RMTrainer / DPOTrainer)."""
+
+    global_step: int
+
+    def train_step(self, pairs: Any) -> dict[str, float]: ...
+
+    def save(self, out_dir: Path) -> None: ...
+
+    def export(self, out_dir: Path, checkpoint: Path | None = None) -> None: ...
+
+
 class SFTRunner:
     needs_redis = False
 
@@ -31,7 +43,7 @@ class SFTRunner:
         self.sink = sink
         self.ckpt = CheckpointManager(settings.checkpoint_dir, settings.checkpoint.keep)
         self.state = RunState()
-        self.trainer = None
+        self.trainer: RunTrainer | None = None  # (and data) set by _start
         self.data: PromptSet | None = None
         self.phase = "starting"
         self.error: str | None = None
@@ -57,16 +69,18 @@ class SFTRunner:
         self.epochs, self.total_steps = steps.epochs, steps.total_steps
         log.info(steps.note)
         resume_dir = latest / "trainer" if latest is not None else None
-        self.trainer = await asyncio.to_thread(SFTTrainer, self.s, self.total_steps, resume_dir,
-                                               RankInfo.from_env().local_rank)
-        self.sink.open(self.total_steps, self.trainer.global_step)
+        self.trainer = trainer = await asyncio.to_thread(SFTTrainer, self.s, self.total_steps, resume_dir,
+                                                         RankInfo.from_env().local_rank)
+        self.sink.open(self.total_steps, trainer.global_step)
 
     def _done(self) -> bool:
+        assert self.trainer is not None  # started
         return self.state.epoch >= self.epochs or self.trainer.global_step >= self.total_steps
 
     async def run(self, stop: asyncio.Event) -> None:
         try:
             await self._start()
+            assert self.trainer is not None and self.data is not None  # _start sets both
             self.phase = "running"
             while not stop.is_set() and not self._done():
                 st = self.state
@@ -99,17 +113,19 @@ class SFTRunner:
 
     async def _commit(self) -> None:
         snapshot = self.state.to_json()
+        trainer = self.trainer
+        assert trainer is not None  # a checkpoint is committed once the run has started
 
         def write(tmp: Path) -> None:
-            self.trainer.save(tmp / "trainer")
+            trainer.save(tmp / "trainer")
             (tmp / "run_state.json").write_text(snapshot)
 
-        path = await asyncio.to_thread(self.ckpt.save, self.trainer.global_step, write)
+        path = await asyncio.to_thread(self.ckpt.save, trainer.global_step, write)
         self.last_checkpoint, self._since_commit = str(path), 0
         waiters, self._waiters = self._waiters, []
         for fut in waiters:
             if not fut.done():
-                fut.set_result({"step": self.trainer.global_step, "path": str(path)})
+                fut.set_result({"step": trainer.global_step, "path": str(path)})
 
     def request_checkpoint(self) -> asyncio.Future:
         fut = asyncio.get_running_loop().create_future()

@@ -14,12 +14,17 @@ import asyncio
 import itertools
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from services.learner.tinker.errors import BadRequest
 from services.learner.tinker.wire import SampledOut
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
+
+    from services.learner.weights import WeightPublisher
 
 log = logging.getLogger(__name__)
 SEED_MOD = 2**63 - 1
@@ -43,8 +48,8 @@ class RolloutSampling:
         self.settings = settings
         self.urls = [u.rstrip("/") for u in settings.rollout_urls]
         self._next = itertools.cycle(range(len(self.urls)))
-        self.redis = None
-        self.publisher = None
+        self.redis: Redis | None = None  # (and publisher, client) from start()
+        self.publisher: WeightPublisher | None = None
         self.client: httpx.AsyncClient | None = None
         self.version = 0  # the newest version this server published (0: the base model)
         self.counters = {"samples_on_rollout": 0, "prompt_logprobs_on_rollout": 0, "publishes": 0,
@@ -73,12 +78,14 @@ class RolloutSampling:
         """Publish ``weights`` ({name: tensor}, the base model's names) as the fleet's next version."""
         from services.learner.weights import PublishFailed
 
+        assert self.publisher is not None  # started
         try:
             v = await self.publisher.publish(weights)
         except (PublishFailed, OSError, ConnectionError) as exc:
             self.counters["publishes_failed"] += 1
             raise RolloutUnavailable(f"publishing the sampler weights to the rollout fleet failed: {exc}") from exc
         report = self.publisher.last_report
+        assert report is not None  # every publish leaves its report
         self.version = v
         self.counters["publishes"] += 1
         self.last_publish = {"version": v, "seconds": round(report.seconds, 3), "loaded": len(report.loaded),
@@ -86,6 +93,7 @@ class RolloutSampling:
         return v
 
     async def _version_of(self, url: str) -> int | None:
+        assert self.client is not None  # started
         try:
             r = await self.client.get(f"{url}/model_info", timeout=10.0)
             r.raise_for_status()
@@ -105,8 +113,9 @@ class RolloutSampling:
                 if seen[url] == version:
                     return url
             if all(v is not None and v > version for v in seen.values()):
-                raise Superseded(f"the rollout fleet serves version {max(seen.values())}, newer than the "
-                                 f"sampler's version {version}")
+                newest = max(v for v in seen.values() if v is not None)
+                raise Superseded(f"the rollout fleet serves version {newest}, newer than the sampler's version "
+                                 f"{version}")
             if time.monotonic() > deadline:
                 raise RolloutUnavailable(
                     f"no rollout replica served weight version {version} within sampler_wait_s "
@@ -116,6 +125,7 @@ class RolloutSampling:
 
     async def _score(self, url: str, prompt: list[int], version: int) -> list[float | None]:
         """Prompt logprobs from the replica's ``/score`` (services/rollout/routes/score.py), of ``version``."""
+        assert self.client is not None  # started
         try:
             r = await self.client.post(f"{url}/score", json={"input_ids": prompt})
         except httpx.HTTPError as exc:
@@ -151,6 +161,7 @@ class RolloutSampling:
         if call.stop_tokens is not None and not call.stop_tokens and not call.stop_strings:
             sp["ignore_eos"] = True  # stop=[]: only max_tokens ends a sequence
         body = {"input_ids": call.prompt, "sampling_params": sp, "return_logprob": True}
+        assert self.client is not None  # started
         try:
             r = await self.client.post(f"{url}/generate", json=body)
         except httpx.HTTPError as exc:

@@ -19,6 +19,16 @@ from services.learner.tinker.wire import encode_sample_response
 log = logging.getLogger(__name__)
 
 
+def stop_lists(stop: str | list[str] | list[int] | None) -> tuple[tuple[int, ...] | None, tuple[str, ...]]:
+    """A sample request's ``stop`` (validated: a string, a list of strings or a list of token ids) as (stop token
+    ids, stop strings): ids None unless ``stop`` is a list of them (``[]``: ``()``, nothing stops but max_tokens)."""
+    ids = [x for x in stop if isinstance(x, int)] if isinstance(stop, list) else []
+    stop_tokens = tuple(ids) if isinstance(stop, list) and len(ids) == len(stop) else None
+    stop_strings = (stop,) if isinstance(stop, str) else \
+        tuple(x for x in stop if isinstance(x, str)) if isinstance(stop, list) and stop_tokens is None else ()
+    return stop_tokens, stop_strings
+
+
 class Sampling:
     def __init__(self, settings: TinkerSettings, futures: FutureStore) -> None:
         self.settings = settings
@@ -126,12 +136,7 @@ class Sampling:
         max_tokens = p.max_tokens if p.max_tokens is not None else min(256, s.max_sample_tokens)
         if max_tokens > s.max_sample_tokens:
             raise BadRequest(f"max_tokens {max_tokens} is above max_sample_tokens {s.max_sample_tokens}")
-        stop = p.stop
-        stop_tokens = tuple(stop) if isinstance(stop, list) and all(isinstance(x, int) for x in stop) else None
-        stop_strings = (stop,) if isinstance(stop, str) else \
-            tuple(stop) if isinstance(stop, list) and stop_tokens is None else ()
-        if stop_tokens is None and isinstance(stop, list) and not stop:
-            stop_tokens = ()
+        stop_tokens, stop_strings = stop_lists(p.stop)
         call = SampleCall(prompt=[t for c in req.prompt.chunks for t in c.tokens], num_samples=req.num_samples,
                           max_tokens=max_tokens, temperature=p.temperature, top_k=p.top_k, top_p=p.top_p,
                           seed=p.seed, stop_tokens=stop_tokens, stop_strings=stop_strings,

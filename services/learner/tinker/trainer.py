@@ -17,7 +17,13 @@ from services.learner.settings import LoraSettings, ModelSettings
 from services.learner.tinker.errors import BadRequest
 from services.learner.tinker.losses import lookup
 from services.learner.tinker.wire import DatumIn
-from services.learner.training.models import apply_lora, load_causal_lm, resolve_device, save_actor_export
+from services.learner.training.models import (
+    HFModel,
+    apply_lora,
+    load_causal_lm,
+    resolve_device,
+    save_actor_export,
+)
 
 log = logging.getLogger(__name__)
 
@@ -59,10 +65,11 @@ class TinkerModel:
         self.micro = micro_batch_size
         torch.manual_seed(spec.seed)
         settings = ModelSettings(actor=base_dir, dtype=dtype, device=device)
-        model = load_causal_lm(base_dir, settings, self.device, "base_model")
+        base = load_causal_lm(base_dir, settings, self.device, "base_model")
+        model: HFModel = base
         if spec.lora_rank is not None:
-            targets = self._lora_targets(model)
-            model = apply_lora(model, LoraSettings(rank=spec.lora_rank, alpha=lora_alpha, target_modules=targets))
+            targets = self._lora_targets(base)
+            model = apply_lora(base, LoraSettings(rank=spec.lora_rank, alpha=lora_alpha, target_modules=targets))
             if spec.train_unembed and self._tied(model):
                 # the output layer is the input embedding: it is trained in full (one tensor for both, as the
                 # rollout replicas and the exported checkpoint hold it), not through an adapter that unties them
@@ -75,7 +82,7 @@ class TinkerModel:
         self.optimizer = torch.optim.AdamW(self.params, lr=1e-4, betas=(0.9, 0.95), eps=1e-12, weight_decay=0.0)
         self.steps = 0
 
-    def _lora_targets(self, model: torch.nn.Module) -> list[str]:
+    def _lora_targets(self, model: HFModel) -> list[str]:
         # a model whose output layer is its input embedding (tie_word_embeddings) gets no adapter on the output
         # layer: one there unties the two, and the weights published to a rollout replica (whose model holds one
         # tensor for both) could not hold what was trained (tests/tinker/test_rollout_sampling.py: 0.1-0.5 off);
@@ -89,7 +96,7 @@ class TinkerModel:
         return targets
 
     @staticmethod
-    def _tied(model: torch.nn.Module) -> bool:
+    def _tied(model: HFModel) -> bool:
         out = model.get_output_embeddings()
         return out is not None and out.weight is model.get_input_embeddings().weight
 

@@ -7,6 +7,7 @@ import logging
 import math
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -18,8 +19,12 @@ from services.learner.training.backends import (
     prepare_frozen_model,
     resolve_backend,
 )
+from services.learner.training.backends.base import M
 from services.learner.training.models import (
+    HFModel,
     adapter_weights,
+    hf_base,
+    is_peft,
     load_actor,
     load_tokenizer,
     merged_state_dict,
@@ -28,6 +33,12 @@ from services.learner.training.models import (
 )
 from services.learner.training.precision import resolve_precision
 from services.learner.training.rng import load_rng, save_rng, seed_everything
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+    from services.learner.weights.adapter import AdapterWeights
+    from services.learner.weights.shards import ShardedWeights
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +70,7 @@ class TrainerBase:
                  p.storage, p.compute or p.storage)
 
     # ---- construction -----------------------------------------------------------------------------
-    def _build_actor(self, resume_dir: Path | None) -> TrainEngine:
+    def _build_actor(self, resume_dir: Path | None) -> TrainEngine[HFModel]:
         m = self.settings.model
         if resume_dir is None or sharded_state.is_sharded_checkpoint(resume_dir):  # shards loaded in restore()
             model = load_actor(m, self.device)
@@ -69,7 +80,7 @@ class TrainerBase:
             model = load_actor(m.model_copy(update={"actor": str(resume_dir / "actor")}), self.device)
         return self._engine(model, self.settings.optim.actor_lr)
 
-    def _engine(self, model: torch.nn.Module, lr: float) -> TrainEngine:
+    def _engine(self, model: M, lr: float) -> TrainEngine[M]:
         return build_engine(self.backend, model, lr, self.settings.optim, self.total_optimizer_steps,
                             self.accumulation, precision=self.precision)
 
@@ -103,7 +114,7 @@ class TrainerBase:
             sharded_state.save(self.engines(), out_dir, self.settings.model.model_dump(mode="json"))
             self._base_model(self.actor.model).config.save_pretrained(actor_dir)
         else:
-            self.actor.model.save_pretrained(actor_dir, state_dict=self.actor.full_state_dict(),
+            self.actor.model.save_pretrained(str(actor_dir), state_dict=self.actor.full_state_dict(),
                                              safe_serialization=True)
             self.actor.save_state(out_dir / "actor_optim")
             self._save_more(out_dir)
@@ -112,8 +123,8 @@ class TrainerBase:
         (out_dir / "trainer.json").write_text(json.dumps({"global_step": self.global_step, **self.extra_state()}))
 
     @staticmethod
-    def _base_model(model: torch.nn.Module) -> torch.nn.Module:
-        return model.get_base_model() if hasattr(model, "get_base_model") else model
+    def _base_model(model: HFModel) -> PreTrainedModel:
+        return hf_base(model) if is_peft(model) else model
 
     def _save_more(self, out_dir: Path) -> None:
         pass
@@ -158,7 +169,7 @@ class TrainerBase:
         return int(config.vocab_size), getattr(config, "max_position_embeddings", None)
 
     # ---- weights out ------------------------------------------------------------------------------
-    def policy_weights(self) -> dict[str, torch.Tensor] | torch.nn.Module:
+    def policy_weights(self) -> dict[str, torch.Tensor] | torch.nn.Module | AdapterWeights | ShardedWeights:
         """Actor weights under the base model's parameter names for the weight sync: the actor module itself
         where it holds them as they are (the publisher lists a module's tensors from a walk it keeps between
         publishes: ~10x cheaper than building a state dict every time); with LoRA the adapter

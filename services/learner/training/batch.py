@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
+from typing import TYPE_CHECKING, Literal, overload
 
 import numpy as np
 import torch
@@ -17,6 +18,9 @@ from torch import nn
 
 from services.learner.algorithms.loss_terms import entropy_from_logits
 from shared.schemas import Experience
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 
 @dataclass(frozen=True)
@@ -34,13 +38,13 @@ class SequenceBatch:
     def num_tokens(self) -> int:
         return int(self.attention_mask.sum().item())
 
-    def select(self, idx: torch.Tensor):
+    def select(self, idx: torch.Tensor) -> Self:
         """The rows ``idx`` of every tensor (trimmed to the longest selected sequence)."""
         picked = {f.name: _take(getattr(self, f.name), idx) for f in fields(self)}
         out = replace(self, **picked)
         return out.trimmed()
 
-    def trimmed(self):
+    def trimmed(self) -> Self:
         """Drop columns that are padding in every row (shorter micro-batches run faster)."""
         seq_len = int(self.attention_mask.sum(-1).max().item()) if self.size else 0
         # up to the last action column of any row: a multi-turn trajectory's mask has holes (environment turns),
@@ -58,7 +62,7 @@ class SequenceBatch:
                 changes[f.name] = t[:, : max(resp_len, 1)]
         return replace(self, **changes)
 
-    def to(self, device: torch.device):
+    def to(self, device: torch.device) -> Self:
         return replace(self, **{f.name: _to(getattr(self, f.name), device) for f in fields(self)})
 
 
@@ -139,6 +143,16 @@ def build_rl_batch(experiences: Sequence[Experience], pad_id: int, temperature: 
     )
 
 
+@overload
+def action_logprobs(
+    model: nn.Module, batch: SequenceBatch, temperature: float | torch.Tensor = 1.0, *, with_entropy: Literal[True],
+    entropy_grad: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]: ...
+@overload
+def action_logprobs(
+    model: nn.Module, batch: SequenceBatch, temperature: float | torch.Tensor = 1.0, with_entropy: bool = False,
+    entropy_grad: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]: ...
 def action_logprobs(
     model: nn.Module, batch: SequenceBatch, temperature: float | torch.Tensor = 1.0, with_entropy: bool = False,
     entropy_grad: bool = False,

@@ -35,7 +35,7 @@ class DPOTrainer(TrainerBase):
     def __init__(self, settings: LearnerSettings, total_steps: int, resume_dir: Path | None = None,
                  local_rank: int = 0, pairs_per_step: int | None = None) -> None:
         self.dpo = settings.algorithm
-        super().__init__(settings, total_steps, pairs_per_step or getattr(self.dpo, "batch_size", 1), resume_dir,
+        super().__init__(settings, total_steps, pairs_per_step or int(getattr(self.dpo, "batch_size", 1)), resume_dir,
                          local_rank)
         self.precomputed = getattr(self.dpo, "ref_chosen_key", None) is not None
         self.reference = None if self.precomputed else load_reference(settings.model, self.device)

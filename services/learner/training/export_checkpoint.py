@@ -13,11 +13,15 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from services.learner.checkpoint import MARKER, latest_in
 from services.learner.training.sharded_state import META_FILE, STATE_DIR, is_sharded_checkpoint
+
+if TYPE_CHECKING:
+    from services.learner.training.models import HFModel
 
 
 class ExportError(ValueError):
@@ -63,7 +67,7 @@ def export_checkpoint(trainer_dir: Path, out_dir: Path) -> Path:
     return out_dir
 
 
-def _actor(actor_dir: Path, model_settings: dict) -> torch.nn.Module:
+def _actor(actor_dir: Path, model_settings: dict) -> HFModel:
     """The model the shards are read into, on the CPU."""
     if model_settings.get("lora"):
         from services.learner.settings import ModelSettings
@@ -79,16 +83,17 @@ def _actor(actor_dir: Path, model_settings: dict) -> torch.nn.Module:
     return model.to_empty(device="cpu")
 
 
-def _load_actor_shards(model: torch.nn.Module, state_dir: Path) -> None:
+def _load_actor_shards(model: HFModel, state_dir: Path) -> None:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.hf_storage import HuggingFaceStorageReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     reader = HuggingFaceStorageReader(str(state_dir))
     stored = {k.removeprefix("actor.model."): v for k, v in reader.read_metadata().state_dict_metadata.items()
               if k.startswith("actor.model.")}
-    dtypes = {m.properties.dtype for m in stored.values()}
+    dtypes = {m.properties.dtype for m in stored.values() if isinstance(m, TensorStorageMetadata)}  # (all are)
     if len(dtypes) == 1:  # the checkpoint's dtype wins (training may run in another than the config's)
-        model.to(dtypes.pop())
+        model.to(dtypes.pop())  # type: ignore[arg-type]  # transformers' stub: .to wrapped without dtype
     if hasattr(model, "tie_weights"):
         model.tie_weights()
     own = model.state_dict()

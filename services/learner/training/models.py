@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeAlias, cast
 
 import torch
 from torch import nn
@@ -17,7 +18,16 @@ from torch import nn
 from services.learner.settings import LoraSettings, ModelSettings
 from services.learner.training.precision import STORAGE_DTYPES
 
+if TYPE_CHECKING:  # transformers and peft load with the model, not with this module
+    from peft import PeftModel
+    from transformers import PreTrainedModel
+    from typing_extensions import TypeIs
+
+    from services.learner.weights.adapter import AdapterWeights
+
 log = logging.getLogger(__name__)
+
+HFModel: TypeAlias = "PreTrainedModel | PeftModel"  # the actor: a Hugging Face model, a peft model with LoRA
 
 DTYPES = STORAGE_DTYPES  # model.dtype -> the dtype parameters are loaded in (auto: fp32 master weights)
 
@@ -48,25 +58,35 @@ def load_tokenizer(settings: ModelSettings):
     return tok
 
 
-def load_causal_lm(path: str, settings: ModelSettings, device: torch.device, what: str) -> nn.Module:
+def load_causal_lm(path: str, settings: ModelSettings, device: torch.device, what: str) -> PreTrainedModel:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(_local_dir(path, what), dtype=DTYPES[settings.dtype])
     model.config.use_cache = False
-    return model.to(device)
+    return model.to(device)  # type: ignore[arg-type]  # transformers' stub: .to wrapped without device
 
 
-def load_actor(settings: ModelSettings, device: torch.device, adapter_dir: str | None = None) -> nn.Module:
+def is_peft(model: nn.Module) -> TypeIs[PeftModel]:
+    """A peft model (LoRA adapters), told by its ``merge_and_unload`` without importing peft."""
+    return hasattr(model, "merge_and_unload")
+
+
+def hf_base(actor: PeftModel) -> PreTrainedModel:
+    """The Hugging Face model under peft's adapters (peft types ``get_base_model`` as a plain ``nn.Module``)."""
+    return cast("PreTrainedModel", actor.get_base_model())
+
+
+def load_actor(settings: ModelSettings, device: torch.device, adapter_dir: str | None = None) -> HFModel:
     """The trainable policy; with LoRA, a peft model (``adapter_dir`` resumes saved adapters)."""
     model = load_causal_lm(settings.actor, settings, device, "model.actor")
     if settings.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if settings.lora is not None:
-        model = apply_lora(model, settings.lora, adapter_dir)
+        return apply_lora(model, settings.lora, adapter_dir)
     return model
 
 
-def apply_lora(model: nn.Module, lora: LoraSettings, adapter_dir: str | None = None) -> nn.Module:
+def apply_lora(model: PreTrainedModel, lora: LoraSettings, adapter_dir: str | None = None) -> PeftModel:
     from peft import LoraConfig, PeftModel, get_peft_model
 
     if adapter_dir is not None:
@@ -89,7 +109,7 @@ def lora_line(model: nn.Module, lora: LoraSettings) -> str:
             f"{total:,} parameters train ({trainable / max(total, 1):.2%})")
 
 
-def load_reference(settings: ModelSettings, device: torch.device) -> nn.Module:
+def load_reference(settings: ModelSettings, device: torch.device) -> PreTrainedModel:
     model = load_causal_lm(settings.reference or settings.actor, settings, device, "model.reference")
     model.eval()
     model.requires_grad_(False)
@@ -99,7 +119,7 @@ def load_reference(settings: ModelSettings, device: torch.device) -> nn.Module:
 class Critic(nn.Module):
     """Per-token values: a transformer trunk plus a linear head from hidden size to 1."""
 
-    def __init__(self, seq_cls_model: nn.Module) -> None:
+    def __init__(self, seq_cls_model: PreTrainedModel) -> None:
         super().__init__()
         self.inner = seq_cls_model
 
@@ -107,9 +127,14 @@ class Critic(nn.Module):
     def trunk(self) -> nn.Module:
         return getattr(self.inner, self.inner.base_model_prefix)
 
+    @property
+    def score(self) -> nn.Module:
+        """The value head (the sequence-classification model's ``score`` layer)."""
+        return self.inner.get_submodule("score")
+
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         hidden = self.trunk(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        return self.inner.score(hidden).squeeze(-1).float()  # [B, L]
+        return self.score(hidden).squeeze(-1).float()  # [B, L]
 
     def save_pretrained(self, out_dir: str | Path, **kwargs) -> None:
         """HF sequence-classification format: reloadable as a critic or served as a reward model."""
@@ -138,7 +163,7 @@ def merged_state_dict(actor: nn.Module) -> dict[str, torch.Tensor]:
     is the actor's own (no copy). The actor is left as it was: nothing is merged into it, and no second
     model is built (a deep copy per publish would double the memory of a large actor). Setups this does
     not cover (adapter types other than LoRA, ``modules_to_save``) fall back to merging a deep copy."""
-    if not hasattr(actor, "merge_and_unload"):
+    if not is_peft(actor):
         return actor.state_dict()
     merged = _lora_merged_state_dict(actor)
     if merged is not None:
@@ -149,7 +174,7 @@ def merged_state_dict(actor: nn.Module) -> dict[str, torch.Tensor]:
 
 
 @torch.no_grad()
-def _lora_merged_state_dict(actor: nn.Module) -> dict[str, torch.Tensor] | None:
+def _lora_merged_state_dict(actor: PeftModel) -> dict[str, torch.Tensor] | None:
     from peft.tuners.lora import LoraLayer
 
     base = actor.get_base_model()
@@ -170,7 +195,8 @@ def _lora_merged_state_dict(actor: nn.Module) -> dict[str, torch.Tensor] | None:
                 for adapter in layer.active_adapters:
                     if adapter in layer.lora_A or adapter in getattr(layer, "lora_embedding_A", {}):
                         # one rounding, as peft's in-place merge does: add in the promoted dtype, then cast
-                        tensor = (tensor + layer.get_delta_weight(adapter)).to(tensor.dtype)
+                        delta = layer.get_delta_weight(adapter)  # type: ignore[attr-defined]  # peft: per layer class
+                        tensor = (tensor + delta).to(tensor.dtype)
             out[f"{layer_name}.{leaf}"] = tensor
         elif not _is_adapter_tensor(owner, lora):
             out[key] = tensor
@@ -184,13 +210,15 @@ def lora_adapter(actor: nn.Module) -> tuple[list[tuple[str, torch.Tensor]], dict
     "modules": [{"name", "scaling", "fan_in_fan_out"}]}``. None where an adapter round cannot carry it (not a
     peft LoRA model, several or merged adapters, DoRA, LoRA on embeddings, ``modules_to_save``, per-module ranks
     or alphas): the merged model is published then."""
-    if not hasattr(actor, "get_base_model") or not hasattr(actor, "peft_config"):
+    if not is_peft(actor) or not hasattr(actor, "peft_config"):
         return None
-    from peft.tuners.lora import LoraLayer
+    from peft.tuners.lora import LoraConfig, LoraLayer
 
     if len(actor.peft_config) != 1:
         return None
     adapter, config = next(iter(actor.peft_config.items()))
+    if not isinstance(config, LoraConfig):  # another adapter kind: no LoRA layers either
+        return None
     if getattr(config, "rank_pattern", None) or getattr(config, "alpha_pattern", None) or \
             getattr(config, "modules_to_save", None) or getattr(config, "use_dora", False):
         return None
@@ -204,9 +232,12 @@ def lora_adapter(actor: nn.Module) -> tuple[list[tuple[str, torch.Tensor]], dict
                 return None
             # in the adapted weight's dtype (what the replica serves in: peft keeps a bf16 model's adapters in
             # fp32, twice the bytes, and a merge rounds to the weight's dtype anyway); no copy when they match
-            dtype = module.get_base_layer().weight.dtype
-            tensors += [(f"{name}.lora_A", module.lora_A[adapter].weight.detach().to(dtype)),
-                        (f"{name}.lora_B", module.lora_B[adapter].weight.detach().to(dtype))]
+            weight = module.get_base_layer().weight
+            assert isinstance(weight, torch.Tensor)  # a LoRA layer adapts a layer with a weight
+            dtype = weight.dtype
+            a, b = module.lora_A[adapter].weight, module.lora_B[adapter].weight
+            assert isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)  # the adapter's two nn.Linear
+            tensors += [(f"{name}.lora_A", a.detach().to(dtype)), (f"{name}.lora_B", b.detach().to(dtype))]
             modules.append({"name": name, "scaling": float(module.scaling[adapter]),
                             "fan_in_fan_out": bool(getattr(module, "fan_in_fan_out", False))})
         elif type(module).__name__ in ("ModulesToSaveWrapper", "TrainableTokensWrapper"):
@@ -219,7 +250,7 @@ def lora_adapter(actor: nn.Module) -> tuple[list[tuple[str, torch.Tensor]], dict
                      "use_rslora": bool(getattr(config, "use_rslora", False)), "modules": modules}
 
 
-def adapter_weights(actor: nn.Module):
+def adapter_weights(actor: nn.Module) -> AdapterWeights | None:
     """The actor's version as an :class:`~services.learner.weights.adapter.AdapterWeights` (the adapter, and the
     merged model for replicas that cannot load adapters), or None where :func:`lora_adapter` is None."""
     got = lora_adapter(actor)
@@ -238,16 +269,16 @@ def _is_adapter_tensor(owner: str, lora: dict) -> bool:
     return any(part.startswith("lora_") and ".".join(parts[:i]) in lora for i, part in enumerate(parts))
 
 
-def save_actor_export(actor: nn.Module, tokenizer, out_dir: str | Path,
+def save_actor_export(actor: HFModel, tokenizer, out_dir: str | Path,
                       state_dict: dict[str, torch.Tensor] | None = None) -> None:
     """Save a plain HF checkpoint of the actor (LoRA merged in) that any engine can load (``state_dict``: the
     full weights where the actor's own are sharded)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    if hasattr(actor, "merge_and_unload"):
+    if is_peft(actor):
         merged = _lora_merged_state_dict(actor)
         if merged is not None:  # the base model's own save, given the merged weights: no second model in memory
-            actor.get_base_model().save_pretrained(out, state_dict=merged, safe_serialization=True)
+            hf_base(actor).save_pretrained(out, state_dict=merged, safe_serialization=True)
         else:
             import copy
 

@@ -44,11 +44,13 @@ class OnlineDPOTrainer(DPOTrainer):
                  local_rank: int = 0) -> None:
         super().__init__(settings, total_steps, resume_dir, local_rank, pairs_per_step=settings.train.groups_per_step)
 
-    def train_step(self, experiences: Sequence[Experience], batch_scores=None) -> dict[str, float]:
+    def train_step(  # type: ignore[override]  # an online trainer's step takes the RL runner's experiences
+            self, experiences: Sequence[Experience], batch_scores=None) -> dict[str, float]:
         groups = by_group(experiences)
         picks = dpo_picks([[float(e.reward) for e in g] for g in groups], self.dpo.min_gap)
         pairs = [TokenPair(groups[p.group][p.chosen].prompt_token_ids, groups[p.group][p.chosen].response_token_ids,
-                           groups[p.group][p.rejected].response_token_ids) for p in picks]
+                           groups[p.group][p.rejected].response_token_ids)
+                 for p in picks if p.rejected is not None]  # (every DPO pick is a pair)
         metrics = self.train_pairs(pairs)
         metrics.update(_reward_metrics(experiences, groups, picks))
         if picks:
@@ -64,7 +66,8 @@ class RejectionSamplingTrainer(SFTTrainer):
         if resume_dir is not None:
             self.restore(resume_dir)
 
-    def train_step(self, experiences: Sequence[Experience], batch_scores=None) -> dict[str, float]:
+    def train_step(  # type: ignore[override]  # an online trainer's step takes the RL runner's experiences
+            self, experiences: Sequence[Experience], batch_scores=None) -> dict[str, float]:
         groups = by_group(experiences)
         picks = rejection_picks([[float(e.reward) for e in g] for g in groups], self.sft.threshold)
         kept = [groups[p.group][p.chosen] for p in picks]

@@ -24,7 +24,6 @@ from services.learner.training.backends import TrainEngine
 from services.learner.training.base import TrainerBase
 from services.learner.training.batch import (
     RLBatch,
-    SequenceBatch,
     action_logprobs,
     action_values,
     build_rl_batch,
@@ -32,7 +31,7 @@ from services.learner.training.batch import (
 from services.learner.training.collectives import all_sum, global_whiten
 from services.learner.training.lockstep import extra_passes, idle_pass
 from services.learner.training.micro_batches import by_count, by_token_budget
-from services.learner.training.models import load_critic, load_reference
+from services.learner.training.models import Critic, load_critic, load_reference
 from shared.schemas import Experience
 
 log = logging.getLogger(__name__)
@@ -61,10 +60,11 @@ class RLTrainer(TrainerBase):
         self.loss_agg = self.algo_settings.policy_loss.aggregation or self.algo_settings.loss_agg
         self.reference = self._frozen(load_reference(settings.model, self.device)) \
             if self.algorithm.needs_reference else None
-        self.critic: TrainEngine | None = None
+        self.critic: TrainEngine[Critic] | None = None
         if self.algorithm.needs_critic:
-            old_format = resume_dir is not None and not sharded_state.is_sharded_checkpoint(resume_dir)
-            path = str(resume_dir / "critic") if old_format else (settings.model.critic or settings.model.actor)
+            path = settings.model.critic or settings.model.actor
+            if resume_dir is not None and not sharded_state.is_sharded_checkpoint(resume_dir):  # the old format
+                path = str(resume_dir / "critic")
             critic = load_critic(path, settings.model, self.device)
             self.critic = self._engine(critic, settings.optim.critic_lr)
         if resume_dir is not None:
@@ -103,7 +103,7 @@ class RLTrainer(TrainerBase):
             groups = by_token_budget(lengths[rows].tolist(), train.micro_batch_tokens, train.micro_batch_size)
         return [rows[torch.tensor(g, dtype=torch.long, device=rows.device)] for g in groups]
 
-    def _no_grad_pass(self, fn: Callable[[SequenceBatch], torch.Tensor], batch: RLBatch,
+    def _no_grad_pass(self, fn: Callable[[RLBatch], torch.Tensor], batch: RLBatch,
                       lengths: torch.Tensor, model: torch.nn.Module) -> torch.Tensor:
         """``fn`` over the batch's micro-batches, without gradients (``model``: the one ``fn`` runs, for the
         idle passes that keep a sharded backend's ranks in step)."""
@@ -229,14 +229,13 @@ class RLTrainer(TrainerBase):
             old_lp = self._no_grad_pass(lambda mb: action_logprobs(actor, mb, mb.temperatures)[0], batch, lengths,
                                         actor)
         ref_lp = None
-        if self.reference is not None:
-            ref_lp = self._no_grad_pass(lambda mb: action_logprobs(self.reference, mb, mb.temperatures)[0], batch,
-                                        lengths, self.reference)
+        if (reference := self.reference) is not None:
+            ref_lp = self._no_grad_pass(lambda mb: action_logprobs(reference, mb, mb.temperatures)[0], batch,
+                                        lengths, reference)
         values = None
-        if self.critic is not None:
-            self.critic.model.eval()
-            values = self._no_grad_pass(lambda mb: action_values(self.critic.model, mb), batch, lengths,
-                                        self.critic.model)
+        if (critic := self.critic) is not None:
+            critic.model.eval()
+            values = self._no_grad_pass(lambda mb: action_values(critic.model, mb), batch, lengths, critic.model)
 
         kl = kl_estimate(old_lp, ref_lp, a.kl.estimator, action_mask) if ref_lp is not None else torch.zeros_like(action_mask)
         raw = batch.scores
@@ -278,6 +277,7 @@ class RLTrainer(TrainerBase):
                         self._actor_micro(mb, cols, old_lp, adv, correction.weights, mask, ref_lp, n_tok, n_seq, acc,
                                           pre=(pre[0][idx][:, :w], pre[1][idx][:, :w]) if fused else None)
                     if self.critic is not None:
+                        assert values is not None  # the critic's, computed above
                         v = action_values(self.critic.model, mb)
                         vl = aggregate(value_loss(v, cols(values), cols(returns), a.value_clip), mb.action_mask,
                                        a.loss_agg, v_tok, v_seq)
@@ -316,11 +316,12 @@ class RLTrainer(TrainerBase):
             **acc.means(),
         }
         if self.critic is not None:
+            assert values is not None  # the critic's, computed above
             metrics["critic_lr"] = self.critic.lr()
             metrics["value_mean"] = float(masked_mean(values, action_mask))
         return metrics
 
-    def _actor_micro(self, mb: SequenceBatch, cols, old_lp, adv, weights, mask, ref_lp, n_tok, n_seq, acc,
+    def _actor_micro(self, mb: RLBatch, cols, old_lp, adv, weights, mask, ref_lp, n_tok, n_seq, acc,
                      pre: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         """One micro-batch's actor loss and backward (``pre``: its log-probs and entropy from the fused pass)."""
         a = self.algo_settings

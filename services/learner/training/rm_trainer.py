@@ -60,7 +60,7 @@ class RMTrainer(TrainerBase):
         ids, mask = padded(rows, self.pad_id)
         ids, mask = ids.to(self.device), mask.to(self.device)
         hidden = getattr(model, model.base_model_prefix)(input_ids=ids, attention_mask=mask).last_hidden_state
-        values = model.score(hidden).squeeze(-1).float()
+        values = model.get_submodule("score")(hidden).squeeze(-1).float()
         last = mask.sum(dim=1) - 1
         return values.gather(1, last.unsqueeze(1)).squeeze(1)
 

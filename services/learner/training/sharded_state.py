@@ -66,13 +66,15 @@ def _tensors(engines: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, list
         for alias in aliases[name]:
             del model_sd[alias]  # one tensor under two names (tied embeddings): stored once
         state[name] = {"model": model_sd, "optim": {"state": optim_sd["state"]}}
-        groups[name] = optim_sd["param_groups"]
+        param_groups = optim_sd["param_groups"]
+        assert isinstance(param_groups, list)  # (torch's OptimizerStateType types every entry alike)
+        groups[name] = param_groups
     return state, groups, aliases
 
 
 def _tied(model_sd: Mapping[str, Any]) -> dict[str, str]:
     """``{alias: first name}`` for entries that hold the same storage as an earlier one (tied weights)."""
-    first: dict[tuple[int, tuple, str], str] = {}
+    first: dict[tuple[int | torch.SymInt, tuple, str], str] = {}
     out: dict[str, str] = {}
     for key, value in model_sd.items():
         local = value.to_local() if hasattr(value, "to_local") else value
@@ -107,7 +109,7 @@ def save(engines: Mapping[str, Any], out_dir: Path, model_settings: dict[str, An
              no_dist=_world() == 1)
     if _rank() != 0:
         return
-    meta = {"format": FORMAT, "world_size": _world(), "model": model_settings, "engines": {}}
+    meta: dict[str, Any] = {"format": FORMAT, "world_size": _world(), "model": model_settings, "engines": {}}
     for name, engine in engines.items():
         meta["engines"][name] = {
             "scheduler": {k: _plain(v) for k, v in engine.scheduler.state_dict().items()},

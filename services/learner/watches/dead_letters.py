@@ -51,13 +51,14 @@ class DeadLetterHandler:
         self.state.dead_letter_cursors = dict(self.watch.cursors)
 
     async def handle(self, dl: DeadLetter) -> None:
-        parsed = parse_item_id(dl.group_id) if dl.group_id else None
+        gid = dl.group_id or ""
+        parsed = parse_item_id(gid) if gid else None
         if parsed is None:
             log.warning("dead letter %s in %s belongs to no prompt of this run (%s)", dl.entry, dl.stream, dl.reason)
             return
         key, attempt = parsed
         item = self.state.in_flight.get(key)
-        if item is None or item.attempt != attempt or self.buffer.is_complete(dl.group_id):
+        if item is None or item.attempt != attempt or self.buffer.is_complete(gid):
             return  # trained, re-issued already, or complete without the dead-lettered copy
         item.dead_letters += 1
         if dl.reason.startswith(PERMANENT):  # the worker knows it can never succeed: issuing it again cannot help

@@ -139,12 +139,14 @@ class CollectiveTransport(WeightTransport):
         ids = [m.replica_id for m in members]
         delta = self.publisher.delta
         plan = shipment.delta if main and kind == "torch" and delta.eligible(members) else None
+        assert manifest is not None  # deliver() runs with a version held
         held = self.held.get(kind) if main else None
-        reuse = held is not None and not held.group.broken and [m.replica_id for m in held.rendezvous.members] == ids
-        if main and not reuse:
+        if held is not None and (held.group.broken or [m.replica_id for m in held.rendezvous.members] != ids):
+            held = None  # broken, or other members: not reused
+        if main and held is None:
             self._drop_group(kind)
         listener = None  # the new group's rendezvous socket, bound before the rendezvous names its port
-        if reuse:
+        if held is not None:
             base = held.rendezvous
             rdv = base.model_copy(update={"round": round_id, "version": manifest.version, "fresh_group": False,
                                           "manifest_key": wkeys.manifest(self.run, manifest.version),
@@ -175,7 +177,7 @@ class CollectiveTransport(WeightTransport):
         pipe = self.redis.pipeline(transaction=False)
         if shipment.manifest_unwritten:
             shipment.manifest_unwritten = False
-            write_late = reuse and held.rendezvous.layout_id == manifest.layout_id
+            write_late = held is not None and held.rendezvous.layout_id == manifest.layout_id
             if not write_late:
                 pipe.set(rdv.manifest_key, manifest.dumps(), ex=s.key_ttl_s)
         pipe.set(wkeys.rendezvous(self.run), rdv.dumps(), ex=s.key_ttl_s)
@@ -189,7 +191,7 @@ class CollectiveTransport(WeightTransport):
         if write_late:
             late_manifest = asyncio.ensure_future(self.redis.set(rdv.manifest_key, manifest.dumps(), ex=s.key_ttl_s))
         clock.lap("announce")
-        group = held.group if reuse else None
+        group: Any = held.group if held is not None else None
         try:
             if group is None:
                 group = await asyncio.to_thread(
@@ -258,7 +260,9 @@ class CollectiveTransport(WeightTransport):
         patch, whole, or not at all. Returns the bytes sent."""
         if plan is not None:
             return await self._send_delta(group, plan)
-        n = len(self.outbox.manifest.buckets)
+        manifest = self.outbox.manifest
+        assert manifest is not None  # sent within a round: a version is held
+        n = len(manifest.buckets)
         pending: deque[Any] = deque()
         sent = 0
         for i in range(n):
@@ -291,7 +295,9 @@ class CollectiveTransport(WeightTransport):
         import torch
 
         delta, backend = self.publisher.delta, self.settings.backend
-        n = len(self.outbox.manifest.buckets)
+        manifest = self.outbox.manifest
+        assert manifest is not None  # sent within a round: a version is held
+        n = len(manifest.buckets)
         pending: deque[Any] = deque()
         sent = 0
         for i in range(n):

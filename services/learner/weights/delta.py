@@ -210,7 +210,7 @@ class DeltaBase:
             self.buffers = [None] * len(m.buckets)
         for i, b in enumerate(m.buckets):
             src = outbox.pack(i)
-            patch = plan.patches[i] if same else None
+            patch = plan.patches[i] if plan is not None and same else None
             if patch is not None:
                 if patch.changed:
                     apply_diff(self.buffers[i], patch)

@@ -51,6 +51,7 @@ class IpcTransport(CollectiveTransport):
         import torch
 
         box = self.outbox
+        assert box.manifest is not None  # exported within a publish: a version is held
         n = len(box.manifest.buckets)
         bufs = [box.device_copy(i) for i in range(n)]
         for dev in {b.device for b in bufs}:

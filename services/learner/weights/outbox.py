@@ -118,6 +118,7 @@ class Outbox:
         if self.source is not None:
             self.source.pack(bucket, buf)
         else:
+            assert self.lookup is not None  # pack() checked it
             packing.pack_bucket(bucket, self.lookup, out=buf)
 
     def host_copy(self, i: int) -> Any:
@@ -170,9 +171,10 @@ class Outbox:
         if prev is not None and prev != i:
             self.packed[prev] = self.pooled[prev] = False
             self.wire[prev] = None
+        assert self.lookup is not None and self.manifest is not None  # pack() checked both
         first = self.lookup[bucket.tensors[0].name] if bucket.tensors else None
         on_gpu = self.settings.backend == "nccl" and first is not None and first.device.type == "cuda"
-        device = first.device if on_gpu else torch.device("cpu")
+        device = first.device if on_gpu and first is not None else torch.device("cpu")
         need = max(b.nbytes for b in self.manifest.buckets)
         buf = self._pool[slot]
         if buf is None or buf.numel() < need or buf.device != device:
@@ -236,7 +238,7 @@ class Outbox:
         m = self.manifest
         if m is None or not m.checksum or any(x is None for x in self.sums):
             return None
-        return Checksums(version=m.version, algo=m.checksum, values=tuple(int(x) for x in self.sums))
+        return Checksums(version=m.version, algo=m.checksum, values=tuple(int(x) for x in self.sums if x is not None))  # (none is: checked above)
 
     def finish(self) -> None:
         """After the version's rounds: pack and digest what late joiners could be served (copies are kept;

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from operator import attrgetter
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -56,7 +56,7 @@ def specs(named: Iterable[tuple[str, torch.Tensor]]) -> list[tuple[str, str, tor
     dnames = list(map(DTYPE_NAMES.get, dtypes))
     if None in dnames:  # a dtype not seen before (strings only: no tensor comparisons)
         dnames = list(map(dtype_name, dtypes))
-    return list(zip(names, dnames, map(_SHAPE, tensors)))
+    return list(zip(names, cast("list[str]", dnames), map(_SHAPE, tensors)))  # no None left (checked above)
 
 
 def as_bytes(t: torch.Tensor) -> torch.Tensor:
@@ -108,7 +108,7 @@ def bucket_view(bucket: Bucket, lookup: Mapping[str, torch.Tensor]) -> torch.Ten
                 or tuple(t.shape) != e.shape or dtype_name(t.dtype) != e.dtype:
             return None
     view = torch.empty(0, dtype=torch.uint8, device=first.device)
-    view.set_(storage, start, (bucket.nbytes,))
+    view.set_(storage, start, (bucket.nbytes,), (1,))  # the stride given: torch's stub has no overload without it
     return view
 
 

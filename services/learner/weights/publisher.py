@@ -269,7 +269,7 @@ class WeightPublisher:
     # ---- packing -------------------------------------------------------------------------------------
     def _plan_for(self, specs: list) -> tuple:
         """The bucket plan of these tensor specs (reused while they stay the same)."""
-        if specs != self._plan_key:
+        if self._plan is None or specs != self._plan_key:
             self._plan_key, self._plan = specs, tuple(plan_buckets(specs, self.settings.bucket_bytes))
             self._layout_id = layout_id(self._plan, self.settings.bucket_bytes)
         return self._plan

@@ -5,6 +5,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from pathlib import Path
+from typing import Generic, TypeVar
 
 import torch
 from torch import nn
@@ -12,11 +13,14 @@ from torch import nn
 from services.learner.settings import OptimSettings
 from services.learner.training.backends.schedule import SCHEDULES, Schedule
 
+M = TypeVar("M", bound=nn.Module)
 
-class TrainEngine(ABC):
-    """One trainable model with its optimizer and LR schedule."""
 
-    model: nn.Module
+class TrainEngine(ABC, Generic[M]):
+    """One trainable model with its optimizer and LR schedule (``TrainEngine[M]``: its ``model`` is an ``M``,
+    the module it was built from: the backends wrap nothing around it)."""
+
+    model: M
 
     @abstractmethod
     def backward(self, loss: torch.Tensor) -> None:

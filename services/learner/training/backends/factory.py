@@ -18,7 +18,7 @@ from services.learner.settings import (
     OptimSettings,
     TorchBackendSettings,
 )
-from services.learner.training.backends.base import TrainEngine
+from services.learner.training.backends.base import M, TrainEngine
 from services.learner.training.backends.deepspeed_engine import (
     build_deepspeed_engine,  # imports deepspeed only when it builds one
 )
@@ -72,8 +72,8 @@ def _backend(backend: BackendSettings) -> tuple[BackendSettings, Backend]:
     return backend, BACKENDS[backend.name]
 
 
-def build_engine(backend: BackendSettings, model: nn.Module, lr: float, optim: OptimSettings, total_steps: int,
-                 accumulation: int = 1, precision: Precision | None = None) -> TrainEngine:
+def build_engine(backend: BackendSettings, model: M, lr: float, optim: OptimSettings, total_steps: int,
+                 accumulation: int = 1, precision: Precision | None = None) -> TrainEngine[M]:
     """The engine for ``backend.name`` (``auto`` | ``torch`` | ``fsdp`` | ``deepspeed``)."""
     backend, spec = _backend(backend)
     return spec.engine(backend, model, lr, optim, total_steps, accumulation, precision=precision)

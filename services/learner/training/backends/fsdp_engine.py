@@ -20,6 +20,7 @@ The engine exposes ``model`` (the sharded module) and ``optimizer`` as they are,
 from __future__ import annotations
 
 import logging
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -73,7 +74,7 @@ def shard_module(model: nn.Module, backend: FSDPBackendSettings, precision: Prec
 
 def enable_activation_checkpointing(model: nn.Module) -> None:
     """Hugging Face's non-reentrant checkpointing of each decoder layer (the critic: of its inner model)."""
-    inner = getattr(model, "inner", model)
+    inner: Any = getattr(model, "inner", model)  # duck-typed: the HF model (a critic's inner one) has the method
     if hasattr(inner, "gradient_checkpointing_enable") and not getattr(inner, "is_gradient_checkpointing", False):
         inner.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
@@ -100,7 +101,7 @@ class FSDPEngine(TrainEngine):
         # for plain tensors: foreach's temporaries span every parameter at once (on CPU ~2x the shards, more than
         # the activations of a step); keep the per-tensor loop on CPU, as the torch backend gets, foreach on CUDA
         on_cpu = _local(self.params[0]).device.type == "cpu"
-        self.optimizer = torch.optim.AdamW(self.params, lr=lr, betas=tuple(optim.betas), eps=optim.eps,
+        self.optimizer = torch.optim.AdamW(self.params, lr=lr, betas=optim.betas, eps=optim.eps,
                                            weight_decay=optim.weight_decay, foreach=False if on_cpu else None)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, make_schedule(optim, total_steps))
         self._steps = 0
@@ -154,7 +155,8 @@ class FSDPEngine(TrainEngine):
         """The whole model on rank 0, in host memory (collective: every rank calls it; the others get ``{}``).
         Tied parameters (embeddings and head) come back as one tensor under both names, as in an unsharded
         model's state dict, so a save drops the tied copy the same way."""
-        state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        state = cast("dict[str, torch.Tensor]",  # full_state_dict: every value a plain tensor
+                     get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)))
         first: dict[int, str] = {}
         for name, p in self.model.named_parameters(remove_duplicate=False):
             owner = first.setdefault(id(p), name)

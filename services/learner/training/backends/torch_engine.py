@@ -22,7 +22,7 @@ class TorchEngine(TrainEngine):
         if not self.params:
             raise ValueError("the model has no trainable parameters")
         self.max_grad_norm = optim.max_grad_norm
-        self.optimizer = torch.optim.AdamW(self.params, lr=lr, betas=tuple(optim.betas), eps=optim.eps,
+        self.optimizer = torch.optim.AdamW(self.params, lr=lr, betas=optim.betas, eps=optim.eps,
                                            weight_decay=optim.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, make_schedule(optim, total_steps))
         self._steps = 0
