@@ -161,7 +161,9 @@ class FleetLauncher:
         try:
             raw = self._redis.get(keys.pool_signal(self.s.run_name))
             return json.loads(raw) if raw else None
-        except (*REDIS_FAILED, ValueError):  # no signal read: the pool holds still
+        except REDIS_FAILED:  # no signal read: the pool holds still
+            return None
+        except ValueError:
             return None
 
     def _pool_change(self, action: str, name: str, reason: str, now: float) -> None:

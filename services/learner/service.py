@@ -154,7 +154,7 @@ class LearnerService:
             try:
                 await asyncio.wait_for(self.redis.ping(), 2.0)
                 checks["redis"] = "ok"
-            except (*REDIS_FAILED, asyncio.TimeoutError) as exc:
+            except REDIS_FAILED as exc:  # asyncio.TimeoutError is the builtin TimeoutError, an OSError
                 checks["redis"] = f"unreachable: {type(exc).__name__}"
                 ok = False
         if self.runner is not None and self.runner.error:
