@@ -154,7 +154,10 @@ class LearnerService:
             try:
                 await asyncio.wait_for(self.redis.ping(), 2.0)
                 checks["redis"] = "ok"
-            except REDIS_FAILED as exc:  # asyncio.TimeoutError is the builtin TimeoutError, an OSError
+            except REDIS_FAILED as exc:
+                checks["redis"] = f"unreachable: {type(exc).__name__}"
+                ok = False
+            except asyncio.TimeoutError as exc:  # wait_for's (an OSError from 3.11, not on 3.10)
                 checks["redis"] = f"unreachable: {type(exc).__name__}"
                 ok = False
         if self.runner is not None and self.runner.error:
