@@ -83,7 +83,10 @@ def rollout_app(model_dir: Path, tmp: Path, monkeypatch):
 
     settings = RolloutSettings(
         model=str(model_dir), served_model_name="tiny", control_token=TOKEN,
-        engine={"kind": "hf", "device": "cpu", "max_batch_size": 16, "max_wait_ms": 1, "torch_threads": 1},
+        # a 64-token context: a generated request that sets no max_tokens samples until the context is full (the
+        # tiny model seldom says EOS), ~500 tokens at the model's own 512; what is checked is the answer's shape
+        engine={"kind": "hf", "device": "cpu", "max_batch_size": 16, "max_wait_ms": 1, "torch_threads": 1,
+                "context_length": 64},
         limits={"max_inflight_sequences": 64, "max_body_bytes": 64 * 1024, "pause_wait_s": 0.05,
                 "max_prompts_per_request": 4, "max_n": 4},
     )
