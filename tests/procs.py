@@ -26,6 +26,12 @@ _zygote_tried = False
 _zygote_lock = threading.Lock()
 
 
+def _forkable_env(env: dict[str, str]) -> dict[str, str]:
+    """``env`` without what pytest changes on every test (``PYTEST_CURRENT_TEST``): a service reads nothing of it,
+    and the zygote forks only into the environment it imported under (but for run-time variables)."""
+    return {k: v for k, v in env.items() if k != "PYTEST_CURRENT_TEST"}
+
+
 def _test_zygote() -> Zygote | None:
     """This test process's zygote (deploy/local/zygote.py), started at its first use: it imports torch,
     transformers and the services once, and ``spawn`` forks service processes from it instead of starting a fresh
@@ -36,7 +42,7 @@ def _test_zygote() -> Zygote | None:
         if not _zygote_tried:
             _zygote_tried = True
             if os.environ.get("FLEETRL_TEST_ZYGOTE", "1") != "0":
-                env = {**os.environ, "PYTHONUNBUFFERED": "1", **THREAD_ENV}
+                env = _forkable_env({**os.environ, "PYTHONUNBUFFERED": "1", **THREAD_ENV})
                 log = Path(tempfile.gettempdir()) / f"fleetrl-test-zygote-{os.getpid()}.log"
                 _zygote = Zygote.start(env, log, extra=["transformers.models.llama.modeling_llama"])
                 if _zygote is not None:
@@ -56,13 +62,13 @@ def spawn(args: list[str], log_path: Path, env: dict[str, str] | None = None) ->
     the test zygote when ``args`` is ``-m <one of our modules> ...`` and the environment is the zygote's (but for
     ranks and ``FLEETRL_*`` settings), else a fresh interpreter."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    log_path.write_bytes(b"")  # each start begins its log afresh (the fork and the spawn below append)
     if len(args) >= 2 and args[0] == "-m" and args[1].startswith(FORKABLE) and (zygote := _test_zygote()):
         try:
-            log_path.write_bytes(b"")  # the fork appends to it; a spawn starts it afresh
-            return zygote.fork(args[1], list(args[2:]), log_path, full_env)
-        except ZygoteError:
-            pass  # the environment differs, or the zygote broke: a fresh interpreter
-    with open(log_path, "wb") as log:  # the child holds its own copy of the descriptor
+            return zygote.fork(args[1], list(args[2:]), log_path, _forkable_env(full_env))
+        except ZygoteError as exc:  # the environment differs, or the zygote broke: a fresh interpreter
+            log_path.write_text(f"tests.procs: spawned, not forked from the test zygote ({exc})\n")
+    with open(log_path, "ab") as log:  # the child holds its own copy of the descriptor
         return subprocess.Popen([sys.executable, *args], cwd=REPO, env=full_env, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
 
