@@ -44,6 +44,7 @@ import yaml
 
 from deploy.local.drill_accounting import Accounting, account
 from deploy.local.fleet import Fleet, FleetError
+from deploy.local.zygote import Zygote
 from deploy.local.sort_task import prepare_run
 from shared import keys
 
@@ -434,7 +435,9 @@ def run_drill(drill: Drill, root: Path, model: Path, rows: list[dict], redis_url
     t0 = time.monotonic()
     ctx = None
     error = None
-    fleet = Fleet(run_dir=run, redis_url=redis_url)
+    # the services (and the learner each time a drill restarts it) forked from one set of imports, as fleetrl
+    # run's are: a restart is then a fork, not ~3 CPU-seconds of imports beside the fleet it must catch up with
+    fleet = Fleet(run_dir=run, redis_url=redis_url, zygote=Zygote.for_run(str(model), run))
     try:
         fleet.start_redis()
         # every service starts side by side (start-up is mostly imports and model loading); then all healthy
