@@ -15,7 +15,7 @@ tinker = pytest.importorskip("tinker")
 from tinker import types
 
 from shared.ports import free_port
-from tests.procs import kill9, spawn, stop, wait_http_ok
+from tests.procs import THREAD_ENV, kill9, spawn, stop, wait_http_ok
 
 pytestmark = [pytest.mark.process, pytest.mark.slow]
 
@@ -36,11 +36,11 @@ def fleet(tmp_path_factory, redis_server):
     rollout_url, url = f"http://127.0.0.1:{rport}", f"http://127.0.0.1:{tport}"
     rollout = spawn(["-m", "services.rollout", "--model", str(model), "--port", str(rport), "--engine", "hf",
                      "--device", "cpu", "--redis-url", redis_server.url, "--run-name", RUN], root / "rollout.log",
-                    {"OMP_NUM_THREADS": "1", "FLEETRL_ROLLOUT_WEIGHT_SIDECAR": "true",
+                    {**THREAD_ENV, "FLEETRL_ROLLOUT_WEIGHT_SIDECAR": "true",
                      "FLEETRL_ROLLOUT_CONTROL_TOKEN": "rollout-test-token",
                      "FLEETRL_ROLLOUT_EXTENSIONS": '["services.rollout.routes.score:scoring"]',  # prompt logprobs
                      "FLEETRL_ROLLOUT_WEIGHTS__HEARTBEAT_S": "0.3", "FLEETRL_ROLLOUT_WEIGHTS__HEARTBEAT_TTL_S": "3"})
-    env = {"FLEETRL_TINKER_API_KEY": KEY, "FLEETRL_TINKER_BASE_MODEL": str(model),
+    env = {**THREAD_ENV, "FLEETRL_TINKER_API_KEY": KEY, "FLEETRL_TINKER_BASE_MODEL": str(model),
            "FLEETRL_TINKER_RUN_DIR": str(root / "run"), "FLEETRL_TINKER_TORCH_THREADS": "1",
            "FLEETRL_TINKER_LONG_POLL_S": "5", "FLEETRL_TINKER_SEQ_GAP_TIMEOUT_S": "600",
            "FLEETRL_TINKER_ROLLOUT_URLS": f'["{rollout_url}"]', "FLEETRL_TINKER_REDIS_URL": redis_server.url,
