@@ -9,9 +9,9 @@ import pytest
 import yaml
 
 from shared.ports import free_port
-from tests.procs import spawn, starts_processes, stop, wait_http_ok
+from tests.procs import THREAD_ENV, spawn, starts_processes, stop, wait_http_ok
 
-CHILD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+CHILD_ENV = THREAD_ENV  # one torch thread per service process (tests/procs.py)
 
 
 class Server:

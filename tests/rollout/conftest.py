@@ -9,14 +9,14 @@ import pytest
 import yaml
 
 from shared.ports import free_port
-from tests.procs import spawn, starts_processes, stop, wait_http_ok
+from tests.procs import THREAD_ENV, spawn, starts_processes, stop, wait_http_ok
 
 CONTROL_TOKEN = "test-control-token"
 MAX_INFLIGHT = 160
 MAX_BODY = 256 * 1024
 PAUSE_WAIT_S = 1.5
 
-THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+# THREAD_ENV: one torch thread per service process (tests/procs.py), imported here for the files that use it
 
 
 @dataclass
