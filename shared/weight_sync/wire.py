@@ -111,6 +111,11 @@ class Manifest(_Record):
     adapter: AdapterInfo | None = Field(
         default=None, description="Set for an adapter round: the buckets hold a LoRA adapter (its tensors named in "
                                   "AdapterInfo), not the model's weights.")
+    merged_adapter: AdapterInfo | None = Field(
+        default=None, description="Set for a LoRA learner's merged full round (a live replica cannot load adapters): "
+                                  "the learner's base with this adapter merged in (the modules it names are base + "
+                                  "scaling * B @ A, every other tensor the base), so a replica that keeps its base "
+                                  "weights of those modules can take adapter rounds again afterwards.")
     created_at: float = Field(default_factory=time.time)
 
     def dumps(self) -> str:
@@ -195,6 +200,8 @@ class Rendezvous(_Record):
                                                     "layout start receiving without fetching the manifest).")
     checksum: str | None = Field(default=None, description="The manifest's checksum algorithm.")
     delta: DeltaRound | None = Field(default=None, description="Set for a delta round (None: every bucket whole).")
+    merged_adapter: bool = Field(default=False, description="The version is a LoRA learner's merged full round (its "
+                                                            "manifest's merged_adapter: members fetch the manifest).")
     created_at: float = Field(default_factory=time.time)
 
     def member(self, replica_id: str) -> Member | None:

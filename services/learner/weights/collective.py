@@ -150,6 +150,7 @@ class CollectiveTransport(WeightTransport):
                                           "manifest_key": wkeys.manifest(self.run, manifest.version),
                                           "layout_id": manifest.layout_id, "checksum": manifest.checksum,
                                           "delta": None if plan is None else plan.record(),
+                                          "merged_adapter": manifest.merged_adapter is not None,
                                           "created_at": time.time()})
         else:
             placed, rank = [], 1
@@ -166,7 +167,7 @@ class CollectiveTransport(WeightTransport):
                 members=tuple(placed), init_timeout_s=s.init_timeout_s,
                 collective_timeout_s=s.collective_timeout_s, load_timeout_s=s.load_timeout_s,
                 layout_id=manifest.layout_id, checksum=manifest.checksum,
-                delta=None if plan is None else plan.record(),
+                delta=None if plan is None else plan.record(), merged_adapter=manifest.merged_adapter is not None,
             )
         # the manifest (~100 bytes a tensor) goes before the rendezvous that names it, unless every member
         # already holds its layout (same group, same layout as its last round): members then rebuild it from
@@ -175,7 +176,7 @@ class CollectiveTransport(WeightTransport):
         pipe = self.redis.pipeline(transaction=False)
         if shipment.manifest_unwritten:
             shipment.manifest_unwritten = False
-            write_late = reuse and held.rendezvous.layout_id == manifest.layout_id
+            write_late = reuse and held.rendezvous.layout_id == manifest.layout_id and not rdv.merged_adapter
             if not write_late:
                 pipe.set(rdv.manifest_key, manifest.dumps(), ex=s.key_ttl_s)
         pipe.set(wkeys.rendezvous(self.run), rdv.dumps(), ex=s.key_ttl_s)

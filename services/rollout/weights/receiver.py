@@ -121,10 +121,12 @@ class RoundWatcher:
         """The round's manifest. When the round names the layout this replica already holds (the usual case:
         same model, next version), it is rebuilt from the rendezvous without a fetch, so the replica joins
         the broadcast at once (the stored manifest differs only in fields a collective round does not use:
-        its snapshot and creation time)."""
+        its snapshot and creation time). A LoRA learner's merged round (``rdv.merged_adapter``) is fetched: its
+        manifest names the merged adapter."""
         cached = self._layout
-        if rdv.layout_id and cached is not None and cached[1].layout_id == rdv.layout_id:
-            return cached[1].model_copy(update={"version": rdv.version, "checksum": rdv.checksum, "snapshot": None})
+        if rdv.layout_id and cached is not None and cached[1].layout_id == rdv.layout_id and not rdv.merged_adapter:
+            return cached[1].model_copy(update={"version": rdv.version, "checksum": rdv.checksum, "snapshot": None,
+                                                "merged_adapter": None})
         # a publisher whose members all hold the layout writes the manifest while the first bucket is on its
         # way: a member that does need it (none should) waits for it, bounded
         deadline = time.monotonic() + min(rdv.init_timeout_s, 10.0)
