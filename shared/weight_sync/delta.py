@@ -123,6 +123,15 @@ def diff_host(a: Any, b: Any) -> tuple[Any, Any]:
         w = np.flatnonzero(mk)
         if not len(w):
             continue
+        if lanes > 1 and 4 * len(w) > len(aw_all):  # dense: splitting many words costs more than a unit compare
+            ua, ub = a[s * lanes:(s + len(aw_all)) * lanes], b[s * lanes:(s + len(aw_all)) * lanes]
+            um = _mask(len(ua) + _CHUNK_WORDS)[_CHUNK_WORDS:]
+            np.not_equal(ua, ub, out=um)
+            q = np.flatnonzero(um)
+            val_parts.append(ua.take(q))
+            q += s * lanes
+            pos_parts.append(q)
+            continue
         aw = aw_all.take(w)
         if lanes == 1:
             w += s
@@ -252,7 +261,7 @@ def decode_positions(codec: str, raw: memoryview | bytes, k: int, n_units: int) 
         pos = np.frombuffer(raw, dtype="<u4").astype(np.int64)
     elif codec == "bitmask":
         bits = np.unpackbits(np.frombuffer(raw, dtype=np.uint8), bitorder="little", count=n_units)
-        pos = np.flatnonzero(bits).astype(np.int64)
+        pos = np.flatnonzero(bits.view(np.bool_)).astype(np.int64, copy=False)  # (bool: numpy's fast nonzero, ~8x)
     elif codec == "gap16":
         tok = np.frombuffer(raw, dtype="<u2").astype(np.int64)
         ends = np.flatnonzero(tok != _G16)
