@@ -39,6 +39,22 @@ _UNIT_DTYPES = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
 _G16 = 0xFFFF
 
 
+PIECE_BYTES = 32 << 20  # a delta round patches buckets in pieces of this size (the last piece of a bucket shorter)
+
+
+def pieces(sizes: Sequence[int], piece_bytes: int) -> list[tuple[int, int, int]]:
+    """A delta round's pieces: ``(bucket, start, end)`` byte ranges, in bucket order, cutting each bucket of
+    ``sizes`` every ``piece_bytes`` (a multiple of 8, so every piece starts on a unit boundary); ``piece_bytes`` 0:
+    whole buckets. Both sides cut the same pieces from the manifest and the round's ``piece_bytes``."""
+    if piece_bytes < 0 or piece_bytes % 8:
+        raise PatchError(f"piece size {piece_bytes} is not a multiple of 8 bytes")
+    out: list[tuple[int, int, int]] = []
+    for i, n in enumerate(sizes):
+        step = piece_bytes or max(n, 1)
+        out.extend((i, lo, min(lo + step, n)) for lo in range(0, max(n, 1), step))
+    return out
+
+
 class PatchError(ValueError):
     """A patch that does not fit the bucket it is applied to (corrupt, truncated, another layout)."""
 

@@ -172,11 +172,16 @@ class DeltaRound(_Record):
     version's digests (:class:`Checksums`); a member not at ``base_version`` refuses, and gets a full round."""
 
     base_version: int = Field(ge=1)
+    piece_bytes: int = Field(
+        default=0, ge=0, multiple_of=8,
+        description="Buckets are patched in pieces of this many bytes (shared.weight_sync.delta.pieces), so a "
+                    "member patches piece k while the publisher compares piece k+1 even within one bucket; 0: "
+                    "whole buckets.")
     payload: tuple[int, ...] | None = Field(
         default=None,
-        description="Per bucket, what was broadcast: -1 the whole bucket, 0 nothing (unchanged), n > 0 a patch "
-                    "of n bytes (shared.weight_sync.delta). Members read it in band: before each bucket the "
-                    "publisher broadcasts that number (one int64), since a bucket's patch is built while the one "
+        description="Per piece, what was broadcast: -1 the whole piece, 0 nothing (unchanged), n > 0 a patch "
+                    "of n bytes (shared.weight_sync.delta). Members read it in band: before each piece the "
+                    "publisher broadcasts that number (one int64), since a piece's patch is built while the one "
                     "before it is on the wire; the rendezvous gets it once the round's broadcasts are done (for "
                     "fleetrl weights status), None until then.")
 
