@@ -193,6 +193,7 @@ async def driver(args) -> None:
                           + " ".join(f"{c} {v / 1e6:.2f}" for c, v in codec["sizes"].items())
                           + f"; chosen {codec['chosen']}; delta phases (ms): "
                           + " ".join(f"{k} {v * 1e3:.0f}" for k, v in d.phases.items())
+                          + "; full phases (ms): " + " ".join(f"{k} {v * 1e3:.0f}" for k, v in f.phases.items())
                           + f"; replica phases (ms): {recv}; CPU seconds (learner + receivers) delta "
                           f"{cpu_d:.2f} / full {cpu_f:.2f}")
         for lr, rows in summary.items():

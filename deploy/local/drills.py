@@ -44,8 +44,8 @@ import yaml
 
 from deploy.local.drill_accounting import Accounting, account
 from deploy.local.fleet import Fleet, FleetError
-from deploy.local.zygote import Zygote
 from deploy.local.sort_task import prepare_run
+from deploy.local.zygote import Zygote
 from shared import keys
 
 RUN = "drill"

@@ -90,9 +90,12 @@ class WeightSyncSettings(BaseModel):
     delta: Literal["auto", "off"] = Field(
         default="off",
         description="Opt-in for now: on the 2-core development machine over loopback gloo a delta round of a 100M "
-                    "bf16 model still costs more than a full one (comparing 100M values with the base and rebuilding "
-                    "them on each replica cost more CPU than a loopback copy; benchmarks/weight_delta.py, "
-                    "docs/benchmarks.md); across hosts the bytes sent (0.03x at lr 1e-6) should dominate. auto: "
+                    "bf16 model takes about as long as a full one, not reliably less (medians 0.82-1.33x, at "
+                    "1.1-1.5x its CPU: the learner's compare is one thread on the round's critical path, a loopback "
+                    "copy is spread over every process; benchmarks/weight_delta.py, docs/benchmarks.md); turn it on "
+                    "where the learner publishes across "
+                    "hosts over ~10 Gb/s or slower (0.03x the bytes at lr 1e-6: about 0.3x the time at 10 Gb/s, "
+                    "docs/weight-sync.md). auto: "
                     "when every member of a round holds the version all of them last confirmed, send each "
                     "bucket as a patch of its changed elements against it (or whole, when that is not smaller); "
                     "members check the result against the new version's digests. Costs one copy of the wire "

@@ -50,7 +50,8 @@ async def weight_sync_status(redis: Any, run: str) -> dict[str, Any]:
             "patch_bytes": None if rdv.delta is None or rdv.delta.payload is None
             else sum(max(0, n) for n in rdv.delta.payload),
             "whole_buckets": None if rdv.delta is None or rdv.delta.payload is None
-            else sum(1 for n in rdv.delta.payload if n < 0),
+            else sum(1 for n in rdv.delta.payload if n < 0),  # pieces sent whole (a bucket is one or more pieces)
+            "pieces": None if rdv.delta is None or rdv.delta.payload is None else len(rdv.delta.payload),
             "members": [{"replica_id": m.replica_id, "rank": m.rank,
                          "report": reports[m.replica_id].state if m.replica_id in reports else None,
                          "detail": reports[m.replica_id].detail if m.replica_id in reports else ""}

@@ -111,6 +111,11 @@ class Manifest(_Record):
     adapter: AdapterInfo | None = Field(
         default=None, description="Set for an adapter round: the buckets hold a LoRA adapter (its tensors named in "
                                   "AdapterInfo), not the model's weights.")
+    merged_adapter: AdapterInfo | None = Field(
+        default=None, description="Set for a LoRA learner's merged full round (a live replica cannot load adapters): "
+                                  "the learner's base with this adapter merged in (the modules it names are base + "
+                                  "scaling * B @ A, every other tensor the base), so a replica that keeps its base "
+                                  "weights of those modules can take adapter rounds again afterwards.")
     created_at: float = Field(default_factory=time.time)
 
     def dumps(self) -> str:
@@ -167,11 +172,16 @@ class DeltaRound(_Record):
     version's digests (:class:`Checksums`); a member not at ``base_version`` refuses, and gets a full round."""
 
     base_version: int = Field(ge=1)
+    piece_bytes: int = Field(
+        default=0, ge=0, multiple_of=8,
+        description="Buckets are patched in pieces of this many bytes (shared.weight_sync.delta.pieces), so a "
+                    "member patches piece k while the publisher compares piece k+1 even within one bucket; 0: "
+                    "whole buckets.")
     payload: tuple[int, ...] | None = Field(
         default=None,
-        description="Per bucket, what was broadcast: -1 the whole bucket, 0 nothing (unchanged), n > 0 a patch "
-                    "of n bytes (shared.weight_sync.delta). Members read it in band: before each bucket the "
-                    "publisher broadcasts that number (one int64), since a bucket's patch is built while the one "
+        description="Per piece, what was broadcast: -1 the whole piece, 0 nothing (unchanged), n > 0 a patch "
+                    "of n bytes (shared.weight_sync.delta). Members read it in band: before each piece the "
+                    "publisher broadcasts that number (one int64), since a piece's patch is built while the one "
                     "before it is on the wire; the rendezvous gets it once the round's broadcasts are done (for "
                     "fleetrl weights status), None until then.")
 
@@ -195,6 +205,8 @@ class Rendezvous(_Record):
                                                     "layout start receiving without fetching the manifest).")
     checksum: str | None = Field(default=None, description="The manifest's checksum algorithm.")
     delta: DeltaRound | None = Field(default=None, description="Set for a delta round (None: every bucket whole).")
+    merged_adapter: bool = Field(default=False, description="The version is a LoRA learner's merged full round (its "
+                                                            "manifest's merged_adapter: members fetch the manifest).")
     created_at: float = Field(default_factory=time.time)
 
     def member(self, replica_id: str) -> Member | None:

@@ -133,3 +133,31 @@ async def test_a_server_without_adapters_on_advertises_none(redis_client, tiny_m
         await asyncio.sleep(0)
     finally:
         await engine.stop()
+
+
+async def test_a_server_whose_base_a_full_round_replaced_refuses_adapter_rounds(
+        redis_client, tiny_model_dir, tmp_path, threads):
+    # an engine server that took a full version (a mixed fleet's merged round) serves base + that merge: an adapter
+    # loaded on top would apply to the merged weights. It refuses, loads nothing, and stops advertising adapters
+    run = "adapter-remote-replaced"
+    app, state = standin("vllm")
+    engine = await engine_for("vllm", tiny_model_dir, app)
+    sc = WeightSidecar(engine, redis_client, run, SidecarSettings(
+        join_timeout_s=0, heartbeat_s=0.2, heartbeat_ttl_s=10.0, adapters="on",
+        adapter_dir=str(tmp_path / "adapters")), name="v")
+    await sc.start()
+    actor = learner(tiny_model_dir)
+    try:
+        async with WeightPublisher(redis_client, run, WeightSyncSettings(**FAST)) as pub:
+            await wait_registered(pub, 1)
+            train_step(actor, 0)
+            engine.set_weight_version(await pub.publish(adapter_weights(actor)))  # as a full round leaves it
+            train_step(actor, 1)
+            await pub.publish(adapter_weights(actor))
+            r = pub.last_report
+            assert set(r.round_bytes) == {"adapter"} and r.refused == [sc.replica_id] and not r.loaded, r
+            assert list(state["loaded"]) == ["fleetrl-v1"]  # the first version only
+            assert sc.info().adapters is False  # merged full rounds from now on
+    finally:
+        await sc.stop()
+        await engine.stop()

@@ -146,3 +146,54 @@ async def test_a_replica_that_cannot_load_adapters_gets_merged_full_rounds(
             await assert_logprobs_match(actor, lora, v)
     finally:
         await stop(reps)
+
+
+async def test_adapter_rounds_return_when_the_replica_that_cannot_load_them_leaves(
+        redis_client, tiny_model_dir, threads):
+    # a mixed fleet: adapter rounds, then merged full rounds while a replica that cannot load adapters is live, then
+    # adapter rounds again once it left (the merged full rounds used to cost the others their base: the next
+    # adapter round was refused and the fleet stayed on merged rounds for good)
+    run = "adapter-mixed"
+    actor = learner(tiny_model_dir)
+    actor.eval()
+    merged = await start_replica(redis_client, run, tiny_model_dir, "merged", adapter_apply="merge")
+    hooked = await start_replica(redis_client, run, tiny_model_dir, "unmerged", adapter_apply="unmerged")
+    reps = [merged, hooked]
+    base = {k: v.clone() for k, v in merged.engine.model.state_dict().items()}
+    try:
+        async with WeightPublisher(redis_client, run, WeightSyncSettings(**FAST)) as pub:
+            await wait_registered(pub, 2)
+            train_step(actor, 0)
+            await pub.publish(adapter_weights(actor))
+            assert set(pub.last_report.round_bytes) == {"adapter"}
+            plain = await start_replica(redis_client, run, tiny_model_dir, "plain", adapters="off")
+            await wait_registered(pub, 3)
+            # a late joiner from merged rounds on: pristine when its first merged round comes
+            late = await start_replica(redis_client, run, tiny_model_dir, "late", adapter_apply="merge")
+            reps.append(late)
+            await wait_registered(pub, 4)
+            for step in (1, 2):
+                train_step(actor, step)
+                v = await pub.publish(adapter_weights(actor))
+                assert set(pub.last_report.round_bytes) == {"full"} and len(pub.last_report.loaded) == 4
+                for sc in reps:
+                    await assert_logprobs_match(actor, sc, v)
+            await stop([plain])
+            await wait_registered(pub, 3)
+            for step in (3, 4):
+                train_step(actor, step)
+                v = await pub.publish(adapter_weights(actor))
+                r = pub.last_report
+                assert set(r.round_bytes) == {"adapter"} and sorted(r.loaded) == sorted(s.replica_id for s in reps), r
+                for sc in reps:
+                    assert sc.weight_version == v
+                    await assert_logprobs_match(actor, sc, v)
+            want = merged_state_dict(actor)
+            for sc in (merged, late):  # base + this version's adapter, bit for bit, as the learner merges it
+                have = sc.engine.model.state_dict()
+                for name, t in want.items():
+                    assert torch.equal(have[name], t), (sc.name, name)
+            for name, t in hooked.engine.model.state_dict().items():  # the base again (the hooks add the adapter)
+                assert torch.equal(t, base[name]), name
+    finally:
+        await stop(reps)

@@ -36,6 +36,25 @@ def test_every_codec_round_trips(codec, dtype):
     assert torch.equal(out, new)
 
 
+@pytest.mark.parametrize("dtype", [np.uint8, np.int16, np.int32, np.int64])
+def test_the_word_compare_finds_exactly_the_changed_units(dtype):
+    # diff_host compares 8-byte words in chunks and splits only the changed words into units: it must list what a
+    # plain per-unit compare lists, across chunk edges, a tail shorter than a word, no change and every change
+    rng = np.random.default_rng(3)
+    lanes = 8 // np.dtype(dtype).itemsize
+    for n in (0, 1, lanes + 1, 1000, D._CHUNK_WORDS * lanes + 3, 2 * D._CHUNK_WORDS * lanes + 1):
+        for frac in (0.0, 0.03, 0.4, 1.0):
+            base = rng.integers(-100, 100, n).astype(dtype)
+            new = base.copy()
+            k = int(n * frac)
+            new[rng.choice(n, k, replace=False) if k else []] += 1
+            new[-1:] += 1  # the last unit (in the tail where there is one)
+            pos, vals = D.diff_host(new, base)
+            want = np.flatnonzero(new != base)
+            assert pos.dtype == np.int64 and vals.dtype == new.dtype
+            assert np.array_equal(pos, want) and np.array_equal(vals, new[want]), (n, frac)
+
+
 def test_positions_round_trip_with_long_gaps():
     # gaps of 0, 127/128 (varint byte boundary), 65534/65535/65536 and beyond (gap16 escapes), 2^21
     pos = np.cumsum(np.array([0, 1, 128, 129, 65535, 65536, 65537, 200_000, 1 << 21], dtype=np.int64))

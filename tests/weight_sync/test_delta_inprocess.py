@@ -242,3 +242,32 @@ async def test_a_version_where_everything_changed_sends_every_bucket_whole(redis
             assert_bit_equal(model, [a])
     finally:
         await a.stop()
+
+
+async def test_buckets_patched_in_pieces_end_bit_equal(redis_client, threads, monkeypatch):
+    # a delta round cuts its buckets into pieces (a patch each, so members patch piece k while the publisher compares
+    # piece k+1 within one bucket); here pieces of 4 KiB in buckets of 16 KiB and more, sparse and dense versions
+    from services.learner.weights import delta as learner_delta
+
+    monkeypatch.setattr(learner_delta, "PIECE_BYTES", 4096)
+    run = "delta-pieces"
+    a, b = await start_replica(redis_client, run, "a"), await start_replica(redis_client, run, "b")
+    model = make_model()
+    try:
+        async with WeightPublisher(redis_client, run, WeightSyncSettings(bucket_bytes=16 << 10, **FAST)) as pub:
+            await wait_registered(pub, 2)
+            await pub.publish(model)
+            for step, frac in enumerate((0.03, 0.03, 1.0, 0.03)):
+                nudge(model, 200 + step, frac=frac)
+                await pub.publish(model)
+                r = pub.last_report
+                assert kinds(pub) == {"delta"} and len(r.loaded) == 2 and not r.errors, r
+                assert_bit_equal(model, [a, b])
+                last = (await weight_sync_status(redis_client, run))["last_round"]
+                want = sum(-(-bk.nbytes // 4096) for bk in pub.outbox.manifest.buckets)
+                assert last["pieces"] == want > len(pub.outbox.manifest.buckets), last
+                assert last["whole_buckets"] == (want if frac == 1.0 else 0), last
+            assert r.round_bytes["delta"] < 0.25 * r.total_bytes, r
+    finally:
+        for sc in (a, b):
+            await sc.stop()

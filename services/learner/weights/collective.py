@@ -152,6 +152,7 @@ class CollectiveTransport(WeightTransport):
                                           "manifest_key": wkeys.manifest(self.run, manifest.version),
                                           "layout_id": manifest.layout_id, "checksum": manifest.checksum,
                                           "delta": None if plan is None else plan.record(),
+                                          "merged_adapter": manifest.merged_adapter is not None,
                                           "created_at": time.time()})
         else:
             placed, rank = [], 1
@@ -168,7 +169,7 @@ class CollectiveTransport(WeightTransport):
                 members=tuple(placed), init_timeout_s=s.init_timeout_s,
                 collective_timeout_s=s.collective_timeout_s, load_timeout_s=s.load_timeout_s,
                 layout_id=manifest.layout_id, checksum=manifest.checksum,
-                delta=None if plan is None else plan.record(),
+                delta=None if plan is None else plan.record(), merged_adapter=manifest.merged_adapter is not None,
             )
         # the manifest (~100 bytes a tensor) goes before the rendezvous that names it, unless every member
         # already holds its layout (same group, same layout as its last round): members then rebuild it from
@@ -177,7 +178,8 @@ class CollectiveTransport(WeightTransport):
         pipe = self.redis.pipeline(transaction=False)
         if shipment.manifest_unwritten:
             shipment.manifest_unwritten = False
-            write_late = held is not None and held.rendezvous.layout_id == manifest.layout_id
+            write_late = (held is not None and held.rendezvous.layout_id == manifest.layout_id
+                          and not rdv.merged_adapter)
             if not write_late:
                 pipe.set(rdv.manifest_key, manifest.dumps(), ex=s.key_ttl_s)
         pipe.set(wkeys.rendezvous(self.run), rdv.dumps(), ex=s.key_ttl_s)
@@ -287,29 +289,33 @@ class CollectiveTransport(WeightTransport):
                                 f"{type(exc).__name__}: {exc}") from exc
 
     async def _send_delta(self, group: Any, plan: Any) -> int:
-        """A delta round's broadcasts, pipelined: for each bucket its patch is built (packed, compared with the
-        base, encoded: :meth:`DeltaBase.build`) while the bucket before it is on the wire and the members patch
-        it; then its size goes out (one int64: -1 whole, 0 unchanged, n a patch of n bytes), then the patch or
-        the bucket, and it is digested while they travel (the digests are of the full version: every member
-        checks its patched bytes against them). Returns the bytes sent (the sizes not counted)."""
+        """A delta round's broadcasts, pipelined by piece (``plan.pieces``: buckets cut every ``piece_bytes``): each
+        piece's patch is built (its bucket packed, compared with the base, encoded: :meth:`DeltaBase.build`) while
+        the piece before it is on the wire and the members patch it; then its size goes out (one int64: -1 whole,
+        0 unchanged, n a patch of n bytes), then the patch or the piece; a bucket is digested once its last piece
+        went (the digests are of the full version: every member checks its patched bytes against them). Returns
+        the bytes sent (the sizes not counted)."""
         import torch
 
         delta, backend = self.publisher.delta, self.settings.backend
         manifest = self.outbox.manifest
         assert manifest is not None  # sent within a round: a version is held
-        n = len(manifest.buckets)
+        buckets = manifest.buckets
         pending: deque[Any] = deque()
+        staged: dict[int, Any] = {}
         sent = 0
-        for i in range(n):
+        for j, (i, lo, hi) in enumerate(plan.pieces):
             try:
-                patch = await asyncio.to_thread(delta.build, self.outbox, plan, i)
+                patch = await asyncio.to_thread(delta.build, self.outbox, plan, j)
             except Exception as exc:
                 raise PublishFailed(f"building bucket {i}'s patch failed: {type(exc).__name__}: {exc}") from exc
-            size = plan.sent(i)
+            size = plan.sent(j)
             if size > 0:
                 wire = patch_tensor(patch.data, backend)
             elif size < 0:
-                wire = await self._staged(i)
+                if i not in staged:
+                    staged[i] = await self._staged(i)
+                wire = staged[i][lo:hi]
             head = torch.tensor([size], dtype=torch.int64)
             if backend == "nccl":
                 head = head.to(torch.device("cuda", torch.cuda.current_device()))
@@ -317,9 +323,11 @@ class CollectiveTransport(WeightTransport):
             if size:
                 sent += wire.numel()
                 pending.append((group.broadcast(wire, src=0), wire))
-            await asyncio.to_thread(self.outbox.digest, i)
-            if i == n - 1:
-                await self.publisher.write_checksums()
+            if hi == buckets[i].nbytes:  # the bucket's last piece
+                staged.pop(i, None)
+                await asyncio.to_thread(self.outbox.digest, i)
+                if i == len(buckets) - 1:
+                    await self.publisher.write_checksums()
             while len(pending) > 2 * self.settings.inflight_buckets:
                 await asyncio.to_thread(group.wait, pending.popleft()[0])
         while pending:

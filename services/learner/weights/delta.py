@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared.weight_sync.delta import Patch, make_patch, unit_size
+from shared.weight_sync.delta import PIECE_BYTES, Patch, make_patch, pieces, unit_size
 from shared.weight_sync.settings import WeightSyncSettings
 from shared.weight_sync.wire import DTYPES, DeltaRound, ReplicaInfo
 
@@ -41,36 +41,40 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class DeltaPlan:
-    """A version's buckets against the base, built one bucket at a time while the round runs
-    (:meth:`DeltaBase.build`: bucket k+1's patch is made while bucket k is on the wire): a patch each, or None
-    for a bucket that goes whole."""
+    """A version's buckets against the base, in pieces (``pieces``: ``(bucket, start, end)``, at most
+    ``piece_bytes`` each: :func:`shared.weight_sync.delta.pieces`), built one piece at a time while the round runs
+    (:meth:`DeltaBase.build`: piece k+1's patch is made while piece k is on the wire and being patched, also within
+    one bucket): a patch each, or None for a piece that goes whole."""
 
     version: int
     base_version: int
-    patches: list[Patch | None]
+    patches: list[Patch | None]  # by piece
     full_bytes: int  # the version's bytes
-    changed: int = 0  # units that differ from the base, buckets built so far
+    changed: int = 0  # units that differ from the base, pieces built so far
     units: int = 0
-    whole_bytes: int = 0  # buckets sent whole (a patch would not have been smaller)
-    built: list[bool] = field(default_factory=list)  # bucket i's patch (or None: whole) is made
+    whole_bytes: int = 0  # pieces sent whole (a patch would not have been smaller)
+    built: list[bool] = field(default_factory=list)  # piece j's patch (or None: whole) is made
+    pieces: list[tuple[int, int, int]] = field(default_factory=list)
+    piece_bytes: int = 0
     sizes: dict[str, int] = field(default_factory=dict)  # position bytes by codec, summed over the patches
     chosen: dict[str, int] = field(default_factory=dict)  # how often each codec was chosen
 
     def sent(self, i: int) -> int:
-        """What bucket i's broadcast is (:class:`~shared.weight_sync.wire.DeltaRound`): -1 the whole bucket, 0
+        """What piece i's broadcast is (:class:`~shared.weight_sync.wire.DeltaRound`): -1 the whole piece, 0
         nothing (unchanged), n a patch of n bytes."""
         p = self.patches[i]
         return -1 if p is None else (len(p.data) if p.changed else 0)
 
     @property
     def payload(self) -> tuple[int, ...]:
-        """Per bucket what was broadcast (every bucket built)."""
+        """Per piece what was broadcast (every piece built)."""
         return tuple(self.sent(i) for i in range(len(self.patches)))
 
     def record(self, done: bool = False) -> DeltaRound:
         """The round's :class:`DeltaRound`: announced without the payload (sizes go in band, before each bucket);
         ``done``: with it, once every bucket went (for ``fleetrl weights status``)."""
-        return DeltaRound(base_version=self.base_version, payload=self.payload if done else None)
+        return DeltaRound(base_version=self.base_version, piece_bytes=self.piece_bytes,
+                          payload=self.payload if done else None)
 
     @property
     def bytes(self) -> int:
@@ -121,28 +125,30 @@ class DeltaBase:
         if not self.usable(outbox):
             return None
         m = outbox.manifest
-        n = len(m.buckets)
+        ps = pieces([b.nbytes for b in m.buckets], PIECE_BYTES)
+        n = len(ps)
         return DeltaPlan(version=m.version, base_version=self.version, patches=[None] * n, full_bytes=m.total_bytes,
-                         built=[False] * n)
+                         built=[False] * n, pieces=ps, piece_bytes=PIECE_BYTES)
 
-    def build(self, outbox: Any, plan: DeltaPlan, i: int) -> Patch | None:
-        """Bucket ``i`` of the held version against the base (packed first if needed): its patch, or None when
-        it goes whole. Made once per plan (a retried round reuses it). Blocking: run it in a thread."""
-        if plan.built[i]:
-            return plan.patches[i]
+    def build(self, outbox: Any, plan: DeltaPlan, j: int) -> Patch | None:
+        """Piece ``j`` of the held version against the base (its bucket packed first if needed): its patch, or None
+        when it goes whole. Made once per plan (a retried round reuses it). Blocking: run it in a thread."""
+        if plan.built[j]:
+            return plan.patches[j]
+        i, lo, hi = plan.pieces[j]
         b = outbox.manifest.buckets[i]
-        new = outbox.pack(i)
-        unit = unit_size([DTYPES[e.dtype] for e in b.tensors], b.nbytes)
-        base = self.buffers[i]
+        new = outbox.pack(i)[lo:hi]
+        unit = unit_size([DTYPES[e.dtype] for e in b.tensors], b.nbytes)  # (pieces start on 8-byte boundaries)
+        base = self.buffers[i][lo:hi]
         if base.device != new.device:
             base = base.to(new.device)
-        patch = make_patch(new, base, unit) if b.nbytes else None
-        plan.patches[i], plan.built[i] = patch, True
-        n_units = b.nbytes // unit
+        patch = make_patch(new, base, unit) if hi > lo else None
+        plan.patches[j], plan.built[j] = patch, True
+        n_units = (hi - lo) // unit
         plan.units += n_units
         if patch is None:
             plan.changed += n_units  # (an upper bound: sent whole)
-            plan.whole_bytes += b.nbytes
+            plan.whole_bytes += hi - lo
         else:
             plan.changed += patch.changed
             plan.chosen[patch.codec] = plan.chosen.get(patch.codec, 0) + 1
@@ -155,9 +161,10 @@ class DeltaBase:
         """:meth:`start`, then every bucket built and digested (blocking). None when no delta round is possible."""
         plan = self.start(outbox)
         if plan is not None:
-            for i in range(len(plan.patches)):
-                self.build(outbox, plan, i)
-                outbox.digest(i)
+            for j, (i, _, hi) in enumerate(plan.pieces):
+                self.build(outbox, plan, j)
+                if hi == outbox.manifest.buckets[i].nbytes:
+                    outbox.digest(i)
         return plan
 
     def eligible(self, members: list[ReplicaInfo]) -> bool:
@@ -208,16 +215,19 @@ class DeltaBase:
             all(buf.numel() == b.nbytes for buf, b in zip(self.buffers, m.buckets))
         if not keep:
             self.buffers = [None] * len(m.buckets)
-        for i, b in enumerate(m.buckets):
+        for i, b in enumerate(m.buckets):  # (a plan against the base has every buffer: same layout)
             src = outbox.pack(i)
-            patch = plan.patches[i] if plan is not None and same else None
+            if self.buffers[i] is None or (not same and self.buffers[i].device != src.device):
+                self.buffers[i] = torch.empty(b.nbytes, dtype=torch.uint8, device=src.device)
+        assert plan is None or not same or len(plan.pieces) == len(plan.patches)
+        ps = plan.pieces if same and plan is not None else [(i, 0, b.nbytes) for i, b in enumerate(m.buckets)]
+        for j, (i, lo, hi) in enumerate(ps):
+            patch = plan.patches[j] if same and plan is not None else None
             if patch is not None:
                 if patch.changed:
-                    apply_diff(self.buffers[i], patch)
+                    apply_diff(self.buffers[i][lo:hi], patch)
                 continue
-            if self.buffers[i] is None or self.buffers[i].device != src.device:
-                self.buffers[i] = torch.empty(b.nbytes, dtype=torch.uint8, device=src.device)
-            self.buffers[i].copy_(src)
+            self.buffers[i][lo:hi].copy_(outbox.pack(i)[lo:hi])
         self.version, self.layout_id = m.version, m.layout_id
         self.last_advance_s = time.perf_counter() - t0
 

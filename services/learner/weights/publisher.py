@@ -123,16 +123,18 @@ class WeightPublisher:
             if v <= latest:
                 raise ValueError(f"version {v} is not newer than the latest published version {latest}")
             replicas = await self.registry.alive(listing)
-            adapter = None
+            adapter = merged_adapter = None
             if isinstance(weights, AdapterWeights):
+                info = weights.info
                 weights, adapter = await self.adapter_or_merged(weights, replicas)
+                merged_adapter = info if adapter is None else None
             named = sharded.named() if sharded is not None else T.named_tensors(weights, self._walk)
             if not named:
                 raise ValueError("nothing to publish: no tensors")
             buckets = self._plan_for(T.specs(named))
             manifest = Manifest(version=v, bucket_bytes=s.bucket_bytes, total_bytes=sum(b.nbytes for b in buckets),
                                 buckets=buckets, checksum=self._digest_algo(replicas) if s.checksum else None,
-                                layout_id=self._layout_id, adapter=adapter)
+                                layout_id=self._layout_id, adapter=adapter, merged_adapter=merged_adapter)
             self.outbox.begin(manifest, dict(named), source=sharded)
             self._sums_written = False
             for transport in self.transports.values():
@@ -234,7 +236,9 @@ class WeightPublisher:
     async def adapter_or_merged(self, weights: AdapterWeights, replicas: list) -> tuple[Any, Any]:
         """What a LoRA learner's version goes out as: ``(adapter tensors, AdapterInfo)`` when every live replica
         loads adapter rounds (``ReplicaInfo.adapters``), else ``(merged weights, None)``: a merged full round for
-        the whole fleet (one outbox, one version's buckets), said once per replica that cannot."""
+        the whole fleet (one outbox, one version's buckets), said once per replica that cannot. The merged round's
+        manifest names the adapter (``merged_adapter``): replicas that load adapters keep their base of its modules
+        through it, so once the last replica that cannot has left, the rounds are adapter rounds again."""
         cannot = [i for i in replicas if not i.adapters]
         for i in cannot:
             if i.replica_id not in self._merged_said:

@@ -50,9 +50,14 @@ class ModuleAdapters:
     """Applies adapter versions to ``model`` (``mode``: merge or unmerged, module docstring); :meth:`clear` puts
     the base back (a full round replaces the weights: the sink then drops this object)."""
 
-    def __init__(self, model: torch.nn.Module, mode: str) -> None:
+    def __init__(self, model: torch.nn.Module, mode: str, base: dict[str, torch.Tensor] | None = None) -> None:
+        """``base``: base weights of modules whose weight holds something else now (after a LoRA learner's merged
+        full round: those it merged); every other module's weight is taken as its base."""
         self.model, self.mode = model, mode
         self.base: dict[str, torch.Tensor] = {}  # merge: each adapted module's base weight, copied once
+        if mode == "merge":
+            self.base.update(base or {})  # the first apply restores those its adapter leaves alone
+        self._restore_first = dict(base or {}) if mode != "merge" else {}  # unmerged: put back at the first apply
         self.live: dict[str, tuple[torch.Tensor, torch.Tensor, float]] = {}  # unmerged: what each hook adds
         self.hooks: dict[str, Any] = {}
         self.tensors: dict[str, torch.Tensor] = {}  # the adapter applied now, by wire name (served to peers)
@@ -78,6 +83,9 @@ class ModuleAdapters:
     def apply(self, info: AdapterInfo, tensors: dict[str, torch.Tensor]) -> None:
         """Make the model base + this adapter (blocking; generation must be paused)."""
         names = {m.name for m in info.modules}
+        for name, weight in self._restore_first.items():  # unmerged: the base back in place before any hook
+            _weight_of(self.model.get_submodule(name)).copy_(weight)
+        self._restore_first = {}
         for gone in [n for n in (self.base if self.mode == "merge" else self.live) if n not in names]:
             self._restore(gone)  # a module the new adapter leaves alone is the base again
         for m in info.modules:
@@ -125,6 +133,7 @@ class ModuleAdapters:
         self.hooks.clear()
         self.live.clear()
         self.base.clear()
+        self._restore_first = {}
         self.tensors = {}
 
 

@@ -121,10 +121,12 @@ class RoundWatcher:
         """The round's manifest. When the round names the layout this replica already holds (the usual case:
         same model, next version), it is rebuilt from the rendezvous without a fetch, so the replica joins
         the broadcast at once (the stored manifest differs only in fields a collective round does not use:
-        its snapshot and creation time)."""
+        its snapshot and creation time). A LoRA learner's merged round (``rdv.merged_adapter``) is fetched: its
+        manifest names the merged adapter."""
         cached = self._layout
-        if rdv.layout_id and cached is not None and cached[1].layout_id == rdv.layout_id:
-            return cached[1].model_copy(update={"version": rdv.version, "checksum": rdv.checksum, "snapshot": None})
+        if rdv.layout_id and cached is not None and cached[1].layout_id == rdv.layout_id and not rdv.merged_adapter:
+            return cached[1].model_copy(update={"version": rdv.version, "checksum": rdv.checksum, "snapshot": None,
+                                                "merged_adapter": None})
         # a publisher whose members all hold the layout writes the manifest while the first bucket is on its
         # way: a member that does need it (none should) waits for it, bounded
         deadline = time.monotonic() + min(rdv.init_timeout_s, 10.0)
@@ -343,42 +345,51 @@ class BucketReceiver(StagingSets):
 
     def receive_delta(self, rdv: Rendezvous, member: Member, manifest: Manifest, rebuild: DeltaRebuild | None,
                       abandoned: threading.Event | None = None) -> Received:
-        """A delta round's broadcasts, bucket by bucket as the publisher builds them: first the bucket's size (one
-        int64: -1 whole, 0 unchanged, n a patch of n bytes), then the bucket or its patch. While the size is on
-        its way, ``rebuild.current`` writes the bytes this replica holds into the staging buffer; a patch is
-        applied to them (``rebuild.patch``) as soon as it lands, while the publisher builds the next one; every
-        bucket is then digested. With ``rebuild`` None (the replica cannot take this round) every broadcast is
+        """A delta round's broadcasts, piece by piece as the publisher builds them (buckets cut every
+        ``rdv.delta.piece_bytes``): first the piece's size (one int64: -1 whole, 0 unchanged, n a patch of n
+        bytes), then the piece or its patch. While the size of a bucket's first piece is on its way,
+        ``rebuild.current`` writes the bytes this replica holds into the staging buffer; a patch is applied to
+        its piece of them (``rebuild.patch``) as soon as it lands, while the publisher builds the next one; every
+        bucket is digested after its last piece. With ``rebuild`` None (the replica cannot take this round) every broadcast is
         still received (the group needs every rank) and nothing is rebuilt: the caller refuses.
 
         Blocking; raises as :meth:`receive`. A patch that does not fit stops the rebuilding (the rest is still
         received) and is raised as :class:`UpdateRefused` at the end."""
         import torch
 
+        from shared.weight_sync.delta import PatchError, pieces
+
+        assert rdv.delta is not None
+        try:
+            cut = pieces([b.nbytes for b in manifest.buckets], rdv.delta.piece_bytes)
+        except PatchError as exc:
+            raise RoundFailed(str(exc)) from exc
         group = self._join(rdv, member, abandoned)
         buffers = self.take([b.nbytes for b in manifest.buckets])
         digests: list[int | None] = []
         refused: UpdateRefused | None = None
         try:
-            for i, bucket in enumerate(manifest.buckets):
+            for i, lo, hi in cut:  # pieces of the buckets: a patch each, or the piece whole, or nothing
+                bucket = manifest.buckets[i]
                 head = torch.empty(1, dtype=torch.int64, device=self.device)
                 work = group.broadcast(head, src=0)
-                if rebuild is not None and refused is None:
+                if rebuild is not None and refused is None and lo == 0:
                     rebuild.current(i, buffers[i])  # the bytes held now, while the publisher sends the size
                 group.wait(work, cancel=abandoned)
                 size = int(head.item())
-                if size < -1 or size >= max(bucket.nbytes, 1):  # out of step with the publisher: leave the group
+                if size < -1 or size >= max(hi - lo, 1):  # out of step with the publisher: leave the group
                     self.close()
-                    raise RoundFailed(f"delta round: bucket {i} announced as {size} bytes (it has {bucket.nbytes})")
+                    raise RoundFailed(f"delta round: bucket {i} bytes {lo}-{hi} announced as {size} bytes")
                 if size:
-                    into = buffers[i] if size < 0 else torch.empty(size, dtype=torch.uint8, device=self.device)
+                    into = buffers[i][lo:hi] if size < 0 else torch.empty(size, dtype=torch.uint8, device=self.device)
                     group.wait(group.broadcast(into, src=0), cancel=abandoned)
                     if size > 0 and rebuild is not None and refused is None:
                         try:
-                            rebuild.patch(i, buffers[i], into)
+                            rebuild.patch(i, buffers[i][lo:hi], into)
                         except UpdateRefused as exc:
                             refused = exc
-                if rebuild is not None and refused is None and manifest.checksum:
-                    digests.append(digest(buffers[i], manifest.checksum))
+                if hi == bucket.nbytes and rebuild is not None and refused is None and manifest.checksum:
+                    digests.append(digest(buffers[i], manifest.checksum))  # the bucket's last piece
         except CollectiveError as exc:
             self.recycle(buffers)
             self.close()

@@ -57,7 +57,7 @@ class WeightSink(ABC):
     def accepts_adapters(self) -> bool:
         """Does this replica load adapter rounds (advertised as ``ReplicaInfo.adapters``)?"""
         mode = self.settings.adapters
-        return mode == "on" or (mode == "auto" and self.adapters_by_default and not self._adapters_off)
+        return not self._adapters_off and (mode == "on" or (mode == "auto" and self.adapters_by_default))
 
     _adapters_off = False  # set by a sink that found it cannot (said once in its log)
 

@@ -45,6 +45,9 @@ class HFSink(WeightSink):
         super().__init__(engine, settings)
         self._adapters: Any = None  # ModuleAdapters while the model serves base + an adapter
         self._pristine = True  # the model still holds the base it loaded (no full, delta or snapshot version since)
+        #: since a LoRA learner's merged full round: the base weights of the modules it merged (copies); every other
+        #: tensor the model holds is the base (adapter rounds can resume: apply_adapter)
+        self._kept: dict[str, Any] | None = None
         self._loader: Any = None
         self._receiver: BucketReceiver | IpcReceiver | None = None
         self._live: tuple[list, list] | None = None  # (layout, buffers) the model's tensors point into (swap)
@@ -110,7 +113,8 @@ class HFSink(WeightSink):
         """An adapter round: receive the adapter's buckets, verify them, and make the model base + this adapter
         (``adapter_apply``). The base is the weights the engine loaded; a replica whose model a full round has
         replaced since (and that holds no base copy) cannot, refuses, and stops advertising adapters (said once):
-        it gets merged full rounds from then on."""
+        it gets merged full rounds from then on. A LoRA learner's merged full rounds (a mixed fleet) keep the base
+        (:meth:`_replacing`): adapter rounds resume after them."""
         async with AbandonWatch(watcher.redis, watcher.run, rdv.round) as watch:
             receiving = asyncio.ensure_future(asyncio.to_thread(receiver.receive, rdv, member, manifest, watch.flag))
             try:
@@ -135,29 +139,63 @@ class HFSink(WeightSink):
 
         info = manifest.adapter
         assert info is not None
-        if self._adapters is None and not self._pristine:
+        if self._adapters is None and not self._pristine and self._kept is None:
             if not self._adapters_off:
                 self._adapters_off = True
                 log.warning("this replica's model holds a full version (not the base it loaded): it cannot apply "
                             "adapter rounds and asks for merged full rounds from now on")
             raise UpdateRefused(f"version {manifest.version} is an adapter round and this model no longer holds "
                                 "its base weights (a full round replaced them)")
-        adapters = self._adapters or ModuleAdapters(self._model(), self.settings.adapter_apply)
+        adapters = self._adapters or ModuleAdapters(self._model(), self.settings.adapter_apply, base=self._kept)
         try:
             adapters.check(info, tensors)
         except (KeyError, ValueError) as exc:
             raise UpdateRefused(str(exc)) from exc
         async with self.paused():
             await asyncio.to_thread(adapters.apply, info, tensors)
-            self._adapters = adapters
+            self._adapters, self._kept = adapters, None
             self.engine.set_weight_version(manifest.version)
 
-    def _replacing(self) -> None:
-        """A whole version (full, delta, snapshot, peer) is about to replace the weights: no base any more."""
+    def _replacing(self, manifest: Manifest | None = None) -> None:
+        """A whole version (full, delta, snapshot, peer) is about to replace the weights: no base any more, unless
+        it is a LoRA learner's merged round (``manifest.merged_adapter``: the base with an adapter merged into the
+        modules it names) and this model still knows its base: the base weights of those modules are kept (copies)
+        so that adapter rounds can resume once the fleet takes them again."""
+        info = manifest.merged_adapter if manifest is not None else None
+        kept = self._base_of([m.name for m in info.modules]) if info is not None else None
         self._pristine = False
         if self._adapters is not None:
             self._adapters.clear()
             self._adapters = None
+        self._kept = kept
+
+    def _base_of(self, names: list[str]) -> dict[str, Any] | None:
+        """This model's base weight of each named module (copies, or the copies already held), or None when the
+        model no longer holds its base (a full round that was not a merged one replaced it)."""
+        held: dict[str, Any]
+        if self._adapters is not None:
+            held = self._adapters.base  # merge: the adapted modules' base copies (unmerged: none, weights are base)
+        elif self._kept is not None:
+            held = self._kept  # the modules a merged round merged; every other weight is the base
+        elif self._pristine:
+            held = {}
+        else:
+            return None
+        import torch
+
+        model, out = self._model(), {}
+        for name in names:
+            if name in held:
+                out[name] = held[name]
+                continue
+            try:
+                weight = model.get_submodule(name).weight
+            except AttributeError:
+                return None
+            if not isinstance(weight, torch.Tensor):
+                return None
+            out[name] = weight.detach().clone()
+        return out
 
     def _check_wire_dtypes(self, manifest: Manifest) -> None:
         """Delta rounds patch the wire bytes this replica holds: a model kept in another dtype than the wire's (fp32
@@ -249,7 +287,7 @@ class HFSink(WeightSink):
         layout = [b.tensors for b in manifest.buckets]
         swap = self.settings.apply_mode == "swap"
         async with self.paused():
-            self._replacing()
+            self._replacing(manifest)
             if swap:
                 swap = await asyncio.to_thread(loader.adopt, manifest.buckets, got.buffers)
             else:
@@ -293,7 +331,7 @@ class HFSink(WeightSink):
                     loader.copy_tensor(name, t)
 
         async with self.paused():
-            self._replacing()
+            self._replacing(manifest)
             await asyncio.to_thread(apply)
             self.engine.set_weight_version(manifest.version)
 
@@ -318,7 +356,7 @@ class HFSink(WeightSink):
         except (KeyError, ValueError) as exc:
             raise UpdateRefused(str(exc)) from exc
         async with self.paused():
-            self._replacing()
+            self._replacing(manifest)
             await asyncio.to_thread(loader.apply, manifest.buckets, buffers)
             self.engine.set_weight_version(manifest.version)
 
