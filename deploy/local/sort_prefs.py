@@ -9,7 +9,7 @@ Train and held-out pairs come from the task's disjoint train and held-out prompt
 ``python -m deploy.local.sort_prefs DIR`` writes ``DIR/data/prefs-train.jsonl`` and ``DIR/data/prefs-heldout.jsonl``
 (and the task's data and tiny base model, as ``deploy.local.sort_task`` does, when DIR has none).
 
-On-policy pairs (``--policy-samples FILE``, as OpenRLHF's and TRL's RM pipelines build them from the policy they
+On-policy pairs (``--policy-samples FILE``, repeatable, as OpenRLHF's and TRL's RM pipelines build them from the policy they
 will tune): FILE holds the policy's own sampled answers (``sampled.jsonl`` of ``fleetrl eval --samples N`` on the
 train prompts, e.g. of ``sft.yaml``'s export); each prompt's wrong answers (by the exact rule) are rejected against
 one of its right answers, or the right ordering when the policy sampled none (:func:`policy_pairs`). They go to
@@ -75,12 +75,22 @@ def is_correct(completion: str, label: str) -> bool:
     return completion.strip() == label.strip()
 
 
-def policy_pairs(samples: list[dict], seed: int, max_per_prompt: int = 4) -> list[dict]:
+def closeness(answer: str, label: str) -> int:
+    """How near a wrong answer is to the label, as a grader ranking two wrong answers would see it: the digits in
+    the right place, less one per digit too many or too few (``1236`` for ``1237``: 3; ``22222222``: -3)."""
+    a, b = answer.strip(), label.strip()
+    return sum(x == y for x, y in zip(a, b, strict=False)) - abs(len(a) - len(b))
+
+
+def policy_pairs(samples: list[dict], seed: int, max_per_prompt: int = 4, graded: bool = False) -> list[dict]:
     """Preference pairs from a policy's own samples (rows ``{"prompt", "completion", "label"}``, several per
     prompt): per prompt, each distinct wrong answer (by :func:`is_correct`; at most ``max_per_prompt`` of them)
     is the rejected side of one pair whose chosen side is one of the prompt's right answers as the policy wrote
     them, or the label when the policy wrote none. A prompt whose samples are all right gives no pair. Rows:
-    ``{"prompt", "chosen", "rejected", "label", "chosen_from": "policy" | "label"}``, prompts in first-seen order."""
+    ``{"prompt", "chosen", "rejected", "label", "chosen_from": "policy" | "label" | "graded"}``, prompts in
+    first-seen order. ``graded``: also up to ``max_per_prompt`` pairs of two wrong answers, the one nearer the
+    label (:func:`closeness`, strictly) chosen: the ranking among wrong answers that a group of samples none of
+    which is right needs from the reward model (an RM that only saw right-vs-wrong ranks them at random)."""
     rng = random.Random(seed)
     by_prompt: dict[str, list[dict]] = {}
     for row in samples:
@@ -98,6 +108,11 @@ def policy_pairs(samples: list[dict], seed: int, max_per_prompt: int = 4) -> lis
             chosen = rng.choice(right) if right else label
             out.append({"prompt": prompt, "chosen": chosen, "rejected": rejected, "label": label,
                         "chosen_from": "policy" if right else "label"})
+        if graded:
+            ranked = [(a, b) for a in wrong for b in wrong if closeness(a, label) > closeness(b, label)]
+            rng.shuffle(ranked)
+            out.extend({"prompt": prompt, "chosen": a, "rejected": b, "label": label, "chosen_from": "graded"}
+                       for a, b in ranked[:max_per_prompt])
     return out
 
 
@@ -128,18 +143,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--train-pairs", type=int, default=4000, help="training pairs (the first N train prompts)")
     ap.add_argument("--rejected", choices=["mixed", "orderings"], default="mixed",
                     help="rejected answers: wrong orderings only, or also wrong digits / lengths (default)")
-    ap.add_argument("--policy-samples", type=Path, default=None,
+    ap.add_argument("--policy-samples", type=Path, action="append", default=None,
                     help="the policy's sampled answers on train prompts (fleetrl eval --samples' sampled.jsonl): "
-                         "on-policy pairs to data/prefs-policy-train.jsonl")
+                         "on-policy pairs to data/prefs-policy-train.jsonl; repeat it for the samples of several "
+                         "policies (e.g. the SFT start, then a policy tuned against the previous RM: iterated RLHF)")
     ap.add_argument("--policy-heldout", type=Path, default=None,
                     help="the policy's sampled answers on the held-out prompts: data/prefs-policy-heldout.jsonl")
     ap.add_argument("--synthetic", type=int, default=0,
                     help="synthetic pairs (of --rejected's kinds) mixed into the on-policy training pairs")
     ap.add_argument("--per-prompt", type=int, default=4, help="on-policy pairs per prompt at most")
+    ap.add_argument("--graded", action="store_true",
+                    help="also pair two wrong samples of a prompt, the one nearer the label chosen (closeness())")
     args = ap.parse_args(argv)
     train, held = make_splits(args.seed, args.heldout)
     try:  # the samples are checked before anything is written
-        policy = None if args.policy_samples is None else read_samples(args.policy_samples, {r["input"] for r in held})
+        policy = None if args.policy_samples is None else [
+            read_samples(path, {r["input"] for r in held}) for path in args.policy_samples]
         policy_held = None if args.policy_heldout is None else read_samples(args.policy_heldout)
     except (ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -150,16 +169,17 @@ def main(argv: list[str] | None = None) -> int:
     ho = write_jsonl(preference_rows(held, args.seed + 1, args.rejected), args.dir / "data" / "prefs-heldout.jsonl")
     print(f"wrote {min(len(train), args.train_pairs)} training pairs to {tr} and {len(held)} held-out pairs to {ho}")
     if policy is not None:
-        pairs = policy_pairs(policy, args.seed, args.per_prompt)
+        pairs = [p for n, rows in enumerate(policy) for p in policy_pairs(rows, args.seed + n, args.per_prompt,
+                                                                           args.graded)]
         synthetic = preference_rows(train[-args.synthetic:], args.seed + 2, args.rejected) if args.synthetic else []
         mixed = pairs + synthetic
         random.Random(args.seed).shuffle(mixed)
         out = write_jsonl(mixed, args.dir / "data" / "prefs-policy-train.jsonl")
-        gold = sum(p["chosen_from"] == "label" for p in pairs)
-        print(f"wrote {len(pairs)} on-policy pairs ({gold} with the label as chosen) and {len(synthetic)} synthetic "
-              f"pairs to {out}")
+        gold, graded = (sum(p["chosen_from"] == k for p in pairs) for k in ("label", "graded"))
+        print(f"wrote {len(pairs)} on-policy pairs ({gold} with the label as chosen, {graded} of two wrong answers) "
+              f"and {len(synthetic)} synthetic pairs to {out}")
     if policy_held is not None:
-        held_pairs = policy_pairs(policy_held, args.seed + 1, args.per_prompt)
+        held_pairs = policy_pairs(policy_held, args.seed + 1, args.per_prompt, args.graded)
         out = write_jsonl(held_pairs, args.dir / "data" / "prefs-policy-heldout.jsonl")
         print(f"wrote {len(held_pairs)} held-out on-policy pairs to {out}")
     return 0

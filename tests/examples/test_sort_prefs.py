@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from deploy.local.sort_prefs import is_correct, main, policy_pairs, read_samples
+from deploy.local.sort_prefs import closeness, is_correct, main, policy_pairs, read_samples
 
 
 def _samples(prompt: str, label: str, completions: list[str]) -> list[dict]:
@@ -38,6 +38,22 @@ def test_pairs_per_prompt_are_capped_and_seeded():
     rows = _samples("sort 9876=", "6789", [f"{i:04d}" for i in range(10)])
     assert len(policy_pairs(rows, seed=0, max_per_prompt=3)) == 3
     assert policy_pairs(rows, seed=1, max_per_prompt=3) == policy_pairs(rows, seed=1, max_per_prompt=3)
+
+
+def test_closeness_counts_digits_in_place_less_the_length_error():
+    assert closeness("1236", "1237") == 3 and closeness("7321", "1237") == 0 and closeness(" 123\n", "1237") == 2
+    assert closeness("22222222", "1237") == 1 - 4 and closeness("", "1237") == -4
+
+
+def test_graded_pairs_rank_two_wrong_answers_by_closeness():
+    rows = _samples("sort 3721=", "1237", ["1236", "1273", "9999", "1263"])  # closeness 3, 2, 0, 2
+    plain = policy_pairs(rows, seed=0, max_per_prompt=8)
+    assert all(p["chosen_from"] == "label" for p in plain) and len(plain) == 4
+    graded = [p for p in policy_pairs(rows, seed=0, max_per_prompt=8, graded=True) if p["chosen_from"] == "graded"]
+    # every strictly ordered pair of distinct wrong answers, nearer one chosen; ties (1273 / 1263) give none
+    assert sorted((p["chosen"], p["rejected"]) for p in graded) == [
+        ("1236", "1263"), ("1236", "1273"), ("1236", "9999"), ("1263", "9999"), ("1273", "9999")]
+    assert len([p for p in policy_pairs(rows, 0, max_per_prompt=2, graded=True) if p["chosen_from"] == "graded"]) == 2
 
 
 def test_a_prompt_with_two_labels_is_refused():
@@ -72,6 +88,11 @@ def test_main_writes_on_policy_pairs_mixed_with_synthetic(tmp_path):
                  "--policy-heldout", str(held_samples), "--synthetic", "7"]) == 0
     rows = [json.loads(line) for line in (tmp_path / "data" / "prefs-policy-train.jsonl").read_text().splitlines()]
     assert len(rows) == 5 + 7 and sum(r.get("chosen_from") == "policy" for r in rows) == 5
+    # the samples of a second policy (repeated --policy-samples) add their own pairs
+    assert main([str(tmp_path), "--policy-samples", str(samples), "--policy-samples", str(samples)]) == 0
+    rows = (tmp_path / "data" / "prefs-policy-train.jsonl").read_text().splitlines()
+    assert len(rows) == 2 * 5
+    rows = [json.loads(line) for line in (tmp_path / "data" / "prefs-policy-train.jsonl").read_text().splitlines()]
     assert all(r["chosen"] == r["label"] != r["rejected"] for r in rows)
     held_rows = (tmp_path / "data" / "prefs-policy-heldout.jsonl").read_text().splitlines()
     assert [json.loads(x)["rejected"] for x in held_rows] == ["x"]
