@@ -75,6 +75,13 @@ def is_correct(completion: str, label: str) -> bool:
     return completion.strip() == label.strip()
 
 
+def same_digits(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None) -> float:
+    """A cheap rule to put beside a reward model (the reward service's ``python`` scorer, verl signature): 1.0 when
+    the answer holds exactly the label's digits in any order (the prompt's digits, nothing dropped or added), else
+    0.0. Half of the sort task's exact rule: the order is left to the reward model."""
+    return float(sorted(solution_str.strip()) == sorted(str(ground_truth).strip()))
+
+
 def closeness(answer: str, label: str) -> int:
     """How near a wrong answer is to the label, as a grader ranking two wrong answers would see it: the digits in
     the right place, less one per digit too many or too few (``1236`` for ``1237``: 3; ``22222222``: -3)."""

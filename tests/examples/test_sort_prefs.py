@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from deploy.local.sort_prefs import closeness, is_correct, main, policy_pairs, read_samples
+from deploy.local.sort_prefs import closeness, is_correct, main, policy_pairs, read_samples, same_digits
 
 
 def _samples(prompt: str, label: str, completions: list[str]) -> list[dict]:
@@ -38,6 +38,11 @@ def test_pairs_per_prompt_are_capped_and_seeded():
     rows = _samples("sort 9876=", "6789", [f"{i:04d}" for i in range(10)])
     assert len(policy_pairs(rows, seed=0, max_per_prompt=3)) == 3
     assert policy_pairs(rows, seed=1, max_per_prompt=3) == policy_pairs(rows, seed=1, max_per_prompt=3)
+
+
+def test_same_digits_checks_the_digits_not_their_order():
+    assert same_digits("", "7321 ", "1237") == 1.0 == same_digits("", "1237", "1237")
+    assert same_digits("", "1227", "1237") == 0.0 == same_digits("", "123", "1237") == same_digits("", "12377", "1237")
 
 
 def test_closeness_counts_digits_in_place_less_the_length_error():
