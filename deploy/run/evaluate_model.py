@@ -50,10 +50,14 @@ def evaluate_model(spec: RunSpec, spec_file: Path, model: str | None = None, rol
                            probe=not skip_preflight)
     except FleetError as exc:
         raise ValueError(fleet_error_line(exc, where / "logs")) from exc
-    answers = result.pop("answers")
+    answers, sampled_answers = result.pop("answers"), result.pop("sampled_answers", None)
     out = {"measured": measured(spec, spec_file), **result, "model": what, "eval_data": spec.eval.data}
     if worker is not None:  # the share of episodes in which the model called a tool
         out["tool_call_rate"] = sum(bool(a.get("called_tool")) for a in answers) / len(answers) if answers else 0.0
+    if sampled_answers is not None:  # every sampled answer (--samples), with its reward
+        with (where / "sampled.jsonl").open("w") as f:
+            f.writelines(json.dumps(a) + "\n" for a in sampled_answers)
+        out["sampled_file"] = str(where / "sampled.jsonl")
     (where / "result.json").write_text(json.dumps(out, indent=2))
     with (where / "samples.jsonl").open("w") as f:  # every held-out answer, with its reward and length
         f.writelines(json.dumps(a) + "\n" for a in answers)
@@ -102,12 +106,13 @@ def _evaluate(spec: RunSpec, spec_file: Path, rows: list[dict], where: Path, mod
         point = evaluate(rollout_url.rstrip("/"), reward_url.rstrip("/"), rows, 0, spec.sampling.max_new_tokens,
                          worker=episode_worker(service_config(spec, "rollout", spec_file)),
                          success_threshold=spec.eval.success_threshold, samples_out=answers)
+        sampled_answers: list[dict] = []
         sampled = None if samples <= 0 else sampled_accuracy(
             rollout_url.rstrip("/"), reward_url.rstrip("/"), rows, samples=samples,
             max_new_tokens=spec.sampling.max_new_tokens,
             temperature=spec.sampling.temperature if temperature is None else temperature, top_p=spec.sampling.top_p,
-            seed=seed, success_threshold=spec.eval.success_threshold)
+            seed=seed, success_threshold=spec.eval.success_threshold, answers_out=sampled_answers)
     out = {"accuracy": point.accuracy, "mean_reward": point.mean_reward,
            "success_threshold": spec.eval.success_threshold, "n": len(rows), "weight_version": point.weight_version,
            "answers": answers}
-    return out if sampled is None else {**out, "sampled": sampled}
+    return out if sampled is None else {**out, "sampled": sampled, "sampled_answers": sampled_answers}

@@ -33,11 +33,15 @@ def ks_for(n: int) -> list[int]:
 
 def sampled_accuracy(rollout_url: str, reward_url: str, rows: list[dict], *, samples: int, max_new_tokens: int,
                      temperature: float = 1.0, top_p: float = 1.0, seed: int | None = None, batch: int = 100,
-                     timeout: float = 300.0, success_threshold: float = SUCCESS_THRESHOLD) -> dict[str, Any]:
+                     timeout: float = 300.0, success_threshold: float = SUCCESS_THRESHOLD,
+                     answers_out: list[dict] | None = None) -> dict[str, Any]:
     """``samples`` answers per row (``{"input", "label", "metadata"?}``) sampled at ``temperature`` / ``top_p``
     (``n`` = ``samples`` per prompt; with ``seed``, answer j of every prompt uses ``seed + j``, so the same
     model gives the same answers again); returns ``{"samples_per_prompt", "temperature", "top_p", "seed",
-    "accuracy" (mean over all samples), "pass_at_k" ({k: estimate}), "weight_versions"}``."""
+    "accuracy" (mean over all samples), "pass_at_k" ({k: estimate}), "weight_versions"}``. ``answers_out``, when
+    given, gets every sampled answer, prompt-major: ``{"prompt", "completion", "label", "reward", "sample" (j)}``
+    (what ``fleetrl eval --samples`` writes to ``sampled.jsonl``; e.g. on-policy preference pairs are built from
+    it, ``deploy/local/sort_prefs.py --policy-samples``)."""
     if samples < 1:
         raise ValueError(f"--samples {samples}: sample at least one answer per prompt")
     correct = [0] * len(rows)
@@ -56,8 +60,11 @@ def sampled_accuracy(rollout_url: str, reward_url: str, rows: list[dict], *, sam
             scores = score(client, reward_url, [
                 {"prompt": reward_prompt(row), "response": o["text"], "label": row["label"],
                  "metadata": row.get("metadata", {})} for (_, row), o in zip(judged, outs, strict=True)])
-            for (i, _), v in zip(judged, scores, strict=True):
+            for j, ((i, row), o, v) in enumerate(zip(judged, outs, scores, strict=True)):
                 correct[i] += int(v is not None and v >= success_threshold)
+                if answers_out is not None:
+                    answers_out.append({"prompt": row["input"], "completion": o["text"], "label": row.get("label"),
+                                        "reward": v, "sample": j % samples})
     n = len(rows)
     return {
         "samples_per_prompt": samples, "temperature": temperature, "top_p": top_p, "seed": seed,

@@ -16,6 +16,7 @@ import torch
 from services.learner.algorithms.preference_losses import bradley_terry_loss, preference_metrics
 from services.learner.preference_data import PreferencePair, rm_ids
 from services.learner.settings import LearnerSettings
+from services.learner.training import sharded_state
 from services.learner.training.backends import TrainEngine
 from services.learner.training.base import TrainerBase
 from services.learner.training.models import load_critic
@@ -43,7 +44,10 @@ class RMTrainer(TrainerBase):
             self.restore(resume_dir)
 
     def _build_actor(self, resume_dir: Path | None) -> TrainEngine:
-        path = str(resume_dir / "actor") if resume_dir is not None else self.settings.model.actor
+        # a sharded checkpoint's weights are loaded in restore() (as TrainerBase does); only checkpoints of the
+        # older layout hold full HF weights in trainer/actor
+        old_layout = resume_dir is not None and not sharded_state.is_sharded_checkpoint(resume_dir)
+        path = str(resume_dir / "actor") if old_layout else self.settings.model.actor
         model = load_critic(path, self.settings.model, self.device).inner  # the seq-cls model itself
         model.config.pad_token_id = self.pad_id
         return self._engine(model, self.settings.optim.actor_lr)

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from itertools import combinations
+from pathlib import Path
 
 import pytest
 
@@ -67,5 +68,12 @@ def test_fleetrl_eval_samples_reports_sampled_accuracy_and_pass_at_k(spec_file, 
     p = sampled["pass_at_k"]
     assert list(p) == ["1", "2", "4", "8"] and p["1"] == pytest.approx(sampled["accuracy"])
     assert 0.0 <= p["1"] <= p["2"] <= p["4"] <= p["8"] <= 1.0
+    # every sampled answer is in sampled.jsonl, prompt-major, with the reward that the accuracy counted
+    rows = [json.loads(line) for line in Path(result["sampled_file"]).read_text().splitlines()]
+    assert len(rows) == 8 * result["n"] and [r["sample"] for r in rows[:8]] == list(range(8))
+    assert len({r["prompt"] for r in rows[:8]}) == 1 and {"completion", "label", "reward"} <= set(rows[0])
+    assert sum(r["reward"] >= 1.0 for r in rows) / len(rows) == pytest.approx(sampled["accuracy"])
     # --seed: the same model gives the same sampled figures again
-    assert _eval(spec_file, *served, "--samples", "8", "--temperature", "1.0", "--seed", "7")["sampled"] == sampled
+    again = _eval(spec_file, *served, "--samples", "8", "--temperature", "1.0", "--seed", "7")
+    assert again["sampled"] == sampled
+    assert [json.loads(line) for line in Path(again["sampled_file"]).read_text().splitlines()] == rows
