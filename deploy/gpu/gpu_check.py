@@ -254,7 +254,9 @@ def stage_recipe() -> bool:
     params = _params(d / "sft-model")
     if params:
         say("")
-        say(learner_mfu(steady, params))
+        import torch
+
+        say(learner_mfu(steady, params, torch.cuda.get_device_name(0)))
     rewards = [r.get("reward_mean") for r in rows if r.get("reward_mean") is not None]
     if rewards:
         say(f"\ntrain reward {rewards[0]:.2f} -> {rewards[-1]:.2f} over {len(rows)} steps")
@@ -299,17 +301,15 @@ def stage_learner() -> bool:
     return code == 0
 
 
-def learner_mfu(rows: list[dict], params: int) -> str:
+def learner_mfu(rows: list[dict], params: int, device_name: str) -> str:
     """The recipe's learner MFU: its tokens over its update time (``tokens`` / ``step_time_s`` per step)."""
-    import torch
-
     from deploy.gpu.flops import mfu
 
     tokens = sum(float(r.get("tokens", 0)) for r in rows)
     seconds = sum(float(r.get("step_time_s", 0)) for r in rows)
     if not tokens or not seconds:
         return "learner MFU: no tokens / step_time_s in the metrics"
-    util = mfu(params, tokens / seconds, 1, torch.cuda.get_device_name(0))
+    util = mfu(params, tokens / seconds, 1, device_name)
     rate = f"{tokens / seconds:,.0f} tokens/s over the update time"
     return (f"learner MFU {util:.1%} ({rate}, 6 x {params / 1e6:.0f} M params a token)" if util is not None
             else f"learner MFU: unknown peak for this GPU (set FLEETRL_PEAK_TFLOPS); {rate}")
