@@ -64,6 +64,9 @@ PRELOAD = (
 ready line: a service that needs it imports it, and fails, itself)."""
 
 START_ENV = dict(os.environ)  # what the zygote was started with (an import may add to os.environ)
+RANK_VARS = frozenset({"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"})
+"""A learner rank's launcher variables (deploy/run/learner_ranks.py): read when the rank joins its group, by
+nothing the zygote imports, so a rank whose environment adds only these is forked and given them."""
 PR_SET_CHILD_SUBREAPER, PR_GET_CHILD_SUBREAPER = 36, 37
 READY_TIMEOUT_S = 180.0
 
@@ -75,6 +78,15 @@ class ZygoteError(RuntimeError):
 class _BecomeService(BaseException):  # not an error: it unwinds a forked child to the top level
     def __init__(self, request: dict[str, Any]) -> None:
         self.request = request
+
+
+def rank_additions(env: dict[str, str], base: dict[str, str]) -> dict[str, str] | None:
+    """What ``env`` adds to ``base`` where that is launcher variables only (:data:`RANK_VARS`), every other entry
+    the same; None where it differs otherwise (the service is then spawned with its own imports)."""
+    if not isinstance(env, dict) or any(k not in env for k in base):
+        return None
+    added = {k: v for k, v in env.items() if base.get(k) != v}
+    return added if set(added) <= RANK_VARS else None
 
 
 def service_env(threads: int, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -200,7 +212,7 @@ class Zygote:
              timeout: float = READY_TIMEOUT_S) -> ForkedProcess:
         """``python -m module --config config_path`` forked from the zygote, its output appended to ``log_path``.
         Raises :class:`ZygoteError` when it cannot (the caller spawns the service instead)."""
-        if env != self.env:
+        if rank_additions(env, self.env) is None:
             raise ZygoteError("the service's environment differs from the one the zygote imported under")
         with self._lock:
             if self.broken:
@@ -307,7 +319,7 @@ def _serve(reply_fd: int) -> None:
             continue
         try:
             request = json.loads(line)
-            if request.get("env") != START_ENV:
+            if rank_additions(request.get("env"), START_ENV) is None:
                 raise ZygoteError("the service's environment differs from the one the zygote imported under")
             if (n := _threads()) != 1:
                 raise ZygoteError(f"the zygote has {n} threads; forking it is not safe")
@@ -368,6 +380,7 @@ def _become(request: dict[str, Any]) -> None:
     os.close(log)
     sys.stdin = open(0, closefd=False)  # noqa: SIM115  (fd 0 is /dev/null now; the zygote's pipe is gone)
     os.chdir(request["cwd"])
+    os.environ.update(rank_additions(request["env"], START_ENV) or {})  # a learner rank's launcher variables
     if "numpy" in sys.modules:
         sys.modules["numpy"].random.seed()
     threads = os.environ.get("OMP_NUM_THREADS", "")

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from deploy.local.fleet import Fleet, _stop_group, service_env
-from deploy.local.zygote import REPO, ForkedProcess, Zygote, ZygoteError, model_module
+from deploy.local.zygote import REPO, ForkedProcess, Zygote, ZygoteError, model_module, rank_additions
 
 pytestmark = pytest.mark.process
 
@@ -59,8 +59,27 @@ def test_a_forked_service_is_a_fresh_python_m_with_the_imports_done(tmp_path):
         proc2, report2, _ = probe(zygote, tmp_path, "b")
         assert proc2.wait(timeout=30) == 0 and json.loads(report2.read_text())["pid"] != seen["pid"]
         assert "forked tests.deploy.zygote_probe" in (tmp_path / "zygote.log").read_text()
+        assert seen["rank_env"] == {"RANK": None, "WORLD_SIZE": None, "MASTER_PORT": None}
+        # a learner rank: its environment adds the launcher's variables only, so it is forked and given them
+        cfg = tmp_path / "r.cfg"
+        cfg.write_text(json.dumps({"report": str(tmp_path / "r.json")}))
+        rank = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999"}
+        proc3 = zygote.fork(PROBE, cfg, tmp_path / "r.log", service_env(1, rank))
+        assert proc3.wait(timeout=30) == 0
+        assert json.loads((tmp_path / "r.json").read_text())["rank_env"] == {"RANK": "1", "WORLD_SIZE": "2",
+                                                                               "MASTER_PORT": "29999"}
     finally:
         zygote.close()
+
+
+def test_only_the_launchers_rank_variables_may_be_added_to_a_forked_services_environment():
+    base = {"A": "1", "OMP_NUM_THREADS": "1"}
+    assert rank_additions(dict(base), base) == {}
+    assert rank_additions({**base, "RANK": "1", "MASTER_PORT": "5"}, base) == {"RANK": "1", "MASTER_PORT": "5"}
+    assert rank_additions({**base, "RANK": "1", "OMP_NUM_THREADS": "2"}, base) is None  # another change too
+    assert rank_additions({**base, "OTHER": "x"}, base) is None
+    assert rank_additions({"OMP_NUM_THREADS": "1", "RANK": "0"}, base) is None  # one removed
+    assert rank_additions(None, base) is None  # type: ignore[arg-type]
 
 
 def test_a_crash_is_exit_1_with_the_services_own_traceback(tmp_path):

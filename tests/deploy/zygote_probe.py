@@ -17,7 +17,8 @@ config = yaml.safe_load(Path(sys.argv[sys.argv.index("--config") + 1]).read_text
 with open(config["report"], "w") as out:
     json.dump({"preloaded": PRELOADED, "pid": os.getpid(), "pgid": os.getpgid(0), "sid": os.getsid(0),
                "stdin": os.readlink("/proc/self/fd/0"), "argv": sys.argv[1:], "name": __name__,
-               "threads": threading.active_count(), "cwd": os.getcwd()}, out)
+               "threads": threading.active_count(), "cwd": os.getcwd(),
+               "rank_env": {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "MASTER_PORT")}}, out)
 print("probe says hello on stdout")
 print("probe says hello on stderr", file=sys.stderr)
 time.sleep(config.get("sleep", 0))
