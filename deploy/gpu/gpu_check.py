@@ -6,10 +6,15 @@ Stages (``GPU_CHECK_STAGES``, comma-separated; default all):
 - ``tests``: the ``gpu`` tests that fit the GPUs present (two-GPU tests skip with the reason on one);
 - ``recipe``: a locally built ~0.4B Llama-shaped model (hidden 1024, 24 layers, bf16), an SFT warm-up, then
   GRPO on sort-digits through ``fleetrl run``, the learner and the hf engine on one GPU (weights by CUDA IPC),
-  with no setting beyond the engine's device; s/step and its split, publish time against a device-to-device
+  with no setting beyond the engine's device (the learner on its default ``model.dtype: auto``: bf16 compute over
+  fp32 master weights); its learner MFU; s/step and its split, publish time against a device-to-device
   copy of the same bytes, GPU busy share and each process's peak GPU memory (sampled with nvidia-smi);
 - ``engine``: the hf engine's generation throughput through the rollout service against plain
-  ``model.generate`` in one process, same model, batch and lengths.
+  ``model.generate`` in one process, same model, batch and lengths;
+- ``learner``: ``benchmarks/learner_memory.py --device cuda`` on the recipe's model shape: the ``fsdp`` backend
+  (FSDP2 over a group of one, ``MixedPrecisionPolicy`` bf16 compute / fp32 reduce over fp32 master weights) and
+  the ``torch`` backend (autocast) on one GPU (and on two ranks where there are two GPUs), same GRPO batches:
+  state and peak memory per rank, learner tokens/s and MFU (``deploy/gpu/flops.py``).
 
 It stops everything it started (``fleetrl run`` stops its own services; the engine stage's service is
 stopped in a ``finally``). Needs: CUDA torch, transformers, and the wheelhouse (``make wheelhouse``) installed.
@@ -31,7 +36,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 OUT = Path(os.environ.get("GPU_CHECK_DIR", REPO / "runs" / "gpu-check"))
 RESULTS = Path(os.environ.get("GPU_CHECK_RESULTS", REPO / "benchmarks" / "RESULTS-gpu.md"))
-STAGES = [s for s in os.environ.get("GPU_CHECK_STAGES", "tests,recipe,engine").split(",") if s]
+STAGES = [s for s in os.environ.get("GPU_CHECK_STAGES", "tests,learner,recipe,engine").split(",") if s]
 GPU_TESTS = ["tests/weight_sync/test_gpu_transports.py", "tests/learner/weights/test_outbox.py",
              "tests/weight_sync/test_nccl.py", "tests/weight_sync/test_digest.py"]
 HIDDEN, LAYERS = int(os.environ.get("GPU_CHECK_HIDDEN", "1024")), int(os.environ.get("GPU_CHECK_LAYERS", "24"))
@@ -150,13 +155,26 @@ services:
   rollout:
     engine: {{kind: hf, max_batch_size: 256}}
     worker: {{concurrency: 32}}
-  learner: {{model: {{dtype: bfloat16}}}}
+  learner: {{model: {{dtype: auto}}}}
 """)
 
 
 def _metrics(run_dir: Path) -> list[dict]:
     path = run_dir / "learner" / "metrics.jsonl"
     return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()] if path.exists() else []
+
+
+def _params(model_dir: Path) -> int:
+    """Parameters in a Hugging Face directory's safetensors files (from their headers)."""
+    from math import prod
+
+    from safetensors import safe_open
+
+    total = 0
+    for path in model_dir.glob("*.safetensors"):
+        with safe_open(str(path), "pt") as f:
+            total += sum(prod(f.get_slice(k).get_shape()) for k in f.keys())  # noqa: SIM118 - not iterable
+    return total
 
 
 def _publish_lines(run_dir: Path) -> list[tuple[float, str]]:
@@ -233,6 +251,12 @@ def stage_recipe() -> bool:
     say("|---|---|---|---|---|")
     say(f"| {per_step:.3f} | {train:.3f} ({train / per_step:.0%}) | {publish:.3f} ({publish / per_step:.0%}) | "
         f"{wait:.3f} ({wait / per_step:.0%}) | {other:.3f} |")
+    params = _params(d / "sft-model")
+    if params:
+        say("")
+        import torch
+
+        say(learner_mfu(steady, params, torch.cuda.get_device_name(0)))
     rewards = [r.get("reward_mean") for r in rows if r.get("reward_mean") is not None]
     if rewards:
         say(f"\ntrain reward {rewards[0]:.2f} -> {rewards[-1]:.2f} over {len(rows)} steps")
@@ -256,6 +280,39 @@ def stage_recipe() -> bool:
     if gpu.peak:
         say("peak GPU memory per process: " + ", ".join(f"{k} {v / 1024:.1f} GiB" for k, v in sorted(gpu.peak.items())))
     return True
+
+
+def learner_command() -> list[str]:
+    """The learner stage's command: the recipe's model shape, GRPO batches of 16 groups x 4 samples of 128
+    tokens, micro-batches of 16, three timed steps a setup."""
+    return [sys.executable, str(REPO / "benchmarks" / "learner_memory.py"), "--device", "cuda", "--hidden", str(HIDDEN),
+            "--layers", str(LAYERS), "--groups", "16", "--micro", "16", "--prompt", "16", "--response", "112",
+            "--steps", "3"]
+
+
+def stage_learner() -> bool:
+    say("## learner: fsdp (bf16 MixedPrecisionPolicy) and torch (autocast) on the GPU, memory, tokens/s, MFU")
+    cmd = learner_command()
+    code, text = sh(cmd, 900, OUT / "learner.log")
+    say(f"`{' '.join(['python', *cmd[1:]])}` (exit {code})")
+    say("```")
+    say("\n".join(ln for ln in text.strip().splitlines() if "Writing model shards" not in ln)[-2500:])
+    say("```")
+    return code == 0
+
+
+def learner_mfu(rows: list[dict], params: int, device_name: str) -> str:
+    """The recipe's learner MFU: its tokens over its update time (``tokens`` / ``step_time_s`` per step)."""
+    from deploy.gpu.flops import mfu
+
+    tokens = sum(float(r.get("tokens", 0)) for r in rows)
+    seconds = sum(float(r.get("step_time_s", 0)) for r in rows)
+    if not tokens or not seconds:
+        return "learner MFU: no tokens / step_time_s in the metrics"
+    util = mfu(params, tokens / seconds, 1, device_name)
+    rate = f"{tokens / seconds:,.0f} tokens/s over the update time"
+    return (f"learner MFU {util:.1%} ({rate}, 6 x {params / 1e6:.0f} M params a token)" if util is not None
+            else f"learner MFU: unknown peak for this GPU (set FLEETRL_PEAK_TFLOPS); {rate}")
 
 
 def stage_engine() -> bool:
@@ -288,7 +345,7 @@ def main() -> int:
     ok = True
     t0 = time.monotonic()
     for stage in STAGES:
-        fn = {"tests": stage_tests, "recipe": stage_recipe, "engine": stage_engine}[stage]
+        fn = {"tests": stage_tests, "learner": stage_learner, "recipe": stage_recipe, "engine": stage_engine}[stage]
         try:
             ok = fn() and ok
         except Exception as exc:  # noqa: BLE001 - a broken stage is reported, the others still run

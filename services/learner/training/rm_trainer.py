@@ -47,7 +47,7 @@ class RMTrainer(TrainerBase):
         # a sharded checkpoint's weights are loaded in restore() (as TrainerBase does); only checkpoints of the
         # older layout hold full HF weights in trainer/actor
         old_layout = resume_dir is not None and not sharded_state.is_sharded_checkpoint(resume_dir)
-        path = str(resume_dir / "actor") if old_layout else self.settings.model.actor
+        path = str(resume_dir / "actor") if resume_dir is not None and old_layout else self.settings.model.actor
         model = load_critic(path, self.settings.model, self.device).inner  # the seq-cls model itself
         model.config.pad_token_id = self.pad_id
         return self._engine(model, self.settings.optim.actor_lr)

@@ -20,6 +20,7 @@ The engine exposes ``model`` (the sharded module) and ``optimizer`` as they are,
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any, cast
 
 import torch
@@ -29,7 +30,17 @@ from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
 )
-from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.distributed.fsdp import (
+    CPUOffloadPolicy,
+    FSDPModule,
+    MixedPrecisionPolicy,
+    OffloadPolicy,
+    fully_shard,
+)
+from torch.distributed.fsdp._fully_shard._fsdp_api import (  # the interfaces set_custom_all_gather / _reduce_scatter take
+    AllGather,
+    ReduceScatter,
+)
 from torch.distributed.tensor import DTensor
 
 from services.learner.settings import FSDPBackendSettings, OptimSettings
@@ -55,6 +66,100 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     return out
 
 
+class GlooAllGather(AllGather):
+    """FSDP's all-gather over gloo without gloo's full-size staging copy, and its output freed once copied out.
+
+    gloo's ``all_gather_into_tensor`` gathers into a flat tensor of its own and copies it into the output, so
+    each gather held the layer twice (plus FSDP's copy-out: three times). FSDP copies this rank's shard into its
+    slice of the output before the call (an in-place all-gather), so one broadcast per rank, from each rank's
+    slice into the same slice everywhere, fills the output where it lies: the same bytes on the wire, no copy.
+
+    FSDP then copies the output into the unit's parameters and, in a forward, keeps the output until the next
+    unit's gather (for CUDA streams): the last unit's stayed through the whole backward. One instance serves
+    every unit of a model, whose units are gathered one at a time on CPU (no prefetch, :func:`_gloo_units`);
+    :meth:`release` frees the last output's storage, here, on this thread (not whenever gloo's worker drops its
+    reference), and runs once FSDP has copied it out: from hooks that run after FSDP's own (a unit's forward
+    pre-hook, a tensor hook on its outputs beside FSDP's pre-backward one) and before the next gather."""
+
+    def __init__(self) -> None:
+        self._last: torch.Tensor | None = None
+
+    def release(self, *_: Any) -> None:
+        if self._last is not None:
+            self._last.untyped_storage().resize_(0)
+            self._last = None
+
+    def allocate(self, size: Sequence[int | torch.SymInt], *, dtype: torch.dtype,
+                 device: torch.device) -> torch.Tensor:
+        self.release()
+        self._last = torch.empty(*size, dtype=dtype, device=device)
+        return self._last
+
+    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: dist.ProcessGroup,
+                 async_op: bool = False) -> dist.Work | None:
+        world = group.size()
+        for src, part in enumerate(output_tensor.chunk(world)):
+            if src == group.rank() and part.data_ptr() != input_tensor.data_ptr():
+                part.copy_(input_tensor)
+            dist.broadcast(part, group_src=src, group=group)
+        return None
+
+    def after_forward(self, module: nn.Module, args: Any, output: Any) -> None:
+        """A forward hook: release the output once FSDP has gathered this unit again for its backward."""
+        for t in _grad_tensors(output):
+            t.register_hook(self.release)
+
+
+def _grad_tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value] if value.requires_grad else []
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _grad_tensors(v)]
+    return []
+
+
+class GlooReduceScatter(ReduceScatter):
+    """FSDP's gradient reduce-scatter over gloo without gloo's staging copy, and with its input freed at once.
+
+    gloo's ``reduce_scatter_tensor`` reduces a full-size copy of the input; FSDP then keeps the input buffer (a
+    layer's unsharded gradients) alive until the next layer's reduce-scatter, for CUDA streams that a CPU run
+    does not have. Here the input (FSDP's scratch copy of the gradients) is all-reduced in place, this rank's
+    slice copied out and the input's storage released: one layer's gradients fewer at the backward's peak."""
+
+    def allocate(self, size: Sequence[int | torch.SymInt], *, dtype: torch.dtype,
+                 device: torch.device) -> torch.Tensor:
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: dist.ProcessGroup,
+                 op: Any, async_op: bool = False) -> dist.Work | None:
+        world = group.size()
+        avg = op == dist.ReduceOp.AVG
+        dist.all_reduce(input_tensor, op=dist.ReduceOp.SUM if avg else op, group=group)
+        output_tensor.copy_(input_tensor.chunk(world)[group.rank()])
+        if avg:
+            output_tensor.div_(world)
+        input_tensor.untyped_storage().resize_(0)  # FSDP only holds it for stream ordering from here on
+        return None
+
+
+def _gloo_units(units: list[nn.Module]) -> None:
+    """On gloo (CPU): the copy-free collectives above, and no backward prefetch. Prefetching gathers the next
+    layer while this one computes its gradients, which overlaps on CUDA streams; on CPU the gather runs at once,
+    so it only holds a second layer gathered. A unit told to prefetch itself (already gathered: a no-op) turns
+    FSDP's default prefetch off."""
+    gather, reduce = GlooAllGather(), GlooReduceScatter()
+    for unit in units:
+        if not isinstance(unit, FSDPModule):
+            continue
+        unit.set_custom_all_gather(gather)
+        unit.set_custom_reduce_scatter(reduce)
+        unit.register_forward_pre_hook(gather.release)  # after FSDP's pre-forward (prepended): copied out
+        unit.register_forward_hook(gather.after_forward)  # after FSDP's post-forward and its pre-backward hooks
+        unit.set_modules_to_backward_prefetch([unit])
+
+
 def shard_module(model: nn.Module, backend: FSDPBackendSettings, precision: Precision | None) -> nn.Module:
     """``fully_shard`` each decoder layer, then the root (embeddings, final norm, head, tied weights), over
     every rank of the default group. Returns ``model`` (now an ``FSDPModule`` too)."""
@@ -69,6 +174,8 @@ def shard_module(model: nn.Module, backend: FSDPBackendSettings, precision: Prec
     for layer in layers:
         fully_shard(layer, reshard_after_forward=backend.reshard_after_forward, mp_policy=mp, offload_policy=offload)
     fully_shard(model, reshard_after_forward=backend.reshard_after_forward, mp_policy=mp, offload_policy=offload)
+    if dist.get_backend() == "gloo":
+        _gloo_units([*layers, model])
     return model
 
 
