@@ -112,6 +112,16 @@ async def wait_registered(redis, run: str, n: int, timeout: float = 30) -> list:
         await asyncio.sleep(0.1)
 
 
+async def wait_alive(pub, n: int, timeout: float = 10.0) -> None:
+    """Until exactly ``n`` replicas are alive in ``pub``'s registry (a publisher-side wait: replicas joining, or
+    one leaving)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while len(await pub.registry.alive()) != n:
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"{n} replicas never alive (now {len(await pub.registry.alive())})")
+        await asyncio.sleep(0.05)
+
+
 def new_weights(model_dir: Path, seed: int = 1):
     """The tiny model with every tensor perturbed (deterministically): the 'trained' policy."""
     import torch

@@ -7,7 +7,6 @@ replica that cannot load adapters gets merged full rounds, with the same logprob
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 import torch
@@ -20,6 +19,7 @@ from services.rollout.weights.settings import SidecarSettings
 from services.rollout.weights.sidecar import WeightSidecar
 from shared.weight_sync import WeightSyncSettings
 from tests.rollout.engines.conftest import make_engine
+from tests.weight_sync.conftest import wait_alive
 
 FAST = {"init_timeout_s": 20, "collective_timeout_s": 10, "regroup_timeout_s": 5, "load_timeout_s": 20,
         "catch_up_poll_s": 0.1, "bucket_bytes": 1 << 20}
@@ -58,14 +58,6 @@ async def stop(reps: list[WeightSidecar]) -> None:
         await sc.engine.stop()
 
 
-async def wait_registered(pub: WeightPublisher, n: int) -> None:
-    for _ in range(200):
-        if len(await pub.registry.alive()) == n:
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"{n} replicas never registered")
-
-
 async def assert_logprobs_match(actor: torch.nn.Module, sc: WeightSidecar, version: int) -> None:
     """The replica generates at its version; the learner's peft model (LoRA applied, unmerged) scores the same
     tokens teacher-forced: equal within the usual tolerance."""
@@ -91,7 +83,7 @@ async def test_adapter_rounds_match_the_learner_and_carry_a_fraction_of_the_byte
     base = {k: v.clone() for k, v in merged.engine.model.state_dict().items()}
     try:
         async with WeightPublisher(redis_client, run, WeightSyncSettings(**FAST)) as pub:
-            await wait_registered(pub, 2)
+            await wait_alive(pub, 2)
             for step in range(4):
                 train_step(actor, step)
                 v = await pub.publish(adapter_weights(actor))
@@ -127,7 +119,7 @@ async def test_a_replica_that_cannot_load_adapters_gets_merged_full_rounds(
     reps = [plain]
     try:
         async with WeightPublisher(redis_client, run, WeightSyncSettings(**FAST)) as pub:
-            await wait_registered(pub, 1)
+            await wait_alive(pub, 1)
             for step in range(2):
                 train_step(actor, step)
                 v = await pub.publish(adapter_weights(actor))
@@ -139,7 +131,7 @@ async def test_a_replica_that_cannot_load_adapters_gets_merged_full_rounds(
             # an adapter-capable replica joining it: the fleet stays on merged rounds while the plain one is live
             lora = await start_replica(redis_client, run, tiny_model_dir, "lora")
             reps.append(lora)
-            await wait_registered(pub, 2)
+            await wait_alive(pub, 2)
             train_step(actor, 9)
             v = await pub.publish(adapter_weights(actor))
             assert set(pub.last_report.round_bytes) == {"full"} and len(pub.last_report.loaded) == 2
@@ -162,16 +154,16 @@ async def test_adapter_rounds_return_when_the_replica_that_cannot_load_them_leav
     base = {k: v.clone() for k, v in merged.engine.model.state_dict().items()}
     try:
         async with WeightPublisher(redis_client, run, WeightSyncSettings(**FAST)) as pub:
-            await wait_registered(pub, 2)
+            await wait_alive(pub, 2)
             train_step(actor, 0)
             await pub.publish(adapter_weights(actor))
             assert set(pub.last_report.round_bytes) == {"adapter"}
             plain = await start_replica(redis_client, run, tiny_model_dir, "plain", adapters="off")
-            await wait_registered(pub, 3)
+            await wait_alive(pub, 3)
             # a late joiner from merged rounds on: pristine when its first merged round comes
             late = await start_replica(redis_client, run, tiny_model_dir, "late", adapter_apply="merge")
             reps.append(late)
-            await wait_registered(pub, 4)
+            await wait_alive(pub, 4)
             for step in (1, 2):
                 train_step(actor, step)
                 v = await pub.publish(adapter_weights(actor))
@@ -179,7 +171,7 @@ async def test_adapter_rounds_return_when_the_replica_that_cannot_load_them_leav
                 for sc in reps:
                     await assert_logprobs_match(actor, sc, v)
             await stop([plain])
-            await wait_registered(pub, 3)
+            await wait_alive(pub, 3)
             for step in (3, 4):
                 train_step(actor, step)
                 v = await pub.publish(adapter_weights(actor))

@@ -18,6 +18,7 @@ from services.rollout.weights.sidecar import WeightSidecar
 from shared.weight_sync import WeightSyncSettings
 from shared.weight_sync.delta import HEADER
 from shared.weight_sync.status import weight_sync_status
+from tests.weight_sync.conftest import wait_alive
 
 FAST = {"delta": "auto", "init_timeout_s": 20, "collective_timeout_s": 10, "regroup_timeout_s": 5, "load_timeout_s": 20,
         "catch_up_poll_s": 0.1}
@@ -80,14 +81,6 @@ def kinds(pub: WeightPublisher) -> set[str]:
     return set(pub.last_report.round_bytes)
 
 
-async def wait_registered(pub: WeightPublisher, n: int) -> None:
-    for _ in range(200):
-        if len(await pub.registry.alive()) == n:
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"{n} replicas never registered")
-
-
 async def test_delta_rounds_end_bit_equal_and_faults_get_full_rounds(redis_client, threads, monkeypatch):
     run = "delta-inproc"
     a, b = await start_replica(redis_client, run, "a"), await start_replica(redis_client, run, "b")
@@ -95,7 +88,7 @@ async def test_delta_rounds_end_bit_equal_and_faults_get_full_rounds(redis_clien
     reps = [a, b]
     try:
         async with WeightPublisher(redis_client, run, WeightSyncSettings(bucket_bytes=16 << 10, **FAST)) as pub:
-            await wait_registered(pub, 2)
+            await wait_alive(pub, 2)
             assert await pub.publish(model) == 1
             assert kinds(pub) == {"full"} and len(pub.last_report.loaded) == 2
             full = pub.last_report.round_bytes["full"]
@@ -179,7 +172,7 @@ async def test_full_every_and_delta_off(redis_client, threads):
     try:
         async with WeightPublisher(redis_client, run, WeightSyncSettings(bucket_bytes=16 << 10, full_every=3,
                                                                          **FAST)) as pub:
-            await wait_registered(pub, 1)
+            await wait_alive(pub, 1)
             seen = []
             for step in range(7):
                 nudge(model, step)
@@ -204,7 +197,7 @@ async def test_a_replica_holding_another_dtype_than_the_wire_takes_whole_rounds(
     model = make_model(dtype=torch.float32)  # published as fp32 into a bf16 model: its bytes cannot be patched
     try:
         async with WeightPublisher(redis_client, run, WeightSyncSettings(bucket_bytes=16 << 10, **FAST)) as pub:
-            await wait_registered(pub, 1)
+            await wait_alive(pub, 1)
             for step in range(3):
                 nudge(model, step)
                 await pub.publish(model)
@@ -223,7 +216,7 @@ async def test_a_version_where_everything_changed_sends_every_bucket_whole(redis
     model = make_model()
     try:
         async with WeightPublisher(redis_client, run, WeightSyncSettings(bucket_bytes=16 << 10, **FAST)) as pub:
-            await wait_registered(pub, 1)
+            await wait_alive(pub, 1)
             await pub.publish(model)
             nudge(model, 1, frac=1.0)  # every value moves: no patch would be smaller than its bucket
             await pub.publish(model)
@@ -255,7 +248,7 @@ async def test_buckets_patched_in_pieces_end_bit_equal(redis_client, threads, mo
     model = make_model()
     try:
         async with WeightPublisher(redis_client, run, WeightSyncSettings(bucket_bytes=16 << 10, **FAST)) as pub:
-            await wait_registered(pub, 2)
+            await wait_alive(pub, 2)
             await pub.publish(model)
             for step, frac in enumerate((0.03, 0.03, 1.0, 0.03)):
                 nudge(model, 200 + step, frac=frac)
