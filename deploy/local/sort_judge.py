@@ -21,15 +21,26 @@ JUDGE_TEMPLATE = "ref {label} ans {response}"
 same template, so the judge is asked exactly what it was taught."""
 
 DIGITS = "0123456789"
-NEAR_MISSES = (0, 1, 4)
-"""Wrong answers of the right length, which a judge must read digit by digit: most of the wrong rows (a judge
-taught on fewer of them learned to pass any four digits: 81% held-out, every mistake a four-digit wrong answer)."""
+JUNK = DIGITS + " =sort.-abc"
+MIXES: dict[str, tuple[tuple[int, ...], float, int]] = {
+    "basic": ((0, 1, 4), 0.6, 10),
+    "hard": ((0, 1, 4, 10, 10, 10), 0.7, 12),
+}
+"""mix -> (near-miss kinds, their share of the wrong answers, kinds drawn otherwise: ``range(n)``) of
+:func:`wrong_answer`. Near misses have the right length, so a judge must read them digit by digit: a judge taught
+on fewer of them learned to pass any four digits (81% held-out, every mistake a four-digit wrong answer). The
+``basic`` mix teaches a tiny judge to compare digits (1,200 steps: 98% on its held-out rows), but it passed a third
+of the SFT policy's wrong answers (0355 for 0336: one or two digits wrong, sorted: kind 10); the ``hard`` mix adds
+those and junk, and a judge taught on it from scratch did not learn to compare in 1,600 steps, so the recipe
+teaches the basic mix first and the hard one after it (judge-sft.yaml, then judge-sft-hard.yaml)."""
 
 
-def wrong_answer(label: str, prompt_digits: str, rng: random.Random) -> str:
-    """An answer other than ``label``: one of the mistakes a sort policy makes, or drifts to under a judge."""
+def wrong_answer(label: str, prompt_digits: str, rng: random.Random, mix: str = "hard") -> str:
+    """An answer other than ``label``: one of the mistakes a sort policy makes, or drifts to under a judge;
+    ``mix`` (:data:`MIXES`) says how often each kind comes."""
+    near, share, kinds = MIXES[mix]
     while True:
-        kind = rng.choice(NEAR_MISSES) if rng.random() < 0.6 else rng.randrange(10)
+        kind = rng.choice(near) if rng.random() < share else rng.randrange(kinds)
         d = list(label)
         if kind == 0 and len(d) > 1:  # two neighbours swapped
             i = rng.randrange(len(d) - 1)
@@ -51,21 +62,28 @@ def wrong_answer(label: str, prompt_digits: str, rng: random.Random) -> str:
         elif kind == 8:  # the reference with a tail or cut short
             d = d + [rng.choice(DIGITS) for _ in range(rng.randint(1, 4))] if rng.random() < 0.5 else \
                 d[: rng.randint(0, len(d) - 1)]
-        else:  # another prompt's sorted answer
+        elif kind == 9:  # another prompt's sorted answer
             d = sorted(rng.choice(DIGITS) for _ in range(4))
+        elif kind == 10:  # the SFT policy's usual mistake: one or two digits wrong, the answer sorted
+            for i in rng.sample(range(len(d)), rng.randint(1, 2)):
+                d[i] = rng.choice(DIGITS)
+            d.sort()
+        else:  # not digits at all, or digits with other characters
+            d = [rng.choice(JUNK) for _ in range(rng.randint(0, 8))]
         answer = "".join(d)
         if answer != label:
             return answer
 
 
-def judge_rows(rows: list[dict], rng: random.Random, per_prompt: int = 2, passes: int = 1) -> list[dict]:
+def judge_rows(rows: list[dict], rng: random.Random, per_prompt: int = 2, passes: int = 1,
+               mix: str = "hard") -> list[dict]:
     """Judge SFT rows from sort rows: per prompt one right answer and ``per_prompt - 1`` wrong ones, ``passes``
     times (new wrong answers each time), shuffled;
     ``input`` is the judge's user message, ``output`` and ``label`` its verdict."""
     out = []
     for row in [r for _ in range(passes) for r in rows]:
         label, digits = row["label"], row["input"][len("sort "):-1]
-        answers = [(label, "1")] + [(wrong_answer(label, digits, rng), "0") for _ in range(per_prompt - 1)]
+        answers = [(label, "1")] + [(wrong_answer(label, digits, rng, mix), "0") for _ in range(per_prompt - 1)]
         for answer, verdict in answers:
             text = JUDGE_TEMPLATE.format(label=label, response=answer)
             out.append({"input": text, "output": verdict, "label": verdict})
@@ -79,9 +97,11 @@ def prepare(run_dir: Path, *, seed: int = 0, heldout: int = 200, hidden_size: in
     from deploy.local.tiny_model import build_tiny_causal_lm
 
     train, held, _ = prepare_run(run_dir, seed=seed, heldout=heldout, hidden_size=hidden_size, layers=layers)
-    rng = random.Random(seed + 1)
+    judge_basic = judge_rows(train, random.Random(seed + 1), passes=2, mix="basic")
+    rng = random.Random(seed + 2)
     judge_train = judge_rows(train, rng, passes=2)
     judge_held = judge_rows(held, rng)
+    write_jsonl(judge_basic, run_dir / "judge-data" / "basic.jsonl")
     write_jsonl(judge_train, run_dir / "judge-data" / "train.jsonl")
     write_jsonl(judge_held, run_dir / "judge-data" / "heldout.jsonl")
     build_tiny_causal_lm(run_dir / "judge-base-model", hidden_size=judge_hidden_size, layers=judge_layers, heads=4,
