@@ -43,6 +43,27 @@ def _retryable(exc: BaseException) -> bool:
     return isinstance(exc, ScorerFailure) and exc.retryable
 
 
+def share_endpoint_limits(scorers: Sequence[Scorer]) -> dict[str, tuple[int, list[str]]]:
+    """One concurrency gate per endpoint: scorers that call one endpoint (:meth:`Scorer.endpoint_limit`, e.g. two
+    judge scorers on one judge server) share a gate at the smallest of their limits, so the endpoint never has
+    more calls in flight from this service than that. Returns endpoint -> (limit, scorer names) for those shared."""
+    by_endpoint: dict[str, list[tuple[Scorer, int]]] = {}
+    for scorer in scorers:
+        found = scorer.endpoint_limit()
+        if found is not None:
+            by_endpoint.setdefault(found[0], []).append((scorer, found[1]))
+    shared: dict[str, tuple[int, list[str]]] = {}
+    for endpoint, users in by_endpoint.items():
+        if len(users) < 2:
+            continue
+        limit = min(n for _, n in users)
+        gate = asyncio.Semaphore(limit)
+        for scorer, _ in users:
+            scorer.share_endpoint_gate(gate, limit)
+        shared[endpoint] = (limit, [s.name for s, _ in users])
+    return shared
+
+
 class RewardService:
     """Holds the scorers; ``score(items)`` is the one thing routes call."""
 
@@ -50,10 +71,15 @@ class RewardService:
         self.settings = settings
         self.metrics = RewardMetrics()
         self.scorers: list[Scorer] = [build_scorer(cfg, self.metrics) for cfg in settings.scorers]
+        #: endpoint -> (concurrency limit, scorers) where several scorers call one endpoint
+        self.shared_endpoints = share_endpoint_limits(self.scorers)
         #: per scorer whose calls fail now: (monotonic time of the first failure since its last success, last cause)
         self._failing: dict[str, tuple[float, str]] = {}
 
     async def start(self) -> None:
+        for endpoint, (limit, names) in self.shared_endpoints.items():
+            log.info("scorers %s call %s: %d calls in flight at most, together (the smallest max_concurrency)",
+                     ", ".join(names), endpoint, limit)
         for scorer in self.scorers:
             log.info("starting scorer %s (%s, weight %s)", scorer.name, scorer.kind, scorer.config.weight)
             await scorer.start()

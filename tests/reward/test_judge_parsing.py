@@ -150,3 +150,18 @@ def test_tokens_come_from_usage_else_an_estimate():
     assert usage_tokens({"usage": {"total_tokens": 42, "prompt_tokens": 1}}, 400, "x") == 42
     assert usage_tokens({"usage": {"prompt_tokens": 30, "completion_tokens": 5}}, 400, "x") == 35
     assert usage_tokens({}, 400, "y" * 40) == 110  # (400 + 40) / 4
+
+
+def test_one_endpoint_however_its_url_is_written():
+    """Judge scorers share a concurrency limit per endpoint: the key ignores the host's case, a default port, a
+    query, user info and a trailing slash, and keeps hosts, ports, schemes and paths apart."""
+    from services.reward.scorers.judge_client import endpoint_of
+
+    key = endpoint_of("http://judge:80/v1/chat/completions")
+    assert key == "http://judge:80/v1/chat/completions"
+    for same in ("http://JUDGE/v1/chat/completions", "http://judge/v1/chat/completions/",
+                 "http://u:pw@judge/v1/chat/completions?api-version=1"):
+        assert endpoint_of(same) == key, same
+    for other in ("http://judge:8001/v1/chat/completions", "https://judge/v1/chat/completions",
+                  "http://judge2/v1/chat/completions", "http://judge/v2/chat/completions"):
+        assert endpoint_of(other) != key, other

@@ -198,6 +198,26 @@ async def test_the_concurrency_limit_holds(stub):
     assert stub()["max_in_flight"] == 3
 
 
+async def test_scorers_on_one_endpoint_share_its_concurrency_limit(stub):
+    """Two judge scorers calling one endpoint share one limit, the smaller of theirs (each with its own limit put
+    3 + 5 calls in flight at once)."""
+    stub(delay_s=0.2)
+    base = {"kind": "judge", "model": "stub", "parser": {"type": "number", "max": 10}, "timeout_s": 5,
+            "retry": {"attempts": 1}}
+    svc = RewardService(RewardSettings(scorers=[
+        {**base, "name": "style", "url": f"{stub.url}/v1/chat/completions", "template": POINTWISE,
+         "max_concurrency": 3},
+        {**base, "name": "facts", "url": f"{stub.url}/v1/chat/completions",
+         "template": "Facts.\n" + POINTWISE, "max_concurrency": 5}]))
+    await svc.start()
+    try:
+        reply = await svc.score(items(*(f"{'good ' * (k % 5)}#{k}" for k in range(12))))
+    finally:
+        await svc.stop()
+    assert reply.scores == [2.0 * (k % 5) for k in range(12)]  # both scorers judged every item (weight 1 each)
+    assert stub()["calls"] == 24 and stub()["max_in_flight"] == 3
+
+
 async def test_group_mode_scores_a_group_in_one_call(stub):
     group = [*items("good", "good good good", "good", "bad"), *items("good", "good good", prompt="sort 12=",
                                                                        label="12")]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
@@ -32,6 +33,17 @@ class Scorer(ABC):
         """The scorer as every error a user sees names it: ``reward scorer 'name' (kind)``; a remote one adds
         its URL (:class:`~services.reward.scorers.http_remote.HttpScorer`)."""
         return f"reward scorer {self.name!r} ({self.kind})"
+
+    def endpoint_limit(self) -> tuple[str, int] | None:
+        """``(endpoint, calls in flight at most)`` for a scorer whose calls to a remote endpoint are limited per
+        endpoint: the reward service gives the scorers of one endpoint one shared gate, at the smallest of their
+        limits (:meth:`share_endpoint_gate`). None (the default): no such limit."""
+        return None
+
+    def share_endpoint_gate(self, gate: asyncio.Semaphore, limit: int) -> None:
+        """Limit calls to :meth:`endpoint_limit`'s endpoint by ``gate`` (``limit`` in flight), shared with the
+        other scorers that call it. Called before :meth:`start`, only on scorers with an endpoint limit."""
+        raise NotImplementedError(f"{type(self).__name__} has an endpoint limit but cannot share it")
 
     async def start(self) -> None:
         """Load models, open clients. Called once before the first ``score``."""

@@ -80,6 +80,12 @@ class JudgeScorer(Scorer):
             "extract": config.response_extract, "max_chars": config.max_response_chars}, sort_keys=True)
         self._in_flight: dict[str, asyncio.Task] = {}
 
+    def endpoint_limit(self) -> tuple[str, int]:
+        return self.client.endpoint, self.config.max_concurrency
+
+    def share_endpoint_gate(self, gate: asyncio.Semaphore, limit: int) -> None:
+        self.client.share_gate(gate, limit)
+
     async def start(self) -> None:
         await self.client.start()
         await self.cache.start()
@@ -99,7 +105,7 @@ class JudgeScorer(Scorer):
     def call_timeout(self, n_items: int) -> float:
         c = self.config
         calls = n_items * (c.max_group_size * (2 if c.swap else 1) if c.mode == "pairwise" else 1)
-        waves = math.ceil(calls / c.max_concurrency)
+        waves = math.ceil(calls / self.client.limit)  # the endpoint's limit, shared with its other scorers
         return c.timeout_s * (c.max_retries + 1) * waves + 1.0
 
     async def score(self, items: Sequence[ScoreItem]) -> list[float]:

@@ -52,6 +52,14 @@ class Budget:
         self.calls += 1
 
 
+def endpoint_of(url: str) -> str:
+    """The endpoint a judge URL names, for sharing its concurrency limit: scheme, host (any case) and port (the
+    scheme's default when unset) and path; the query, user info and a trailing slash are not part of it."""
+    u = httpx.URL(url)
+    port = u.port or {"http": 80, "https": 443}.get(u.scheme)
+    return f"{u.scheme}://{u.host.lower()}:{port}{u.path.rstrip('/') or '/'}"
+
+
 def usage_tokens(body: dict, sent_chars: int, text: str) -> int:
     """Tokens a reply says it cost (``usage``), else an estimate from characters."""
     usage = body.get("usage")
@@ -66,12 +74,15 @@ def usage_tokens(body: dict, sent_chars: int, text: str) -> int:
 
 
 class JudgeClient:
-    """Chat calls to one judge endpoint (one per judge scorer)."""
+    """Chat calls to one judge endpoint (one per judge scorer). Its concurrency gate is the endpoint's: the reward
+    service hands every judge scorer of one endpoint the same gate (:meth:`share_gate`)."""
 
     def __init__(self, config, metrics: RewardMetrics):
         self.config = config
         self.metrics = metrics
         self.url = shown_url(config.url)
+        self.endpoint = endpoint_of(config.url)
+        self.limit = config.max_concurrency
         self.gate = asyncio.Semaphore(config.max_concurrency)
         self.budget = Budget(config.name, config.budget.max_calls, config.budget.max_tokens)
         self.breaker = CircuitBreaker(
@@ -84,6 +95,10 @@ class JudgeClient:
             self._sampling["seed"] = s.seed
         if s.stop:
             self._sampling["stop"] = list(s.stop)
+
+    def share_gate(self, gate: asyncio.Semaphore, limit: int) -> None:
+        """Take the endpoint's gate (``limit`` calls in flight), shared with the other scorers that call it."""
+        self.gate, self.limit = gate, limit
 
     async def start(self) -> None:
         headers = {k: v.get_secret_value() for k, v in self.config.headers.items()}
