@@ -18,8 +18,16 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from services.rollout.weights.settings import REPLICA_TRANSPORTS
 from shared.settings import SettingsError
-from shared.weight_sync.placement import PlacementError, Route, check_route, choose_route, parse_device
+from shared.weight_sync.placement import (
+    PlacementError,
+    Route,
+    TransportPlacement,
+    check_route,
+    choose_route,
+    parse_device,
+)
 
 
 class PlacementSpec(BaseModel):
@@ -113,19 +121,22 @@ def _place(learner: dict[str, Any], rollouts: list[dict[str, Any]], spec: Placem
             raise PlacementError(f"rollout-{i} is placed on {r_dev}, but this host shows {gpus} GPU(s)")
         engine["device"] = r_dev
         weights = cfg.setdefault("weights", {})
-        if "transport" in weights or "backend" in weights:  # the operator chose: check it can work
-            route = Route(weights.get("transport", "collective"), weights.get("backend", "gloo"))
-        else:
-            route = choose_route(l_dev, r_dev)
+        chosen = "transport" in weights or "backend" in weights  # the operator chose: check it can work
+        route = Route(weights.get("transport", "collective"), weights.get("backend", "gloo")) if chosen else \
+            choose_route(l_dev, r_dev)
+        # the placement rules its transport declares (a name not registered here: none; its settings refuse it)
+        rules = REPLICA_TRANSPORTS.load(route.transport).placement if route.transport in REPLICA_TRANSPORTS else \
+            TransportPlacement()
+        if not chosen:
             weights["transport"] = route.transport
-            if route.transport == "collective":
+            if rules.uses_backend:
                 weights["backend"] = route.backend
-        check_route(route, l_dev, r_dev)
-        if route.transport == "collective":
+        check_route(route, l_dev, r_dev, placement=rules)
+        if rules.uses_backend:
             backends[f"rollout-{i}"] = route.backend
         if r_dev == l_dev and r_dev != "cpu":
             sharing.append(engine)
-        how = route.transport if route.transport != "collective" else f"collective ({route.backend})"
+        how = f"{route.transport} ({route.backend})" if rules.uses_backend else route.transport
         lines.append(f"rollout-{i} on {r_dev}, learner on {l_dev}: weights by {how}")
     if len(set(backends.values())) > 1:
         gloo = sorted(k for k, b in backends.items() if b == "gloo")

@@ -4,7 +4,8 @@
   device: replicas on the publisher's own GPU get the buckets device to device by CUDA IPC handle (``ipc``);
   replicas on another GPU join an NCCL group (``collective`` / ``nccl``); anything on a CPU uses gloo, the
   GPU side staging through pinned host memory. :func:`check_route` refuses, in one line, a route that cannot
-  work (NCCL never pairs two ranks on one GPU; IPC handles open only on the GPU that made them).
+  work (NCCL never pairs two ranks on one GPU; IPC handles open only on the GPU that made them), by the
+  :class:`TransportPlacement` its transport declares (``placement`` on the replica's transport class).
 - :func:`wire_staging`: for one bucket on one device, what a consumer (a gloo or NCCL collective, an IPC
   handle, a file) needs done before it reads the bytes: nothing, a copy to (pinned) host memory, or an upload
   to the GPU. A CUDA tensor never reaches gloo, numpy or a file without this step.
@@ -33,6 +34,17 @@ class Route:
 
     transport: RouteTransport
     backend: Backend = "gloo"  # the collective's backend (also what an ipc replica advertises; unused by it)
+
+
+@dataclass(frozen=True)
+class TransportPlacement:
+    """The placement rules a weight transport declares (``ReplicaTransport.placement``); the default, no rules,
+    is what a third-party transport gets unless it declares its own."""
+
+    #: the replica reads the learner's GPU buffers in place (CUDA IPC handles): both on GPUs, the same GPU, one host
+    shares_device_memory: bool = False
+    #: the bytes travel over the route's collective backend, whose rules apply (nccl: two GPUs, never one)
+    uses_backend: bool = False
 
 
 @dataclass(frozen=True)
@@ -67,20 +79,24 @@ def choose_route(publisher: str, replica: str, same_host: bool = True) -> Route:
     return Route("collective", "nccl")
 
 
-def check_route(route: Route, publisher: str, replica: str, same_host: bool = True) -> None:
-    """Raise :class:`PlacementError` when ``route`` cannot carry weights between these two devices."""
+def check_route(route: Route, publisher: str, replica: str, same_host: bool = True,
+                placement: TransportPlacement = TransportPlacement()) -> None:
+    """Raise :class:`PlacementError` when ``route`` cannot carry weights between these two devices, by the rules
+    its transport declares (``placement``)."""
     p_kind, p_index = parse_device(publisher)
     r_kind, r_index = parse_device(replica)
     same_gpu = same_host and p_kind == r_kind == "cuda" and p_index == r_index
-    if route.transport == "ipc":
+    if placement.shares_device_memory:
         if p_kind != "cuda" or r_kind != "cuda":
-            raise PlacementError(f"weights transport ipc needs the learner and the replica on GPUs (learner on "
-                                 f"{publisher}, replica on {replica}): use collective (gloo) for a CPU side")
+            raise PlacementError(f"weights transport {route.transport} needs the learner and the replica on GPUs "
+                                 f"(learner on {publisher}, replica on {replica}): use collective (gloo) for a CPU "
+                                 "side")
         if not same_gpu:
-            raise PlacementError(f"weights transport ipc shares GPU memory, so the replica must be on the learner's "
-                                 f"GPU (learner on {publisher}, replica on {replica}{'' if same_host else ', another host'}"
-                                 "): use collective with backend nccl")
-    elif route.transport == "collective" and route.backend == "nccl":
+            where = "" if same_host else ", another host"
+            raise PlacementError(f"weights transport {route.transport} shares GPU memory, so the replica must be on "
+                                 f"the learner's GPU (learner on {publisher}, replica on {replica}{where}): use "
+                                 "collective with backend nccl")
+    elif placement.uses_backend and route.backend == "nccl":
         if p_kind != "cuda" or r_kind != "cuda":
             raise PlacementError(f"weights backend nccl needs GPUs on both sides (learner on {publisher}, replica on "
                                  f"{replica}): use backend gloo")

@@ -5,14 +5,21 @@ from __future__ import annotations
 
 import pytest
 
+from services.rollout.weights.settings import REPLICA_TRANSPORTS
 from shared.weight_sync.placement import (
     PlacementError,
     Route,
     Staging,
+    TransportPlacement,
     check_route,
     choose_route,
     wire_staging,
 )
+
+
+def declared(route: Route) -> TransportPlacement:
+    """The placement rules the route's (built-in) transport declares."""
+    return REPLICA_TRANSPORTS.load(route.transport).placement
 
 
 @pytest.mark.parametrize(("learner", "replica", "same_host", "route"), [
@@ -27,7 +34,7 @@ from shared.weight_sync.placement import (
 ])
 def test_route_follows_placement(learner, replica, same_host, route):
     assert choose_route(learner, replica, same_host) == route
-    check_route(route, learner, replica, same_host)  # what it chooses always works
+    check_route(route, learner, replica, same_host, declared(route))  # what it chooses always works
 
 
 @pytest.mark.parametrize(("route", "learner", "replica", "same_host", "says"), [
@@ -39,7 +46,7 @@ def test_route_follows_placement(learner, replica, same_host, route):
 ])
 def test_impossible_placements_are_refused_in_one_line(route, learner, replica, same_host, says):
     with pytest.raises(PlacementError, match=says) as err:
-        check_route(route, learner, replica, same_host)
+        check_route(route, learner, replica, same_host, declared(route))
     assert "\n" not in str(err.value)
 
 
@@ -49,7 +56,7 @@ def test_impossible_placements_are_refused_in_one_line(route, learner, replica, 
     (Route("collective", "nccl"), "cuda:0", "cuda:1"),
 ])
 def test_workable_explicit_routes_pass(route, learner, replica):
-    check_route(route, learner, replica)
+    check_route(route, learner, replica, placement=declared(route))
 
 
 @pytest.mark.parametrize(("consumer", "device", "staging"), [

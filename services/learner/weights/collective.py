@@ -91,6 +91,7 @@ class CollectiveTransport(WeightTransport):
     """Rounds in a broadcast group, for the replicas that advertise ``collective`` on the publisher's backend."""
 
     name = "collective"
+    sends_delta = True
 
     def __init__(self, publisher: Publisher) -> None:
         super().__init__(publisher)

@@ -37,6 +37,8 @@ class IpcTransport(CollectiveTransport):
     """Rounds by CUDA IPC handle for the replicas that advertise ``ipc`` (see the module docstring)."""
 
     name = "ipc"
+    sends_delta = False
+    auto_digest = "wsum64"  # computed on the GPU, where the buckets are shared: nothing copied to the host
 
     def __init__(self, publisher: Publisher) -> None:
         super().__init__(publisher)

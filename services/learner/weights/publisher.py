@@ -252,7 +252,8 @@ class WeightPublisher:
 
     def _delta_members(self, replicas: list) -> list:
         """The live replicas a delta round could serve (collective, this backend, a sink that applies patches)."""
-        return [i for i in replicas if i.delta and i.transport == "collective" and i.backend == self.settings.backend]
+        return [i for i in replicas if i.delta and i.backend == self.settings.backend
+                and (t := self.transports.get(i.transport)) is not None and t.sends_delta]
 
     async def _delta_plan(self, replicas: list, report: PublishReport) -> Any:
         """An empty plan against the base when the replicas are level with it (else None: full rounds); its
@@ -263,11 +264,14 @@ class WeightPublisher:
         return self.delta.start(self.outbox)
 
     def _digest_algo(self, replicas: list) -> str:
-        """The version's digest algorithm: the setting, with ``auto`` also choosing wsum64 (computed on the GPU)
-        when a replica takes the version by CUDA IPC, so nothing is copied to the host to digest it."""
+        """The version's digest algorithm: the setting, with ``auto`` taking the one a live replica's transport
+        declares (``auto_digest``: ipc's wsum64, computed on the GPU, so nothing is copied to the host to digest
+        it), else the backend's."""
         s = self.settings
-        if s.checksum_algo == "auto" and any(i.transport == "ipc" for i in replicas):
-            return "wsum64"
+        if s.checksum_algo == "auto":
+            for i in replicas:
+                if (t := self.transports.get(i.transport)) is not None and t.auto_digest is not None:
+                    return t.auto_digest
         return s.digest_algo
 
     # ---- packing -------------------------------------------------------------------------------------

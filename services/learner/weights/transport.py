@@ -84,9 +84,17 @@ class Publisher(Protocol):
 
 
 class WeightTransport(ABC):
-    """One way a version reaches the replicas that advertise :attr:`name` (``ReplicaInfo.transport``)."""
+    """One way a version reaches the replicas that advertise :attr:`name` (``ReplicaInfo.transport``).
+
+    What a transport declares (class attributes; the defaults are what a third-party transport gets) is read
+    by the publisher, never its name: see docs/plugins.md."""
 
     name: ClassVar[str]
+    #: it sends delta rounds (patches against the base its replicas hold) to replicas that advertise ``delta``
+    sends_delta: ClassVar[bool] = False
+    #: the digest algorithm ``checksum_algo: auto`` takes for a version while one of its replicas is live (None:
+    #: the backend's default), e.g. wsum64 for buckets read on the GPU, so nothing is copied to the host to digest
+    auto_digest: ClassVar[str | None] = None
 
     def __init__(self, publisher: Publisher) -> None:
         self.publisher = publisher

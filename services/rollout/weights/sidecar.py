@@ -118,15 +118,15 @@ class WeightSidecar:
                            backend=self.settings.backend, ranks=self.settings.ranks,
                            group=self.sink.group_kind if self.settings.group == "auto" else self.settings.group,
                            engine=getattr(self.engine, "kind", ""), weight_version=self.weight_version,
-                           delta=self.settings.transport == "collective" and self.sink.accepts_delta,
-                           adapters=self.settings.transport == "collective" and self.sink.accepts_adapters,
+                           delta=self.transport.takes_delta and self.sink.accepts_delta,
+                           adapters=self.transport.takes_adapters and self.sink.accepts_adapters,
                            wants_version=self.wants_version, peer_url=self.peer_url)
 
     async def start(self) -> None:
         """Register, start the loops, and wait (bounded) to reach the latest version."""
         if not self.info().adapters:
             why = ("weights.adapters is off" if self.settings.adapters == "off" else
-                   f"weights.transport is {self.settings.transport}" if self.settings.transport != "collective" else
+                   f"weights.transport is {self.settings.transport}" if not self.transport.takes_adapters else
                    f"the {getattr(self.engine, 'kind', '?')} engine loads adapters only with weights.adapters: on "
                    "(and LoRA enabled in its server)")
             log.info("this replica does not load LoRA adapter rounds (%s): a LoRA learner sends it merged full rounds",
@@ -283,10 +283,10 @@ class WeightSidecar:
         while await self.sleep(self.settings.heartbeat_s):
             try:
                 latest = await self.latest()
-                # behind: a peer first where this loop is a catch-up (collective, ipc: versions come in rounds);
-                # for a snapshot replica this loop is how every version comes, from the files, as published
+                # behind: a peer first where this loop is a catch-up (catches_up_from_peers: collective, ipc, whose
+                # versions come in rounds); for a snapshot replica this loop is how every version comes, from the files
                 if latest > self.weight_version and not self.busy.locked() and \
-                        (self.transport.name == "snapshot" or not await self.from_peer(latest)):
+                        (not self.transport.catches_up_from_peers or not await self.from_peer(latest)):
                     await self.transport.request(latest)
             except Exception as exc:  # noqa: BLE001 - the loop outlives a failed check (Redis away)
                 log.warning("checking the latest weight version failed: %s", exc)

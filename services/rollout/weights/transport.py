@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from services.rollout.weights.receiver import RoundWatcher, UpdateRefused
 from services.rollout.weights.sinks.base import WeightSink
 from shared.weight_sync import keys as wkeys
+from shared.weight_sync.placement import TransportPlacement
 from shared.weight_sync.wire import IpcRound, Manifest, ReportState, Transport
 
 T = TypeVar("T")
@@ -71,9 +72,20 @@ class Sidecar(Protocol):
 
 
 class ReplicaTransport(ABC):
-    """One way versions reach this replica (see the module docstring)."""
+    """One way versions reach this replica (see the module docstring).
+
+    What a transport declares (class attributes; the defaults are what a third-party transport gets) is read
+    by the sidecar, the publisher and the run's placement, never its name: see docs/plugins.md."""
 
     name: ClassVar[str]
+    #: the replica advertises delta rounds (patches against the base it holds) when its sink applies them
+    takes_delta: ClassVar[bool] = False
+    #: the replica advertises LoRA adapter rounds when its sink loads them (else the learner sends merged rounds)
+    takes_adapters: ClassVar[bool] = False
+    #: a replica that fell behind first asks a peer replica for the latest version, then this transport
+    catches_up_from_peers: ClassVar[bool] = True
+    #: where the replica may sit relative to the learner (``fleetrl run`` checks it at start)
+    placement: ClassVar[TransportPlacement] = TransportPlacement()
 
     def __init__(self, sidecar: Sidecar) -> None:
         self.sidecar = sidecar
@@ -91,6 +103,9 @@ class CollectiveJoin(ReplicaTransport):
     """Join the publisher's update rounds (see the module docstring)."""
 
     name = "collective"
+    takes_delta = True
+    takes_adapters = True
+    placement = TransportPlacement(uses_backend=True)
 
     def loops(self) -> list[Coroutine[Any, Any, None]]:
         return [self._rounds()]
@@ -154,6 +169,9 @@ class IpcJoin(CollectiveJoin):
     handles; the sink copies them device to device, verifies the digests and reports. Catch-up as collective."""
 
     name = "ipc"
+    takes_delta = False
+    takes_adapters = False
+    placement = TransportPlacement(shares_device_memory=True)
 
     def __init__(self, sidecar: Sidecar) -> None:
         super().__init__(sidecar)
@@ -171,6 +189,7 @@ class SnapshotPull(ReplicaTransport):
     """Load versions from the publisher's snapshot files (see the module docstring)."""
 
     name = "snapshot"
+    catches_up_from_peers = False  # its loop of latest-version checks is how every version comes (from the files)
 
     async def request(self, version: int) -> None:
         sc = self.sidecar
