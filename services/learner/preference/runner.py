@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from services.learner.algorithms.preference_losses import preference_metrics
+from services.learner.counters import Counters
 from services.learner.preference_data import PairSet, PreferencePair, read_pairs
 from services.learner.sft.plan import sft_plan
 from services.learner.sft.runner import SFTRunner
@@ -129,7 +130,7 @@ class PreferenceRunner(SFTRunner):
                 st.next_index = end
                 if end >= len(self.data):
                     st.epoch, st.next_index = st.epoch + 1, 0
-                st.bump("samples_trained", len(pairs))
+                Counters(st, self.sink).add("samples_trained", len(pairs))  # the state as loaded (resume)
                 metrics.update({"epoch": st.epoch, "samples_trained": st.counters["samples_trained"]})
                 if self._due() or (self._done() and not stop.is_set()):
                     metrics.update(await self._evaluate())

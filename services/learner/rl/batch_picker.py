@@ -20,8 +20,8 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
+from services.learner.counters import Counters
 from services.learner.data import parse_item_id
-from services.learner.observability import MetricsSink
 from services.learner.rl.group_buffer import GroupBuffer, position_of
 from services.learner.rl.positions import Positions
 from services.learner.run_state import RunState
@@ -35,12 +35,12 @@ class BatchPicker:
     """Takes a step's groups from ``buffer``; ``reissue(position, reason)`` issues a stale group's prompt again."""
 
     def __init__(self, state: RunState, buffer: GroupBuffer, positions: Positions, settings: LearnerSettings,
-                 sink: MetricsSink, reissue: Callable[[str, str], Awaitable[bool]]) -> None:
+                 counters: Counters, reissue: Callable[[str, str], Awaitable[bool]]) -> None:
         self.state = state
         self.buffer = buffer
         self.positions = positions
         self.s = settings
-        self.sink = sink
+        self.counters = counters
         self.reissue = reissue
         self.refills = 0  # groups dropped by dynamic sampling since the last training step
         self.warned_starved = False
@@ -53,8 +53,7 @@ class BatchPicker:
         for gid in self.buffer.stale(limit):
             oldest = self.buffer.oldest_version(gid)
             dropped = self.positions.drop_group(gid)
-            self.state.bump("experiences_dropped_stale", len(dropped))
-            self.sink.count("experiences_dropped_stale", len(dropped))
+            self.counters.add("experiences_dropped_stale", len(dropped))
             parsed = parse_item_id(gid)
             assert parsed is not None  # a buffered group is of a position in flight (GroupBuffer.file)
             key, attempt = parsed
@@ -113,13 +112,10 @@ class BatchPicker:
         """Dynamic sampling: finish the positions of zero-variance groups untrained (the window then feeds fresh
         prompts), up to the step's refill cap; past the cap they stay and are trained."""
         cap = self.s.algorithm.dynamic_sampling.max_refills_per_step
-        st = self.state
         for gid in self.buffer.without_signal():
             if self.refills >= cap:
-                st.bump("dynamic_sampling_cap_reached")
-                self.sink.count("dynamic_sampling_cap_reached")
+                self.counters.add("dynamic_sampling_cap_reached")
                 return
             self.positions.finished_untrained(gid)
             self.refills += 1
-            st.bump("groups_filtered")
-            self.sink.count("groups_filtered")
+            self.counters.add("groups_filtered")

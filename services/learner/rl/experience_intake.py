@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from services.learner.observability import MetricsSink
+from services.learner.counters import Counters
 from services.learner.rl.grants import unissued
 from services.learner.rl.group_buffer import Filed, GroupBuffer
 from services.learner.run_state import RunState
@@ -44,14 +44,14 @@ class ExperienceIntake:
 
     def __init__(self, experiences: StreamQueue, processed: ProcessedIds, lease: Lease, state: RunState,
                  buffer: GroupBuffer, limits: tuple[int, int | None], settings: LearnerSettings,
-                 sink: MetricsSink) -> None:
+                 counters: Counters) -> None:
         self.experiences = experiences
         self.processed = processed
         self.lease = lease
         self.state = state
         self.buffer = buffer
         self.s = settings
-        self.sink = sink
+        self.counters = counters
         self.limits = limits
 
     async def receive(self) -> None:
@@ -61,8 +61,7 @@ class ExperienceIntake:
         deliveries = await self.experiences.consume(q.consumer, count=q.consume_count, block_ms=q.block_ms)
         unsigned = self.experiences.rejected_signature - before
         if unsigned:  # dead-lettered by the queue before decoding (shared/signing.py)
-            self.state.bump("experiences_unsigned", unsigned)
-            self.sink.count("experiences_unsigned", unsigned)
+            self.counters.add("experiences_unsigned", unsigned)
         await self.admit(deliveries)
 
     async def admit(self, deliveries: list[Delivery[Experience]]) -> None:
@@ -74,23 +73,19 @@ class ExperienceIntake:
         for d in fresh:
             e = d.record
             self.lease.hold([d.id])
-            st.bump("experiences_consumed")
-            self.sink.count("experiences_consumed")
+            self.counters.add("experiences_consumed")
             problem = unissued(e, st.in_flight, st.grant_key, self.s.rollout.group_size)
             if problem is not None:
                 log.warning("dropping experience %s: %s", e.id, problem)
-                st.bump("experiences_unissued")
-                self.sink.count("experiences_unissued")
+                self.counters.add("experiences_unissued")
                 st.commit_entry_ids.append(d.id)
                 continue
             problem = invalid_reason(e, *self.limits)
             if problem is not None:
                 log.warning("rejecting experience %s: %s", e.id, problem)
-                st.bump("experiences_rejected")
-                self.sink.count("experiences_rejected")
+                self.counters.add("experiences_rejected")
                 st.commit_entry_ids.append(d.id)  # its prompt is re-issued when the group times out
                 continue
             if e.id not in new or self.buffer.file(d.id, e, st.in_flight) is Filed.DUPLICATE:
-                st.bump("experiences_deduplicated")
-                self.sink.count("experiences_deduplicated")
+                self.counters.add("experiences_deduplicated")
                 st.commit_entry_ids.append(d.id)

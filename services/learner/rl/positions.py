@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 
-from services.learner.observability import MetricsSink
+from services.learner.counters import Counters
 from services.learner.rl.group_buffer import GroupBuffer, position_of
 from services.learner.run_state import RunState
 from shared.schemas import Experience
@@ -17,12 +17,12 @@ log = logging.getLogger(__name__)
 
 
 class Positions:
-    """Ends positions on ``state`` (the run's) and ``buffer``; counts on ``state`` and ``sink``."""
+    """Ends positions on ``state`` (the run's) and ``buffer``; counts with ``counters``."""
 
-    def __init__(self, state: RunState, buffer: GroupBuffer, sink: MetricsSink) -> None:
+    def __init__(self, state: RunState, buffer: GroupBuffer, counters: Counters) -> None:
         self.state = state
         self.buffer = buffer
-        self.sink = sink
+        self.counters = counters
 
     def drop_group(self, gid: str) -> list[Experience]:
         """Drop one buffered group untrained; its entries are acknowledged at the next commit."""
@@ -56,10 +56,9 @@ class Positions:
         self.state.abandoned[key] = reason
         for gid in self.buffer.groups_of(key):
             self.drop_group(gid)
-        self.state.bump("prompts_abandoned")
-        self.sink.count("prompts_abandoned")
+        self.counters.add("prompts_abandoned")
 
     def _drop_superseded(self, key: str) -> None:
         """Other attempts of a finished position: duplicates now."""
         for other in self.buffer.groups_of(key):
-            self.state.bump("experiences_deduplicated", len(self.drop_group(other)))
+            self.counters.add("experiences_deduplicated", len(self.drop_group(other)))

@@ -14,8 +14,8 @@ import logging
 import time
 from collections.abc import Callable, Collection
 
+from services.learner.counters import Counters
 from services.learner.data import PromptSet
-from services.learner.observability import MetricsSink
 from services.learner.rl.grants import grant
 from services.learner.run_state import InFlight, RunState
 from services.learner.settings import LearnerSettings
@@ -31,14 +31,14 @@ class PromptFeeder:
     """Issues and re-issues prompt tasks; ``state`` is the run's (positions and counters are written there)."""
 
     def __init__(self, prompts: StreamQueue, data: PromptSet, epochs: int, state: RunState,
-                 settings: LearnerSettings, sink: MetricsSink,
+                 settings: LearnerSettings, counters: Counters,
                  give_up: Callable[[str, str], None] | None = None) -> None:
         self.prompts = prompts
         self.data = data
         self.epochs = epochs  # passes over the prompt set (data.epoch_plan: cycled until max_steps)
         self.state = state
         self.s = settings
-        self.sink = sink
+        self.counters = counters
         self.give_up = give_up  # (position, reason): the runner abandons a position past rollout.max_attempts
 
     def exhausted(self) -> bool:
@@ -121,5 +121,4 @@ class PromptFeeder:
         return task.model_copy(update={"grant": grant(self.state.grant_key, task.id, task.n)})
 
     def _count(self, name: str, n: int = 1) -> None:
-        self.state.bump(name, n)
-        self.sink.count(name, n)
+        self.counters.add(name, n)

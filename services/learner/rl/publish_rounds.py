@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from services.learner.observability import MetricsSink
+from services.learner.counters import Counters
 from services.learner.run_state import RunState
 from services.learner.weights.transport import PublishFailed
 from shared.redis_errors import REDIS_UNAVAILABLE, raise_if_refused
@@ -29,10 +29,10 @@ def publish_due(step: int, every: int, waiting: list[str]) -> bool:
 class PublishRounds:
     """Publishes through ``publisher`` (a ``WeightPublisher``); the version published goes to ``state``."""
 
-    def __init__(self, publisher: Any, state: RunState, sink: MetricsSink) -> None:
+    def __init__(self, publisher: Any, state: RunState, counters: Counters) -> None:
         self.publisher = publisher
         self.state = state
-        self.sink = sink
+        self.counters = counters
         self.failed = False  # the last round failed: the next step publishes again
         self.published_step = -1  # the trainer step whose weights the fleet was last given (-1: none yet)
 
@@ -62,5 +62,4 @@ class PublishRounds:
 
     def _failed(self) -> None:
         self.failed = True
-        self.state.bump("publishes_failed")
-        self.sink.count("publishes_failed")
+        self.counters.add("publishes_failed")

@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from services.learner.checkpoint import CheckpointManager
+from services.learner.counters import Counters
 from services.learner.data import PromptSet, epoch_plan, passes_note
 from services.learner.distributed.env import RankInfo
 from services.learner.observability import MetricsSink
@@ -126,6 +127,7 @@ class RLRunner:
         self.processed = ProcessedIds(redis, keys.processed_ids(run, "learner"), max_ids=q.processed_ids_max,
                                       ttl_s=q.processed_ids_ttl_s)
         self.state = RunState()
+        self.counters = Counters(self.state, sink)  # again on the state a resume loads (start)
         self.trainer: RLRunTrainer | None = None
         # the parts that work on the run state: once it is loaded (start), or once the trainer is (its limits)
         self.feeder: PromptFeeder | None = None
@@ -168,10 +170,11 @@ class RLRunner:
             self.state = RunState.load(latest / "run_state.json")
             log.info("resuming from %s", latest)
         plan = epoch_plan(self.s.data, self.s.train.groups_per_step, self.s.train.max_steps, len(data))
-        self.positions = Positions(self.state, self.buffer, self.sink)
-        self.feeder = PromptFeeder(self.prompts, data, plan.epochs, self.state, self.s, self.sink,
+        self.counters = Counters(self.state, self.sink)  # the run's state as loaded: counted once, in both places
+        self.positions = Positions(self.state, self.buffer, self.counters)
+        self.feeder = PromptFeeder(self.prompts, data, plan.epochs, self.state, self.s, self.counters,
                                    self.positions.abandon)
-        self.picker = BatchPicker(self.state, self.buffer, self.positions, self.s, self.sink, self.feeder.reissue)
+        self.picker = BatchPicker(self.state, self.buffer, self.positions, self.s, self.counters, self.feeder.reissue)
         if plan.note:
             log.warning("%s", plan.note)
         log.info("%s", passes_note(self.s))
@@ -225,7 +228,7 @@ class RLRunner:
         self.trainer = trainer = await asyncio.to_thread(trainer_class(self.s.algorithm), self.s, self.total_steps,
                                                          resume_dir, self.ranks.local_rank)
         self.intake = ExperienceIntake(self.experiences, self.processed, self.lease, self.state, self.buffer,
-                                       trainer.limits(), self.s, self.sink)
+                                       trainer.limits(), self.s, self.counters)
         if latest is not None:
             self.commits.last_checkpoint = str(latest)
         from services.learner.weights import WeightPublisher
@@ -243,7 +246,7 @@ class RLRunner:
             log.warning("run_key is unset (allow_unsigned_records): prompts go out unsigned and experiences are "
                         "trained on without checking who wrote them; give every service of the run the same run_key "
                         "(docs/security-redis.md)")
-        self.rounds = PublishRounds(publisher, self.state, self.sink)
+        self.rounds = PublishRounds(publisher, self.state, self.counters)
         self.sink.open(self.total_steps, trainer.global_step)
 
     async def _start_gate(self, stop: asyncio.Event) -> bool:
@@ -368,8 +371,7 @@ class RLRunner:
         phase = self.phase
         self.phase = "waiting_for_redis"
         self.error = f"Redis unavailable: {type(exc).__name__}: {exc}"
-        self.state.bump("redis_outages")
-        self.sink.count("redis_outages")
+        self.counters.add("redis_outages")
         answered = await wait_for_redis(self.redis, exc, stop, max_s=self.s.queue.redis_outage_max_s,
                                         error=self.error, recover=self._recover_after_outage, final=final)
         self.phase = phase
@@ -424,9 +426,8 @@ class RLRunner:
         step = self.trainer.global_step
         self.picker.stepped()
         self.positions.trained(gids)
-        st.bump("groups_trained", len(gids))
-        st.bump("samples_trained", len(exps))
-        self.sink.count("samples_trained", len(exps))
+        self.counters.add("groups_trained", len(gids))
+        self.counters.add("samples_trained", len(exps))
         self.sink.observe_staleness(staleness)
         self.sink.observe_version_spans(spans)
         self.commits.steps_since += 1

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from services.learner.checkpoint import CheckpointManager
+from services.learner.counters import Counters
 from services.learner.data import PromptSet
 from services.learner.distributed.env import RankInfo
 from services.learner.observability import MetricsSink
@@ -90,7 +91,7 @@ class SFTRunner:
                 st.next_index = end
                 if end >= len(self.data):
                     st.epoch, st.next_index = st.epoch + 1, 0
-                st.bump("samples_trained", len(pairs))
+                Counters(st, self.sink).add("samples_trained", len(pairs))  # the state as loaded (resume)
                 metrics.update({"epoch": st.epoch, "samples_trained": st.counters["samples_trained"]})
                 self.last_metrics = metrics
                 self.sink.log_step(self.trainer.global_step, metrics)

@@ -1,8 +1,9 @@
 """What a training step takes from the group buffer (services/learner/rl/batch_picker.py), without a run around it.
 The stale and dynamic-sampling paths run in a whole run in test_rl_runner.py."""
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, generate_latest
 
+from services.learner.counters import Counters
 from services.learner.observability import MetricsSink
 from services.learner.rl.batch_picker import BatchPicker
 from services.learner.rl.group_buffer import GroupBuffer
@@ -13,14 +14,18 @@ from tests.learner.helpers import group, settings
 
 def picker(tmp_path, reissued: list[tuple[str, str]], **sections) -> BatchPicker:
     s = settings(tmp_path, tmp_path, observability={"progress_bar": False}, **sections)
-    sink = MetricsSink(s.observability, tmp_path / "run", CollectorRegistry())
+    registry = CollectorRegistry()
+    sink = MetricsSink(s.observability, tmp_path / "run", registry)
     state, buffer = RunState(), GroupBuffer()
 
     async def reissue(key: str, why: str) -> bool:
         reissued.append((key, why))
         return True
 
-    return BatchPicker(state, buffer, Positions(state, buffer, sink), s, sink, reissue)
+    counters = Counters(state, sink)
+    p = BatchPicker(state, buffer, Positions(state, buffer, counters), s, counters, reissue)
+    p.registry = registry  # type: ignore[attr-defined]  (the test reads /metrics' text from it)
+    return p
 
 
 def fill(p: BatchPicker, groups: list[tuple[str, int, int]], version: int = 0,
@@ -148,3 +153,14 @@ async def test_a_hold_says_why_the_steps_wait(tmp_path):
     why = p.holding()
     assert why is not None and why.startswith("prompt e0-1 went stale and is being generated again")
     assert "rollout.stale_hold_s 30s, 20s left" in why
+
+
+async def test_a_superseded_attempt_is_counted_in_the_run_state_and_in_prometheus_alike(tmp_path):
+    """Training one attempt of a position drops its other attempts as duplicates: the persisted count and the
+    Prometheus counter move together (the drop bumped only the run state's count: /metrics said 0)."""
+    p = picker(tmp_path, [])
+    fill(p, [("e0-1", 0, 1), ("e0-1", 1, 1)])  # position e0-1's first attempt and its re-issue, both complete
+    p.positions.trained(["e0-1"])
+    assert p.state.counters["experiences_deduplicated"] == 4
+    exposed = generate_latest(p.registry).decode()  # what /metrics serves
+    assert "fleetrl_learner_experiences_deduplicated_total 4.0" in exposed

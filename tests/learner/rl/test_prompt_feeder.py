@@ -8,6 +8,7 @@ import json
 import prometheus_client
 import pytest
 
+from services.learner.counters import Counters
 from services.learner.data import PromptSet
 from services.learner.observability import MetricsSink
 from services.learner.rl.prompt_feeder import PromptFeeder
@@ -29,7 +30,7 @@ def feeder_parts(tmp_path, tiny_model_dir, redis_client):
     prompts = StreamQueue(redis_client, keys.prompts_stream(s.run_name), "rollout", PromptTask)
     data = PromptSet.load(s.data, s.train.seed)
     state = RunState()
-    return PromptFeeder(prompts, data, 2, state, s, sink), state, prompts
+    return PromptFeeder(prompts, data, 2, state, s, Counters(state, sink)), state, prompts
 
 
 async def issued(prompts: StreamQueue) -> list[str]:

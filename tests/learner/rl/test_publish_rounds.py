@@ -5,6 +5,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from services.learner.counters import Counters
 from services.learner.observability import MetricsSink
 from services.learner.rl.publish_rounds import PublishRounds, publish_due
 from services.learner.run_state import RunState
@@ -35,7 +36,8 @@ class Outcomes:
 
 def rounds(tmp_path, *outcomes) -> PublishRounds:
     sink = MetricsSink(ObservabilitySettings(progress_bar=False), tmp_path, CollectorRegistry())
-    return PublishRounds(Outcomes(*outcomes), RunState(), sink)
+    state = RunState()
+    return PublishRounds(Outcomes(*outcomes), state, Counters(state, sink))
 
 
 async def test_a_failed_round_fails_only_itself_and_the_next_step_publishes_again(tmp_path):
