@@ -39,7 +39,7 @@ LINKS: dict[str, tuple[Link, ...]] = {
         Link("run_name", "run_name"), Link("model", "model.actor"), *(Link(s, s) for s in REUSED),
         Link("sampling.group_size", "rollout.group_size"),
         *_sampling("rollout.sampling", ("max_new_tokens", "temperature", "top_p", "top_k", "stop")),
-        Link("staleness", "rollout.max_staleness"), Link("window", "rollout.window", lambda s: s.group_window),
+        Link("staleness", "run.max_staleness"), Link("window", "rollout.window", lambda s: s.group_window),
         Link("checkpoint_every", "checkpoint.every"), Link("export", "checkpoint.export_dir"),
         # a preference run (rm, dpo) measures its held-out pairs itself
         Link("eval.data", "data.eval_path", lambda s: s.eval.data if s.heldout_pairs else None),
@@ -47,7 +47,7 @@ LINKS: dict[str, tuple[Link, ...]] = {
         Link("eval.max_samples", "algorithm.eval_max_pairs", lambda s: s.eval.max_samples if s.heldout_pairs else None),
     ),
     "rollout": (
-        Link("run_name", "run_name"), Link("model", "model"), Link("staleness", "worker.max_staleness"),
+        Link("run_name", "run_name"), Link("model", "model"), Link("staleness", "run.max_staleness"),
         *_sampling("worker.sampling", ("max_new_tokens", "temperature", "top_p", "top_k", "min_p", "stop")),
     ),
     "reward": (Link("reward.scorers", "scorers"),),
