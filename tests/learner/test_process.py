@@ -36,7 +36,7 @@ def write_config(tmp_path, tiny_model_dir, redis_url, n_prompts, **extra) -> tup
         "train": {"groups_per_step": 2, "micro_batch_size": 8, "torch_threads": 1},
         "algorithm": {"name": "grpo"},
         "data": {"path": str(prompts)},
-        "rollout": {"group_size": 4, "window": 4, "max_staleness": 3},
+        "rollout": {"group_size": 4, "window": 4}, "run": {"max_staleness": 3},
         "queue": {"block_ms": 200},
         "checkpoint": {"every": 2},
         "observability": {"progress_bar": False, "log_sample_ids": True},
