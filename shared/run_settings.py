@@ -117,7 +117,8 @@ def record_of(run: RunSettings, run_key: SecretStr | None, service: str, now: fl
 def disagreement(run_name: str, record: dict[str, Any], run: RunSettings, run_key: SecretStr | None) -> str | None:
     """Why a service with ``run`` and ``run_key`` must not join the run whose ``record`` this is (one line naming
     each field that differs), or None."""
-    theirs = record.get("settings") if isinstance(record.get("settings"), dict) else {}
+    given = record.get("settings")
+    theirs: dict[str, Any] = given if isinstance(given, dict) else {}
     who = f"written by {record.get('written_by', '?')} at {record.get('at', '?')}"
     diffs = [f"run.{name} is {value} here but {theirs[name]} in the run's record"
              for name, value in run.model_dump(mode="json").items() if name in theirs and theirs[name] != value]
