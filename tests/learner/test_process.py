@@ -116,14 +116,15 @@ async def test_a_learner_that_disagrees_with_the_runs_record_exits_2_naming_the_
     run.max_staleness refuses before it loads anything, in one line."""
     from shared.run_settings import RunSettings, check_run_record
 
-    assert check_run_record(redis_server.url, "proc", RunSettings(max_staleness=1), None, "rollout") is None
-    cfg, _ = write_config(tmp_path, tiny_model_dir, redis_server.url, n_prompts=8)  # run.max_staleness 3
+    run = "proc-disagree"  # a name of its own: the record stays in this Redis after the test
+    assert check_run_record(redis_server.url, run, RunSettings(max_staleness=1), None, "rollout") is None
+    cfg, _ = write_config(tmp_path, tiny_model_dir, redis_server.url, n_prompts=8, run_name=run)  # staleness 3
     out = subprocess.run([sys.executable, "-m", "services.learner", "--config", str(cfg)], cwd=REPO,
                          capture_output=True, text=True, timeout=120, check=False)
     assert out.returncode == 2, out.stderr
     errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "Traceback" not in out.stderr
-    assert errors[0].startswith("error: run 'proc': run.max_staleness is 3 here but 1 in the run's record "
+    assert errors[0].startswith(f"error: run '{run}': run.max_staleness is 3 here but 1 in the run's record "
                                 "(written by rollout at ")
     assert not (tmp_path / "run" / "checkpoints").exists()
 

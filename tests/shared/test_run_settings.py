@@ -110,18 +110,19 @@ def test_a_rollout_replica_that_disagrees_with_the_run_exits_2_in_one_line(redis
 
     from tests.procs import REPO
 
-    assert run_record_problem(client, "proc", RunSettings(max_staleness=2), KEY, "learner") is None
+    run = "record-proc"  # a name of its own: the record stays in this Redis after the test
+    assert run_record_problem(client, run, RunSettings(max_staleness=2), KEY, "learner") is None
     model = tmp_path / "m"
     model.mkdir()
     (model / "config.json").write_text("{}")
     cfg = tmp_path / "rollout.yaml"
     cfg.write_text(yaml.safe_dump({
-        "model": str(model), "redis_url": redis_server.url, "run_name": "proc", "run_key": KEY.get_secret_value(),
+        "model": str(model), "redis_url": redis_server.url, "run_name": run, "run_key": KEY.get_secret_value(),
         "worker": {"enabled": True, "reward_url": "http://127.0.0.1:9", "max_staleness": 4}}))
     out = subprocess.run([sys.executable, "-m", "services.rollout", "--config", str(cfg)], cwd=REPO,
                          capture_output=True, text=True, timeout=120, check=False)
     assert out.returncode == 2, out.stderr
     errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "Traceback" not in out.stderr
-    assert errors[0].startswith("error: run 'proc': run.max_staleness is 4 here but 2 in the run's record "
+    assert errors[0].startswith(f"error: run '{run}': run.max_staleness is 4 here but 2 in the run's record "
                                 "(written by learner at ")
