@@ -110,13 +110,17 @@ def test_bad_config_exits_2_with_a_message(tmp_path):
     assert out.returncode == 2 and "algorithm" in out.stderr and "a2c" in out.stderr
 
 
-async def test_a_learner_that_disagrees_with_the_runs_record_exits_2_naming_the_field(tmp_path, tiny_model_dir,
-                                                                                   redis_server, redis_client):
+def test_a_learner_that_disagrees_with_the_runs_record_exits_2_naming_the_field(tmp_path, tiny_model_dir,
+                                                                             redis_server):
     """A rollout replica started first wrote the run's record (shared/run_settings.py); a learner given another
     run.max_staleness refuses before it loads anything, in one line."""
+    import redis
+
     from shared.run_settings import RunSettings, check_run_record
 
     run = "proc-disagree"  # a name of its own: the record stays in this Redis after the test
+    with redis.Redis.from_url(redis_server.url, socket_timeout=10) as client:
+        client.delete(keys.run_settings(run))
     assert check_run_record(redis_server.url, run, RunSettings(max_staleness=1), None, "rollout") is None
     cfg, _ = write_config(tmp_path, tiny_model_dir, redis_server.url, n_prompts=8, run_name=run)  # staleness 3
     out = subprocess.run([sys.executable, "-m", "services.learner", "--config", str(cfg)], cwd=REPO,
