@@ -26,6 +26,7 @@ import hashlib
 import hmac
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
@@ -60,7 +61,7 @@ LEGACY: dict[str, dict[str, str]] = {
 """Per service: the setting's former place -> its field in ``run`` (still read there, with a warning)."""
 
 
-def move_legacy(service: str, data: Any, warn: Any = None) -> Any:
+def move_legacy(service: str, data: Any, warn: Callable[[str], None] | None = None) -> Any:
     """Move the former places of run-wide settings (:data:`LEGACY`) in the raw settings ``data`` into its ``run``
     section; ``warn(line)`` is told each rename. Two places giving one field different values is a ValueError
     naming both."""
@@ -82,10 +83,12 @@ def move_legacy(service: str, data: Any, warn: Any = None) -> Any:
         moved[field] = (old, value)
     if not moved:
         return data
-    run = out.get("run")
-    run = dict(run) if isinstance(run, dict) else ({} if run is None else run)
-    if not isinstance(run, dict):  # a RunSettings instance: it and a former place both set
-        run = run.model_dump() if isinstance(run, BaseModel) else run
+    given = out.get("run")
+    if isinstance(given, BaseModel):  # a RunSettings instance: what it was given
+        given = given.model_dump(exclude_unset=True)
+    if given is not None and not isinstance(given, dict):
+        raise ValueError(f"run: a mapping of run-wide settings, not {type(given).__name__}")
+    run = dict(given or {})
     for field, (old, value) in moved.items():
         if field in run and str(run[field]) != str(value):
             raise ValueError(f"{old} ({value}) and run.{field} ({run[field]}) are one setting: give only "

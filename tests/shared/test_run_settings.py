@@ -126,3 +126,10 @@ def test_a_rollout_replica_that_disagrees_with_the_run_exits_2_in_one_line(redis
     assert len(errors) == 1 and "Traceback" not in out.stderr
     assert errors[0].startswith(f"error: run '{run}': run.max_staleness is 4 here but 2 in the run's record "
                                 "(written by learner at ")
+
+
+def test_a_run_section_given_as_a_model_keeps_only_what_it_was_given():
+    moved = move_legacy("learner", {"rollout": {"max_staleness": 3}, "run": RunSettings(max_experience_backlog=8)})
+    assert moved["run"] == {"max_experience_backlog": 8, "max_staleness": 3}
+    with pytest.raises(ValueError, match="run: a mapping of run-wide settings, not int"):
+        move_legacy("learner", {"rollout": {"max_staleness": 3}, "run": 5})
