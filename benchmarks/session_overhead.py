@@ -74,7 +74,7 @@ def main() -> None:
         "port": port, "model": str(model), "served_model_name": "tiny", "control_token": TOKEN,
         "redis_url": redis.url, "run_name": "bench", "run_key": secrets.token_hex(32),  # sessions sign experiences
         "engine": {"kind": "hf", "device": "cpu", "max_batch_size": 8, "max_wait_ms": 1, "torch_threads": args.threads},
-        "sessions": {"enabled": True, "max_experience_backlog": 100000},
+        "sessions": {"enabled": True}, "run": {"max_experience_backlog": 100000},
     }))
     log = tmp / "rollout.log"
     proc = spawn(["-m", "services.rollout", "--config", str(cfg)], log,

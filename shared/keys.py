@@ -63,3 +63,9 @@ def session_owner(run: str, session_id: str) -> str:
 def rollout_replica(run: str, url: str) -> str:
     """A live rollout replica in session mode, by its advertised URL (a heartbeat with a short TTL)."""
     return f"{_prefix(run)}:rollout:replica:{url}"
+
+
+def run_settings(run: str) -> str:
+    """The run's record of its run-wide settings (JSON: settings, run_key fingerprint, written_by, at), written
+    by the first service of the run to start and compared by every later one (shared/run_settings.py)."""
+    return f"{_prefix(run)}:run:settings"

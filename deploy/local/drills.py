@@ -366,13 +366,19 @@ DRILLS = {d.name: d for d in (
 
 
 # ---- one fleet per drill -------------------------------------------------------------------------------
+# Run-wide (every service holds the same, else the later ones refuse to start): a stopped worker's prompts are
+# reclaimed after 3 s, not 30, so the drills stay short.
+RUN_WIDE = {"max_staleness": 1, "prompt_claim_idle_ms": 3000}
+
+
 def _learner_config(run: Path, model: Path) -> dict:
     return {
         "run_name": RUN, "run_dir": str(run / "learner"), "model": {"actor": str(model)},
         "algorithm": {"name": "grpo"},
         "optim": {"actor_lr": 1e-4, "schedule": "constant", "warmup_ratio": 0.0},
         "train": {"groups_per_step": GROUPS_PER_STEP, "micro_batch_size": 16, "torch_threads": 1},
-        "rollout": {"group_size": GROUP_SIZE, "window": 2 * GROUPS_PER_STEP, "max_staleness": 1,
+        "run": RUN_WIDE,
+        "rollout": {"group_size": GROUP_SIZE, "window": 2 * GROUPS_PER_STEP,
                     "sampling": {"max_new_tokens": MAX_NEW_TOKENS, "temperature": 1.0}},
         "data": {"path": str(run / "data" / "drill.jsonl"), "input_key": "input", "label_key": "label",
                  "shuffle": False},
@@ -387,8 +393,9 @@ def _rollout_config(model: Path, reward_url: str, consumer: str) -> dict:
     return {
         "run_name": RUN, "model": str(model),
         "engine": {"kind": "hf", "device": "cpu", "max_batch_size": 64, "torch_threads": 1},
-        "worker": {"enabled": True, "reward_url": reward_url, "concurrency": 4, "max_staleness": 1,
-                   "consumer_name": consumer, "claim_idle_ms": 3000, "reward_backoff_max_s": 2.0,
+        "run": RUN_WIDE,
+        "worker": {"enabled": True, "reward_url": reward_url, "concurrency": 4,
+                   "consumer_name": consumer, "reward_backoff_max_s": 2.0,
                    "sampling": {"max_new_tokens": MAX_NEW_TOKENS, "temperature": 1.0}},
     }
 

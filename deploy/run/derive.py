@@ -6,6 +6,7 @@ itself) also sets, to another value, is an error naming both places.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from shared.run_settings import LEGACY, move_legacy
 from shared.settings import SettingsError, read_config_file
 
 from .spec import RunSpec
@@ -39,7 +41,7 @@ LINKS: dict[str, tuple[Link, ...]] = {
         Link("run_name", "run_name"), Link("model", "model.actor"), *(Link(s, s) for s in REUSED),
         Link("sampling.group_size", "rollout.group_size"),
         *_sampling("rollout.sampling", ("max_new_tokens", "temperature", "top_p", "top_k", "stop")),
-        Link("staleness", "rollout.max_staleness"), Link("window", "rollout.window", lambda s: s.group_window),
+        Link("staleness", "run.max_staleness"), Link("window", "rollout.window", lambda s: s.group_window),
         Link("checkpoint_every", "checkpoint.every"), Link("export", "checkpoint.export_dir"),
         # a preference run (rm, dpo) measures its held-out pairs itself
         Link("eval.data", "data.eval_path", lambda s: s.eval.data if s.heldout_pairs else None),
@@ -47,7 +49,7 @@ LINKS: dict[str, tuple[Link, ...]] = {
         Link("eval.max_samples", "algorithm.eval_max_pairs", lambda s: s.eval.max_samples if s.heldout_pairs else None),
     ),
     "rollout": (
-        Link("run_name", "run_name"), Link("model", "model"), Link("staleness", "worker.max_staleness"),
+        Link("run_name", "run_name"), Link("model", "model"), Link("staleness", "run.max_staleness"),
         *_sampling("worker.sampling", ("max_new_tokens", "temperature", "top_p", "top_k", "min_p", "stop")),
     ),
     "reward": (Link("reward.scorers", "scorers"),),
@@ -152,8 +154,36 @@ def service_config(spec: RunSpec, service: str, spec_file: str | Path = "the run
     """The settings mapping of ``service`` (without what ``fleetrl run`` adds per process)."""
     own, where = own_settings(spec, service)
     ours, origin = derived(spec, service)
+    if service in LEGACY:
+        try:
+            own = move_legacy(service, own, logging.getLogger("deploy.run").warning)
+        except ValueError as exc:
+            raise SettingsError(f"{where}: {exc}") from exc
+        shared_run = run_wide(spec)
+        if shared_run:  # what one service's own settings give the run, every service gets (the spec wins)
+            ours = deep_merge({"run": shared_run}, ours)
     check_agreement(service, own, where, ours, origin, str(spec_file))
     return with_plugins(spec, deep_merge(own, ours))
+
+
+def run_wide(spec: RunSpec) -> dict[str, Any]:
+    """The ``run`` section the services' own settings give (their former places of it included), which every
+    service of the run must hold alike (shared/run_settings.py): two services giving one field different values is
+    a SettingsError naming both."""
+    out: dict[str, Any] = {}
+    given: dict[str, str] = {}
+    for service in LEGACY:
+        own, where = own_settings(spec, service)
+        try:
+            run = move_legacy(service, own).get("run") if own else None
+        except ValueError as exc:
+            raise SettingsError(f"{where}: {exc}") from exc
+        for name, value in (run or {}).items() if isinstance(run, dict) else ():
+            if name in out and str(out[name]) != str(value):
+                raise SettingsError(f"{given[name]} sets run.{name} = {out[name]!r} but {where} sets {value!r}: "
+                                    "every service of a run holds the same run-wide settings; set it once")
+            out[name], given[name] = value, where
+    return out
 
 
 def with_plugins(spec: RunSpec, config: dict[str, Any]) -> dict[str, Any]:

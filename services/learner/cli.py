@@ -74,6 +74,7 @@ def main(
     settings, embedded = _embedded_redis_if_needed(settings)
     _refuse_bad_redis_credentials(settings, embedded)
     _refuse_a_used_run_name(settings, embedded)
+    _refuse_a_disagreeing_run(settings, embedded)
     server: uvicorn.Server | None = None
     exit_code = {"code": 0}
 
@@ -131,6 +132,27 @@ def _refuse_a_used_run_name(settings: LearnerSettings, embedded: EmbeddedRedis |
     try:
         problem = stale_run_problem(settings.redis_url, settings.run_name, settings.checkpoint_dir,
                                     settings.checkpoint.resume)
+    except REDIS_FAILED as exc:
+        problem = f"cannot read Redis at {redact_url(settings.redis_url)} (redis_url): {redact_text(str(exc))}"
+    if problem is not None:
+        if embedded is not None:
+            embedded.stop()
+        typer.echo(f"error: {problem}", err=True)
+        raise typer.Exit(2)
+
+
+def _refuse_a_disagreeing_run(settings: LearnerSettings, embedded: EmbeddedRedis | None) -> None:
+    """Write the run's record of its run-wide settings, or compare with it: a difference is one line naming the
+    field, exit 2 (shared/run_settings.py)."""
+    from services.learner.algorithms.rl_algorithms import runner_class
+    from shared.redact import redact_text, redact_url
+    from shared.redis_errors import REDIS_FAILED
+    from shared.run_settings import check_run_record
+
+    if not runner_class(settings.algorithm).needs_redis or not settings.redis_url:
+        return
+    try:
+        problem = check_run_record(settings.redis_url, settings.run_name, settings.run, settings.run_key, "learner")
     except REDIS_FAILED as exc:
         problem = f"cannot read Redis at {redact_url(settings.redis_url)} (redis_url): {redact_text(str(exc))}"
     if problem is not None:

@@ -8,13 +8,15 @@ Nested sections: ``model``, ``optim``, ``train``, ``algorithm`` (discriminated o
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from services.learner.algorithms.algorithm_settings import AlgorithmSettings, GRPOSettings, runs_fleet
 from services.learner.watches.pool_signal import PoolSignalSettings
+from shared.run_settings import RunSettings, move_legacy
 from shared.schemas import SamplingOverrides
 from shared.settings import ServiceSettings, service_config
 from shared.weight_sync.settings import WeightSyncSettings
@@ -176,15 +178,13 @@ class DataSettings(_Section):
 
 
 class RolloutRequestSettings(_Section):
-    """What the learner asks the rollout fleet for, and how far behind it may run."""
+    """What the learner asks the rollout fleet for, and how far behind it may run (its staleness bound is
+    ``run.max_staleness``, shared with the rollout fleet)."""
 
     group_size: int = Field(default=4, ge=1, le=1024, description="Samples per prompt (PromptTask.n).")
     sampling: SamplingOverrides = Field(default_factory=SamplingOverrides, description="Per-task sampling settings.")
     window: int = Field(
         default=16, ge=1, description="Prompt groups produced but not yet trained on, at most (bounds staleness)."
-    )
-    max_staleness: int = Field(
-        default=1, ge=0, description="Drop experiences with weight_version < current - max_staleness (prompt re-issued)."
     )
     prompt_timeout_s: float = Field(
         default=900.0, gt=0.0, description="Re-issue a prompt whose group is not complete after this long."
@@ -329,10 +329,17 @@ class LearnerSettings(ServiceSettings):
     checkpoint: CheckpointSettings = Field(default_factory=CheckpointSettings)
     observability: ObservabilitySettings = Field(default_factory=ObservabilitySettings)
     distributed: DistributedSettings = Field(default_factory=DistributedSettings)
+    run: RunSettings = Field(default_factory=RunSettings, description="Run-wide settings every service of the run "
+                             "shares (shared/run_settings.py); checked at start against the run's record in Redis.")
     pool: PoolSignalSettings = Field(default_factory=PoolSignalSettings,
                                      description="The elastic rollout pool's demand signal (docs/elastic.md).")
     exit_when_done: bool = Field(default=True, description="Exit the process once training has finished.")
     max_body_bytes: int = Field(default=64 * 1024, ge=1024, description="Larger request bodies get 413.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _run_wide_renamed(cls, data: Any) -> Any:
+        return move_legacy("learner", data, logging.getLogger("services.learner.settings").warning)
 
     def optional_packages(self) -> dict[str, str]:
         """Import name -> the setting that needs it, of the optional packages these settings need

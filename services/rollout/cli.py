@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from shared.settings import SettingsError, load_settings
+
+if TYPE_CHECKING:
+    from services.rollout.settings import RolloutSettings
 
 app = typer.Typer(add_completion=False, help="FleetRL rollout service (generation fleet).")
 
@@ -55,6 +58,8 @@ def main(
         from shared.redis_auth import redis_auth_problem
 
         problem = redis_auth_problem(settings.redis_url)
+        if problem is None and settings.shares_records:  # joins the run's streams: its run-wide settings must agree
+            problem = _run_record_problem(settings)
         if problem is not None:
             typer.echo(f"error: {problem}", err=True)
             raise typer.Exit(2)
@@ -71,3 +76,17 @@ def main(
     service.on_drained = exit_process  # POST /drain ends this process (through uvicorn's own shutdown)
     uvicorn.run(create_app(settings, service=service), host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
                 access_log=False, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
+
+
+def _run_record_problem(settings: RolloutSettings) -> str | None:
+    """The run's record of its run-wide settings, written if this replica is the run's first service, else
+    compared: a difference is one line naming the field (shared/run_settings.py)."""
+    from shared.redact import redact_text, redact_url
+    from shared.redis_errors import REDIS_FAILED
+    from shared.run_settings import check_run_record
+
+    assert settings.redis_url is not None
+    try:
+        return check_run_record(settings.redis_url, settings.run_name, settings.run, settings.run_key, "rollout")
+    except REDIS_FAILED as exc:
+        return f"cannot read Redis at {redact_url(settings.redis_url)} (redis_url): {redact_text(str(exc))}"

@@ -116,7 +116,7 @@ class RolloutService:
                     tokenizer=self.tokenizer, registry=self.metrics.registry,
                     url=s.advertise_url or default_url(s.host, s.port), host=s.host,
                     control_token=s.control_token.get_secret_value() if s.control_token else None,
-                    run_key=s.run_key,
+                    run_key=s.run_key, max_experience_backlog=s.run.max_experience_backlog,
                     reward_token=s.worker.reward_token.get_secret_value() if s.worker.reward_token else None)
                 await self._start(self.sessions)
             if self.settings.worker.enabled:
@@ -124,7 +124,7 @@ class RolloutService:
                 from services.rollout.worker.settings import WorkerRun
 
                 s = self.settings
-                run = WorkerRun(redis_url=s.redis_url, run_name=s.run_name, run_key=s.run_key, worker=s.worker)
+                run = WorkerRun(redis_url=s.redis_url, run_name=s.run_name, run_key=s.run_key, worker=s.worker, run=s.run)
                 self.worker = RolloutWorker(run, self, self.metrics.registry)
                 await self._start(self.worker)
         except BaseException:

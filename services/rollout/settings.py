@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from services.rollout.engines.settings import EngineSettings, HFEngineSettings
 from services.rollout.sessions.settings import SessionSettings
 from services.rollout.weights.settings import SidecarSettings, refuse_legacy_env
 from services.rollout.worker.settings import WorkerSampling
+from shared.run_settings import RunSettings, move_legacy
 from shared.settings import ServiceSettings, service_config
 
 
@@ -58,14 +60,7 @@ class WorkerSettings(BaseModel):
                                            "Authorization: Bearer (fleetrl run sets it); unset: none sent.")
     consumer_name: str | None = Field(default=None, description="Consumer name in the 'rollout' group; default host-pid.")
     concurrency: int = Field(default=8, ge=1, le=1024, description="Prompt groups generated at the same time.")
-    max_staleness: int = Field(
-        default=1, ge=0, description="Stop taking prompts while the learner's version is more than this ahead."
-    )
-    max_experience_backlog: int = Field(
-        default=4096, ge=1, description="Stop taking prompts while the experiences stream holds more than this."
-    )
     prompts_max_deliveries: int = Field(default=5, ge=1, description="Deliveries before a prompt is dead-lettered.")
-    claim_idle_ms: int = Field(default=30_000, ge=100, description="A prompt pending this long on a dead worker is reclaimed.")
     reward_timeout_s: float = Field(default=60.0, gt=0, description="Timeout of one /score call.")
     reward_backoff_max_s: float = Field(default=10.0, gt=0, description="Longest wait between /score retries.")
     reward_max_attempts: int = Field(default=20, ge=1, description="/score tries per group (5xx, 429, no answer) "
@@ -136,6 +131,8 @@ class RolloutSettings(ServiceSettings):
     engine: EngineSettings = Field(default_factory=HFEngineSettings, description="Engine kind and its settings.")
     limits: LimitsSettings = Field(default_factory=LimitsSettings)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
+    run: RunSettings = Field(default_factory=RunSettings, description="Run-wide settings every service of the run "
+                             "shares (shared/run_settings.py); checked at start against the run's record in Redis.")
     extensions: list[str] = Field(
         default_factory=list, description="'module:factory' import paths; factory(service) -> APIRouter (your routes)."
     )
@@ -168,6 +165,11 @@ class RolloutSettings(ServiceSettings):
         default=False, description="Let a request replace the model's chat template "
         "(chat_template_kwargs.chat_template); off: such a request is a 400. Only for clients you trust: the "
         "template is sandboxed and time-bounded, but it is code the caller wrote (vLLM's flag of the same name).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _run_wide_renamed(cls, data: Any) -> Any:
+        return move_legacy("rollout", data, logging.getLogger("services.rollout.settings").warning)
 
     @field_validator("tool_call_parser")
     @classmethod

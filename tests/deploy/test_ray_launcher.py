@@ -44,15 +44,15 @@ def launch_settings(tmp_path, model_dir, redis_url) -> LaunchSettings:
             "scorers": [{"name": "exact", "kind": "rule", "weight": 1.0, "check": {"type": "exact"}}]}},
         rollout={"replicas": 1, "num_cpus": 1, "health_timeout_s": 120, "config": {
             "model": str(model_dir), "engine": {"kind": "hf", "device": "cpu", "torch_threads": 1},
-            "worker": {"enabled": True, "concurrency": 8, "max_staleness": 1, "claim_idle_ms": 1500,
-                       "sampling": sampling},
+            "worker": {"enabled": True, "concurrency": 8, "sampling": sampling},
+            "run": {"max_staleness": 1, "prompt_claim_idle_ms": 1500},
             "weights": {"join_timeout_s": 20}}},
         learner={"replicas": 1, "num_cpus": 1, "health_timeout_s": 120, "config": {
             "run_dir": str(tmp_path / "learner"), "model": {"actor": str(model_dir)},
             "algorithm": {"name": "grpo"}, "optim": {"actor_lr": 1e-4, "schedule": "constant", "warmup_ratio": 0.0},
             "train": {"groups_per_step": 4, "micro_batch_size": 16, "max_steps": STEPS, "torch_threads": 1},
-            "rollout": {"group_size": 4, "window": 8, "max_staleness": 1, "prompt_timeout_s": 15,
-                        "sampling": sampling},
+            "rollout": {"group_size": 4, "window": 8, "prompt_timeout_s": 15, "sampling": sampling},
+            "run": {"max_staleness": 1, "prompt_claim_idle_ms": 1500},  # the same at every service of the run
             "data": {"path": str(data), "input_key": "input", "label_key": "label", "epochs": 5},
             "publish": {"every": 1, "sync": {"init_timeout_s": 10, "collective_timeout_s": 10,
                                              "regroup_timeout_s": 3, "load_timeout_s": 20}},

@@ -42,7 +42,7 @@ def write_config(tmp_path, name, tiny_model_dir, redis_url, n_prompts=N_PROMPTS,
         # group baselines (shards keep groups whole), reward statistics and whitening over the whole batch
         "algorithm": {"name": "grpo", "normalize_rewards": True, "normalize_advantages": True},
         "data": {"path": str(prompts), "shuffle": False},
-        "rollout": {"group_size": GROUP, "window": 2, "max_staleness": 100},
+        "rollout": {"group_size": GROUP, "window": 2}, "run": {"max_staleness": 100},
         "queue": {"block_ms": 100},
         "checkpoint": {"every": 2, "export_dir": str(run_dir / "export")},
         "observability": {"progress_bar": False, "log_sample_ids": True, "plot": False},

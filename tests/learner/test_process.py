@@ -36,7 +36,7 @@ def write_config(tmp_path, tiny_model_dir, redis_url, n_prompts, **extra) -> tup
         "train": {"groups_per_step": 2, "micro_batch_size": 8, "torch_threads": 1},
         "algorithm": {"name": "grpo"},
         "data": {"path": str(prompts)},
-        "rollout": {"group_size": 4, "window": 4, "max_staleness": 3},
+        "rollout": {"group_size": 4, "window": 4}, "run": {"max_staleness": 3},
         "queue": {"block_ms": 200},
         "checkpoint": {"every": 2},
         "observability": {"progress_bar": False, "log_sample_ids": True},
@@ -108,6 +108,29 @@ def test_bad_config_exits_2_with_a_message(tmp_path):
     out = subprocess.run([sys.executable, "-m", "services.learner", "--config", str(bad)], cwd=REPO,
                          capture_output=True, text=True, timeout=60, check=False)
     assert out.returncode == 2 and "algorithm" in out.stderr and "a2c" in out.stderr
+
+
+def test_a_learner_that_disagrees_with_the_runs_record_exits_2_naming_the_field(tmp_path, tiny_model_dir,
+                                                                             redis_server):
+    """A rollout replica started first wrote the run's record (shared/run_settings.py); a learner given another
+    run.max_staleness refuses before it loads anything, in one line."""
+    import redis
+
+    from shared.run_settings import RunSettings, check_run_record
+
+    run = "proc-disagree"  # a name of its own: the record stays in this Redis after the test
+    with redis.Redis.from_url(redis_server.url, socket_timeout=10) as client:
+        client.delete(keys.run_settings(run))
+    assert check_run_record(redis_server.url, run, RunSettings(max_staleness=1), None, "rollout") is None
+    cfg, _ = write_config(tmp_path, tiny_model_dir, redis_server.url, n_prompts=8, run_name=run)  # staleness 3
+    out = subprocess.run([sys.executable, "-m", "services.learner", "--config", str(cfg)], cwd=REPO,
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 2, out.stderr
+    errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in out.stderr
+    assert errors[0].startswith(f"error: run '{run}': run.max_staleness is 3 here but 1 in the run's record "
+                                "(written by rollout at ")
+    assert not (tmp_path / "run" / "checkpoints").exists()
 
 
 async def test_http_surface_and_control(tmp_path, tiny_model_dir, redis_server, redis_client):

@@ -33,8 +33,12 @@ def start_reward(tmp, port: int):
 
 
 def worker_config(model_dir, redis_url: str, run: str, reward_port: int, **worker) -> dict:
+    """The worker's own settings from ``worker``; its run-wide ones (max_staleness, claim_idle_ms: the prompts')
+    go to the ``run`` section."""
+    run_wide = {field: worker.pop(name) for name, field in (("max_staleness", "max_staleness"),
+                                                           ("claim_idle_ms", "prompt_claim_idle_ms")) if name in worker}
     return {
-        "model": str(model_dir), "redis_url": redis_url, "run_name": run,
+        "model": str(model_dir), "redis_url": redis_url, "run_name": run, "run": run_wide,
         "engine": {"kind": "hf", "device": "cpu", "torch_threads": 1, "max_wait_ms": 2},
         "worker": {"enabled": True, "reward_url": f"http://127.0.0.1:{reward_port}", "concurrency": 4,
                    "poll_interval_s": 0.2, "reward_backoff_max_s": 0.5,

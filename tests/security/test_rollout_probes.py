@@ -41,8 +41,9 @@ def servers(tiny_model_dir, redis_server, tmp_path_factory):
     guarded = {**base, "redis_url": redis_server.url, "run_name": RUN, "weight_sidecar": False,
                "sessions": {"enabled": True, "unknown_header_id": "open"},
                "worker": {"enabled": True, "reward_url": "http://127.0.0.1:9", "poll_interval_s": 0.1,
-                          "prompts_max_deliveries": 1, "rollout_function": "multi_turn", "claim_idle_ms": 100,
-                          "sampling": {"max_new_tokens": 4}, "agent": {"environment": "echo"}}}
+                          "prompts_max_deliveries": 1, "rollout_function": "multi_turn",
+                          "sampling": {"max_new_tokens": 4}, "agent": {"environment": "echo"}},
+               "run": {"prompt_claim_idle_ms": 100}}
     trusting = {**base, "trust_request_chat_template": True, "limits": {"chat_template_timeout_s": 2.0}}
     started = start_rollouts(tmp, {"guarded": guarded, "trusting": trusting})
     yield {name: url for name, (_, url, _) in zip(("guarded", "trusting"), started)}

@@ -44,8 +44,8 @@ def worker(tiny_model_dir, redis_server, tmp_path_factory):
     cfg = {"model": str(tiny_model_dir), "redis_url": redis_server.url, "run_name": RUN, "run_key": RUN_KEY,
            "weight_sidecar": False, "engine": {"kind": "hf", "device": "cpu", "torch_threads": 1, "max_wait_ms": 2},
            "worker": {"enabled": True, "reward_url": f"http://127.0.0.1:{reward_port}", "concurrency": 4,
-                      "poll_interval_s": 0.1, "claim_idle_ms": 200, "max_prompt_chars": MAX_PROMPT_CHARS,
-                      "sampling": {"max_new_tokens": 4}}}
+                      "poll_interval_s": 0.1, "max_prompt_chars": MAX_PROMPT_CHARS,
+                      "sampling": {"max_new_tokens": 4}}, "run": {"prompt_claim_idle_ms": 200}}
     proc, url, _ = start_rollout(tmp, "worker", cfg)
     yield url
     stop(proc)

@@ -49,7 +49,7 @@ class BatchPicker:
         """Up to groups_per_step fresh complete groups (dropping stale ones, and with dynamic sampling those
         without signal), or [] if not ready. ``exhausted``: every prompt of the run was issued (the last, smaller
         batch may go)."""
-        limit = self.state.weight_version - self.s.rollout.max_staleness
+        limit = self.state.weight_version - self.s.run.max_staleness
         for gid in self.buffer.stale(limit):
             oldest = self.buffer.oldest_version(gid)
             dropped = self.positions.drop_group(gid)
@@ -102,7 +102,7 @@ class BatchPicker:
         log.warning("prompt %s went stale %d times: its groups take longer to generate and score than %d training "
                     "steps, so each attempt arrives too old and it will be given up after rollout.max_attempts; set "
                     "rollout.stale_hold_s (e.g. 30) to hold the steps until it lands, or raise "
-                    "rollout.max_staleness", key, drops, self.s.rollout.max_staleness + 1)
+                    "run.max_staleness", key, drops, self.s.run.max_staleness + 1)
 
     def stepped(self) -> None:
         """A training step took its batch: the next step has its own refills."""

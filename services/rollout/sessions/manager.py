@@ -78,8 +78,10 @@ class SessionUnavailable(RequestError):
 class SessionManager:
     def __init__(self, cfg: SessionSettings, *, redis_url: str | None, run_name: str, reward_url: str | None,
                  tokenizer: Any, registry: CollectorRegistry, url: str | None = None, host: str = "127.0.0.1",
-                 control_token: str | None = None, run_key: Any = None, reward_token: str | None = None) -> None:
+                 control_token: str | None = None, run_key: Any = None, reward_token: str | None = None,
+                 max_experience_backlog: int = 4096) -> None:
         self.cfg = cfg
+        self.max_experience_backlog = max_experience_backlog  # run-wide (run.max_experience_backlog)
         self.control_token = control_token  # session keys derive from it (auth.py)
         self.signer = signer_for(run_key)  # the experiences a finished session pushes are signed as the fleet's
         self.url = url  # what other replicas and clients reach this one at (None until known: port 0)
@@ -414,7 +416,7 @@ class SessionManager:
         if q is None:
             assert self.redis is not None
             q = self._queues[run] = StreamQueue(self.redis, keys.experiences_stream(run), "learner", Experience,
-                                                max_backlog=self.cfg.max_experience_backlog, signer=self.signer)
+                                                max_backlog=self.max_experience_backlog, signer=self.signer)
         return q
 
     async def _push(self, run: str, group: list[Experience]) -> str:

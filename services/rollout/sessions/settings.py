@@ -34,4 +34,3 @@ class SessionSettings(BaseModel):
     reward_timeout_s: float = Field(default=60.0, gt=0, description="Finish waits this long for the reward service.")
     push_timeout_s: float = Field(default=30.0, gt=0, description="Finish waits this long for room in the experiences "
                                                                  "stream (backpressure), then answers 503.")
-    max_experience_backlog: int = Field(default=4096, ge=1, description="The experiences stream's backlog bound.")

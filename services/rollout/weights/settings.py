@@ -96,8 +96,8 @@ class SidecarSettings(BaseModel):
     )
     adapters_resident: int = Field(
         default=0, ge=0, le=64,
-        description="Engine servers: adapter versions kept loaded (older ones are unloaded); 0 = the worker's "
-                    "max_staleness + 1 (requests still running on an older version keep their adapter).",
+        description="Engine servers: adapter versions kept loaded (older ones are unloaded); 0 = "
+                    "run.max_staleness + 1 (requests still running on an older version keep their adapter).",
     )
     adapter_dir: str | None = Field(
         default=None,

@@ -66,7 +66,7 @@ def create_sidecar(engine: Any, settings: Any) -> WeightSidecar | None:
     sidecar = WeightSidecar(engine, redis, settings.run_name, section, name=name,
                             owns_redis=True, peer_url=peer_url if section.peer else "", peer_token=token)
     # adapter versions an engine server keeps loaded (adapters_resident 0): as many as samples may be stale, + 1
-    sidecar.sink.stale_versions = settings.worker.max_staleness + 1
+    sidecar.sink.stale_versions = settings.run.max_staleness + 1
     return sidecar
 
 

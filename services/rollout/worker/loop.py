@@ -64,6 +64,7 @@ class RolloutWorker:
     def __init__(self, settings: WorkerRun, replica: WorkerReplica, registry: CollectorRegistry) -> None:
         self.settings = settings
         self.cfg = settings.worker
+        self.bounds = settings.run  # run-wide: the same at every service of the run
         self.replica = replica
         self.consumer = self.cfg.consumer_name or f"{socket.gethostname()}-{os.getpid()}"
         self.rollout_function = load_rollout_function(self.cfg.rollout_function)  # checked by the settings too
@@ -100,10 +101,10 @@ class RolloutWorker:
         run = self.settings.run_name
         signer = signer_for(self.settings.run_key)  # prompts must be the learner's; experiences are signed as ours
         self.prompts = StreamQueue(self.redis, keys.prompts_stream(run), "rollout", PromptTask,
-                                   max_deliveries=self.cfg.prompts_max_deliveries, claim_idle_ms=self.cfg.claim_idle_ms,
+                                   max_deliveries=self.cfg.prompts_max_deliveries, claim_idle_ms=self.bounds.prompt_claim_idle_ms,
                                    signer=signer)
         self.experiences = StreamQueue(self.redis, keys.experiences_stream(run), "learner", Experience,
-                                       max_backlog=self.cfg.max_experience_backlog, signer=signer)
+                                       max_backlog=self.bounds.max_experience_backlog, signer=signer)
         if signer is None:
             log.warning("run_key is unset (allow_unsigned_records): prompt tasks are taken without checking who wrote "
                         "them and experiences go out unsigned; give every service of the run the same run_key "
@@ -232,12 +233,12 @@ class RolloutWorker:
     async def _held_back(self) -> str | None:
         """Why no prompt may be taken now ("backlog", "staleness"), or None."""
         backlog = await self.experiences.backlog()
-        if backlog >= self.cfg.max_experience_backlog:
+        if backlog >= self.bounds.max_experience_backlog:
             self.m_held.labels("backlog").inc()
             return "backlog"
         raw = await self._redis().get(keys.weights_version(self.settings.run_name))
         latest = int(raw) if raw is not None else 0
-        if latest - self.replica.weight_version > self.cfg.max_staleness:
+        if latest - self.replica.weight_version > self.bounds.max_staleness:
             self.m_held.labels("staleness").inc()
             return "staleness"
         return None

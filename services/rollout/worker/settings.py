@@ -11,10 +11,12 @@ loop reads nothing beyond these and that ``WorkerSettings`` has each member with
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
+
+from shared.run_settings import RunSettings
 
 
 class WorkerSampling(BaseModel):
@@ -46,12 +48,6 @@ class WorkerSection(Protocol):
     @property
     def prompts_max_deliveries(self) -> int: ...
     @property
-    def claim_idle_ms(self) -> int: ...
-    @property
-    def max_experience_backlog(self) -> int: ...
-    @property
-    def max_staleness(self) -> int: ...
-    @property
     def poll_interval_s(self) -> float: ...
     @property
     def drain_timeout_s(self) -> float: ...
@@ -82,3 +78,4 @@ class WorkerRun:
     run_name: str  # namespace of the run's Redis keys
     run_key: SecretStr | None  # signs experiences, checks prompts (None: allow_unsigned_records)
     worker: WorkerSection
+    run: RunSettings = field(default_factory=RunSettings)  # the run-wide bounds: staleness, claim time, backlog

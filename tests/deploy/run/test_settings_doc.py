@@ -84,3 +84,17 @@ def test_an_unknown_environment_variable_names_the_closest_valid_one(monkeypatch
     monkeypatch.setenv("FLEETRL_REWARD_SCORER", "[]")
     with pytest.raises(SettingsError, match="did you mean FLEETRL_REWARD_SCORERS"):
         load_settings(RewardSettings)
+
+
+def test_the_run_wide_section_is_listed_alike_for_the_learner_and_the_rollout():
+    """One section (shared/run_settings.py) every service of a run holds alike: the same lines in both listings,
+    and none of its fields left at a former place."""
+    def run_lines(target: str) -> list[str]:
+        return [line for line in render(target).splitlines() if line.startswith("run.")]
+
+    assert run_lines("learner") == run_lines("rollout")
+    heads = {line.split(":", 1)[0] for line in run_lines("learner")}
+    assert heads == {"run.max_staleness", "run.prompt_claim_idle_ms", "run.max_experience_backlog"}
+    for gone in ("rollout.max_staleness:", "worker.max_staleness:", "worker.claim_idle_ms:",
+                 "worker.max_experience_backlog:", "sessions.max_experience_backlog:"):
+        assert gone not in render("learner") + render("rollout")

@@ -26,7 +26,7 @@ def test_shared_values_are_written_once_and_reach_every_service(spec_file):
     cfg = by_name(plan(spec, spec_file, "redis://127.0.0.1:1/0", "tok"))
     assert set(cfg) == {"reward-0", "rollout-0", "rollout-1", "learner"}
     learner, rollouts = cfg["learner"], [cfg["rollout-0"], cfg["rollout-1"]]
-    assert learner["rollout"]["max_staleness"] == 2 and all(r["worker"]["max_staleness"] == 2 for r in rollouts)
+    assert learner["run"]["max_staleness"] == 2 and all(r["run"]["max_staleness"] == 2 for r in rollouts)
     assert learner["rollout"]["sampling"]["temperature"] == 0.7
     assert all(r["worker"]["sampling"]["temperature"] == 0.7 for r in rollouts)
     assert learner["rollout"]["group_size"] == 2 and learner["rollout"]["window"] == 4  # 2 x groups_per_step
@@ -89,7 +89,8 @@ def test_a_service_setting_that_contradicts_the_spec_names_both_places(spec_file
     spec = load_spec(spec_file, [f"services.learner={own}"])
     with pytest.raises(SettingsError) as err:
         plan(spec, spec_file, "redis://127.0.0.1:1/0", "tok")
-    assert str(err.value) == (f"{own}: learner setting rollout.max_staleness = 3 contradicts the run spec's "
+    # the former place of the setting (rollout.max_staleness) is read as its run-wide one
+    assert str(err.value) == (f"{own}: learner setting run.max_staleness = 3 contradicts the run spec's "
                               f"staleness = 1 ({spec_file}); set it in one place")
     agreeing = load_spec(spec_file, ["services.learner={rollout: {max_staleness: 1}, optim: {weight_decay: 0.01}}"])
     cfg = by_name(plan(agreeing, spec_file, "redis://127.0.0.1:1/0", "tok"))  # the same value: fine
@@ -97,6 +98,20 @@ def test_a_service_setting_that_contradicts_the_spec_names_both_places(spec_file
     owned = load_spec(spec_file, ["services.rollout.redis_url=redis://elsewhere:1"])
     with pytest.raises(SettingsError, match="rollout setting redis_url is set by fleetrl run itself"):
         plan(owned, spec_file, "redis://127.0.0.1:1/0", "tok")
+
+
+def test_a_run_wide_setting_one_service_gives_reaches_every_service_and_two_values_are_refused(spec_file):
+    """Every service of a run must hold the same run-wide settings (else the later ones refuse to start): one
+    given in a service's own settings, at its former place too, is written to every service's config."""
+    spec = load_spec(spec_file, ["services.rollout={worker: {claim_idle_ms: 5000}}", "replicas.rollout=2"])
+    cfg = by_name(plan(spec, spec_file, "redis://127.0.0.1:1/0", "tok"))
+    assert {c["run"]["prompt_claim_idle_ms"] for c in (cfg["learner"], cfg["rollout-0"], cfg["rollout-1"])} == {5000}
+    assert "claim_idle_ms" not in cfg["rollout-0"]["worker"]
+    two = load_spec(spec_file, ["services.rollout={run: {max_experience_backlog: 10}}",
+                                "services.learner={run: {max_experience_backlog: 20}}"])
+    with pytest.raises(SettingsError, match=r"^services\.learner sets run\.max_experience_backlog = 20 but "
+                                            r"services\.rollout sets 10: every service of a run holds the same"):
+        plan(two, spec_file, "redis://127.0.0.1:1/0", "tok")
 
 
 def test_a_service_setting_its_own_class_refuses_is_named(spec_file):
@@ -118,7 +133,7 @@ def test_fleetrl_settings_prints_each_process_and_run_refuses_bad_input_in_one_l
                          cwd=REPO, capture_output=True, text=True, timeout=60, check=False)
     assert out.returncode == 0, out.stderr
     learner = yaml.safe_load(out.stdout)
-    assert leaves(learner)["rollout.max_staleness"] == 1 and learner["run_name"] == "tiny"
+    assert leaves(learner)["run.max_staleness"] == 1 and learner["run_name"] == "tiny"
     bad = subprocess.run([sys.executable, "-m", "deploy.cli", "run", str(spec_file), "--set", "train.max_stepz=3"],
                          cwd=REPO, capture_output=True, text=True, timeout=60, check=False)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr

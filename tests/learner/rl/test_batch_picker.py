@@ -55,7 +55,7 @@ async def test_one_step_never_takes_two_attempts_of_the_same_prompt(tmp_path):
 
 async def test_a_stale_group_is_dropped_and_its_prompt_reissued_once(tmp_path):
     reissued: list[tuple[str, str]] = []
-    p = picker(tmp_path, reissued, rollout={"group_size": 4, "max_staleness": 1})
+    p = picker(tmp_path, reissued, rollout={"group_size": 4}, run={"max_staleness": 1})
     p.state.weight_version = 3
     fill(p, [("e0-1", 0, 0)], version=1)  # 3 - 1 = 2 > max_staleness
     fill(p, [("e0-2", 0, 0)], version=2)
@@ -103,7 +103,7 @@ async def test_a_prompt_dropped_stale_holds_the_step_until_its_new_group_lands(t
 
 
 async def test_a_stale_drop_is_counted_on_the_position_it_reissues(tmp_path):
-    p = picker(tmp_path, [], rollout={"group_size": 4, "max_staleness": 1, "stale_hold_s": 30.0})
+    p = picker(tmp_path, [], rollout={"group_size": 4, "stale_hold_s": 30.0}, run={"max_staleness": 1})
     p.state.weight_version = 3
     fill(p, [("e0-1", 0, 0)], version=1)
     await p.take(exhausted=False)
@@ -118,7 +118,7 @@ async def test_a_prompt_that_keeps_going_stale_is_named_once_with_the_settings_t
 
     caplog.set_level(logging.WARNING, logger="services.learner.rl.batch_picker")
     reissued: list[tuple[str, str]] = []
-    p = picker(tmp_path, reissued, rollout={"group_size": 4, "max_staleness": 1})
+    p = picker(tmp_path, reissued, rollout={"group_size": 4}, run={"max_staleness": 1})
     for attempt in range(4):
         p.state.weight_version = 3 + attempt
         fill(p, [("e0-1", attempt, attempt)], version=attempt)  # each attempt arrives 3 versions late
@@ -128,10 +128,11 @@ async def test_a_prompt_that_keeps_going_stale_is_named_once_with_the_settings_t
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(reissued) == 4 and len(warnings) == 1, warnings
     assert warnings[0].startswith("prompt e0-1 went stale 3 times") and "rollout.stale_hold_s" in warnings[0]
-    assert "rollout.max_staleness" in warnings[0]
+    assert "run.max_staleness" in warnings[0]
 
     caplog.clear()
-    held = picker(tmp_path / "held", [], rollout={"group_size": 4, "max_staleness": 1, "stale_hold_s": 0.001})
+    held = picker(tmp_path / "held", [], rollout={"group_size": 4, "stale_hold_s": 0.001},
+                  run={"max_staleness": 1})
     for attempt in range(4):
         held.state.weight_version = 3 + attempt
         fill(held, [("e0-1", attempt, attempt)], version=attempt)

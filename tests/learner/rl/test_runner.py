@@ -26,7 +26,7 @@ def prompts_file(tmp_path):
 
 def learner_settings(tiny_model_dir, tmp_path, redis_server, **sections):
     base = {"redis_url": redis_server.url, "exit_when_done": False, "algorithm": {"name": "grpo"},
-            "rollout": {"window": 4, "max_staleness": 1},
+            "rollout": {"window": 4}, "run": {"max_staleness": 1},
             "observability": {"progress_bar": False, "log_sample_ids": True},
             "checkpoint": {"every": 2}}
     for k, v in sections.items():
@@ -176,7 +176,7 @@ async def test_window_bounds_prompts_in_flight(tiny_model_dir, tmp_path, redis_s
 
 async def test_stale_groups_are_dropped_and_their_prompts_reissued(tiny_model_dir, tmp_path, redis_server,
                                                                    redis_client, prompts_file):
-    s = learner_settings(tiny_model_dir, tmp_path, redis_server, rollout={"max_staleness": 1, "window": 2},
+    s = learner_settings(tiny_model_dir, tmp_path, redis_server, rollout={"window": 2}, run={"max_staleness": 1},
                          train={"groups_per_step": 1})
     # the fleet answers two prompts late (with weight version 0) after the learner moved on
     status, _, fleet = await run_with_fleet(s, redis_client, stale_prompt_ids={"e0-5", "e0-6"})
@@ -295,7 +295,7 @@ async def test_dynamic_sampling_trains_groups_without_signal_once_a_steps_refill
 @pytest.mark.parametrize("bound", [0, 1])
 async def test_no_trained_sample_is_older_than_the_staleness_bound_while_the_fleet_runs_ahead(
         bound, tiny_model_dir, tmp_path, redis_server, redis_client, prompts_file):
-    s = learner_settings(tiny_model_dir, tmp_path, redis_server, rollout={"max_staleness": bound, "window": 4},
+    s = learner_settings(tiny_model_dir, tmp_path, redis_server, rollout={"window": 4}, run={"max_staleness": bound},
                          train={"groups_per_step": 1})
     # the fleet answers with weights up to 3 versions behind the published ones (a fleet running ahead on old
     # weights): every group past the bound must be dropped and regenerated, none trained

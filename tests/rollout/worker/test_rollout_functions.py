@@ -68,7 +68,7 @@ async def test_a_custom_rollout_function_runs_in_the_worker_and_failures_dead_le
         model=str(tiny_model_dir), redis_url=redis_server.url, run_name=run, weight_sidecar=False,
         engine={"kind": "hf", "device": "cpu", "torch_threads": 1, "max_wait_ms": 2},
         worker={"enabled": True, "reward_url": "http://127.0.0.1:9", "rollout_function": f"{PLUGINS}:length_rewarded",
-                "poll_interval_s": 0.1, "prompts_max_deliveries": 1, "claim_idle_ms": 60_000})
+                "poll_interval_s": 0.1, "prompts_max_deliveries": 1}, run={"prompt_claim_idle_ms": 60_000})
     svc = RolloutService(settings)
     await svc.start()
     prompts = StreamQueue(redis_client, keys.prompts_stream(run), "rollout", PromptTask)

@@ -55,7 +55,7 @@ def test_the_check_sees_a_read_past_the_narrow_settings():
 def test_the_worker_section_is_the_settings_models_fields_with_their_types():
     fields = WorkerSettings.model_fields
     members = section_members()
-    assert len(members) == 17
+    assert len(members) == 14  # staleness, claim time, backlog: the run-wide section's (WorkerRun.run)
     drift = {name: (t, fields[name].annotation if name in fields else "no such field") for name, t in members.items()
              if name not in fields or fields[name].annotation != t}
     assert not drift, f"WorkerSection and WorkerSettings disagree: {drift}"
@@ -65,7 +65,8 @@ def test_the_worker_section_is_the_settings_models_fields_with_their_types():
 def test_what_the_service_hands_its_worker(tiny_model_dir):
     """The run's three and the section, taken from the service's settings; the rest of them is not there."""
     s = RolloutSettings(model=str(tiny_model_dir), run_name="r1", redis_url="redis://127.0.0.1:1/0", run_key="k" * 32,
-                        worker={"enabled": True, "reward_url": "http://127.0.0.1:1"})
-    run = WorkerRun(redis_url=s.redis_url, run_name=s.run_name, run_key=s.run_key, worker=s.worker)
+                        worker={"enabled": True, "reward_url": "http://127.0.0.1:1"}, run={"max_staleness": 3})
+    run = WorkerRun(redis_url=s.redis_url, run_name=s.run_name, run_key=s.run_key, worker=s.worker, run=s.run)
     assert (run.redis_url, run.run_name, run.worker) == ("redis://127.0.0.1:1/0", "r1", s.worker)
+    assert run.run.max_staleness == 3  # the run-wide bounds (shared/run_settings.py)
     assert not hasattr(run, "model") and not hasattr(run, "engine")

@@ -42,7 +42,7 @@ class WeightSink(ABC):
     #: their start, so the operator turns them on)
     adapters_by_default: ClassVar[bool] = False
     #: versions a sample may lag behind, + 1: what a sink keeping several adapter versions loaded keeps
-    #: (create_sidecar sets it from the worker's max_staleness)
+    #: (create_sidecar sets it from run.max_staleness)
     stale_versions: int = 2
 
     def __init__(self, engine: Any, settings: SidecarSettings) -> None:

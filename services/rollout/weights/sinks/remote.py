@@ -49,13 +49,13 @@ class RemoteEngineSink(WeightSink):
         super().__init__(engine, settings)
         self.group_name: str | None = None
         self.dirty = False
-        self.stale_versions = 2  # the worker's max_staleness + 1 (create_sidecar sets it)
+        self.stale_versions = 2  # run.max_staleness + 1 (create_sidecar sets it)
         self.resident: list[tuple[int, str, Path]] = []  # adapter versions loaded in the server, oldest first
         self._adapter_receiver: BucketReceiver | None = None
         self._adapter_root: Path | None = None
 
     def adapters_to_keep(self) -> int:
-        """Adapter versions kept loaded: ``adapters_resident``, else (0) the worker's ``max_staleness`` + 1
+        """Adapter versions kept loaded: ``adapters_resident``, else (0) ``run.max_staleness`` + 1
         (``stale_versions``, set by ``create_sidecar``); at least 2."""
         return max(2, self.settings.adapters_resident or self.stale_versions)
 
