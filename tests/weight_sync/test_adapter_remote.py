@@ -26,7 +26,8 @@ from services.rollout.engines.vllm import VLLMEngine
 from services.rollout.weights.settings import SidecarSettings
 from services.rollout.weights.sidecar import WeightSidecar
 from shared.weight_sync import WeightSyncSettings
-from tests.weight_sync.test_adapter_rounds import FAST, learner, train_step, wait_registered
+from tests.weight_sync.conftest import wait_alive
+from tests.weight_sync.test_adapter_rounds import FAST, learner, train_step
 
 ROUTES = {"vllm": ("/v1/load_lora_adapter", "/v1/unload_lora_adapter", "/v1/completions"),
           "sglang": ("/load_lora_adapter", "/unload_lora_adapter", "/generate")}
@@ -94,7 +95,7 @@ async def test_engine_servers_load_each_version_as_an_adapter_and_keep_the_newes
     actor = learner(tiny_model_dir)
     try:
         async with WeightPublisher(redis_client, run, WeightSyncSettings(**FAST)) as pub:
-            await wait_registered(pub, 1)
+            await wait_alive(pub, 1)
             for step in range(4):
                 train_step(actor, step)
                 weights = adapter_weights(actor)
@@ -149,7 +150,7 @@ async def test_a_server_whose_base_a_full_round_replaced_refuses_adapter_rounds(
     actor = learner(tiny_model_dir)
     try:
         async with WeightPublisher(redis_client, run, WeightSyncSettings(**FAST)) as pub:
-            await wait_registered(pub, 1)
+            await wait_alive(pub, 1)
             train_step(actor, 0)
             engine.set_weight_version(await pub.publish(adapter_weights(actor)))  # as a full round leaves it
             train_step(actor, 1)
