@@ -77,14 +77,16 @@ async def test_drained_and_sigtermed_replicas_lose_nothing_and_repeat_nothing(re
         assert "1 finished, 0 handed back" in log_b.read_text(), "the SIGTERMed replica finishes what it holds"
         assert await registry.alive() == []
         assert await redis_client.xlen(keys.dead_letter_stream(keys.prompts_stream(run))) == 0
-        # the one prompt nobody finished is still there, and a newcomer takes it at once, as its first delivery
+        # the prompt nobody finished is still there, and a newcomer takes it at once, as its first delivery; unless
+        # the stayer finished its handed-back group before the SIGTERM came and took that one too (a quick machine):
+        # then every group is done, each exactly once (checked below: a prompt lost on the way has no samples)
         newcomer = StreamQueue(redis_client, keys.prompts_stream(run), "rollout", PromptTask,
                                claim_idle_ms=CLAIM_IDLE_MS)
         rest = await newcomer.consume("newcomer", count=3, block_ms=10)
-        assert len(rest) == 1 and rest[0].deliveries == 1
+        assert len(rest) <= 1 and all(r.deliveries == 1 for r in rest)
         assert time.monotonic() - t0 < CLAIM_IDLE_MS / 1000, "nothing may have waited for claim_idle_ms"
         exps = await read_experiences(redis_client, run)
-        done = [t for t in tasks if t.id != rest[0].record.id]
+        done = [t for t in tasks if t.id not in {r.record.id for r in rest}]
         assert sorted(e.id for e in exps) == sorted(sample_id(t.id, i) for t in done for i in range(3)), \
             "each finished group generated exactly once, nothing of the unfinished one"
     finally:
