@@ -42,6 +42,16 @@ async def test_one_hundred_sampled_json_answers_all_parse_under_the_schema(engin
     print(f"100 json answers, {sum(len(o.output_ids) for o in outs)} tokens in {elapsed:.1f} s")
 
 
+async def test_json_answers_are_compact_and_finish_well_inside_max_tokens(engine):
+    """No runs of blanks between keys: with JSON's flexible whitespace a random model wrote 100+ tokens of \\r\\t\\n
+    between two keys and hit max_tokens with the object unfinished (a clean clone's run of the HTTP test)."""
+    grammar = Grammar("json_schema", json.dumps(SCHEMA))
+    outs = await engine.generate_many([_seq(f"w{i}", grammar, seed=100 + i, max_new_tokens=60) for i in range(24)])
+    assert all(o.finish.type == "stop" for o in outs), [(o.finish, o.text) for o in outs if o.finish.type != "stop"]
+    assert not any(c in o.text for o in outs for c in "\n\r\t"), [o.text for o in outs]
+    assert all(_valid(json.loads(o.text)) for o in outs)
+
+
 async def test_regex_and_ebnf_and_json_object(engine):
     cases = [
         (Grammar("regex", r"(yes|no) [0-9]{1,3}"), lambda t: regex.fullmatch(r"(yes|no) [0-9]{1,3}", t)),

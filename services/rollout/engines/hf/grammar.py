@@ -30,6 +30,13 @@ _CACHED = 64
 """Compiled grammar texts kept (least recently used dropped)."""
 
 
+JSON_DEFAULTS = {"whitespace_flexible": False}
+"""JSON is written compact (``", "`` and ``": "`` between items, as ``json.dumps`` writes it), not with any
+whitespace JSON allows: with flexible whitespace a model can spend its whole ``max_tokens`` on blanks between two
+keys (a known failure of JSON modes; vLLM's ``disable_any_whitespace`` is the same switch), leaving an unfinished
+object. A schema's own ``x-guidance`` options (llguidance's) win over these."""
+
+
 def grammar_text(g: Grammar) -> str:
     """The llguidance grammar of a request's constraint (ValueError naming what is wrong)."""
     from llguidance import LLMatcher
@@ -38,7 +45,7 @@ def grammar_text(g: Grammar) -> str:
     if g.kind == "regex":
         return LLMatcher.grammar_from_regex(g.spec)
     if g.kind == "json_object":
-        return LLMatcher.grammar_from_json_schema({"type": "object"})
+        return LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=JSON_DEFAULTS)
     if g.kind == "json_schema":
         try:
             schema = json.loads(g.spec)
@@ -46,7 +53,9 @@ def grammar_text(g: Grammar) -> str:
             raise ValueError(f"json_schema is not JSON: {exc}") from None
         if not isinstance(schema, (dict, bool)):
             raise ValueError("json_schema must be a JSON object (a schema)")
-        return LLMatcher.grammar_from_json_schema(json.dumps(schema) if isinstance(schema, bool) else schema)
+        if isinstance(schema, bool):
+            return LLMatcher.grammar_from_json_schema(json.dumps(schema))
+        return LLMatcher.grammar_from_json_schema(schema, defaults=JSON_DEFAULTS)
     if g.kind == "ebnf":
         try:
             lark = any_to_lark(g.spec)  # GBNF (SGLang's / xgrammar's EBNF) or Lark, as llguidance reads them
