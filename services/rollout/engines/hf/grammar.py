@@ -19,18 +19,22 @@ import asyncio
 import json
 import threading
 from collections import OrderedDict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from services.rollout.engines.base import SequenceRejected
 from services.rollout.engines.types import Grammar
 
+if TYPE_CHECKING:
+    # a TypedDict of its stubs (llguidance itself stays a lazy import)
+    from llguidance._lib import JsonCompileOptions
+
 _CACHED = 64
 """Compiled grammar texts kept (least recently used dropped)."""
 
 
-JSON_DEFAULTS = {"whitespace_flexible": False}
+JSON_DEFAULTS: JsonCompileOptions = {"whitespace_flexible": False}
 """JSON is written compact (``", "`` and ``": "`` between items, as ``json.dumps`` writes it), not with any
 whitespace JSON allows: with flexible whitespace a model can spend its whole ``max_tokens`` on blanks between two
 keys (a known failure of JSON modes; vLLM's ``disable_any_whitespace`` is the same switch), leaving an unfinished
