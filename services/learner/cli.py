@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import signal
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -107,16 +108,32 @@ def _refuse_unsigned_records(settings: LearnerSettings) -> None:
         raise typer.Exit(2)
 
 
-def _refuse_bad_redis_credentials(settings: LearnerSettings, embedded: EmbeddedRedis | None) -> None:
-    """A Redis that refuses this learner's credentials: a one-line error naming redis_url, exit 2."""
-    from shared.redis_auth import redis_auth_problem
-
-    problem = redis_auth_problem(settings.redis_url) if settings.redis_url else None
+def _refuse(problem: str | None, embedded: EmbeddedRedis | None) -> None:
+    """A start-up check's finding: one line on stderr, the private Redis stopped, exit 2 (None: nothing found)."""
     if problem is not None:
         if embedded is not None:
             embedded.stop()
         typer.echo(f"error: {problem}", err=True)
         raise typer.Exit(2)
+
+
+def _read_redis(redis_url: str, check: Callable[[], str | None]) -> str | None:
+    """A start-up check that reads Redis: its finding, or why Redis could not be read (naming redis_url)."""
+    from shared.redact import redact_text, redact_url
+    from shared.redis_errors import REDIS_FAILED
+
+    try:
+        return check()
+    except REDIS_FAILED as exc:
+        return f"cannot read Redis at {redact_url(redis_url)} (redis_url): {redact_text(str(exc))}"
+
+
+def _refuse_bad_redis_credentials(settings: LearnerSettings, embedded: EmbeddedRedis | None) -> None:
+    """A Redis that refuses this learner's credentials: a one-line error naming redis_url, exit 2."""
+    from shared.redis_auth import redis_auth_problem
+
+    problem = redis_auth_problem(settings.redis_url) if settings.redis_url else None
+    _refuse(problem, embedded)
 
 
 def _refuse_a_used_run_name(settings: LearnerSettings, embedded: EmbeddedRedis | None) -> None:
@@ -124,42 +141,27 @@ def _refuse_a_used_run_name(settings: LearnerSettings, embedded: EmbeddedRedis |
     and exit 2 (services/learner/run_guard.py)."""
     from services.learner.algorithms.rl_algorithms import runner_class
     from services.learner.run_guard import stale_run_problem
-    from shared.redact import redact_text, redact_url
-    from shared.redis_errors import REDIS_FAILED
 
-    if not runner_class(settings.algorithm).needs_redis or not settings.redis_url:
+    url = settings.redis_url
+    if not runner_class(settings.algorithm).needs_redis or not url:
         return
-    try:
-        problem = stale_run_problem(settings.redis_url, settings.run_name, settings.checkpoint_dir,
-                                    settings.checkpoint.resume)
-    except REDIS_FAILED as exc:
-        problem = f"cannot read Redis at {redact_url(settings.redis_url)} (redis_url): {redact_text(str(exc))}"
-    if problem is not None:
-        if embedded is not None:
-            embedded.stop()
-        typer.echo(f"error: {problem}", err=True)
-        raise typer.Exit(2)
+    problem = _read_redis(url, lambda: stale_run_problem(url, settings.run_name, settings.checkpoint_dir,
+                                                         settings.checkpoint.resume))
+    _refuse(problem, embedded)
 
 
 def _refuse_a_disagreeing_run(settings: LearnerSettings, embedded: EmbeddedRedis | None) -> None:
     """Write the run's record of its run-wide settings, or compare with it: a difference is one line naming the
     field, exit 2 (shared/run_settings.py)."""
     from services.learner.algorithms.rl_algorithms import runner_class
-    from shared.redact import redact_text, redact_url
-    from shared.redis_errors import REDIS_FAILED
     from shared.run_settings import check_run_record
 
-    if not runner_class(settings.algorithm).needs_redis or not settings.redis_url:
+    url = settings.redis_url
+    if not runner_class(settings.algorithm).needs_redis or not url:
         return
-    try:
-        problem = check_run_record(settings.redis_url, settings.run_name, settings.run, settings.run_key, "learner")
-    except REDIS_FAILED as exc:
-        problem = f"cannot read Redis at {redact_url(settings.redis_url)} (redis_url): {redact_text(str(exc))}"
-    if problem is not None:
-        if embedded is not None:
-            embedded.stop()
-        typer.echo(f"error: {problem}", err=True)
-        raise typer.Exit(2)
+    problem = _read_redis(url, lambda: check_run_record(url, settings.run_name, settings.run, settings.run_key,
+                                                        "learner"))
+    _refuse(problem, embedded)
 
 
 def _embedded_redis_if_needed(settings: LearnerSettings) -> tuple[LearnerSettings, EmbeddedRedis | None]:
