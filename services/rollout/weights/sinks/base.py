@@ -61,6 +61,18 @@ class WeightSink(ABC):
 
     _adapters_off = False  # set by a sink that found it cannot (said once in its log)
 
+    def _no_base_for(self, version: int, holder: str) -> UpdateRefused:
+        """An adapter round reached a replica whose ``holder`` (its model, the engine server) holds a full version,
+        not the base the adapters apply to: from now on it asks for merged full rounds (said once); the round is
+        refused with why."""
+        if not self._adapters_off:
+            self._adapters_off = True
+            logging.getLogger(type(self).__module__).warning(
+                "%s holds a full version (not the base it loaded): it cannot apply adapter rounds and asks for "
+                "merged full rounds from now on", holder)
+        return UpdateRefused(f"version {version} is an adapter round and {holder} no longer holds its base weights "
+                             "(a full round replaced them)")
+
     @abstractmethod
     async def run_round(self, rdv: Rendezvous, member: Member, manifest: Manifest, watcher: RoundWatcher) -> None: ...
 

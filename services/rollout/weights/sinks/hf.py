@@ -140,12 +140,7 @@ class HFSink(WeightSink):
         info = manifest.adapter
         assert info is not None
         if self._adapters is None and not self._pristine and self._kept is None:
-            if not self._adapters_off:
-                self._adapters_off = True
-                log.warning("this replica's model holds a full version (not the base it loaded): it cannot apply "
-                            "adapter rounds and asks for merged full rounds from now on")
-            raise UpdateRefused(f"version {manifest.version} is an adapter round and this model no longer holds "
-                                "its base weights (a full round replaced them)")
+            raise self._no_base_for(manifest.version, "this replica's model")
         adapters = self._adapters or ModuleAdapters(self._model(), self.settings.adapter_apply, base=self._kept)
         try:
             adapters.check(info, tensors)

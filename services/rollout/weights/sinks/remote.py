@@ -99,12 +99,7 @@ class RemoteEngineSink(WeightSink):
         if getattr(self.engine, "adapter", None) is None and self.engine.weight_version > 0:
             # a full round (a mixed fleet's merged one too) replaced the server's base: an adapter loaded now would
             # apply to those weights, not to the base; from now on this replica takes merged full rounds
-            if not self._adapters_off:
-                self._adapters_off = True
-                log.warning("the engine server holds a full version (not the base it loaded): it cannot apply "
-                            "adapter rounds and asks for merged full rounds from now on")
-            raise UpdateRefused(f"version {manifest.version} is an adapter round and the server no longer holds its "
-                                "base weights (a full round replaced them)")
+            raise self._no_base_for(manifest.version, "the engine server")
         name = f"fleetrl-v{manifest.version}"
         path = self._root() / name
         try:
