@@ -40,10 +40,15 @@ class Scorer(ABC):
         limits (:meth:`share_endpoint_gate`). None (the default): no such limit."""
         return None
 
+    endpoint_gate: asyncio.Semaphore | None = None
+    """The gate shared by the scorers of this scorer's endpoint (set by :meth:`share_endpoint_gate`): a scorer with
+    an endpoint limit holds it around each call to the endpoint."""
+
     def share_endpoint_gate(self, gate: asyncio.Semaphore, limit: int) -> None:
         """Limit calls to :meth:`endpoint_limit`'s endpoint by ``gate`` (``limit`` in flight), shared with the
-        other scorers that call it. Called before :meth:`start`, only on scorers with an endpoint limit."""
-        raise NotImplementedError(f"{type(self).__name__} has an endpoint limit but cannot share it")
+        other scorers that call it: kept as :attr:`endpoint_gate`. Called before :meth:`start`, only on scorers
+        with an endpoint limit; one whose client keeps its own gate extends this to hand it over."""
+        self.endpoint_gate = gate
 
     async def start(self) -> None:
         """Load models, open clients. Called once before the first ``score``."""

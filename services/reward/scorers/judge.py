@@ -84,7 +84,8 @@ class JudgeScorer(Scorer):
         return self.client.endpoint, self.config.max_concurrency
 
     def share_endpoint_gate(self, gate: asyncio.Semaphore, limit: int) -> None:
-        self.client.share_gate(gate, limit)
+        super().share_endpoint_gate(gate, limit)
+        self.client.share_gate(gate, limit)  # the client holds it around each call
 
     async def start(self) -> None:
         await self.client.start()
