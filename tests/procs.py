@@ -115,3 +115,12 @@ def kill9(proc: subprocess.Popen) -> None:
     except ProcessLookupError:
         pass
     proc.wait(timeout=10)
+
+
+def one_error_line(out: subprocess.CompletedProcess, code: int = 2) -> str:
+    """A service that refused to start: exit ``code`` and exactly one ``error:`` line on stderr, no traceback.
+    Returns that line."""
+    assert out.returncode == code, out.stderr
+    errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in out.stderr, out.stderr
+    return errors[0]
