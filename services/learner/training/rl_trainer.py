@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -10,9 +9,8 @@ from pathlib import Path
 
 import torch
 
-from services.learner.algorithms.corrections import build_correction, mismatch_metrics
+from services.learner.algorithms.corrections import build_correction
 from services.learner.algorithms.kl import kl_estimate
-from services.learner.algorithms.length_shaping import keep_unless_truncated, soft_overlong_penalty
 from services.learner.algorithms.loss_terms import aggregate, value_loss
 from services.learner.algorithms.masked import masked_mean
 from services.learner.algorithms.normalize import RunningMeanStd
@@ -32,12 +30,20 @@ from services.learner.training.collectives import all_sum, global_whiten
 from services.learner.training.lockstep import extra_passes, idle_pass
 from services.learner.training.micro_batches import by_count, by_token_budget
 from services.learner.training.models import Critic, load_critic, load_reference
+from services.learner.training.rl_stages import (
+    UPDATE_COUNTS,
+    LossInputs,
+    Pass,
+    PreparedBatch,
+    batch_metrics,
+    loss_mask,
+    step_kl,
+    step_scores,
+    update_counts,
+)
 from shared.schemas import Experience
 
 log = logging.getLogger(__name__)
-
-# each update all-reduces: tokens trained on, sequences trained on, action tokens, sequences (see train_step)
-_UPDATE_COUNTS = 4
 
 
 class RLTrainer(TrainerBase):
@@ -152,16 +158,6 @@ class RLTrainer(TrainerBase):
                 isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules())
         return self._dropout_free
 
-    def _scores(self, raw: torch.Tensor, batch_scores: torch.Tensor) -> torch.Tensor:
-        a = self.algo_settings
-        scores = raw
-        if a.normalize_rewards:  # statistics of the whole step batch: the same on every rank
-            self.reward_stats.update(batch_scores)
-            scores = self.reward_stats.normalize(raw)
-        if a.reward_clip is not None:
-            scores = scores.clamp(-a.reward_clip, a.reward_clip)
-        return scores
-
     def _updates(self, total: int) -> int:
         """Optimizer updates per PPO epoch for a step batch of ``total`` samples (over all ranks)."""
         mini = min(self.settings.train.mini_batch_size or total, total)
@@ -185,7 +181,7 @@ class RLTrainer(TrainerBase):
         train_actor = self.global_step >= self.settings.train.freeze_actor_steps
         for _epoch in range(a.ppo_epochs):
             for _ in range(self._updates(total)):
-                all_sum(torch.zeros(_UPDATE_COUNTS, dtype=torch.float64, device=self.device))
+                all_sum(torch.zeros(UPDATE_COUNTS, dtype=torch.float64, device=self.device))
                 self._idle_training_passes(extra_passes(0, self.actor.lockstep), train_actor)
                 if train_actor:
                     self.actor.step()
@@ -201,33 +197,43 @@ class RLTrainer(TrainerBase):
         On N ranks ``experiences`` is this rank's shard; ``batch_scores`` / ``batch_samples`` describe the
         whole step batch (reward statistics and loss denominators are global, so N ranks x B/N samples
         give the update of 1 rank x B samples).
+
+        The stages: prepare the batch (old / reference log-probs, values, KL, scores) -> advantages -> the loss
+        mask (overlong kind, off-policy correction) -> the updates -> the metrics.
         """
         t0 = time.perf_counter()
-        a, train = self.algo_settings, self.settings.train
         total = batch_samples if batch_samples is not None else len(experiences)
         if not experiences:
             return self._empty_step(total)
         batch = build_rl_batch(experiences, self.pad_id, self.temperature).to(self.device)
-        action_mask = batch.action_mask
         lengths = batch.attention_mask.sum(-1)
-        actor = self.actor.model
-
-        train_actor = self.global_step >= train.freeze_actor_steps
-        size = batch.size
-        first_chunks = self._chunks(size, total)  # epoch 0's mini-batches (the RNG draws as before)
+        train_actor = self.global_step >= self.settings.train.freeze_actor_steps
+        first_chunks = self._chunks(batch.size, total)  # epoch 0's mini-batches (drawn before any forward)
         fused = self._one_pass(first_chunks, lengths, train_actor)
-        if fused:
-            # one update of one pass over the whole batch: the pass that trains gives the old log-probs too (its
-            # values detached, as TRL does for one iteration) instead of a forward of its own before it
-            actor.train()
-            pre = action_logprobs(actor, batch, batch.temperatures, with_entropy=True,
-                                  entropy_grad=a.entropy_coef > 0)
-            old_lp = torch.zeros_like(batch.action_mask)
-            old_lp[:, : pre[0].shape[1]] = pre[0].detach().float()
-        else:
-            actor.eval()
-            old_lp = self._no_grad_pass(lambda mb: action_logprobs(actor, mb, mb.temperatures)[0], batch, lengths,
-                                        actor)
+
+        prepared = self._prepare(batch, lengths, fused, batch_scores)
+        advantages, returns = self.algorithm.advantages(
+            AdvantageInputs(scores=prepared.scores, groups=batch.groups, mask=batch.action_mask, kl=prepared.kl,
+                            values=prepared.values, whiten=global_whiten))
+        mask = loss_mask(batch.action_mask, batch.truncated, self.algo_settings.overlong, self.correction,
+                         prepared.old_logprobs, batch.engine_logprobs)
+        inputs = LossInputs(old_logprobs=prepared.old_logprobs, advantages=advantages, returns=returns, mask=mask,
+                            reference_logprobs=prepared.reference_logprobs, values=prepared.values,
+                            fused=prepared.fused)
+        acc = self._train_updates(batch, lengths, first_chunks, total, train_actor, inputs)
+
+        self.global_step += 1
+        elapsed = time.perf_counter() - t0
+        return {"step": float(self.global_step),
+                **batch_metrics(batch, prepared, advantages, returns, mask),
+                **self._run_metrics(experiences, batch, prepared, acc, train_actor, elapsed)}
+
+    # ---- stage: prepare the batch -------------------------------------------------------------------
+    def _prepare(self, batch: RLBatch, lengths: torch.Tensor, fused: bool,
+                 batch_scores: Sequence[float] | None) -> PreparedBatch:
+        """The no-grad forwards (or, ``fused``, the one training forward) and what follows from them."""
+        a = self.algo_settings
+        old_lp, pre = self._old_logprobs(batch, lengths, fused)
         ref_lp = None
         if (reference := self.reference) is not None:
             ref_lp = self._no_grad_pass(lambda mb: action_logprobs(reference, mb, mb.temperatures)[0], batch,
@@ -236,107 +242,77 @@ class RLTrainer(TrainerBase):
         if (critic := self.critic) is not None:
             critic.model.eval()
             values = self._no_grad_pass(lambda mb: action_values(critic.model, mb), batch, lengths, critic.model)
+        return PreparedBatch(
+            old_logprobs=old_lp, reference_logprobs=ref_lp, values=values, fused=pre,
+            kl=step_kl(old_lp, ref_lp, a.kl.estimator, batch.action_mask),
+            scores=step_scores(batch.scores, batch.action_mask.sum(-1), a.overlong, batch_scores,
+                               self.reward_stats if a.normalize_rewards else None, a.reward_clip))
 
-        kl = kl_estimate(old_lp, ref_lp, a.kl.estimator, action_mask) if ref_lp is not None else torch.zeros_like(action_mask)
-        raw = batch.scores
-        if a.overlong.kind == "soft_penalty":
-            o = a.overlong
-            raw = raw + o.coef * soft_overlong_penalty(action_mask.sum(-1), o.budget, o.buffer)
-        all_scores = raw if batch_scores is None else torch.tensor(list(batch_scores), dtype=torch.float32)
-        scores = self._scores(raw, all_scores)
-        adv, returns = self.algorithm.advantages(
-            AdvantageInputs(scores=scores, groups=batch.groups, mask=action_mask, kl=kl, values=values,
-                            whiten=global_whiten)
-        )
-        mask = action_mask
-        if a.overlong.kind == "mask":
-            mask = mask * keep_unless_truncated(batch.truncated).unsqueeze(-1)
-        correction = self.correction(old_lp, batch.engine_logprobs, mask)
-        mask = correction.keep  # the tokens this step trains on
-        stats = {**mismatch_metrics(old_lp, batch.engine_logprobs, action_mask), **correction.stats(action_mask)}
-
-        acc = _Accumulator()
+    def _old_logprobs(self, batch: RLBatch, lengths: torch.Tensor,
+                      fused: bool) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
+        """The actor's log-probs before the step; ``fused``: also the training pass's log-probs and entropy."""
+        actor = self.actor.model
+        if not fused:
+            actor.eval()
+            return self._no_grad_pass(lambda mb: action_logprobs(actor, mb, mb.temperatures)[0], batch, lengths,
+                                      actor), None
+        # one update of one pass over the whole batch: the pass that trains gives the old log-probs too (its
+        # values detached, as TRL does for one iteration) instead of a forward of its own before it
         actor.train()
+        pre = action_logprobs(actor, batch, batch.temperatures, with_entropy=True,
+                              entropy_grad=self.algo_settings.entropy_coef > 0)
+        old_lp = torch.zeros_like(batch.action_mask)
+        old_lp[:, : pre[0].shape[1]] = pre[0].detach().float()
+        return old_lp, pre
+
+    # ---- stage: the updates -------------------------------------------------------------------------
+    def _train_updates(self, batch: RLBatch, lengths: torch.Tensor, first_chunks: list[torch.Tensor], total: int,
+                       train_actor: bool, inputs: LossInputs) -> _Accumulator:
+        """``ppo_epochs`` epochs of updates, one per mini-batch (epoch 0's: ``first_chunks``), each cut into
+        passes; on a sharded backend padded with idle passes so every rank runs as many."""
+        acc = _Accumulator()
+        self.actor.model.train()
         if self.critic is not None:
             self.critic.model.train()
-        for epoch in range(a.ppo_epochs):
-            for m_idx in first_chunks if epoch == 0 else self._chunks(size, total):
-                local = torch.stack([mask[m_idx].sum().double(), (mask[m_idx].sum(-1) > 0).sum().double(),
-                                     action_mask[m_idx].sum().double(),
-                                     torch.tensor(float(len(m_idx)), dtype=torch.float64, device=mask.device)])
-                counts = all_sum(local)  # global token / sequence counts of this update
-                n_tok, n_seq = counts[0].to(mask.dtype).clamp(min=1.0), float(counts[1])
-                v_tok, v_seq = counts[2].to(mask.dtype).clamp(min=1.0), float(counts[3])
-                passes = self._micro_batches(m_idx, lengths)
+        for epoch in range(self.algo_settings.ppo_epochs):
+            for rows in first_chunks if epoch == 0 else self._chunks(batch.size, total):
+                counts = update_counts(inputs.mask.keep, batch.action_mask, rows)  # global: all ranks
+                passes = self._micro_batches(rows, lengths)
                 idle = extra_passes(len(passes), self.actor.lockstep)
                 for idx in passes:
-                    mb = batch.select(idx)
-                    cols = functools.partial(_rows_cols, idx=idx, width=mb.action_mask.shape[1])
+                    one = Pass(batch=batch.select(idx), rows=idx, counts=counts)
                     if train_actor:
-                        w = mb.action_mask.shape[1]
-                        self._actor_micro(mb, cols, old_lp, adv, correction.weights, mask, ref_lp, n_tok, n_seq, acc,
-                                          pre=(pre[0][idx][:, :w], pre[1][idx][:, :w]) if fused else None)
+                        self._actor_micro(one, inputs, acc)
                     if self.critic is not None:
-                        assert values is not None  # the critic's, computed above
-                        v = action_values(self.critic.model, mb)
-                        vl = aggregate(value_loss(v, cols(values), cols(returns), a.value_clip), mb.action_mask,
-                                       a.loss_agg, v_tok, v_seq)
-                        self.critic.backward(vl)
-                        acc.add("value_loss", vl)
+                        self._critic_micro(one, inputs, acc)
                 self._idle_training_passes(idle, train_actor)
                 if train_actor:
                     acc.add("actor_grad_norm", self.actor.step(), per_update=True)
                 if self.critic is not None:
                     acc.add("critic_grad_norm", self.critic.step(), per_update=True)
+        return acc
 
-        self.global_step += 1
-        elapsed = time.perf_counter() - t0
-        tokens = int(batch.attention_mask.sum().item())
-        metrics = {
-            "step": float(self.global_step),
-            "reward_mean": float(batch.scores.mean()),
-            "reward_std": float(batch.scores.std(unbiased=False)),
-            "score_mean": float(scores.mean()),
-            "kl": float(masked_mean(kl, action_mask)) if ref_lp is not None else 0.0,
-            "advantage_mean": float(masked_mean(adv, action_mask)),
-            "advantage_std": float(masked_mean((adv - masked_mean(adv, action_mask)) ** 2, action_mask).sqrt()),
-            "return_mean": float(masked_mean(returns, action_mask)),
-            **{k: float(v) for k, v in stats.items()},
-            "truncated_frac": float(batch.truncated.float().mean()),
-            "response_len_mean": float(action_mask.sum(-1).mean()),
-            # multi-turn trajectories: response tokens the environment wrote (tool results, template), not trained
-            "environment_tokens_mean": sum(len(e.response_token_ids) - sum(e.action_mask) for e in experiences
-                                           if e.action_mask is not None) / len(experiences),
-            "samples": float(size),
-            "tokens": float(tokens),
-            "tokens_per_s": tokens * a.ppo_epochs / max(elapsed, 1e-9),
-            "step_time_s": elapsed,
-            "actor_lr": self.actor.lr(),
-            "actor_frozen": float(not train_actor),
-            **acc.means(),
-        }
-        if self.critic is not None:
-            assert values is not None  # the critic's, computed above
-            metrics["critic_lr"] = self.critic.lr()
-            metrics["value_mean"] = float(masked_mean(values, action_mask))
-        return metrics
-
-    def _actor_micro(self, mb: RLBatch, cols, old_lp, adv, weights, mask, ref_lp, n_tok, n_seq, acc,
-                     pre: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
-        """One micro-batch's actor loss and backward (``pre``: its log-probs and entropy from the fused pass)."""
+    def _actor_micro(self, one: Pass, inputs: LossInputs, acc: _Accumulator) -> None:
+        """One pass's actor loss and backward (the fused step's log-probs and entropy where it has them)."""
         a = self.algo_settings
-        logp, entropy = pre if pre is not None else action_logprobs(
-            self.actor.model, mb, mb.temperatures, with_entropy=True, entropy_grad=a.entropy_coef > 0)
-        m = cols(mask)
-        out = self.policy_loss(PolicyLossInputs(logp=logp, old_logp=cols(old_lp), advantages=cols(adv), mask=m,
-                                                weights=cols(weights)))
+        mb, cols, n_tok, n_seq = one.batch, one.cols, one.counts.tokens, one.counts.sequences
+        if inputs.fused is not None:
+            logp, entropy = cols(inputs.fused[0]), cols(inputs.fused[1])
+        else:
+            logp, entropy = action_logprobs(self.actor.model, mb, mb.temperatures, with_entropy=True,
+                                            entropy_grad=a.entropy_coef > 0)
+        m = cols(inputs.mask.keep)
+        out = self.policy_loss(PolicyLossInputs(logp=logp, old_logp=cols(inputs.old_logprobs),
+                                                advantages=cols(inputs.advantages), mask=m,
+                                                weights=cols(inputs.mask.weights)))
         pg_loss = aggregate(out.loss, m, self.loss_agg, n_tok, n_seq)
         loss = pg_loss
         ent = aggregate(entropy, m, self.loss_agg, n_tok, n_seq)
         if a.entropy_coef > 0:
             loss = loss - a.entropy_coef * ent
-        if self.algorithm.kl_loss_coef > 0 and ref_lp is not None:
-            kl_loss = aggregate(kl_estimate(logp, cols(ref_lp), a.kl.estimator, m), m, self.loss_agg, n_tok, n_seq)
+        if self.algorithm.kl_loss_coef > 0 and inputs.reference_logprobs is not None:
+            kl_loss = aggregate(kl_estimate(logp, cols(inputs.reference_logprobs), a.kl.estimator, m), m,
+                                self.loss_agg, n_tok, n_seq)
             loss = loss + self.algorithm.kl_loss_coef * kl_loss
             acc.add("kl_loss", kl_loss)
         self.actor.backward(loss)
@@ -345,10 +321,38 @@ class RLTrainer(TrainerBase):
         acc.count("clip_frac", (out.clipped * m).sum(), m.sum())
         acc.count("ratio_mean", (out.ratio * m).sum(), m.sum())
 
+    def _critic_micro(self, one: Pass, inputs: LossInputs, acc: _Accumulator) -> None:
+        """One pass's value loss and backward (over all action tokens, clipped around the values before the step)."""
+        assert self.critic is not None and inputs.values is not None  # the critic's, computed in _prepare
+        v = action_values(self.critic.model, one.batch)
+        vl = aggregate(value_loss(v, one.cols(inputs.values), one.cols(inputs.returns), self.algo_settings.value_clip),
+                       one.batch.action_mask, self.algo_settings.loss_agg, one.counts.action_tokens,
+                       one.counts.samples)
+        self.critic.backward(vl)
+        acc.add("value_loss", vl)
 
-def _rows_cols(t: torch.Tensor, idx: torch.Tensor, width: int) -> torch.Tensor:
-    """Rows ``idx`` of a full-batch ``[B, R]`` tensor, cut to a micro-batch's response width."""
-    return t[idx][:, :width]
+    # ---- stage: metrics -----------------------------------------------------------------------------
+    def _run_metrics(self, experiences: Sequence[Experience], batch: RLBatch, prepared: PreparedBatch,
+                     acc: _Accumulator, train_actor: bool, elapsed: float) -> dict[str, float]:
+        """The step's numbers beside the batch's: sizes, speed, learning rates, the updates' losses."""
+        tokens = int(batch.attention_mask.sum().item())
+        metrics = {
+            # multi-turn trajectories: response tokens the environment wrote (tool results, template), not trained
+            "environment_tokens_mean": sum(len(e.response_token_ids) - sum(e.action_mask) for e in experiences
+                                           if e.action_mask is not None) / len(experiences),
+            "samples": float(batch.size),
+            "tokens": float(tokens),
+            "tokens_per_s": tokens * self.algo_settings.ppo_epochs / max(elapsed, 1e-9),
+            "step_time_s": elapsed,
+            "actor_lr": self.actor.lr(),
+            "actor_frozen": float(not train_actor),
+            **acc.means(),
+        }
+        if self.critic is not None:
+            assert prepared.values is not None  # the critic's, computed in _prepare
+            metrics["critic_lr"] = self.critic.lr()
+            metrics["value_mean"] = float(masked_mean(prepared.values, batch.action_mask))
+        return metrics
 
 
 class _Accumulator:
