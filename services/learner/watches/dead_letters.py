@@ -17,7 +17,7 @@ from services.learner.data import parse_item_id
 from services.learner.rl.group_buffer import GroupBuffer
 from services.learner.rl.positions import Positions
 from services.learner.rl.prompt_feeder import PromptFeeder
-from services.learner.run_state import RunState
+from services.learner.run_state import InFlight
 from services.learner.watches.queue import DeadLetter, DeadLetterWatch
 from shared.experience_queue import PERMANENT
 
@@ -28,13 +28,14 @@ POLL_INTERVAL_S = 1.0
 
 
 class DeadLetterHandler:
-    """Re-issues or gives up the positions whose entries ``watch`` finds dead-lettered; its cursors are saved in
-    ``state`` (and so in checkpoints)."""
+    """Re-issues or gives up the positions of ``in_flight`` whose entries ``watch`` finds dead-lettered; the watch's
+    cursors are copied into ``cursors`` after each poll (``RunState.dead_letter_cursors``: saved in checkpoints)."""
 
-    def __init__(self, watch: DeadLetterWatch, state: RunState, buffer: GroupBuffer, feeder: PromptFeeder,
-                 positions: Positions, retries: int) -> None:
+    def __init__(self, watch: DeadLetterWatch, in_flight: dict[str, InFlight], cursors: dict[str, str],
+                 buffer: GroupBuffer, feeder: PromptFeeder, positions: Positions, retries: int) -> None:
         self.watch = watch
-        self.state = state
+        self.in_flight = in_flight
+        self.cursors = cursors
         self.buffer = buffer
         self.feeder = feeder
         self.positions = positions
@@ -48,7 +49,8 @@ class DeadLetterHandler:
         self._next_poll = time.monotonic() + POLL_INTERVAL_S
         for dl in await self.watch.poll():
             await self.handle(dl)
-        self.state.dead_letter_cursors = dict(self.watch.cursors)
+        self.cursors.clear()
+        self.cursors.update(self.watch.cursors)
 
     async def handle(self, dl: DeadLetter) -> None:
         gid = dl.group_id or ""
@@ -57,7 +59,7 @@ class DeadLetterHandler:
             log.warning("dead letter %s in %s belongs to no prompt of this run (%s)", dl.entry, dl.stream, dl.reason)
             return
         key, attempt = parsed
-        item = self.state.in_flight.get(key)
+        item = self.in_flight.get(key)
         if item is None or item.attempt != attempt or self.buffer.is_complete(gid):
             return  # trained, re-issued already, or complete without the dead-lettered copy
         item.dead_letters += 1
