@@ -227,8 +227,8 @@ class RLRunner:
             picker=BatchPicker(st, self.buffer, positions, self.s, counters, feeder.reissue),
             intake=ExperienceIntake(self.experiences, self.processed, self.lease, st.in_flight, st.grant_key,
                                     self.buffer, self.commits, trainer.limits(), self.s, counters),
-            dead_letters=DeadLetterHandler(watch, st.in_flight, st.dead_letter_cursors, self.buffer, feeder,
-                                           positions, self.s.rollout.dead_letter_retries),
+            dead_letters=DeadLetterHandler(watch, st.in_flight, st.dead_letter_cursors, self.buffer, feeder.reissue,
+                                           positions.abandon, self.s.rollout.dead_letter_retries),
             publisher=publisher, rounds=PublishRounds(publisher, st, counters))
         if latest is not None:
             self.commits.last_checkpoint = str(latest)

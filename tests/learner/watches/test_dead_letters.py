@@ -35,9 +35,12 @@ def handler(tmp_path, redis_client, state: RunState, registry: CollectorRegistry
                       Lease(queue, "learner-0"), buffer)
     positions = Positions(state.in_flight, state.abandoned, buffer, commits, counters)
     watch = DeadLetterWatch(redis_client, RUN, state.dead_letter_cursors)
-    # retries 0: the first dead letter gives the position up (the feeder, which would re-issue it, is not reached)
-    return DeadLetterHandler(watch, state.in_flight, state.dead_letter_cursors, buffer, None,  # type: ignore[arg-type]
-                             positions, retries=0)
+
+    async def reissue(key: str, why: str) -> bool:
+        raise AssertionError(f"retries 0: the first dead letter gives {key} up, never re-issues it ({why})")
+
+    return DeadLetterHandler(watch, state.in_flight, state.dead_letter_cursors, buffer, reissue, positions.abandon,
+                             retries=0)
 
 
 async def test_a_dead_letter_is_acted_on_once_across_a_resume(tmp_path, redis_client, monkeypatch):
