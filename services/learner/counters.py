@@ -1,6 +1,7 @@
 """The run's counters, counted once: a count moves the persisted number in :class:`RunState` (checkpointed, shown
 by ``/status`` and the run's metrics) and the Prometheus counter of the same name together, so the two cannot
-disagree (each collaborator used to bump both, and one bumped only the first)."""
+disagree (each collaborator used to bump both, and one bumped only the first). Nothing else writes
+``RunState.counters``: the run state has no counting method of its own."""
 
 from __future__ import annotations
 
@@ -9,12 +10,12 @@ from services.learner.run_state import RunState
 
 
 class Counters:
-    """``add(name, n)``: what the loop's collaborators count with (they get this, not the sink)."""
+    """``add(name, n)``: what the loop's collaborators count with (they get this, not the sink or the state)."""
 
     def __init__(self, state: RunState, sink: MetricsSink) -> None:
-        self.state = state
-        self.sink = sink
+        self._counts = state.counters  # the persisted counts (the state's own dict, saved with each checkpoint)
+        self._sink = sink
 
     def add(self, name: str, n: int = 1) -> None:
-        self.state.bump(name, n)
-        self.sink.count(name, n)
+        self._counts[name] = self._counts.get(name, 0) + n
+        self._sink.count(name, n)

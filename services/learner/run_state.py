@@ -1,4 +1,11 @@
-"""The run owner's durable state, saved in every checkpoint as ``run_state.json``."""
+"""The run owner's durable state, saved in every checkpoint as ``run_state.json``.
+
+The live :class:`RunState` is what the run's parts keep between checkpoints, each through the narrow part it owns
+(the prompt feeder its dataset cursor and ``in_flight``, the publish rounds ``weight_version``, the dead-letter
+handler its cursors, :class:`~services.learner.counters.Counters` the counts). The ids a checkpoint covers are not
+part of it: the RL run's ``Commits`` owns them and writes them into the checkpoint's file (``CommitIds``, the
+``commit_sample_ids``/``commit_entry_ids`` fields of the JSON, unchanged since the first format).
+"""
 
 from __future__ import annotations
 
@@ -52,24 +59,27 @@ class RunState:
     # the learner's own key for the grants of the prompt tasks it issues (never leaves the learner but in grants);
     # saved with the run so that prompts re-issued after a resume carry the grants their experiences will bear
     grant_key: str = field(default_factory=lambda: secrets.token_hex(32))
-    # settled (marked processed + acked) right after this checkpoint is written, and again at a resume
-    commit_sample_ids: list[str] = field(default_factory=list)
-    commit_entry_ids: list[str] = field(default_factory=list)
 
-    def bump(self, name: str, n: int = 1) -> None:
-        self.counters[name] = self.counters.get(name, 0) + n
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self))
+    def to_json(self, commit: CommitIds | None = None) -> str:
+        """The checkpoint's ``run_state.json``, with the ids ``commit`` it covers (settled after it is written)."""
+        commit = commit or CommitIds()
+        return json.dumps({**asdict(self), "commit_sample_ids": list(commit.sample_ids),
+                           "commit_entry_ids": list(commit.entry_ids)})
 
     @classmethod
     def from_json(cls, text: str) -> RunState:
+        return cls.parse(text)[0]
+
+    @classmethod
+    def parse(cls, text: str) -> tuple[RunState, CommitIds]:
+        """The state and the commit a checkpoint's ``run_state.json`` recorded (settled again at a resume)."""
         raw = json.loads(text)
+        commit = CommitIds(tuple(raw.pop("commit_sample_ids", ())), tuple(raw.pop("commit_entry_ids", ())))
         raw["in_flight"] = {k: InFlight(**v) for k, v in raw.get("in_flight", {}).items()}
         counters = {k: 0 for k in COUNTERS}
         counters.update(raw.get("counters", {}))
         raw["counters"] = counters
-        return cls(**raw)
+        return cls(**raw), commit
 
     def save(self, path: Path) -> None:
         path.write_text(self.to_json())
@@ -77,3 +87,22 @@ class RunState:
     @classmethod
     def load(cls, path: Path) -> RunState:
         return cls.from_json(path.read_text())
+
+    @classmethod
+    def load_with_commit(cls, path: Path) -> tuple[RunState, CommitIds]:
+        return cls.parse(path.read_text())
+
+
+@dataclass(frozen=True)
+class CommitIds:
+    """What one checkpoint covers: sample ids trained (marked processed after it is written) and stream entries
+    trained or dropped (acknowledged after it is written)."""
+
+    sample_ids: tuple[str, ...] = ()
+    entry_ids: tuple[str, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.sample_ids or self.entry_ids)
+
+    def __add__(self, later: CommitIds) -> CommitIds:
+        return CommitIds(self.sample_ids + later.sample_ids, self.entry_ids + later.entry_ids)

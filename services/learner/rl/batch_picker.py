@@ -19,22 +19,34 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 from services.learner.counters import Counters
 from services.learner.data import parse_item_id
 from services.learner.rl.group_buffer import GroupBuffer, position_of
 from services.learner.rl.positions import Positions
-from services.learner.run_state import RunState
+from services.learner.run_state import InFlight
 from services.learner.settings import LearnerSettings
 
 log = logging.getLogger(__name__)
 STARVED_AFTER = 3  # stale drops of one prompt before the run says how to stop it starving
 
 
+class PickState(Protocol):
+    """What the picker reads of the run state (``RunState`` is one): the version the fleet was last given (what
+    staleness counts from) and the positions in flight (it notes their stale drops)."""
+
+    @property
+    def weight_version(self) -> int: ...
+
+    @property
+    def in_flight(self) -> dict[str, InFlight]: ...
+
+
 class BatchPicker:
     """Takes a step's groups from ``buffer``; ``reissue(position, reason)`` issues a stale group's prompt again."""
 
-    def __init__(self, state: RunState, buffer: GroupBuffer, positions: Positions, settings: LearnerSettings,
+    def __init__(self, state: PickState, buffer: GroupBuffer, positions: Positions, settings: LearnerSettings,
                  counters: Counters, reissue: Callable[[str, str], Awaitable[bool]]) -> None:
         self.state = state
         self.buffer = buffer

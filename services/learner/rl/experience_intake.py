@@ -3,20 +3,22 @@
 Each delivery is held on the lease at once (renewed until the commit that acknowledges it), then checked in
 order: issued by this learner (its grant, ``grants.py``), valid for the model (token ids inside the vocabulary,
 length inside the positions, finite logprobs and reward), new (sample id neither committed nor held). What fails a
-check is counted and listed for acknowledgement at the next commit; the rest is filed in the group buffer.
+check is counted and handed to ``Commits`` (acknowledged at the next commit); the rest is filed in the group buffer.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Mapping
 
 import numpy as np
 
 from services.learner.counters import Counters
+from services.learner.rl.commits import SettleLater
 from services.learner.rl.grants import unissued
 from services.learner.rl.group_buffer import Filed, GroupBuffer
-from services.learner.run_state import RunState
+from services.learner.run_state import InFlight
 from services.learner.settings import LearnerSettings
 from shared.experience_queue import Delivery, Lease, ProcessedIds, StreamQueue
 from shared.schemas import Experience
@@ -40,16 +42,19 @@ def invalid_reason(e: Experience, vocab: int, max_len: int | None) -> str | None
 
 class ExperienceIntake:
     """Consumes and admits experiences into ``buffer``; ``limits`` are the trainer's model's (vocabulary size,
-    positions or None)."""
+    positions or None). It reads the run's positions ``in_flight`` and checks grants under ``grant_key``; what it
+    drops goes to ``commits``."""
 
-    def __init__(self, experiences: StreamQueue, processed: ProcessedIds, lease: Lease, state: RunState,
-                 buffer: GroupBuffer, limits: tuple[int, int | None], settings: LearnerSettings,
-                 counters: Counters) -> None:
+    def __init__(self, experiences: StreamQueue, processed: ProcessedIds, lease: Lease,
+                 in_flight: Mapping[str, InFlight], grant_key: str, buffer: GroupBuffer, commits: SettleLater,
+                 limits: tuple[int, int | None], settings: LearnerSettings, counters: Counters) -> None:
         self.experiences = experiences
         self.processed = processed
         self.lease = lease
-        self.state = state
+        self.in_flight = in_flight
+        self.grant_key = grant_key
         self.buffer = buffer
+        self.commits = commits
         self.s = settings
         self.counters = counters
         self.limits = limits
@@ -69,23 +74,22 @@ class ExperienceIntake:
         if not fresh:
             return
         new = set(await self.processed.filter_new([d.record.id for d in fresh]))
-        st = self.state
         for d in fresh:
             e = d.record
             self.lease.hold([d.id])
             self.counters.add("experiences_consumed")
-            problem = unissued(e, st.in_flight, st.grant_key, self.s.rollout.group_size)
+            problem = unissued(e, self.in_flight, self.grant_key, self.s.rollout.group_size)
             if problem is not None:
                 log.warning("dropping experience %s: %s", e.id, problem)
                 self.counters.add("experiences_unissued")
-                st.commit_entry_ids.append(d.id)
+                self.commits.settle_later([d.id])
                 continue
             problem = invalid_reason(e, *self.limits)
             if problem is not None:
                 log.warning("rejecting experience %s: %s", e.id, problem)
                 self.counters.add("experiences_rejected")
-                st.commit_entry_ids.append(d.id)  # its prompt is re-issued when the group times out
+                self.commits.settle_later([d.id])  # its prompt is re-issued when the group times out
                 continue
-            if e.id not in new or self.buffer.file(d.id, e, st.in_flight) is Filed.DUPLICATE:
+            if e.id not in new or self.buffer.file(d.id, e, self.in_flight) is Filed.DUPLICATE:
                 self.counters.add("experiences_deduplicated")
-                st.commit_entry_ids.append(d.id)
+                self.commits.settle_later([d.id])

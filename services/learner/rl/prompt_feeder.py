@@ -1,7 +1,8 @@
 """Prompts out: the run owner's side of the prompts stream.
 
-Keeps up to ``rollout.window`` dataset positions in flight (``RunState.in_flight``, saved in checkpoints),
-walking the prompt set epoch by epoch, and issues a position again under a new attempt id
+Keeps up to ``rollout.window`` dataset positions in flight (``RunState.in_flight``, saved in checkpoints: the
+feeder owns that map and the dataset cursor, :class:`FeedState`; the other parts read the map, and ``Positions``
+takes a position out when its life ends), walking the prompt set epoch by epoch, and issues a position again under a new attempt id
 (``e{epoch}-{index}-r{n}``) when its group timed out, went stale, was dead-lettered or was lost by a restarted
 Redis. Every task carries the learner's grant for its group (``grants.py``), and the size it was issued with is
 recorded in ``InFlight``: the learner files only experiences of groups it issued. What to do with the
@@ -13,11 +14,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Collection
+from typing import Protocol
 
 from services.learner.counters import Counters
 from services.learner.data import PromptSet
 from services.learner.rl.grants import grant
-from services.learner.run_state import InFlight, RunState
+from services.learner.run_state import InFlight
 from services.learner.settings import LearnerSettings
 from services.learner.watches.queue import prompts_lost_by_redis
 from shared.experience_queue import BackpressureTimeout, StreamQueue
@@ -27,19 +29,31 @@ from shared.schemas import PromptTask
 log = logging.getLogger(__name__)
 
 
-class PromptFeeder:
-    """Issues and re-issues prompt tasks; ``state`` is the run's (positions and counters are written there)."""
+class FeedState(Protocol):
+    """What the feeder keeps of the run state (``RunState`` is one): the dataset position of the next prompt, the
+    positions in flight, and the key of the grants its tasks carry."""
 
-    def __init__(self, prompts: StreamQueue, data: PromptSet, epochs: int, state: RunState,
-                 settings: LearnerSettings, counters: Counters,
-                 give_up: Callable[[str, str], None] | None = None) -> None:
+    epoch: int
+    next_index: int
+    in_flight: dict[str, InFlight]
+
+    @property
+    def grant_key(self) -> str: ...
+
+
+class PromptFeeder:
+    """Issues and re-issues prompt tasks; ``state`` is the run's cursor and positions in flight (:class:`FeedState`);
+    ``give_up(position, reason)`` ends a position past ``rollout.max_attempts`` (``Positions.abandon``)."""
+
+    def __init__(self, prompts: StreamQueue, data: PromptSet, epochs: int, state: FeedState,
+                 settings: LearnerSettings, counters: Counters, give_up: Callable[[str, str], None]) -> None:
         self.prompts = prompts
         self.data = data
         self.epochs = epochs  # passes over the prompt set (data.epoch_plan: cycled until max_steps)
         self.state = state
         self.s = settings
         self.counters = counters
-        self.give_up = give_up  # (position, reason): the runner abandons a position past rollout.max_attempts
+        self.give_up = give_up
 
     def exhausted(self) -> bool:
         """Every position of every epoch was issued (some may still be in flight)."""
@@ -77,11 +91,7 @@ class PromptFeeder:
         item = self.state.in_flight[key]
         if item.attempt + 1 >= self.s.rollout.max_attempts:
             reason = f"{item.attempt + 1} attempts (rollout.max_attempts={self.s.rollout.max_attempts}); last: {why}"
-            if self.give_up is not None:
-                self.give_up(key, reason)
-            else:
-                del self.state.in_flight[key]
-                self.state.abandoned[key] = reason
+            self.give_up(key, reason)
             return False
         task = self._task(item.epoch, item.index, item.attempt + 1, item.group_size or None)
         [item.entry] = await self.prompts.produce([task], timeout=self.s.queue.produce_timeout_s)

@@ -10,10 +10,9 @@ so the runner waits Redis out and publishes again.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Protocol
 
 from services.learner.counters import Counters
-from services.learner.run_state import RunState
 from services.learner.weights.transport import PublishFailed
 from shared.redis_errors import REDIS_UNAVAILABLE, raise_if_refused
 
@@ -26,10 +25,16 @@ def publish_due(step: int, every: int, waiting: list[str]) -> bool:
     return step % every == 0 or bool(waiting)
 
 
+class Versioned(Protocol):
+    """Where the rounds keep the version last published (``RunState.weight_version``, saved in checkpoints)."""
+
+    weight_version: int
+
+
 class PublishRounds:
     """Publishes through ``publisher`` (a ``WeightPublisher``); the version published goes to ``state``."""
 
-    def __init__(self, publisher: Any, state: RunState, counters: Counters) -> None:
+    def __init__(self, publisher: Any, state: Versioned, counters: Counters) -> None:
         self.publisher = publisher
         self.state = state
         self.counters = counters

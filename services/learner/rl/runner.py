@@ -47,6 +47,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -107,6 +108,25 @@ class RLRunTrainer(Protocol):
     def export(self, out_dir: Path, checkpoint: Path | None = None) -> None: ...
 
 
+@dataclass(frozen=True)
+class RunParts:
+    """The run's collaborators, built together once the run state is loaded and the trainer with it
+    (``RLRunner._start``): none exists before, none is replaced after. Each was handed only the part of the run state
+    it keeps (the feeder the dataset cursor and the positions in flight, ``Positions`` those and the given-up ones,
+    the intake the positions and the grant key, the rounds the version published, the dead-letter handler its
+    cursors), the ``Counters`` they all count with, and ``Commits`` as the place finished entries go."""
+
+    trainer: RLRunTrainer
+    counters: Counters
+    positions: Positions
+    feeder: PromptFeeder
+    picker: BatchPicker
+    intake: ExperienceIntake
+    dead_letters: DeadLetterHandler
+    publisher: WeightPublisher
+    rounds: PublishRounds
+
+
 class RLRunner:
     """Owns one RL run. ``await run(stop)``; ``status()`` for the HTTP surface; ``request_checkpoint()``."""
 
@@ -126,17 +146,8 @@ class RLRunner:
                                        signer=signer, dead_letter_maxlen=q.dead_letter_maxlen)
         self.processed = ProcessedIds(redis, keys.processed_ids(run, "learner"), max_ids=q.processed_ids_max,
                                       ttl_s=q.processed_ids_ttl_s)
-        self.state = RunState()
-        self.counters = Counters(self.state, sink)  # again on the state a resume loads (start)
-        self.trainer: RLRunTrainer | None = None
-        # the parts that work on the run state: once it is loaded (start), or once the trainer is (its limits)
-        self.feeder: PromptFeeder | None = None
-        self.positions: Positions | None = None
-        self.picker: BatchPicker | None = None
-        self.intake: ExperienceIntake | None = None
-        self.dead_letters: DeadLetterHandler | None = None
-        self.publisher: WeightPublisher | None = None
-        self.rounds: PublishRounds | None = None  # once the publisher exists
+        self.state = RunState()  # a fresh run's; a resume replaces it with its checkpoint's (_start), once
+        self.parts: RunParts | None = None  # built at once when the run state and the trainer are loaded (_start)
         self.phase = "starting"
         self.error: str | None = None
         self.total_steps = 0
@@ -160,21 +171,36 @@ class RLRunner:
                   "(is a second learner running on run %r?)", len(entry_ids), self.s.run_name)
 
     # ---- start -----------------------------------------------------------------------------------
-    async def _start(self) -> None:
+    @property
+    def trainer(self) -> RLRunTrainer | None:
+        """The run's trainer once loaded (``/status``'s step), else None."""
+        return self.parts.trainer if self.parts is not None else None
+
+    @property
+    def picker(self) -> BatchPicker | None:
+        """The run's batch picker once started (``/status``'s ``waiting``), else None."""
+        return self.parts.picker if self.parts is not None else None
+
+    @property
+    def publisher(self) -> WeightPublisher | None:
+        """The run's weight publisher once loaded (``/status``'s ``last_publish``), else None."""
+        return self.parts.publisher if self.parts is not None else None
+
+    async def _start(self) -> RunParts:
         from services.learner.training.models import load_tokenizer
 
         tokenizer = await asyncio.to_thread(load_tokenizer, self.s.model)
         data = await asyncio.to_thread(PromptSet.load, self.s.data, self.s.train.seed, tokenizer)
         latest = self.ckpt.latest() if self.s.checkpoint.resume else None
         if latest is not None:
-            self.state = RunState.load(latest / "run_state.json")
+            self.state, recorded = RunState.load_with_commit(latest / "run_state.json")
+            self.commits.carry_recorded(recorded)  # the commit the checkpoint recorded is settled first (_connect)
             log.info("resuming from %s", latest)
+        st = self.state
         plan = epoch_plan(self.s.data, self.s.train.groups_per_step, self.s.train.max_steps, len(data))
-        self.counters = Counters(self.state, self.sink)  # the run's state as loaded: counted once, in both places
-        self.positions = Positions(self.state, self.buffer, self.counters)
-        self.feeder = PromptFeeder(self.prompts, data, plan.epochs, self.state, self.s, self.counters,
-                                   self.positions.abandon)
-        self.picker = BatchPicker(self.state, self.buffer, self.positions, self.s, self.counters, self.feeder.reissue)
+        counters = Counters(st, self.sink)  # the run's state as loaded: counted once, in both places
+        positions = Positions(st.in_flight, st.abandoned, self.buffer, self.commits, counters)
+        feeder = PromptFeeder(self.prompts, data, plan.epochs, st, self.s, counters, positions.abandon)
         if plan.note:
             log.warning("%s", plan.note)
         log.info("%s", passes_note(self.s))
@@ -185,25 +211,49 @@ class RLRunner:
         resume_dir = latest / "trainer" if latest is not None else None
         # a fresh run's first prompts need nothing of the trainer: they go out while it loads, so the rollout fleet
         # generates them with the start weights it serves meanwhile (launch -> first step overlaps the two)
-        early = asyncio.create_task(self._feed_early()) if self._may_feed_early(latest) else None
+        early = asyncio.create_task(self._feed_early(feeder)) if self._may_feed_early(latest) else None
         try:
-            await self._load_trainer(latest, resume_dir)
+            trainer = await self._load_trainer(resume_dir)
         except BaseException:
             if early is not None:
                 early.cancel()
             raise
+        from services.learner.weights import WeightPublisher
+
+        publisher = WeightPublisher(self.redis, self.s.run_name, self.s.publish.sync)
+        watch = DeadLetterWatch(self.redis, self.s.run_name, st.dead_letter_cursors, signer=self.experiences.signer)
+        self.parts = parts = RunParts(
+            trainer=trainer, counters=counters, positions=positions, feeder=feeder,
+            picker=BatchPicker(st, self.buffer, positions, self.s, counters, feeder.reissue),
+            intake=ExperienceIntake(self.experiences, self.processed, self.lease, st.in_flight, st.grant_key,
+                                    self.buffer, self.commits, trainer.limits(), self.s, counters),
+            dead_letters=DeadLetterHandler(watch, st.in_flight, st.dead_letter_cursors, self.buffer, feeder.reissue,
+                                           positions.abandon, self.s.rollout.dead_letter_retries),
+            publisher=publisher, rounds=PublishRounds(publisher, st, counters))
+        if latest is not None:
+            self.commits.last_checkpoint = str(latest)
+        actor = trainer.actor
+        if self.s.publish.in_place and not actor.owns_parameter_memory and not hasattr(actor.model, "merge_and_unload"):
+            buckets = await asyncio.to_thread(publisher.flatten, actor.model)
+            log.info("actor weights laid out in %d publish buckets: publishing sends them without a copy", buckets)
+        if self.experiences.signer is None:
+            log.warning("run_key is unset (allow_unsigned_records): prompts go out unsigned and experiences are "
+                        "trained on without checking who wrote them; give every service of the run the same run_key "
+                        "(docs/security-redis.md)")
+        self.sink.open(self.total_steps, trainer.global_step)
         if early is not None:
             await early
             now = time.time()  # their rollout.prompt_timeout_s counts from when the learner can train on them
-            for item in self.state.in_flight.values():
+            for item in st.in_flight.values():
                 item.issued_at = max(item.issued_at, now)
+        return parts
 
     def _may_feed_early(self, latest: Path | None) -> bool:
         """Prompts before the trainer exists only for a fresh, single-rank run with no start gate (the gate holds
         the fleet's held-out evaluation of the start policy first; a resumed run first settles its checkpoint)."""
         return latest is None and not self.s.train.start_gate and not self.ranks.multi
 
-    async def _feed_early(self) -> None:
+    async def _feed_early(self, feeder: PromptFeeder) -> None:
         """Best effort: the first window of prompts while the trainer loads, where no weights were published yet
         (else the loop issues them after ``_connect`` publishes ours); a Redis problem leaves them to the loop."""
         try:
@@ -211,45 +261,23 @@ class RLRunner:
                 return
             await self.experiences.ensure_group()
             await self.prompts.ensure_group()
-            assert self.feeder is not None  # _start built it before this task
-            await self.feeder.feed()
+            await feeder.feed()
         except REDIS_UNAVAILABLE as exc:
             log.info("first prompts wait until the trainer is loaded (Redis: %s)", exc)
 
-    async def _load_trainer(self, latest: Path | None, resume_dir: Path | None) -> None:
+    async def _load_trainer(self, resume_dir: Path | None) -> RLRunTrainer:
         from services.learner.algorithms.rl_algorithms import trainer_class
 
-        assert self.feeder is not None and self.positions is not None  # _start built them
         if self.ranks.multi:
             from services.learner.distributed.ranks import OwnerLink
 
             self.link = link = await asyncio.to_thread(OwnerLink, self.s, self.ranks)
             await asyncio.to_thread(link.start, self.total_steps, resume_dir)
-        self.trainer = trainer = await asyncio.to_thread(trainer_class(self.s.algorithm), self.s, self.total_steps,
-                                                         resume_dir, self.ranks.local_rank)
-        self.intake = ExperienceIntake(self.experiences, self.processed, self.lease, self.state, self.buffer,
-                                       trainer.limits(), self.s, self.counters)
-        if latest is not None:
-            self.commits.last_checkpoint = str(latest)
-        from services.learner.weights import WeightPublisher
+        trainer: RLRunTrainer = await asyncio.to_thread(trainer_class(self.s.algorithm), self.s, self.total_steps,
+                                                        resume_dir, self.ranks.local_rank)
+        return trainer
 
-        self.publisher = publisher = WeightPublisher(self.redis, self.s.run_name, self.s.publish.sync)
-        actor = trainer.actor
-        if self.s.publish.in_place and not actor.owns_parameter_memory and not hasattr(actor.model, "merge_and_unload"):
-            buckets = await asyncio.to_thread(publisher.flatten, actor.model)
-            log.info("actor weights laid out in %d publish buckets: publishing sends them without a copy", buckets)
-        watch = DeadLetterWatch(self.redis, self.s.run_name, self.state.dead_letter_cursors,
-                                signer=self.experiences.signer)
-        self.dead_letters = DeadLetterHandler(watch, self.state, self.buffer, self.feeder, self.positions,
-                                              self.s.rollout.dead_letter_retries)
-        if self.experiences.signer is None:
-            log.warning("run_key is unset (allow_unsigned_records): prompts go out unsigned and experiences are "
-                        "trained on without checking who wrote them; give every service of the run the same run_key "
-                        "(docs/security-redis.md)")
-        self.rounds = PublishRounds(publisher, self.state, self.counters)
-        self.sink.open(self.total_steps, trainer.global_step)
-
-    async def _start_gate(self, stop: asyncio.Event) -> bool:
+    async def _start_gate(self, p: RunParts, stop: asyncio.Event) -> bool:
         """Hold here, loaded, until the launcher opens ``train.start_gate`` (False: stopped meanwhile)."""
         t = self.s.train
         gate = t.start_gate
@@ -264,46 +292,43 @@ class RLRunner:
             nonlocal opened
             opened = await wait_start_gate(self.redis, key, gate, t.start_gate_timeout_s, stop)
 
-        await self._until_redis_answers(wait, stop)
+        await self._until_redis_answers(p, wait, stop)
         if opened:
             log.info("start gate open")
         return opened
 
-    async def _connect(self) -> None:
+    async def _connect(self, p: RunParts) -> None:
         """The start-up steps that need Redis (idempotent: run again after an outage during start-up)."""
         await self.experiences.ensure_group()
         await self.prompts.ensure_group()
-        st = self.state
-        self.commits.carry_recorded(st)  # finish the commit the resumed checkpoint recorded
-        await self.commits.settle()
-        assert self.rounds is not None and self.trainer is not None  # loaded (_start)
-        if self.rounds.published_step < 0:
+        await self.commits.settle()  # finish the commit the resumed checkpoint recorded
+        if p.rounds.published_step < 0:
             published = int(await self.redis.get(keys.weights_version(self.s.run_name)) or 0)
             if published != self.state.weight_version or published > 0:
                 # the fleet holds weights we are not resuming from, or replicas (re)started with the run wait for
                 # the latest version, which this new process holds nothing of to serve them: give the fleet our
                 # weights under a new version (else their workers hold back, past max_staleness, until a step
                 # that cannot come without their experiences)
-                await self._publish(strict=True)
-            self.rounds.published_step = self.trainer.global_step
+                await self._publish(p, strict=True)
+            p.rounds.published_step = p.trainer.global_step
         self.lease.start()
 
     # ---- the loop ----------------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
         try:
-            await self._start()
-            if not await self._start_gate(stop):
+            p = await self._start()
+            if not await self._start_gate(p, stop):
                 self.phase = "stopped"  # stopped before anything was published or trained: nothing to save
                 return
-            await self._until_redis_answers(self._connect, stop)
+            await self._until_redis_answers(p, lambda: self._connect(p), stop)
             self.phase = "running"
-            while not stop.is_set() and not self._done():
+            while not stop.is_set() and not self._done(p):
                 try:
-                    await self._iteration()
+                    await self._iteration(p)
                 except REDIS_UNAVAILABLE as exc:
                     raise_if_refused(exc)
-                    await self._wait_for_redis(exc, stop)
-            await self._until_redis_answers(lambda: self._finish(stopped=stop.is_set()), stop, final=True)
+                    await self._wait_for_redis(p, exc, stop)
+            await self._until_redis_answers(p, lambda: self._finish(p, stopped=stop.is_set()), stop, final=True)
         except asyncio.CancelledError:
             self.phase = "stopped"
             raise
@@ -314,35 +339,34 @@ class RLRunner:
         finally:
             self.commits.fail_waiters(f"run ended ({self.phase}) before the checkpoint")
             await self.lease.stop()
-            if self.publisher is not None:
-                await self.publisher.close()
+            if self.parts is not None:
+                await self.parts.publisher.close()
             if self.link is not None:
                 try:  # followers leave their loop (a follower stuck in a collective times out instead)
                     await asyncio.to_thread(self.link.stop)
                 except Exception:
                     log.exception("could not stop the follower ranks")
 
-    async def _iteration(self) -> None:
-        assert self.dead_letters is not None and self.feeder is not None and self.picker is not None  # started
+    async def _iteration(self, p: RunParts) -> None:
         with self._lap("settle"):
             await self.commits.settle()
             if self.link is not None:
                 await asyncio.to_thread(self.link.heartbeat)
         with self._lap("dead_letters"):
-            await self.dead_letters.poll()
+            await p.dead_letters.poll()
         with self._lap("feed"):
-            await self.feeder.feed()
-            await self.feeder.reissue_timeouts({position_of(g) for g in self.buffer.complete})
+            await p.feeder.feed()
+            await p.feeder.reissue_timeouts({position_of(g) for g in self.buffer.complete})
         with self._lap("take"):
-            groups = await self.picker.take(self._exhausted())
+            groups = await p.picker.take(p.feeder.exhausted())
         if groups:
-            await self._train(groups)
+            await self._train(p, groups)
         elif self.commits.waiters:
             with self._lap("checkpoint"):
-                await self._commit()
+                await self._commit(p)
         else:
             with self._lap("receive"):
-                await self._receive()
+                await self._receive(p)
 
     @contextlib.contextmanager
     def _lap(self, part: str):
@@ -355,7 +379,7 @@ class RLRunner:
             self._loop_s[part] = self._loop_s.get(part, 0.0) + time.perf_counter() - t0
 
     # ---- Redis outages -------------------------------------------------------------------------------
-    async def _until_redis_answers(self, op, stop: asyncio.Event, final: bool = False) -> None:
+    async def _until_redis_answers(self, p: RunParts, op, stop: asyncio.Event, final: bool = False) -> None:
         """Run ``op()`` to completion, waiting out Redis outages (``op`` must be safe to run again)."""
         while True:
             try:
@@ -363,55 +387,46 @@ class RLRunner:
                 return
             except REDIS_UNAVAILABLE as exc:
                 raise_if_refused(exc)
-                await self._wait_for_redis(exc, stop, final=final)
+                await self._wait_for_redis(p, exc, stop, final=final)
 
-    async def _wait_for_redis(self, exc: BaseException, stop: asyncio.Event, final: bool = False) -> None:
+    async def _wait_for_redis(self, p: RunParts, exc: BaseException, stop: asyncio.Event, final: bool = False) -> None:
         """Wait (capped backoff, bounded by queue.redis_outage_max_s) until Redis answers a PING, then
         recover what an outage can lose. Raises when the bound passes; returns early when stopping."""
         phase = self.phase
         self.phase = "waiting_for_redis"
         self.error = f"Redis unavailable: {type(exc).__name__}: {exc}"
-        self.counters.add("redis_outages")
+        p.counters.add("redis_outages")
         answered = await wait_for_redis(self.redis, exc, stop, max_s=self.s.queue.redis_outage_max_s,
-                                        error=self.error, recover=self._recover_after_outage, final=final)
+                                        error=self.error, recover=lambda: self._recover_after_outage(p), final=final)
         self.phase = phase
         if answered:
             self.error = None
 
-    async def _recover_after_outage(self) -> None:
+    async def _recover_after_outage(self, p: RunParts) -> None:
         """What an outage can lose: entries delivered while the connection broke, prompts not persisted."""
         self.experiences.replay_history(self.s.queue.consumer)
-        assert self.feeder is not None  # outages are waited out once _start has built the parts
-        await self.feeder.reissue_lost(self.redis)
+        await p.feeder.reissue_lost(self.redis)
 
     # ---- is the run done --------------------------------------------------------------------------------
-    def _exhausted(self) -> bool:
-        """Every prompt of the run was issued (a runner not started yet has issued none)."""
-        return self.feeder is not None and self.feeder.exhausted()
-
-    def _done(self) -> bool:
-        assert self.trainer is not None  # loaded (_start)
-        if self.s.train.max_steps and self.trainer.global_step >= self.s.train.max_steps:
+    def _done(self, p: RunParts) -> bool:
+        if self.s.train.max_steps and p.trainer.global_step >= self.s.train.max_steps:
             return True
-        return self._exhausted() and not self.state.in_flight
+        return p.feeder.exhausted() and not self.state.in_flight
 
     # ---- experiences in ------------------------------------------------------------------------------
-    async def _receive(self) -> None:
+    async def _receive(self, p: RunParts) -> None:
         if self._wait_started is None:
             self._wait_started = time.perf_counter()
         t0 = time.perf_counter()
-        assert self.intake is not None  # loaded (_start)
-        await self.intake.receive()
+        await p.intake.receive()
         with contextlib.suppress(*REDIS_UNAVAILABLE):  # the pool signal's backlog: what waited for a replica meanwhile
             await self.pool.sample_wait(time.perf_counter() - t0)
 
     # ---- training --------------------------------------------------------------------------------------
-    async def _train(self, gids: list[str]) -> None:
+    async def _train(self, p: RunParts, gids: list[str]) -> None:
         if self._wait_started is not None:
             self._wait_s += time.perf_counter() - self._wait_started
             self._wait_started = None
-        assert self.trainer is not None and self.publisher is not None and self.rounds is not None  # loaded
-        assert self.picker is not None and self.positions is not None  # started
         st = self.state
         groups = [self.buffer.experiences(gid) for gid in gids]
         exps = [e for group in groups for e in group]
@@ -420,20 +435,20 @@ class RLRunner:
         metrics: dict[str, Any]  # the trainer's numbers, then the step's own (not all numbers: sample_ids, loop_s)
         with self._lap("train"):
             if self.link is not None:
-                metrics = await asyncio.to_thread(self.link.train, self.trainer, groups)
+                metrics = await asyncio.to_thread(self.link.train, p.trainer, groups)
             else:
-                metrics = await asyncio.to_thread(self.trainer.train_step, exps)
-        step = self.trainer.global_step
-        self.picker.stepped()
-        self.positions.trained(gids)
-        self.counters.add("groups_trained", len(gids))
-        self.counters.add("samples_trained", len(exps))
+                metrics = await asyncio.to_thread(p.trainer.train_step, exps)
+        step = p.trainer.global_step
+        p.picker.stepped()
+        p.positions.trained(gids)
+        p.counters.add("groups_trained", len(gids))
+        p.counters.add("samples_trained", len(exps))
         self.sink.observe_staleness(staleness)
         self.sink.observe_version_spans(spans)
         self.commits.steps_since += 1
         with self._lap("publish"):
-            if self.rounds.due(step, self.s.publish.every) and await self._publish():
-                metrics.update(self.sink.observe_publish(self.publisher.last_report))
+            if p.rounds.due(step, self.s.publish.every) and await self._publish(p):
+                metrics.update(self.sink.observe_publish(p.publisher.last_report))
         metrics.update({
             "step": step, "weight_version": st.weight_version, "groups": len(gids),
             "staleness_mean": sum(staleness) / len(staleness), "staleness_max": max(staleness),
@@ -457,7 +472,7 @@ class RLRunner:
             self.sink.log_step(step, metrics)
         if self.commits.due(step, self.s.checkpoint.every):
             with self._lap("checkpoint"):
-                await self._commit()
+                await self._commit(p)
 
     async def _publish_pool_signal(self, step: int, tokens: int) -> None:
         """This step's demand signal for the rollout pool (Redis key, gauges, /status); a Redis error costs the
@@ -470,21 +485,19 @@ class RLRunner:
             return
         self.sink.observe_pool(sig)
 
-    async def _publish(self, strict: bool = False) -> bool:
+    async def _publish(self, p: RunParts, strict: bool = False) -> bool:
         """Publish the actor as a new version (``publish_rounds.py``: a failed round fails only itself, unless
         ``strict``)."""
-        assert self.trainer is not None and self.rounds is not None  # loaded (_start)
         if self.link is not None:
-            weights = await asyncio.to_thread(self.link.policy_weights, self.trainer)
+            weights = await asyncio.to_thread(self.link.policy_weights, p.trainer)
         else:
-            weights = await asyncio.to_thread(self.trainer.policy_weights)
-        return await self.rounds.publish(weights, self.trainer.global_step, strict=strict)
+            weights = await asyncio.to_thread(p.trainer.policy_weights)
+        return await p.rounds.publish(weights, p.trainer.global_step, strict=strict)
 
     # ---- commit ------------------------------------------------------------------------------------------
-    async def _commit(self, settle: bool = True) -> None:
+    async def _commit(self, p: RunParts, settle: bool = True) -> None:
         """Checkpoint (trainer and run state), then settle exactly what it covers (see ``Commits``)."""
-        trainer, link = self.trainer, self.link
-        assert trainer is not None  # loaded (_start)
+        trainer, link = p.trainer, self.link
 
         def write_trainer(out: Path) -> None:
             if link is not None:
@@ -498,14 +511,13 @@ class RLRunner:
         """A future resolved with ``{"step", "path"}`` once a checkpoint is written (at a step boundary)."""
         return self.commits.request()
 
-    async def _finish(self, stopped: bool) -> None:
+    async def _finish(self, p: RunParts, stopped: bool) -> None:
         self.phase = "stopping" if stopped else "finishing"
-        assert self.trainer is not None and self.rounds is not None  # loaded (_start)
-        step = self.trainer.global_step
-        if self.rounds.published_step != step and not stopped:
-            await self._publish(strict=True)
+        step = p.trainer.global_step
+        if p.rounds.published_step != step and not stopped:
+            await self._publish(p, strict=True)
         if self.commits.needed_at_finish():
-            await self._commit(settle=False)
+            await self._commit(p, settle=False)
         try:
             await self.commits.settle()
         except REDIS_UNAVAILABLE as exc:
@@ -515,7 +527,7 @@ class RLRunner:
                         "the run resumes", exc, self.commits.last_checkpoint)
         if self.s.checkpoint.export_dir and not stopped:
             last = self.commits.last_checkpoint  # this step's: written just above unless one was already
-            await asyncio.to_thread(self.trainer.export, Path(self.s.checkpoint.export_dir),
+            await asyncio.to_thread(p.trainer.export, Path(self.s.checkpoint.export_dir),
                                     Path(last) if last else None)
         self.phase = "stopped" if stopped else "finished"
         log.info("run %s at step %d (weight version %d)", self.phase, step, self.state.weight_version)
@@ -527,6 +539,6 @@ class RLRunner:
     async def weights_problem(self) -> str | None:
         """Which replicas serve old weights and why (e.g. 'rollout-0 on weights v0, learner on v12: the last 5
         weight rounds failed: ...'), or None: shown as what the learner waits for."""
-        if self.publisher is None:
+        if self.parts is None:
             return None
-        return await self.publisher.lag_problem()
+        return await self.parts.publisher.lag_problem()

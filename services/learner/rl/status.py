@@ -24,7 +24,6 @@ class RunView(Protocol):
     s: LearnerSettings
     phase: str
     error: str | None
-    trainer: Any  # RLTrainer once loaded (its global_step), else None
     total_steps: int
     state: RunState
     buffer: GroupBuffer
@@ -34,9 +33,16 @@ class RunView(Protocol):
     ranks: RankInfo
     link: Any  # OwnerLink to the follower ranks (its replica_digests), or None
     peaks: Peaks
-    publisher: Any  # WeightPublisher once loaded, else None
     pool: PoolWatch
-    picker: Any  # BatchPicker once the run started (its holding()), else None
+
+    @property
+    def trainer(self) -> Any: ...  # RLTrainer once loaded (its global_step), else None
+
+    @property
+    def publisher(self) -> Any: ...  # WeightPublisher once loaded, else None
+
+    @property
+    def picker(self) -> Any: ...  # BatchPicker once the run started (its holding()), else None
 
     @property
     def last_metrics(self) -> Mapping[str, Any]: ...  # read only: the owner's dict

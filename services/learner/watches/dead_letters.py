@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Awaitable, Callable
 
 from services.learner.data import parse_item_id
 from services.learner.rl.group_buffer import GroupBuffer
-from services.learner.rl.positions import Positions
-from services.learner.rl.prompt_feeder import PromptFeeder
-from services.learner.run_state import RunState
+from services.learner.run_state import InFlight
 from services.learner.watches.queue import DeadLetter, DeadLetterWatch
 from shared.experience_queue import PERMANENT
 
@@ -28,16 +27,19 @@ POLL_INTERVAL_S = 1.0
 
 
 class DeadLetterHandler:
-    """Re-issues or gives up the positions whose entries ``watch`` finds dead-lettered; its cursors are saved in
-    ``state`` (and so in checkpoints)."""
+    """Re-issues (``reissue(position, why)``: ``PromptFeeder.reissue``) or gives up (``abandon(position, why)``:
+    ``Positions.abandon``) the positions of ``in_flight`` whose entries ``watch`` finds dead-lettered; the watch's
+    cursors are copied into ``cursors`` after each poll (``RunState.dead_letter_cursors``: saved in checkpoints)."""
 
-    def __init__(self, watch: DeadLetterWatch, state: RunState, buffer: GroupBuffer, feeder: PromptFeeder,
-                 positions: Positions, retries: int) -> None:
+    def __init__(self, watch: DeadLetterWatch, in_flight: dict[str, InFlight], cursors: dict[str, str],
+                 buffer: GroupBuffer, reissue: Callable[[str, str], Awaitable[bool]],
+                 abandon: Callable[[str, str], None], retries: int) -> None:
         self.watch = watch
-        self.state = state
+        self.in_flight = in_flight
+        self.cursors = cursors
         self.buffer = buffer
-        self.feeder = feeder
-        self.positions = positions
+        self.reissue = reissue
+        self.abandon = abandon
         self.retries = retries  # rollout.dead_letter_retries
         self._next_poll = 0.0
 
@@ -48,7 +50,8 @@ class DeadLetterHandler:
         self._next_poll = time.monotonic() + POLL_INTERVAL_S
         for dl in await self.watch.poll():
             await self.handle(dl)
-        self.state.dead_letter_cursors = dict(self.watch.cursors)
+        self.cursors.clear()
+        self.cursors.update(self.watch.cursors)
 
     async def handle(self, dl: DeadLetter) -> None:
         gid = dl.group_id or ""
@@ -57,15 +60,15 @@ class DeadLetterHandler:
             log.warning("dead letter %s in %s belongs to no prompt of this run (%s)", dl.entry, dl.stream, dl.reason)
             return
         key, attempt = parsed
-        item = self.state.in_flight.get(key)
+        item = self.in_flight.get(key)
         if item is None or item.attempt != attempt or self.buffer.is_complete(gid):
             return  # trained, re-issued already, or complete without the dead-lettered copy
         item.dead_letters += 1
         if dl.reason.startswith(PERMANENT):  # the worker knows it can never succeed: issuing it again cannot help
-            self.positions.abandon(key, f"{dl.stream} entry dead-lettered as one that can never succeed: {dl.reason}")
+            self.abandon(key, f"{dl.stream} entry dead-lettered as one that can never succeed: {dl.reason}")
             return
         if item.dead_letters > self.retries:
-            self.positions.abandon(key, f"{dl.stream} entry dead-lettered {item.dead_letters} times; last: {dl.reason}")
+            self.abandon(key, f"{dl.stream} entry dead-lettered {item.dead_letters} times; last: {dl.reason}")
             return
         log.warning("prompt %s: its %s entry was dead-lettered (%s); re-issuing it", dl.group_id, dl.stream, dl.reason)
-        await self.feeder.reissue(key, f"dead-lettered: {dl.reason}")
+        await self.reissue(key, f"dead-lettered: {dl.reason}")

@@ -3,12 +3,16 @@ The stale and dynamic-sampling paths run in a whole run in test_rl_runner.py."""
 
 from prometheus_client import CollectorRegistry, generate_latest
 
+from services.learner.checkpoint import CheckpointManager
 from services.learner.counters import Counters
 from services.learner.observability import MetricsSink
 from services.learner.rl.batch_picker import BatchPicker
+from services.learner.rl.commits import Commits
 from services.learner.rl.group_buffer import GroupBuffer
 from services.learner.rl.positions import Positions
 from services.learner.run_state import InFlight, RunState
+from shared.experience_queue import Lease, ProcessedIds, StreamQueue
+from shared.schemas import Experience
 from tests.learner.helpers import group, settings
 
 
@@ -23,8 +27,14 @@ def picker(tmp_path, reissued: list[tuple[str, str]], **sections) -> BatchPicker
         return True
 
     counters = Counters(state, sink)
-    p = BatchPicker(state, buffer, Positions(state, buffer, counters), s, counters, reissue)
+    # the commits the positions hand finished entries to (never settled here: no Redis behind them)
+    queue = StreamQueue(None, "fleetrl:picker-test:experiences", "learner", Experience)
+    commits = Commits(CheckpointManager(tmp_path / "ckpt"), ProcessedIds(None, "fleetrl:picker-test:processed"),
+                      queue, Lease(queue, "learner-0"), buffer)
+    p = BatchPicker(state, buffer, Positions(state.in_flight, state.abandoned, buffer, commits, counters), s,
+                    counters, reissue)
     p.registry = registry  # type: ignore[attr-defined]  (the test reads /metrics' text from it)
+    p.run_state, p.commits = state, commits  # type: ignore[attr-defined]  (what the picker has narrower views of)
     return p
 
 
@@ -33,9 +43,9 @@ def fill(p: BatchPicker, groups: list[tuple[str, int, int]], version: int = 0,
     """File complete groups of 4 (position, attempt of the group, attempt in flight), in this order."""
     for key, attempt, in_flight in groups:
         gid = key if attempt == 0 else f"{key}-r{attempt}"
-        p.state.in_flight.setdefault(key, InFlight(epoch=0, index=int(key[3:]), attempt=in_flight, issued_at=0.0))
+        p.run_state.in_flight.setdefault(key, InFlight(epoch=0, index=int(key[3:]), attempt=in_flight, issued_at=0.0))
         for e in group(gid, [[5]] * 4, list(rewards), version=version):
-            p.buffer.file(f"entry-{gid}-{e.index}", e, p.state.in_flight)
+            p.buffer.file(f"entry-{gid}-{e.index}", e, p.run_state.in_flight)
 
 
 async def test_one_step_never_takes_two_attempts_of_the_same_prompt(tmp_path):
@@ -49,19 +59,20 @@ async def test_one_step_never_takes_two_attempts_of_the_same_prompt(tmp_path):
     assert [g for g in p.buffer.complete if g not in ("e0-1", "e0-2")] == ["e0-1-r1", "e0-3"]
     p.positions.trained(["e0-1", "e0-2"])
     assert p.buffer.complete == ["e0-3"]
-    assert p.state.counters["experiences_deduplicated"] == 4 and set(p.state.in_flight) == {"e0-3"}
-    assert len(p.state.commit_entry_ids) == 12 and len(p.state.commit_sample_ids) == 8
+    assert p.run_state.counters["experiences_deduplicated"] == 4 and set(p.run_state.in_flight) == {"e0-3"}
+    pending = p.commits.pending  # the trained groups' entries and samples, and the superseded attempt's entries
+    assert len(pending.entry_ids) == 12 and len(pending.sample_ids) == 8
 
 
 async def test_a_stale_group_is_dropped_and_its_prompt_reissued_once(tmp_path):
     reissued: list[tuple[str, str]] = []
     p = picker(tmp_path, reissued, rollout={"group_size": 4}, run={"max_staleness": 1})
-    p.state.weight_version = 3
+    p.run_state.weight_version = 3
     fill(p, [("e0-1", 0, 0)], version=1)  # 3 - 1 = 2 > max_staleness
     fill(p, [("e0-2", 0, 0)], version=2)
     assert await p.take(exhausted=False) == []  # one fresh group; a step takes groups_per_step (2)
     assert reissued == [("e0-1", "stale group (weight version 1 < 2)")]
-    assert p.state.counters["experiences_dropped_stale"] == 4 and len(p.state.commit_entry_ids) == 4
+    assert p.run_state.counters["experiences_dropped_stale"] == 4 and len(p.commits.pending.entry_ids) == 4
     assert await p.take(exhausted=True) == []  # the last, smaller batch waits for the re-issued position
     p.positions.abandon("e0-1", "given up")
     assert await p.take(exhausted=True) == ["e0-2"]
@@ -73,8 +84,8 @@ async def test_dynamic_sampling_finishes_flat_groups_untrained_up_to_the_cap(tmp
     fill(p, [("e0-1", 0, 0)])
     fill(p, [("e0-2", 0, 0), ("e0-3", 0, 0)], rewards=(1, 1, 1, 1))  # rewards all equal: no signal
     assert await p.take(exhausted=False) == ["e0-1", "e0-3"]  # e0-2 finished untrained; past the cap e0-3 stays
-    assert "e0-2" not in p.state.in_flight and p.state.counters["groups_filtered"] == 1
-    assert p.state.counters["dynamic_sampling_cap_reached"] == 1
+    assert "e0-2" not in p.run_state.in_flight and p.run_state.counters["groups_filtered"] == 1
+    assert p.run_state.counters["dynamic_sampling_cap_reached"] == 1
     p.stepped()
     assert p.refills == 0
 
@@ -90,7 +101,7 @@ async def test_a_prompt_dropped_stale_holds_the_step_until_its_new_group_lands(t
         p = picker(tmp_path, [], rollout={"stale_hold_s": hold_s})
         fill(p, [("e0-2", 0, 0), ("e0-3", 0, 0)])
         # e0-1 went stale once and was re-issued at reissued_at; its new group is not back
-        p.state.in_flight["e0-1"] = InFlight(epoch=0, index=1, attempt=1, issued_at=reissued_at, stale_drops=1)
+        p.run_state.in_flight["e0-1"] = InFlight(epoch=0, index=1, attempt=1, issued_at=reissued_at, stale_drops=1)
         return p
 
     held = picker_with(30.0, time.time())
@@ -104,10 +115,10 @@ async def test_a_prompt_dropped_stale_holds_the_step_until_its_new_group_lands(t
 
 async def test_a_stale_drop_is_counted_on_the_position_it_reissues(tmp_path):
     p = picker(tmp_path, [], rollout={"group_size": 4, "stale_hold_s": 30.0}, run={"max_staleness": 1})
-    p.state.weight_version = 3
+    p.run_state.weight_version = 3
     fill(p, [("e0-1", 0, 0)], version=1)
     await p.take(exhausted=False)
-    assert p.state.in_flight["e0-1"].stale_drops == 1
+    assert p.run_state.in_flight["e0-1"].stale_drops == 1
 
 
 async def test_a_prompt_that_keeps_going_stale_is_named_once_with_the_settings_that_stop_it(tmp_path, caplog):
@@ -120,11 +131,11 @@ async def test_a_prompt_that_keeps_going_stale_is_named_once_with_the_settings_t
     reissued: list[tuple[str, str]] = []
     p = picker(tmp_path, reissued, rollout={"group_size": 4}, run={"max_staleness": 1})
     for attempt in range(4):
-        p.state.weight_version = 3 + attempt
+        p.run_state.weight_version = 3 + attempt
         fill(p, [("e0-1", attempt, attempt)], version=attempt)  # each attempt arrives 3 versions late
-        p.state.in_flight["e0-1"].attempt = attempt
+        p.run_state.in_flight["e0-1"].attempt = attempt
         await p.take(exhausted=False)
-        p.state.in_flight["e0-1"].attempt = attempt + 1  # what the re-issue does
+        p.run_state.in_flight["e0-1"].attempt = attempt + 1  # what the re-issue does
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(reissued) == 4 and len(warnings) == 1, warnings
     assert warnings[0].startswith("prompt e0-1 went stale 3 times") and "rollout.stale_hold_s" in warnings[0]
@@ -134,11 +145,11 @@ async def test_a_prompt_that_keeps_going_stale_is_named_once_with_the_settings_t
     held = picker(tmp_path / "held", [], rollout={"group_size": 4, "stale_hold_s": 0.001},
                   run={"max_staleness": 1})
     for attempt in range(4):
-        held.state.weight_version = 3 + attempt
+        held.run_state.weight_version = 3 + attempt
         fill(held, [("e0-1", attempt, attempt)], version=attempt)
-        held.state.in_flight["e0-1"].attempt = attempt
+        held.run_state.in_flight["e0-1"].attempt = attempt
         await held.take(exhausted=False)
-        held.state.in_flight["e0-1"].attempt = attempt + 1
+        held.run_state.in_flight["e0-1"].attempt = attempt + 1
     assert not [r for r in caplog.records if r.levelno == logging.WARNING]
 
 
@@ -150,7 +161,7 @@ async def test_a_hold_says_why_the_steps_wait(tmp_path):
     p = picker(tmp_path, [], rollout={"stale_hold_s": 30.0})
     fill(p, [("e0-2", 0, 0), ("e0-3", 0, 0)])
     assert p.holding() is None
-    p.state.in_flight["e0-1"] = InFlight(epoch=0, index=1, attempt=1, issued_at=time.time() - 10, stale_drops=1)
+    p.run_state.in_flight["e0-1"] = InFlight(epoch=0, index=1, attempt=1, issued_at=time.time() - 10, stale_drops=1)
     why = p.holding()
     assert why is not None and why.startswith("prompt e0-1 went stale and is being generated again")
     assert "rollout.stale_hold_s 30s, 20s left" in why
@@ -162,6 +173,6 @@ async def test_a_superseded_attempt_is_counted_in_the_run_state_and_in_prometheu
     p = picker(tmp_path, [])
     fill(p, [("e0-1", 0, 1), ("e0-1", 1, 1)])  # position e0-1's first attempt and its re-issue, both complete
     p.positions.trained(["e0-1"])
-    assert p.state.counters["experiences_deduplicated"] == 4
+    assert p.run_state.counters["experiences_deduplicated"] == 4
     exposed = generate_latest(p.registry).decode()  # what /metrics serves
     assert "fleetrl_learner_experiences_deduplicated_total 4.0" in exposed

@@ -30,7 +30,12 @@ def feeder_parts(tmp_path, tiny_model_dir, redis_client):
     prompts = StreamQueue(redis_client, keys.prompts_stream(s.run_name), "rollout", PromptTask)
     data = PromptSet.load(s.data, s.train.seed)
     state = RunState()
-    return PromptFeeder(prompts, data, 2, state, s, Counters(state, sink)), state, prompts
+
+    def give_up(key: str, reason: str) -> None:
+        state.abandoned[key] = reason
+        del state.in_flight[key]
+
+    return PromptFeeder(prompts, data, 2, state, s, Counters(state, sink), give_up), state, prompts
 
 
 async def issued(prompts: StreamQueue) -> list[str]:
