@@ -78,7 +78,7 @@ class OwnerLink:
                                    f"{[len(sh) for sh in shards]} samples (micro_batch_size {micro}) do not give it: "
                                    "make train.groups_per_step a multiple of WORLD_SIZE and the prompt count a "
                                    "multiple of groups_per_step")
-        scores = [float(e.reward) for g in groups for e in g]
+        scores = trainer.batch_scores([e for g in groups for e in g])  # as one rank's step would shape them
         meta = {"scores": scores, "samples": len(scores)}
         self.channel.send(self.Op.TRAIN, meta, shards)
         metrics = trainer.train_step(shards[0], batch_scores=scores, batch_samples=len(scores))

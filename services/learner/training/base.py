@@ -6,6 +6,7 @@ import json
 import logging
 import math
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
 
     from services.learner.weights.adapter import AdapterWeights
     from services.learner.weights.shards import ShardedWeights
+    from shared.schemas import Experience
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +109,11 @@ class TrainerBase:
 
     def load_extra_state(self, state: dict) -> None:
         pass
+
+    def batch_scores(self, experiences: Sequence[Experience]) -> list[float]:
+        """The scores of a whole step batch as a step on one rank would see them, for the owner of N ranks to
+        hand every rank (``train_step``'s ``batch_scores``): the rewards, unless the trainer shapes them."""
+        return [float(e.reward) for e in experiences]
 
     def engines(self) -> dict[str, TrainEngine]:
         """The trainable engines by name (checkpointed together)."""

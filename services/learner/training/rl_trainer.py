@@ -76,6 +76,14 @@ class RLTrainer(TrainerBase):
         if resume_dir is not None:
             self.restore(resume_dir)
 
+    def batch_scores(self, experiences: Sequence[Experience]) -> list[float]:
+        """The rewards shaped by ``algorithm.overlong`` (each sample's action tokens, as the step counts them):
+        what the running reward statistics take in, the same on every rank as on one."""
+        raw = torch.tensor([float(e.reward) for e in experiences], dtype=torch.float32)
+        actions = torch.tensor([float(len(e.response_token_ids) if e.action_mask is None else sum(e.action_mask))
+                                for e in experiences], dtype=torch.float32)
+        return [float(x) for x in self.algo_settings.overlong.shape_scores(raw, actions)]
+
     # ---- state ------------------------------------------------------------------------------------
     def extra_state(self) -> dict:
         return {"reward_stats": self.reward_stats.state_dict()}

@@ -177,3 +177,19 @@ def test_a_one_update_step_runs_the_actor_forward_once_and_trains_as_two_passes_
     assert calls[1][0] == 3 * (2 + 2)  # a no-grad pass and a training pass, each in two micro-batches
     for (name, p), (_, q) in zip(fused.actor.model.named_parameters(), split.actor.model.named_parameters()):
         assert torch.allclose(p, q, atol=1e-5), name
+
+
+def test_the_scores_an_owner_hands_its_ranks_are_shaped_as_one_rank_shapes_them(tiny_model_dir, tmp_path):
+    """N ranks x B/N = 1 rank x B: the running reward statistics take in the whole batch's scores, which the
+    owner of N ranks passes as ``batch_scores``; with a soft overlong penalty they are the penalised ones (the
+    owner once passed the raw rewards, so the statistics, and every normalised score, differed from one rank's)."""
+    algo = {"name": "grpo", "normalize_rewards": True,
+            "overlong": {"kind": "soft_penalty", "budget": 4, "buffer": 2}}
+    batch = good_bad_batch(0)
+    one = RLTrainer(settings(tiny_model_dir, tmp_path / "one", algorithm=algo), total_steps=1)
+    one.train_step(batch)
+    owner = RLTrainer(settings(tiny_model_dir, tmp_path / "owner", algorithm=algo), total_steps=1)
+    scores = owner.batch_scores(batch)
+    assert scores != [e.reward for e in batch]  # responses of 3-4 tokens are penalised under this budget
+    owner.train_step(batch, batch_scores=scores, batch_samples=len(batch))
+    assert owner.reward_stats.state_dict() == pytest.approx(one.reward_stats.state_dict())
