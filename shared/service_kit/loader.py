@@ -87,7 +87,7 @@ def _async_mismatch(obj: Any, call: Any, name: str) -> str | None:
     target = obj if inspect.isfunction(obj) or inspect.ismethod(obj) else getattr(obj, "__call__", None)  # noqa: B004
     if inspect.iscoroutinefunction(target):
         return None
-    return f"{_describe(obj)} must be async: a {name} is awaited (`async def`)"
+    return f"{_describe(obj)} must be async: {_a(name)} is awaited (`async def`)"
 
 
 def _product_mismatch(obj: Any, protocol: type, call: Any, name: str) -> str | None:
@@ -102,7 +102,8 @@ def _product_mismatch(obj: Any, protocol: type, call: Any, name: str) -> str | N
         return None
     missing = sorted(m for m in _protocol_members(made) if not hasattr(obj, m))
     if missing:
-        return f"class {obj.__qualname__} does not make a {made.__name__} for {name} (missing: {', '.join(missing)})"
+        return (f"class {obj.__qualname__} does not make {_a(made.__name__)} (its instances lack: "
+                f"{', '.join(missing)}), so it is not {_a(name)}")
     return None
 
 
@@ -137,8 +138,17 @@ def _signature_mismatch(obj: Any, call: Any, name: str, keywords: tuple[str, ...
             signature.bind(*args, **kwargs)
     except TypeError as exc:
         shown = ", ".join([*args, *(f"{k}=" for k in kwargs)])
-        return f"{_describe(obj)}{signature} cannot be called as {name} ({shown}): {exc}"
+        try:  # shown with its annotations evaluated, where they resolve
+            signature = inspect.signature(obj, eval_str=True)
+        except Exception:  # noqa: BLE001, S110 - a name only a type checker sees: show the text
+            pass
+        params = signature.replace(return_annotation=inspect.Signature.empty)
+        return f"{_describe(obj)}{params} cannot be called as {name} ({shown}): {exc}"
     return None
+
+
+def _a(name: str) -> str:
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
 
 
 def _describe(obj: Any) -> str:
