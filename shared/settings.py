@@ -27,6 +27,7 @@ import yaml
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from typing_extensions import Self
 
 _config_file: contextvars.ContextVar[Path | None] = contextvars.ContextVar("fleetrl_config_file", default=None)
 
@@ -146,7 +147,7 @@ class ServiceSettings(FleetSettings):
         "module of yours that is not installed imports (fleetrl run passes its spec's `sys_path` here).")
 
     @classmethod
-    def load(cls: type[S], config_file: str | Path | None = None, **overrides: Any) -> S:
+    def load(cls, config_file: str | Path | None = None, **overrides: Any) -> Self:
         """These settings from ``overrides``, the environment and ``config_file``, their ``plugins`` imported
         first (the load step: :func:`load_settings`). Raises SettingsError."""
         return load_settings(cls, config_file, **overrides)
@@ -259,7 +260,7 @@ def _import_plugins_of(cls: type[BaseSettings], overrides: dict[str, Any], sourc
 
     chosen = _plugin_fields(cls)(**{k: v for k, v in overrides.items() if k in ("plugins", "sys_path")})
     try:
-        import_plugins(chosen.plugins, chosen.sys_path)
+        import_plugins(getattr(chosen, "plugins"), getattr(chosen, "sys_path"))  # noqa: B009 - fields made at run time
     except ValueError as exc:
         raise SettingsError(f"invalid settings ({source}):\n  plugins: {str(exc).removeprefix('plugins: ')}") from exc
 

@@ -45,9 +45,10 @@ def runner_problem(cls: Any) -> str | None:
     missing = [m for m in _CLASS_MEMBERS if not hasattr(cls, m)]
     if missing:
         return f"class {cls.__qualname__} is not a Runner (missing: {', '.join(missing)})"
-    if not isinstance(cls.needs_redis, bool):
-        return f"class {cls.__qualname__}: needs_redis must be a bool, got {cls.needs_redis!r}"
-    if not inspect.iscoroutinefunction(cls.run):
+    needs_redis, run = getattr(cls, "needs_redis"), getattr(cls, "run")  # noqa: B009 - present, checked above
+    if not isinstance(needs_redis, bool):
+        return f"class {cls.__qualname__}: needs_redis must be a bool, got {needs_redis!r}"
+    if not inspect.iscoroutinefunction(run):
         return f"class {cls.__qualname__}: run(stop) must be async (`async def run(self, stop)`)"
     try:
         inspect.signature(cls).bind("settings", "redis", "sink")

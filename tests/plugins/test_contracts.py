@@ -92,13 +92,13 @@ def loss_of_two_inputs(x: Any, y: Any, scale: float = 1.0) -> Any: ...
     (ENVIRONMENTS, "nostep_contract", None, NoStepEnv,
      r"environment 'nostep_contract': class NoStepEnv does not make an Environment \(its instances lack: step\)"),
     (ENVIRONMENTS, "args_contract", TurnsArgs, f"{__name__}:NoStepEnv",
-     r"environment 'args_contract' '.*:NoStepEnv': class NoStepEnv\(turns: int = 1\) cannot be called as "
-     r"EnvironmentFactory \(turns=, colour=\): got an unexpected keyword argument 'colour'"),
+     (r"environment 'args_contract' '.*:NoStepEnv': class NoStepEnv\(turns: int = 1\) cannot be called as "
+     r"EnvironmentFactory \(turns=, colour=\): got an unexpected keyword argument 'colour'")),
     (ROLLOUT_FUNCTIONS, "sync_contract", None, sync_rollout,
      r"rollout function 'sync_contract': function sync_rollout must be async: a RolloutFunction is awaited"),
     (CORRECTIONS, "cap_contract", CapSettings, correction_without_cap,
-     r"correction 'cap_contract': function correction_without_cap\(.*\) cannot be called as CorrectionFunction "
-     r"\(learner_lp, engine_lp, mask, cap=\)"),
+     (r"correction 'cap_contract': function correction_without_cap\(.*\) cannot be called as CorrectionFunction "
+     r"\(learner_lp, engine_lp, mask, cap=\)")),
     (POLICY_LOSSES, "scale_contract", ScaleSettings, loss_of_two_inputs,
      r"policy loss 'scale_contract': function loss_of_two_inputs\(.*\) cannot be called as PolicyLoss \(x, scale=\)"),
 ])
