@@ -27,7 +27,6 @@ import yaml
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
-from typing_extensions import Self
 
 _config_file: contextvars.ContextVar[Path | None] = contextvars.ContextVar("fleetrl_config_file", default=None)
 
@@ -146,12 +145,6 @@ class ServiceSettings(FleetSettings):
         default_factory=list, description="Directories put first on sys.path before `plugins` are imported, so a "
         "module of yours that is not installed imports (fleetrl run passes its spec's `sys_path` here).")
 
-    @classmethod
-    def load(cls, config_file: str | Path | None = None, **overrides: Any) -> Self:
-        """These settings from ``overrides``, the environment and ``config_file``, their ``plugins`` imported
-        first (the load step: :func:`load_settings`). Raises SettingsError."""
-        return load_settings(cls, config_file, **overrides)
-
     @field_validator("plugins")
     @classmethod
     def _plugins_imported(cls, v: list[str]) -> list[str]:
@@ -162,7 +155,7 @@ class ServiceSettings(FleetSettings):
         missing = [name for name in v if name not in sys.modules]
         if missing:
             raise ValueError(f"plugins {', '.join(map(repr, missing))} are not imported: build the settings with "
-                             f"{cls.__name__}.load(...) (or shared.settings.load_settings), which imports them first")
+                             f"shared.settings.load_settings({cls.__name__}, ...), which imports them first")
         return v
 
     def unsigned_records_problem(self, shares_records: bool) -> str | None:

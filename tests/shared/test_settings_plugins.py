@@ -1,4 +1,4 @@
-"""The load step of a service's settings (``ServiceSettings.load`` / ``load_settings``): the modules its
+"""The load step of a service's settings (``shared.settings.load_settings``): the modules its
 ``plugins`` name are imported first (``sys_path`` first on ``sys.path``), read from the same sources as the rest
 (overrides, ``FLEETRL_<SERVICE>_*``, the config file), so the kinds they register can be configured in the same
 settings; validating settings never imports, and settings built otherwise that name modules not imported are
@@ -74,8 +74,8 @@ def plugin_module(tmp_path, monkeypatch, widgets):
 def test_a_plugin_named_in_overrides_registers_a_kind_the_same_settings_configure(widgets, plugin_module, tmp_path):
     point, WidgetServiceSettings = widgets
     with pytest.raises(SettingsError, match="unknown test widget kind 'square'"):
-        WidgetServiceSettings.load(widget={"kind": "square"})
-    s = WidgetServiceSettings.load(plugins=[plugin_module], sys_path=[str(tmp_path)], widget={"kind": "square",
+        load_settings(WidgetServiceSettings, widget={"kind": "square"})
+    s = load_settings(WidgetServiceSettings, plugins=[plugin_module], sys_path=[str(tmp_path)], widget={"kind": "square",
                                                                                                   "side": 3})
     assert type(s.widget).__name__ == "SquareSettings" and s.widget.side == 3  # type: ignore[attr-defined]
     assert s.plugins == [plugin_module] and sys.path[0] == str(tmp_path)
@@ -96,12 +96,12 @@ def test_a_plugin_named_in_the_config_file_is_imported_by_the_load_step_below_ov
     point, WidgetServiceSettings = widgets
     cfg = tmp_path / "svc.yaml"
     cfg.write_text(f"plugins: [{plugin_module}]\nsys_path: ['{tmp_path}']\nwidget: {{kind: square, side: 5}}\n")
-    assert WidgetServiceSettings.load(cfg).widget.side == 5  # type: ignore[attr-defined]
+    assert load_settings(WidgetServiceSettings, cfg).widget.side == 5  # type: ignore[attr-defined]
     # an override of plugins wins over the file's, as for every setting: the file's module is not imported
     sys.modules.pop(plugin_module, None)
     point.unregister("square")
     with pytest.raises(SettingsError, match="unknown test widget kind 'square'"):
-        WidgetServiceSettings.load(cfg, plugins=["json"])
+        load_settings(WidgetServiceSettings, cfg, plugins=["json"])
     assert plugin_module not in sys.modules
 
 
@@ -110,7 +110,7 @@ def test_a_plugin_that_does_not_import_is_a_one_line_error_naming_the_setting(wi
     cfg = tmp_path / "svc.yaml"
     cfg.write_text("plugins: [widget_plugin_not_there]\n")
     with pytest.raises(SettingsError) as err:
-        WidgetServiceSettings.load(cfg)
+        load_settings(WidgetServiceSettings, cfg)
     assert str(err.value).splitlines() == [
         f"invalid settings ({cfg}):",
         ("  plugins: importing 'widget_plugin_not_there' raised ModuleNotFoundError: No module named "
@@ -125,6 +125,6 @@ def test_validating_settings_never_imports_and_refuses_plugins_not_imported(widg
     assert plugin_module not in sys.modules and sys.path == path_before and "square" not in point
     [problem] = err.value.errors()
     assert problem["loc"] == ("plugins",)
-    assert (f"plugins '{plugin_module}' are not imported: build the settings with WidgetServiceSettings.load(...)"
+    assert (f"plugins '{plugin_module}' are not imported: build the settings with shared.settings.load_settings(WidgetServiceSettings, ...)"
             in problem["msg"])
     assert WidgetServiceSettings(plugins=["json"]).plugins == ["json"]  # imported already: nothing to do
