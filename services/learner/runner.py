@@ -4,7 +4,8 @@ Every algorithm names its runner (``LearnerAlgorithm.runner``: ``RLRunner`` for 
 ``SFTRunner`` for sft, ``PreferenceRunner`` for the preference ones, or a plug-in's own). The service builds one
 (``cls(settings, redis, sink)``; ``redis`` is None unless the class says ``needs_redis``), awaits ``run(stop)``
 until the run ends or ``stop`` is set, reports ``status()`` and ``phase`` / ``error`` in its health and status
-routes, and asks ``request_checkpoint()`` for a checkpoint now (a future resolved with its step). A runner may
+routes, and asks ``request_checkpoint()`` for a checkpoint now (a future resolved with ``{"step", "path"}`` once it is
+written; a RuntimeError in it: none can be written now). A runner may
 also say ``weights_problem`` (replicas behind on weights, and why); the service reads it when it is there.
 :func:`runner_problem` checks a class against this when the learner starts, in one line. Torch-free.
 """

@@ -7,9 +7,8 @@ the path and what is wrong, instead of as an ``AttributeError`` or ``TypeError``
 - a runtime-checkable ``typing.Protocol``: ``isinstance`` (the members exist); when the protocol is a
   callable one (it defines ``__call__``), the object's signature must also accept that call's parameters
   (and, when that call takes ``**settings``, the ``keywords`` the caller passes: a plug-in's settings fields),
-  an ``async`` ``__call__`` asks
-  for an ``async`` function, and a ``__call__`` returning a protocol makes it a *factory* protocol: a class
-  is checked as what it makes (its instances' members must exist);
+  an ``async`` ``__call__`` asks for an ``async`` function, and a ``__call__`` returning a protocol makes it a
+  *factory* protocol: a class is checked as what it makes (its instances' members must exist);
 - a class (an ABC such as ``Engine``): a class must be a subclass of it, anything else an instance.
 
 Torch-free and FastAPI-free: the learner, the engines and the reward scorers use it too.
@@ -71,7 +70,8 @@ def mismatch(obj: Any, protocol: type, *, keywords: Iterable[str] | None = None)
             return f"{_describe(obj)} is not a {name} (missing: {', '.join(missing) or 'its members'})"
         call = protocol.__dict__.get("__call__")
         if call is not None:
-            return (_signature_mismatch(obj, call, name, None if keywords is None else tuple(keywords)) or _async_mismatch(obj, call, name)
+            given = None if keywords is None else tuple(keywords)
+            return (_signature_mismatch(obj, call, name, given) or _async_mismatch(obj, call, name)
                     or _product_mismatch(obj, protocol, call, name))
         return None
     if inspect.isclass(obj):
