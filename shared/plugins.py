@@ -6,7 +6,9 @@ A :class:`PluginPoint` maps a *kind* (``"hf"``, ``"grpo"``, ``"tis"`` ...) to
   the kind, validated wherever the settings name the kind (None for points whose kinds take no settings of
   their own), and
 - its **implementation**: the object itself, or a lazy ``"package.module:attr"`` import path, loaded on first
-  use with :func:`~shared.service_kit.loader.load_object` and checked against the point's base type.
+  use with :func:`~shared.service_kit.loader.load_object` and checked against the point's base type (every
+  point has one: a class, or a runtime-checkable protocol; a callable protocol whose ``__call__`` takes
+  ``**settings`` also checks that the implementation accepts its kind's settings fields).
 
 A settings field typed ``point.settings_type()`` accepts every kind registered *when it validates*: a
 registered plug-in is also configurable, with its own settings model, and an unknown kind is a validation
@@ -71,10 +73,13 @@ class PluginPoint(Generic[T]):
     that names none.
     """
 
-    def __init__(self, name: str, *, where: str, doc: str, tag: str | None = "kind", base: type | str | None = None,
+    def __init__(self, name: str, *, where: str, doc: str, base: type | str, tag: str | None = "kind",
                  settings_base: type[BaseModel] | None = None, default: str | None = None) -> None:
         if name in POINTS:
             raise ValueError(f"plug-in point {name!r} exists already")
+        if not isinstance(base, (type, str)):
+            raise TypeError(f"plug-in point {name!r}: base must be a class, a runtime-checkable protocol or the "
+                            f"import path of one (what every implementation is), got {base!r}")
         self.name, self.where, self.doc, self.tag = name, where, doc, tag
         self.settings_base, self.default = settings_base, default
         self._base = base
@@ -172,17 +177,30 @@ class PluginPoint(Generic[T]):
         impl = self.entry(kind).impl
         if impl == IN_SETTINGS:
             raise LoadError(f"{self.name} {kind!r} names its implementation in its settings (an import path)")
-        base = self._base
-        if isinstance(base, str):
-            base = self._base = load_object(base, what=f"{self.name} base")
+        base, keywords = self.base(), self._keywords(kind)
         if isinstance(impl, str):
-            impl = load_object(impl, base, what=f"{self.name} {kind!r}")
-        elif base is not None:
-            problem = mismatch(impl, base)
+            impl = load_object(impl, base, what=f"{self.name} {kind!r}", keywords=keywords)
+        else:
+            problem = mismatch(impl, base, keywords=keywords)
             if problem:
                 raise LoadError(f"{self.name} {kind!r}: {problem}")
         self._loaded[kind] = impl
         return impl
+
+    def base(self) -> type:
+        """What every implementation of this point is (a base given as an import path is imported now)."""
+        if isinstance(self._base, str):
+            base = load_object(self._base, what=f"{self.name} base")
+            if not isinstance(base, type):
+                raise LoadError(f"{self.name} base {self._base!r}: {type(base).__name__} object is not a class")
+            self._base = base
+        return self._base
+
+    def _keywords(self, kind: str) -> list[str] | None:
+        """The fields of ``kind``'s settings model but the tag: the keyword arguments a point whose base takes
+        ``**settings`` calls the implementation with (None: no model, the settings are not known here)."""
+        model = self.settings_model(kind)
+        return None if model is None else [name for name in model.model_fields if name != self.tag]
 
     # ---- settings ----------------------------------------------------------------------------------
     def validate(self, value: Any) -> BaseModel:

@@ -24,7 +24,7 @@ from typing import Any, ClassVar, TypeVar
 
 import tomllib
 import yaml
-from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
@@ -145,14 +145,18 @@ class ServiceSettings(FleetSettings):
         default_factory=list, description="Directories put first on sys.path before `plugins` are imported, so a "
         "module of yours that is not installed imports (fleetrl run passes its spec's `sys_path` here).")
 
-    @model_validator(mode="before")
+    @field_validator("plugins")
     @classmethod
-    def _import_plugins(cls, data: Any) -> Any:
-        if isinstance(data, dict) and (data.get("plugins") or data.get("sys_path")):
-            from shared.plugins import import_plugins
+    def _plugins_imported(cls, v: list[str]) -> list[str]:
+        """Validating never imports (nor touches sys.path): the load step has imported ``plugins`` already, and a
+        settings object built otherwise that names modules not imported is refused, not half-configured."""
+        import sys
 
-            import_plugins(data.get("plugins") or [], data.get("sys_path") or [])
-        return data
+        missing = [name for name in v if name not in sys.modules]
+        if missing:
+            raise ValueError(f"plugins {', '.join(map(repr, missing))} are not imported: build the settings with "
+                             f"shared.settings.load_settings({cls.__name__}, ...), which imports them first")
+        return v
 
     def unsigned_records_problem(self, shares_records: bool) -> str | None:
         """Why this service must not start (one line naming the settings), when it ``shares_records`` (reads or
@@ -219,16 +223,54 @@ def _check_env_keys(cls: type[BaseSettings]) -> None:
 
 
 def load_settings(cls: type[S], config_file: str | Path | None = None, **overrides: Any) -> S:
-    """Build ``cls`` from overrides, environment, and ``config_file``. Raises SettingsError."""
+    """Build ``cls`` from overrides, environment, and ``config_file``. Raises SettingsError.
+
+    The load step of every service's settings: when ``cls`` has ``plugins`` (a :class:`ServiceSettings`), it
+    first reads only ``plugins`` and ``sys_path`` from the same sources, with the same precedence, puts
+    ``sys_path`` first on ``sys.path`` and imports ``plugins``; then it builds the whole settings, which may name
+    the kinds those modules registered. Validation itself never imports."""
     _check_env_keys(cls)
     overrides = {k: v for k, v in overrides.items() if v is not None}
     path = Path(config_file) if config_file is not None else None
     if path is not None and not path.is_file():
         raise SettingsError(f"config file {path} does not exist")
+    source = str(path) if path else "environment"
     token = _config_file.set(path)
     try:
+        if "plugins" in cls.model_fields:
+            _import_plugins_of(cls, overrides, source)
         return cls(**overrides)
     except ValidationError as exc:
-        raise SettingsError(format_validation_error(exc, str(path) if path else "environment", cls)) from exc
+        raise SettingsError(format_validation_error(exc, source, cls)) from exc
     finally:
         _config_file.reset(token)
+
+
+def _import_plugins_of(cls: type[BaseSettings], overrides: dict[str, Any], source: str) -> None:
+    """Import the ``plugins`` (``sys_path`` first) that ``cls`` built from ``overrides``, the environment and the
+    config file (set by the caller) would hold. SettingsError naming the setting when one does not import."""
+    from shared.plugins import import_plugins
+
+    chosen = _plugin_fields(cls)(**{k: v for k, v in overrides.items() if k in ("plugins", "sys_path")})
+    try:
+        import_plugins(getattr(chosen, "plugins"), getattr(chosen, "sys_path"))  # noqa: B009 - fields made at run time
+    except ValueError as exc:
+        raise SettingsError(f"invalid settings ({source}):\n  plugins: {str(exc).removeprefix('plugins: ')}") from exc
+
+
+_PLUGIN_FIELDS: dict[type, type[FleetSettings]] = {}
+
+
+def _plugin_fields(cls: type[BaseSettings]) -> type[FleetSettings]:
+    """A settings class of ``cls``'s ``plugins`` and ``sys_path`` alone, read from the same sources (its env
+    prefix, the config file, overrides) and ignoring every other key."""
+    found = _PLUGIN_FIELDS.get(cls)
+    if found is None:
+        config = SettingsConfigDict(**{k: v for k, v in cls.model_config.items()  # type: ignore[typeddict-item]
+                                       if k in ("env_prefix", "env_nested_delimiter", "case_sensitive")},
+                                    extra="ignore")
+        found = _PLUGIN_FIELDS[cls] = type(f"{cls.__name__}Plugins", (FleetSettings,), {
+            "__module__": __name__, "model_config": config,
+            "__annotations__": {"plugins": list[str], "sys_path": list[str]},
+            "plugins": cls.model_fields["plugins"], "sys_path": cls.model_fields["sys_path"]})
+    return found

@@ -8,7 +8,7 @@ EOS, one token every ``FLEETRL_SLEEP_TOKEN_S`` seconds (default 0.02). Sequences
 as a batch would on an accelerator; a replica's capacity is what its worker takes at a time
 (``worker.concurrency``).
 
-It is registered as the engine kind ``sleep`` (``register_engine``) by an extension the operator names in the
+It is registered as the engine kind ``sleep`` (``ENGINES.register``) by an extension the operator names in the
 rollout settings, never by a request::
 
     services:
@@ -30,9 +30,9 @@ from typing import Any, Literal
 
 from fastapi import APIRouter
 
-from services.rollout.engines import engine_class, register_engine
+from services.rollout.engines import engine_class
 from services.rollout.engines.hf.engine import HFEngine
-from services.rollout.engines.settings import HFEngineSettings
+from services.rollout.engines.settings import ENGINES, HFEngineSettings
 from services.rollout.engines.types import Finish, SequenceDelta, SequenceRequest
 
 KIND = "sleep"
@@ -111,7 +111,7 @@ class SleepEngineSettings(HFEngineSettings):
 def install(service: Any) -> APIRouter:
     """The rollout extension: register the ``sleep`` kind and give the service a :class:`SleepEngine` in place of
     the engine its settings built (it has not started yet). ``GET /sleep_engine`` says what it runs."""
-    register_engine(KIND, SleepEngineSettings, SleepEngine, replace=True)
+    ENGINES.register(KIND, SleepEngineSettings, SleepEngine, replace=True)
     service.engine = engine_class(KIND)(service.settings.engine, service.settings.model)
     router = APIRouter()
 

@@ -6,8 +6,9 @@ Relative paths in the file (``model``, ``data.path``, ``eval.data``, ``export``,
 beside the spec imports — and an hf_rm scorer's ``model``) are relative to the file's own directory; without ``run_dir`` the run lives in
 ``./runs/<run_name>`` under the directory ``fleetrl run`` is started from.
 
-``plugins`` (modules of the operator's that register engines, scorers, algorithms, losses ...) are imported before
-the rest of the spec is validated, with the spec's ``sys_path`` (by default, when there are plugins, the file's
+``plugins`` (modules of the operator's that register engines, scorers, algorithms, losses ...) are imported by the
+load step (``deploy/run/load.py``'s ``load_spec``; validating a spec never imports) before the rest of it is
+validated, with the spec's ``sys_path`` (by default, when there are plugins, the file's
 directory: a module beside the spec imports) first on ``sys.path``; both are passed to every service's settings, so
 each service registers the same kinds (docs/plugins.md).
 
@@ -17,10 +18,11 @@ definition, documented once, in ``services/learner/settings.py``.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from services.learner.algorithms.algorithm_settings import AlgorithmSettings, GRPOSettings, runs_fleet
 from services.learner.settings import DataSettings, OptimSettings, TrainSettings
@@ -197,12 +199,17 @@ class RunSpec(_Strict):
     eval: EvalSpec = Field(default_factory=EvalSpec)
     services: ServicesSpec = Field(default_factory=ServicesSpec)
 
-    @model_validator(mode="before")
+    @field_validator("plugins")
     @classmethod
-    def _import_plugins(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            import_spec_plugins(data)  # the sections below validate against the kinds they register
-        return data
+    def _plugins_imported(cls, v: list[str]) -> list[str]:
+        """Validating never imports: :func:`~deploy.run.load.load_spec` (the load step) imports ``plugins`` before
+        the sections validate against the kinds they register; a spec built otherwise naming modules not
+        imported is refused, not half-checked."""
+        missing = [name for name in v if name not in sys.modules]
+        if missing:
+            raise ValueError(f"plugins {', '.join(map(repr, missing))} are not imported: load the spec with "
+                             "deploy.run.load.load_spec (as fleetrl run does), which imports them first")
+        return v
 
     @model_validator(mode="before")
     @classmethod

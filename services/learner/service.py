@@ -11,8 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 
-from services.learner.algorithms.rl_algorithms import RunOwner, runner_class
+from services.learner.algorithms.rl_algorithms import runner_class
 from services.learner.observability import MetricsSink
+from services.learner.runner import Runner
 from services.learner.settings import LearnerSettings
 from services.learner.watches.rollout import RolloutWatch
 from shared.redact import redact_url
@@ -47,7 +48,7 @@ class LearnerService:
         self.registry = CollectorRegistry()
         self.sink = MetricsSink(settings.observability, Path(settings.run_dir), self.registry,
                                 run_name=settings.run_name, config=shown_config(settings))
-        self.runner: RunOwner | None = None
+        self.runner: Runner | None = None
         self.redis: Redis | None = None
         self._stop = asyncio.Event()
         self._task: asyncio.Task | None = None

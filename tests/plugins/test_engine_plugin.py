@@ -3,6 +3,7 @@ rollout settings, and serving /generate through the rollout service (its engine 
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import AsyncIterator
 from typing import Literal
 
@@ -10,7 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import Field
 
-from services.rollout.engines.base import Engine, register_engine
+from services.rollout.engines.base import Engine
 from services.rollout.engines.settings import ENGINES, EngineSettingsBase
 from services.rollout.engines.types import Finish, SequenceDelta, SequenceRequest
 from services.rollout.settings import RolloutSettings
@@ -46,7 +47,7 @@ class RepeatEngine(Engine):
 
 @pytest.fixture
 def repeat_engine():
-    register_engine("repeat_test", RepeatSettings, RepeatEngine)
+    ENGINES.register("repeat_test", RepeatSettings, RepeatEngine)
     yield
     ENGINES.unregister("repeat_test")
 
@@ -71,3 +72,18 @@ def test_a_registered_engine_is_configured_and_generates_through_the_rollout_ser
         assert body["output_ids"] == [42, 42, 42]
         assert [lp for lp, _, _ in body["meta_info"]["output_token_logprobs"]] == [-0.5] * 3
         assert client.get("/health").status_code == 200
+
+
+def test_register_engine_is_a_deprecated_alias_of_engines_register_that_warns_once(monkeypatch):
+    from services.rollout.engines import base
+
+    monkeypatch.setattr(base, "_register_engine_warned", False)
+    try:
+        with pytest.warns(DeprecationWarning, match=r"use services.rollout.engines.settings.ENGINES.register"):
+            base.register_engine("repeat_test", RepeatSettings, RepeatEngine)
+        assert ENGINES.load("repeat_test") is RepeatEngine
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # the second call is silent
+            base.register_engine("repeat_test", RepeatSettings, RepeatEngine, replace=True)
+    finally:
+        ENGINES.unregister("repeat_test")

@@ -187,5 +187,5 @@ def test_an_algorithm_without_a_runner_class_is_refused_when_the_learner_starts(
         runner = "tests.plugins.test_learner_plugins:CountSettings"  # a class, but not a runner
 
     registered(ALGORITHMS, "count_test", CountSettings, NoRunner)
-    with pytest.raises(LoadError, match="runner of algorithm 'count_test'.*not a runner class"):
+    with pytest.raises(LoadError, match=r"runner of algorithm 'count_test': class CountSettings is not a Runner \(missing: needs_redis, run, "):
         runner_class(CountSettings())

@@ -123,7 +123,7 @@ def test_an_implementation_is_checked_against_the_base_when_loaded(point):
 
 
 def test_points_named_by_a_string_take_their_settings_as_options():
-    p = PluginPoint("test named", where="test: name", doc="Named.", tag=None)
+    p = PluginPoint("test named", where="test: name", doc="Named.", tag=None, base=Shape)
     try:
         p.register("plain", None, "tests.shared.test_plugins:Square")
         p.register("sized", Base, "tests.shared.test_plugins:Square")

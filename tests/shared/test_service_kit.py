@@ -117,6 +117,79 @@ def test_member_protocols_and_classes():
         load_object(f"{HERE}:NotImpl", Base)
 
 
+@runtime_checkable
+class Awaited(Protocol):
+    async def __call__(self, ctx: Any) -> list: ...
+
+
+@runtime_checkable
+class WithSettings(Protocol):
+    def __call__(self, x: Any, **settings: Any) -> float: ...
+
+
+@runtime_checkable
+class Made(Protocol):
+    def reset(self) -> None: ...
+
+    def step(self) -> None: ...
+
+
+@runtime_checkable
+class MakesMade(Protocol):
+    def __call__(self, **args: Any) -> Made: ...
+
+
+async def awaited(ctx):
+    return []
+
+
+def not_awaited(ctx):
+    return []
+
+
+def scaled(x, scale, shift=0.0):
+    return 0.0
+
+
+class Maker:
+    def __init__(self, size: int = 1) -> None: ...
+
+    def reset(self) -> None: ...
+
+    def step(self) -> None: ...
+
+
+class HalfMaker:
+    def __init__(self) -> None: ...
+
+    def reset(self) -> None: ...
+
+
+def test_an_async_protocol_asks_for_an_async_function():
+    assert load_object(f"{HERE}:awaited", Awaited) is awaited
+    with pytest.raises(LoadError, match=r"function not_awaited must be async: an Awaited is awaited"):
+        load_object(f"{HERE}:not_awaited", Awaited)
+
+
+def test_a_protocol_taking_settings_checks_the_keywords_it_will_be_called_with():
+    assert load_object(f"{HERE}:scaled", WithSettings, keywords=["scale"]) is scaled
+    assert load_object(f"{HERE}:scaled", WithSettings) is scaled  # settings unknown: only x is checked
+    with pytest.raises(LoadError, match=r"cannot be called as WithSettings \(x, scale=, bias=\).*'bias'"):
+        load_object(f"{HERE}:scaled", WithSettings, keywords=["scale", "bias"])
+    with pytest.raises(LoadError, match="missing a required argument: 'scale'"):
+        load_object(f"{HERE}:scaled", WithSettings, keywords=[])  # its settings have no scale
+
+
+def test_a_factory_protocol_checks_what_a_class_makes():
+    assert load_object(f"{HERE}:Maker", MakesMade, keywords=["size"]) is Maker
+    with pytest.raises(LoadError, match=r"class HalfMaker does not make a Made \(its instances lack: step\), so it is "
+                                        r"not a MakesMade"):
+        load_object(f"{HERE}:HalfMaker", MakesMade)
+    with pytest.raises(LoadError, match=r"class Maker\(.*\) cannot be called as MakesMade \(colour=\): got an "
+                                        r"unexpected keyword argument 'colour'"):
+        load_object(f"{HERE}:Maker", MakesMade, keywords=["colour"])
+
+
 def test_a_protocol_that_cannot_be_checked_is_a_programming_error():
     class Plain(Protocol):
         def __call__(self) -> None: ...

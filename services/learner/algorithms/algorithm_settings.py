@@ -147,8 +147,6 @@ class SFTSettings(BaseModel):
     max_steps: int | None = Field(default=None, ge=1, description="Stop after this many steps.")
 
 
-_RLAlgorithm = RLAlgorithmSettings  # the name of earlier releases
-
 #: algorithms by ``name``: settings model -> implementation, a ``LearnerAlgorithm`` subclass (import paths:
 #: torch loads only when the learner builds it) that also names the runner owning the run (``runner``: RL
 #: algorithms run in the RL loop, sft in the SFT loop). Register your own with

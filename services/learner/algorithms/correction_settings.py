@@ -84,14 +84,13 @@ class CustomCorrection(CorrectionSettingsBase):
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra keyword arguments for every call.")
 
 
-_Correction = CorrectionSettingsBase  # the name of earlier releases
-
 #: corrections by ``kind``: settings model -> ``fn(learner_lp, engine_lp, mask, **fields) -> Correction``
 #: (import paths: torch loads only in the learner). ``custom`` names its function in its settings; register
 #: your own with ``CORRECTIONS.register("mine", MySettings, "package.module:my_correction")`` (docs/plugins.md).
 CORRECTIONS: PluginPoint[Any] = PluginPoint(
     "correction", where="learner: algorithm.correction.kind", doc="Off-policy corrections between engine and "
-    "learner log-probabilities (services/learner/algorithms/corrections.py).", settings_base=CorrectionSettingsBase)
+    "learner log-probabilities (services/learner/algorithms/corrections.py).", settings_base=CorrectionSettingsBase,
+    base="services.learner.algorithms.corrections:CorrectionFunction")
 CORRECTIONS.register("none", NoCorrection, "services.learner.algorithms.corrections:no_correction")
 CORRECTIONS.register("tis", TISCorrection, "services.learner.algorithms.corrections:truncated_is")
 CORRECTIONS.register("mis", MISCorrection, "services.learner.algorithms.corrections:masked_is")

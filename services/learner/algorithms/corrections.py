@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -133,6 +134,16 @@ def mismatch_metrics(learner_lp: torch.Tensor, engine_lp: torch.Tensor, mask: to
 CorrectionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], Correction]
 
 
+@runtime_checkable
+class CorrectionFunction(Protocol):
+    """What a correction kind's implementation is (the base of the correction plug-in point, checked when it
+    loads): ``fn(learner_lp, engine_lp, mask, **settings) -> Correction``, ``settings`` its settings' fields
+    (``custom``: its ``kwargs``)."""
+
+    def __call__(self, learner_lp: torch.Tensor, engine_lp: torch.Tensor, mask: torch.Tensor,
+                 **settings: Any) -> Correction: ...
+
+
 def build_correction(settings) -> CorrectionFn:
     """The correction function that ``settings`` (one registered kind's settings, ``algorithm.correction``)
     selects: the kind's function with the settings' fields as keyword arguments (``custom``: the function at
@@ -140,11 +151,10 @@ def build_correction(settings) -> CorrectionFn:
     if settings.kind not in CORRECTIONS:
         raise ValueError(CORRECTIONS.unknown(settings.kind))
     if isinstance(settings, CustomCorrection):
-        fn, kwargs, what = load_object(settings.path, what="correction"), dict(settings.kwargs), settings.path
-    else:
+        fn = load_object(settings.path, CorrectionFunction, what="correction", keywords=settings.kwargs)
+        kwargs, what = dict(settings.kwargs), settings.path
+    else:  # checked against CorrectionFunction (and its settings' fields) when the point loads it
         fn, kwargs, what = CORRECTIONS.load(settings.kind), kwargs_of(settings), settings.kind
-    if not callable(fn):
-        raise TypeError(f"correction {what}: {type(fn).__name__} object is not a function")
 
     def call(learner_lp: torch.Tensor, engine_lp: torch.Tensor, mask: torch.Tensor) -> Correction:
         out = fn(learner_lp, engine_lp, mask, **kwargs)

@@ -98,14 +98,13 @@ class CustomLoss(PolicyLossSettingsBase):
         return self.agg
 
 
-_Loss = PolicyLossSettingsBase  # the name of earlier releases
-
 #: policy losses by ``kind``: settings model -> ``fn(inputs: PolicyLossInputs, **fields) -> PolicyLossOutput``
 #: (import paths: torch loads only in the learner). ``custom`` names its function in its settings; register
 #: your own with ``POLICY_LOSSES.register("mine", MyLossSettings, "package.module:my_loss")`` (docs/plugins.md).
 POLICY_LOSSES: PluginPoint[Any] = PluginPoint(
     "policy loss", where="learner: algorithm.policy_loss.kind", doc="Policy losses "
-    "(services/learner/algorithms/policy_losses.py).", settings_base=PolicyLossSettingsBase)
+    "(services/learner/algorithms/policy_losses.py).", settings_base=PolicyLossSettingsBase,
+    base="services.learner.algorithms.policy_losses:PolicyLoss")
 POLICY_LOSSES.register("ppo", PPOClipLoss, "services.learner.algorithms.policy_losses:ppo_loss")
 POLICY_LOSSES.register("dr_grpo", DrGRPOLoss, "services.learner.algorithms.policy_losses:dr_grpo_loss")
 POLICY_LOSSES.register("gspo", GSPOLoss, "services.learner.algorithms.policy_losses:gspo_loss")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -26,7 +27,7 @@ from services.learner.algorithms.policy_loss_settings import POLICY_LOSSES, Cust
 from shared.plugins import kwargs_of
 from shared.service_kit.loader import load_object
 
-__all__ = ["PolicyLossFn", "PolicyLossInputs", "PolicyLossOutput", "build_policy_loss"]
+__all__ = ["PolicyLoss", "PolicyLossFn", "PolicyLossInputs", "PolicyLossOutput", "build_policy_loss"]
 
 RATIO_LOG_CLAMP = 20.0
 
@@ -91,6 +92,15 @@ def dppo_loss(x: PolicyLossInputs, delta_low: float, delta_high: float) -> Polic
 PolicyLossFn = Callable[[PolicyLossInputs], PolicyLossOutput]
 
 
+@runtime_checkable
+class PolicyLoss(Protocol):
+    """What a policy-loss kind's implementation is (the base of the policy-loss plug-in point, checked when it
+    loads): ``fn(inputs, **settings) -> PolicyLossOutput``, ``settings`` its settings' fields (``custom``: its
+    ``kwargs``)."""
+
+    def __call__(self, x: PolicyLossInputs, **settings: Any) -> PolicyLossOutput: ...
+
+
 def build_policy_loss(settings) -> PolicyLossFn:
     """The loss function ``settings`` (one registered kind's settings, ``algorithm.policy_loss``) selects: the
     kind's function with the settings' fields as keyword arguments (``custom``: the function at ``path`` with
@@ -98,11 +108,10 @@ def build_policy_loss(settings) -> PolicyLossFn:
     if settings.kind not in POLICY_LOSSES:
         raise ValueError(POLICY_LOSSES.unknown(settings.kind))
     if isinstance(settings, CustomLoss):
-        fn, kwargs, what = load_object(settings.path, what="policy loss"), dict(settings.kwargs), settings.path
-    else:
+        fn = load_object(settings.path, PolicyLoss, what="policy loss", keywords=settings.kwargs)
+        kwargs, what = dict(settings.kwargs), settings.path
+    else:  # checked against PolicyLoss (and its settings' fields) when the point loads it
         fn, kwargs, what = POLICY_LOSSES.load(settings.kind), kwargs_of(settings), settings.kind
-    if not callable(fn):
-        raise TypeError(f"policy loss {what}: {type(fn).__name__} object is not a function")
 
     def call(x: PolicyLossInputs) -> PolicyLossOutput:
         out = fn(x, **kwargs)

@@ -15,10 +15,9 @@ All four place the (shaped) scalar reward on the last action token and, with KL 
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar
 
 import torch
 
@@ -39,6 +38,7 @@ from services.learner.algorithms.algorithm_settings import (
     SFTSettings,
 )
 from services.learner.algorithms.masked import masked_whiten
+from services.learner.runner import Runner, runner_problem
 from shared.service_kit.loader import LoadError, load_object
 
 
@@ -56,7 +56,8 @@ class LearnerAlgorithm:
     """What every algorithm registers: built from its settings, it names the runner that owns the run."""
 
     name: ClassVar[str]
-    #: the runner class, or its import path (loaded when the learner starts)
+    #: the runner class (a :class:`~services.learner.runner.Runner`), or its import path (loaded and checked
+    #: when the learner starts)
     runner: ClassVar[str | type] = "services.learner.rl.runner:RLRunner"
     #: the RL runner's trainer (what trains a step of complete groups), or its import path
     trainer: ClassVar[str | type] = "services.learner.training.rl_trainer:RLTrainer"
@@ -159,30 +160,16 @@ def build_algorithm(settings: RLAlgorithmSettings) -> Algorithm:
     return cls(settings)
 
 
-class RunOwner(Protocol):
-    """What the learner service asks of a runner (RLRunner, SFTRunner, PreferenceRunner, a plug-in's)."""
-
-    needs_redis: ClassVar[bool]
-    phase: str
-    error: str | None
-
-    def __init__(self, settings: Any, redis: Any, sink: Any) -> None: ...
-
-    async def run(self, stop: asyncio.Event) -> None: ...
-
-    def status(self) -> dict[str, Any]: ...
-
-    def request_checkpoint(self) -> asyncio.Future: ...
-
-
-def runner_class(settings: Any) -> type[RunOwner]:
-    """The runner that owns a run of the algorithm ``settings.name`` names (what the learner service starts)."""
+def runner_class(settings: Any) -> type[Runner]:
+    """The runner that owns a run of the algorithm ``settings.name`` names (what the learner service starts),
+    checked against :class:`~services.learner.runner.Runner`; LoadError (one line) when it is not one."""
     name = settings.name
     runner = ALGORITHMS.load(name).runner
     if isinstance(runner, str):
         runner = load_object(runner, what=f"runner of algorithm {name!r}")
-    if not isinstance(runner, type) or not callable(getattr(runner, "run", None)):
-        raise LoadError(f"runner of algorithm {name!r}: {runner!r} is not a runner class (one with async run(stop))")
+    problem = runner_problem(runner)
+    if problem:
+        raise LoadError(f"runner of algorithm {name!r}: {problem}")
     return runner
 
 

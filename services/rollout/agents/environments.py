@@ -20,7 +20,7 @@ When the episode is done without a reward, the reward service scores the final a
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -68,7 +68,13 @@ class Environment(Protocol):
     async def close(self) -> None: ...
 
 
-EnvironmentFactory = Callable[..., Environment]
+@runtime_checkable
+class EnvironmentFactory(Protocol):
+    """What an environment kind's implementation is (the base of the environment plug-in point, checked when
+    it loads): a class making an :class:`Environment` (it must define ``reset``, ``step`` and ``close``) or a
+    function returning one, called with the environment's arguments (``environment_args``) as keywords."""
+
+    def __call__(self, **args: Any) -> Environment: ...
 
 
 class _EnvArgs(BaseModel):
@@ -111,7 +117,7 @@ class OpenEnvArgs(_EnvArgs):
 #: name a factory by import path in the settings (never a task).
 ENVIRONMENTS: PluginPoint[EnvironmentFactory] = PluginPoint(
     "environment", where="rollout: worker.agent.environment (arguments: environment_args)", tag=None,
-    doc="Multi-turn environments (services/rollout/agents/envs).")
+    doc="Multi-turn environments (services/rollout/agents/envs).", base=EnvironmentFactory)
 ENVIRONMENTS.register("echo", EchoArgs, "services.rollout.agents.envs.echo:EchoEnv")
 ENVIRONMENTS.register("calculator", CalculatorArgs, "services.rollout.agents.envs.calculator:CalculatorEnv")
 ENVIRONMENTS.register("reasoning_gym", ReasoningGymArgs, "services.rollout.agents.envs.reasoning_gym:ReasoningGymEnv")
@@ -121,16 +127,11 @@ ENVIRONMENTS.register("openenv", OpenEnvArgs, "services.rollout.agents.envs.open
 def load_environment(spec: str) -> EnvironmentFactory:
     """The environment factory ``spec`` names (a registered name or ``package.module:factory``)."""
     if spec in ENVIRONMENTS:
-        factory = ENVIRONMENTS.load(spec)
-    elif ":" in spec:
-        factory = load_object(spec, what="environment")
-    else:
-        raise LoadError(f"environment {spec!r}: not a known name ({', '.join(sorted(ENVIRONMENTS))}) nor an "
-                        "import path 'package.module:factory'")
-    if not callable(factory):
-        raise LoadError(f"environment {spec!r}: {type(factory).__name__} object is not a factory (a class or a "
-                        "function returning an Environment)")
-    return factory
+        return ENVIRONMENTS.load(spec)  # checked against EnvironmentFactory (and its arguments' model)
+    if ":" in spec:
+        return load_object(spec, EnvironmentFactory, what="environment")
+    raise LoadError(f"environment {spec!r}: not a known name ({', '.join(sorted(ENVIRONMENTS))}) nor an "
+                    "import path 'package.module:factory'")
 
 
 def environment_args(spec: str, args: Mapping[str, Any], *, partial: bool = False) -> dict[str, Any]:

@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator, Callable, Sequence
 from contextlib import aclosing
@@ -361,9 +362,18 @@ class Engine(ABC):
 
 # ---- registry (services.rollout.engines.settings.ENGINES) ----------------------------------------------
 def register_engine(kind: str, settings: type[BaseModel], cls: str | type[Engine], *, replace: bool = False) -> None:
-    """Add an engine kind: its settings model (subclass ``EngineSettingsBase``, with ``kind: Literal[kind]``)
-    and its class, or a lazy ``"module:Class"`` import path. ``engine: {kind: ...}`` then configures it."""
+    """Deprecated: ``ENGINES.register(kind, settings, cls)`` (``services.rollout.engines.settings.ENGINES``) is the
+    one way to add an engine kind; this thin alias warns once (DeprecationWarning) and calls it."""
+    global _register_engine_warned
+    if not _register_engine_warned:
+        _register_engine_warned = True
+        warnings.warn("register_engine(kind, settings, cls) is deprecated: use "
+                      "services.rollout.engines.settings.ENGINES.register(kind, settings, cls)",
+                      DeprecationWarning, stacklevel=2)
     ENGINES.register(kind, settings, cls, replace=replace)
+
+
+_register_engine_warned = False
 
 
 def engine_class(kind: str) -> type[Engine]:

@@ -125,6 +125,22 @@ def test_a_service_section_adds_its_own_plugins_after_the_specs(tmp_path, tiny_m
     assert next(p for p in procs if p.kind == "learner").config["plugins"] == ["spec_plugins_b"]
 
 
+def test_validating_a_spec_never_imports_its_plugins_and_refuses_ones_not_imported(tmp_path, tiny_model_dir,
+                                                                                     clean_registries):
+    from pydantic import ValidationError
+
+    from deploy.run.spec import RunSpec
+
+    spec_file = plugin_spec(tmp_path, tiny_model_dir, "spec_plugins_e")
+    raw = {**yaml.safe_load(spec_file.read_text()), "sys_path": [str(tmp_path)]}
+    with pytest.raises(ValidationError) as err:
+        RunSpec.model_validate(raw)
+    assert "spec_plugins_e" not in sys.modules and str(tmp_path) not in sys.path
+    assert ("plugins 'spec_plugins_e' are not imported: load the spec with deploy.run.load.load_spec"
+            in str(err.value))
+    assert load_spec(spec_file).algorithm.name == "sign_spec"  # the load step imports them, then validates
+
+
 def test_a_plugin_that_does_not_import_is_one_line_naming_it(tmp_path, tiny_model_dir, clean_registries):
     (tmp_path / "spec_plugins_broken.py").write_text("raise RuntimeError('no licence key')\n")
     spec_file = tiny_spec(tmp_path, tiny_model_dir, plugins=["spec_plugins_c_missing"])

@@ -27,10 +27,10 @@ def test_registry_names():
                                   "online_dpo"]
 
 
-@pytest.mark.parametrize("name", ["ppo", "grpo", "reinforce_pp", "rloo", "sft"])
+@pytest.mark.parametrize("name", ALGORITHMS.kinds())
 def test_settings_union_discriminates_on_name(name):
     parsed = TypeAdapter(AlgorithmSettings).validate_python({"name": name})
-    assert parsed.name == name
+    assert parsed.name == name and type(parsed) is ALGORITHMS.settings_model(name)
 
 
 def test_settings_union_rejects_unknown_name_and_keys():

@@ -5,11 +5,15 @@ import math
 import pytest
 import torch
 
+from services.learner.algorithms.algorithm_settings import ALGORITHMS
+from services.learner.algorithms.correction_settings import CORRECTIONS as CORRECTION_KINDS
+from services.learner.algorithms.policy_loss_settings import POLICY_LOSSES
+from services.learner.algorithms.rl_algorithms import Algorithm
 from services.learner.training.rl_trainer import RLTrainer
 from tests.learner.helpers import BAD, GOOD, good_bad_batch, response_logprob, settings
 
-ALGOS = {
-    "grpo": {"name": "grpo"},
+#: every registered RL algorithm (an Algorithm: advantages for the RL trainer), with the settings it is tried with
+ALGOS = {name: {"name": name} for name in ALGORITHMS.kinds() if issubclass(ALGORITHMS.load(name), Algorithm)} | {
     "rloo": {"name": "rloo", "kl": {"coef": 0.01}},
     "reinforce_pp": {"name": "reinforce_pp", "kl": {"coef": 0.01, "estimator": "k2"}},
     "ppo": {"name": "ppo", "kl": {"coef": 0.01}, "ppo_epochs": 2},
@@ -37,20 +41,19 @@ def test_rewarded_response_becomes_more_likely(name, tiny_model_dir, tmp_path):
         assert metrics["kl"] != 0.0  # the policy moved away from the reference
 
 
-LOSSES = {
+#: every registered policy loss (its defaults, unless given here); ppo is tried with dual clip
+LOSSES = {kind: {"kind": kind} for kind in POLICY_LOSSES.kinds() if kind != "ppo"} | {
     "ppo_dual_clip": {"kind": "ppo", "eps_high": 0.28, "dual_clip": 3.0},
     "dr_grpo": {"kind": "dr_grpo", "normalizer": 8},
-    "gspo": {"kind": "gspo"},
-    "cispo": {"kind": "cispo"},
-    "dppo": {"kind": "dppo"},
     "custom": {"kind": "custom", "path": "tests.learner.training.custom_loss:plain_reinforce", "kwargs": {"scale": 1.0}},
 }
-CORRECTIONS = {
-    "none": {"kind": "none"},
+#: every registered correction (its defaults, unless given here; tis: test_metrics_clip_fraction_and_tis), mis at
+#: both levels
+CORRECTIONS = {kind: {"kind": kind} for kind in CORRECTION_KINDS.kinds() if kind not in ("tis", "mis")} | {
     "mis_token": {"kind": "mis", "level": "token"},
     "mis_sequence": {"kind": "mis", "level": "sequence"},
     "geo_seq": {"kind": "geo_seq", "cap": 2.0},
-    "icepop": {"kind": "icepop"},
+    "custom": {"kind": "custom", "path": "services.learner.algorithms.corrections:truncated_is", "kwargs": {"cap": 2.0}},
 }
 
 
