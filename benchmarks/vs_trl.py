@@ -17,8 +17,7 @@ printed beside the defaults, never the headline:
 - variants: ``trl-1t`` (TRL held to one torch thread, this benchmark's default before issue 43), ``fleet-s1-spawn``
   (``FLEETRL_ZYGOTE=0``: every service spawned, importing everything itself; an A/B of the start-up),
   ``fleet-s1-1t`` (the learner held to one torch thread), ``fleet-s1-lc`` (the learner on every core),
-  ``fleet-s1-ac`` (the learner and the rollout engine on every core), ``fleet-s1-cores`` (the learner's and the
-  engine's threads following the idle cores: ``torch_threads_max``, :mod:`shared.service_kit.idle_cores`).
+  ``fleet-s1-ac`` (the learner and the rollout engine on every core).
 
 Each side's thread configuration (processes, torch threads of each, the cores they share) is printed per shape.
 
@@ -95,8 +94,6 @@ MODES = {
     "fleet-s1-lc": Mode(1, sets=(f"train.torch_threads={CORES}",), variant="the learner on every core"),
     "fleet-s1-ac": Mode(1, sets=(f"train.torch_threads={CORES}", f"services.rollout.engine.torch_threads={CORES}"),
                         variant="the learner and the rollout engine on every core"),
-    "fleet-s1-cores": Mode(1, sets=(f"train.torch_threads_max={CORES}", f"services.rollout.engine.torch_threads_max={CORES}"),
-                           variant="the learner's and the engine's threads following the idle cores"),
 }
 
 

@@ -92,11 +92,6 @@ class TrainSettings(_Section):
     max_steps: int | None = Field(default=None, ge=1, description="Stop after this many learner steps.")
     seed: int = Field(default=42, description="Seed of torch / python RNGs (saved and restored in checkpoints).")
     torch_threads: int | None = Field(default=None, ge=1, description="torch.set_num_threads; default: torch's choice.")
-    torch_threads_max: int | None = Field(
-        default=None, ge=1, description="On CPU, train on up to this many torch threads while the machine's other "
-        "processes leave cores idle (the kernel's count of runnable tasks, read before each forward, backward and "
-        "optimizer step; shared/service_kit/idle_cores.py), torch_threads (default 1) the rest of the time: for a "
-        "learner sharing its cores with a rollout engine (fleetrl run on one machine). Unset: a fixed count.")
     start_gate: str | None = Field(
         default=None, description="Hold the run after loading, before its first publish and step, until Redis key "
         "fleetrl:<run>:learner:start_gate holds this value (phase 'waiting_for_start_gate' in /status). fleetrl run "
@@ -104,13 +99,6 @@ class TrainSettings(_Section):
     start_gate_timeout_s: float = Field(default=3600.0, gt=0, description="How long the start gate may hold the "
                                         "run before it fails with a message saying so.")
 
-
-    @model_validator(mode="after")
-    def _threads_range(self) -> TrainSettings:
-        if self.torch_threads_max is not None and self.torch_threads_max < (self.torch_threads or 1):
-            raise ValueError(f"train.torch_threads_max ({self.torch_threads_max}) is below train.torch_threads "
-                             f"({self.torch_threads or 1}): it is the most threads, torch_threads the fewest")
-        return self
 
 class AutoBackendSettings(_Section):
     """The default: ``torch`` when the learner has one rank, ``fsdp`` (with its defaults) when it has more."""

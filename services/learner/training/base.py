@@ -34,7 +34,6 @@ from services.learner.training.models import (
 )
 from services.learner.training.precision import resolve_precision
 from services.learner.training.rng import load_rng, save_rng, seed_everything
-from shared.service_kit.idle_cores import IdleCoreThreads, follow_idle_cores, torch_idle_cores
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -58,10 +57,6 @@ class TrainerBase:
         self.backend = resolve_backend(settings.backend, lora=settings.model.lora is not None)
         if settings.train.torch_threads:
             torch.set_num_threads(settings.train.torch_threads)
-        t = settings.train
-        # threads that follow the idle cores (CPU only): hooked on every model and optimizer built below
-        self.idle_cores: IdleCoreThreads | None = torch_idle_cores(t.torch_threads or 1, t.torch_threads_max) \
-            if t.torch_threads_max is not None and self.device.type == "cpu" else None
         log.info("torch threads: %d intra-op, %d inter-op, on %d cores", torch.get_num_threads(),
                  torch.get_num_interop_threads(), len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count())
         seed_everything(settings.train.seed)
@@ -88,20 +83,12 @@ class TrainerBase:
         return self._engine(model, self.settings.optim.actor_lr)
 
     def _engine(self, model: M, lr: float) -> TrainEngine[M]:
-        engine = build_engine(self.backend, model, lr, self.settings.optim, self.total_optimizer_steps,
-                              self.accumulation, precision=self.precision)
-        if self.idle_cores is not None:
-            optimizer = getattr(engine, "optimizer", None)
-            follow_idle_cores(self.idle_cores, [engine.model],
-                              [optimizer] if isinstance(optimizer, torch.optim.Optimizer) else [])
-        return engine
+        return build_engine(self.backend, model, lr, self.settings.optim, self.total_optimizer_steps,
+                            self.accumulation, precision=self.precision)
 
     def _frozen(self, model: torch.nn.Module) -> torch.nn.Module:
         """A forward-only model (the reference) placed as the actor is: sharded under fsdp."""
-        frozen = prepare_frozen_model(self.backend, model, precision=self.precision)
-        if self.idle_cores is not None:
-            follow_idle_cores(self.idle_cores, [frozen])
-        return frozen
+        return prepare_frozen_model(self.backend, model, precision=self.precision)
 
     # ---- state ------------------------------------------------------------------------------------
     def extra_state(self) -> dict:

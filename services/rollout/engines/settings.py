@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from shared.plugins import PluginPoint
 
@@ -41,11 +41,6 @@ class HFEngineSettings(EngineSettingsBase):
         default=4.0, ge=0, le=1000, description="How long an idle engine waits to gather a batch before starting."
     )
     torch_threads: int | None = Field(default=None, ge=1, description="torch.set_num_threads; unset keeps torch's default.")
-    torch_threads_max: int | None = Field(
-        default=None, ge=1, description="On CPU, decode on up to this many torch threads while the machine's other "
-        "processes leave cores idle (the kernel's count of runnable tasks, read before each forward; "
-        "shared/service_kit/idle_cores.py), torch_threads (default 1) the rest of the time: for an engine sharing "
-        "its cores with a learner (fleetrl run on one machine). Unset: a fixed count.")
     prefix_cache_tokens: int = Field(
         default=16384, ge=0, le=10_000_000,
         description="Prefix cache: KV of this many token positions of recently finished sequences is kept (LRU) "
@@ -89,13 +84,6 @@ class HFEngineSettings(EngineSettingsBase):
             raise ValueError(f"device {v!r}: use 'auto', 'cpu', 'cuda' or 'cuda:<index>'")
         return v
 
-
-    @model_validator(mode="after")
-    def _threads_range(self) -> HFEngineSettings:
-        if self.torch_threads_max is not None and self.torch_threads_max < (self.torch_threads or 1):
-            raise ValueError(f"engine.torch_threads_max ({self.torch_threads_max}) is below engine.torch_threads "
-                             f"({self.torch_threads or 1}): it is the most threads, torch_threads the fewest")
-        return self
 
 class RemoteEngineSettings(EngineSettingsBase):
     base_url: str = Field(description="URL of the engine's own HTTP server, e.g. http://127.0.0.1:30000.")

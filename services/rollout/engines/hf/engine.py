@@ -29,7 +29,6 @@ from services.rollout.engines.hf.loop import DecodeLoop, Row
 from services.rollout.engines.hf.prefix_cache import PrefixCache
 from services.rollout.engines.settings import HFEngineSettings
 from services.rollout.engines.types import SamplingParams, SequenceDelta, SequenceRequest
-from shared.service_kit.idle_cores import follow_idle_cores, torch_idle_cores
 
 log = logging.getLogger(__name__)
 
@@ -65,10 +64,6 @@ class HFEngine(Engine):
         if self.settings.torch_threads:
             torch.set_num_threads(self.settings.torch_threads)
         self.model = await asyncio.to_thread(self._load_model)
-        if self.settings.torch_threads_max is not None and self.device.type == "cpu":
-            # decode steps (and prompt-logprob forwards) on the idle cores, torch_threads when others compute
-            follow_idle_cores(torch_idle_cores(self.settings.torch_threads or 1, self.settings.torch_threads_max),
-                              [self.model])
         self._aloop = asyncio.get_running_loop()
         self._decode = DecodeLoop(
             self.model, self.tokenizer, self.device,
