@@ -137,7 +137,8 @@ def test_the_layer_check_catches_each_kind_of_back_arrow():
 ROLLOUT = "services.rollout"
 ROLLOUT_LAYERS: tuple[tuple[str, ...], ...] = (
     ("engines",),  # generation: prompt ids in, output ids + logprobs out
-    ("errors", "metrics", "chat_templates", "chat_tokens", "reward_client"),  # small pieces several parts share
+    ("errors", "metrics", "chat_templates", "chat_tokens", "reward_client",  # small pieces several parts share
+     "trajectory", "experiences"),  # and the records both producers write (the worker, a session's finish)
     ("weights",),  # the weight sidecar: new versions into the engine
     ("sessions",),  # an agent's OpenAI-API calls recorded as trajectories
     ("worker",),  # prompts stream -> rollout function -> experiences stream; the rollout-function contract

@@ -40,8 +40,7 @@ from typing import Any
 from services.rollout.agents.settings import ProgramSettings
 from services.rollout.errors import RequestError
 from services.rollout.sessions.store import Session, TooManySessions
-from services.rollout.sessions.trajectory import Trajectory as SessionTrajectory
-from services.rollout.sessions.trajectory import sampling_of, version_spans
+from services.rollout.sessions.trajectory import Recording
 from services.rollout.worker.contract import GroupFailed, RolloutContext, each_sample
 from services.rollout.worker.trajectory import Trajectory
 from shared.reward_api import ScoreItem
@@ -58,7 +57,7 @@ class RunFailed(RuntimeError):
 class Run:
     """One finished run: its session's one trajectory, and the reward the program printed (None: score it)."""
 
-    trajectory: SessionTrajectory
+    trajectory: Recording
     reward: float | None
     components: dict[str, float]
 
@@ -240,7 +239,7 @@ async def _score(ctx: RolloutContext, runs: list[Run]) -> list[Trajectory]:
     need = [i for i, r in enumerate(runs) if r.reward is None]
     scored: dict[int, tuple[float, dict[str, float]]] = {}
     if need:
-        items = [ScoreItem(prompt=prompt_text[i], response=tok.decode(last_model_turn(runs[i].trajectory),
+        items = [ScoreItem(prompt=prompt_text[i], response=tok.decode(runs[i].trajectory.last_model_turn(),
                                                                       skip_special_tokens=True),
                            label=task.label, metadata=task.metadata) for i in need]
         reply = await ctx.score(items)
@@ -248,24 +247,7 @@ async def _score(ctx: RolloutContext, runs: list[Run]) -> list[Trajectory]:
     out = []
     for i, r in enumerate(runs):
         reward, comps = (r.reward, r.components or {"program": r.reward}) if r.reward is not None else scored[i]
-        out.append(trajectory(r.trajectory, reward, comps, prompt_text[i],
-                              tok.decode(r.trajectory.response_ids, skip_special_tokens=False)))
+        t = r.trajectory
+        out.append(t.build(reward, comps, prompt_text[i], tok.decode(t.response_ids, skip_special_tokens=False),
+                           {"turns": t.turns}))
     return out
-
-
-def last_model_turn(t: SessionTrajectory) -> list[int]:
-    """The ids of the trajectory's last model turn (what the reward service judges)."""
-    start = t.spans[-1][0] if t.spans else 0
-    return t.response_ids[start:]
-
-
-def trajectory(t: SessionTrajectory, reward: float, comps: dict[str, float], prompt_text: str,
-               response_text: str) -> Trajectory:
-    """A session's trajectory as the worker's: the same ids, mask, logprobs and version spans."""
-    version, spans = version_spans(t)
-    return Trajectory(
-        prompt_ids=tuple(t.prompt_ids), response_ids=tuple(t.response_ids), response_logprobs=tuple(t.logprobs),
-        action_mask=tuple(t.mask), version_spans=tuple(spans or [(0, version)]), finish_reason=t.finish,
-        reward=float(reward), sampling=sampling_of(t),
-        reward_components=comps, prompt_text=prompt_text, response_text=response_text,
-        metadata={"turns": t.turns})

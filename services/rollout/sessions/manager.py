@@ -27,6 +27,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from services.rollout.engines.types import SamplingParams, SequenceOutput
 from services.rollout.errors import RequestError
+from services.rollout.experiences import ExperienceStream
 from services.rollout.reward_client import RewardClient, RewardRejected, RewardUnavailable
 from services.rollout.sessions.auth import session_key
 from services.rollout.sessions.chat import ChatTokensCache
@@ -56,8 +57,7 @@ from services.rollout.sessions.trajectory import (
     check_extension,
     experiences,
 )
-from shared import keys
-from shared.experience_queue import BackpressureTimeout, StreamQueue
+from shared.experience_queue import BackpressureTimeout
 from shared.redis_errors import REDIS_FAILED, REDIS_UNAVAILABLE
 from shared.reward_api import ScoreItem
 from shared.schemas import Experience
@@ -96,7 +96,7 @@ class SessionManager:
         self.chat_tokens = ChatTokensCache(tokenizer)
         self.redis: aioredis.Redis | None = None
         self.rewards: RewardClient | None = None
-        self._queues: dict[str, StreamQueue] = {}
+        self._streams: dict[str, ExperienceStream] = {}  # per run
         self._sweeper: asyncio.Task | None = None
         self.owners: SessionRegistry | None = None
         self.http: httpx.AsyncClient | None = None
@@ -411,22 +411,21 @@ class SessionManager:
         scored = reply.scored()
         return [s for s, _ in scored], [c for _, c in scored]
 
-    def _queue(self, run: str) -> StreamQueue:
-        q = self._queues.get(run)
-        if q is None:
+    def _stream(self, run: str) -> ExperienceStream:
+        out = self._streams.get(run)
+        if out is None:
             assert self.redis is not None
-            q = self._queues[run] = StreamQueue(self.redis, keys.experiences_stream(run), "learner", Experience,
-                                                max_backlog=self.max_experience_backlog, signer=self.signer)
-        return q
+            out = self._streams[run] = ExperienceStream(self.redis, run, max_backlog=self.max_experience_backlog,
+                                                        signer=self.signer)
+        return out
 
     async def _push(self, run: str, group: list[Experience]) -> str:
-        q = self._queue(run)
+        out = self._stream(run)
         try:
-            await q.ensure_group()
-            await q.produce(group, timeout=self.cfg.push_timeout_s)
+            await out.push(group, timeout=self.cfg.push_timeout_s)
         except BackpressureTimeout:
             raise SessionUnavailable(f"the experiences stream of run {run!r} stayed full for "
                                      f"{self.cfg.push_timeout_s:g}s (the learner is behind); retry the finish") from None
         except REDIS_UNAVAILABLE as exc:
             raise SessionUnavailable(f"redis unavailable ({type(exc).__name__}); retry the finish") from None
-        return q.stream
+        return out.stream

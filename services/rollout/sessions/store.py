@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from services.rollout.errors import RequestError
 from services.rollout.sessions.settings import SessionSettings
-from services.rollout.sessions.trajectory import SessionIdentity, Trajectory
+from services.rollout.sessions.trajectory import Recording, SessionIdentity
 
 Gone = Literal["finished", "expired", "deleted"]
 
@@ -52,7 +52,7 @@ class ChatTurn:
 class Session:
     who: SessionIdentity
     run: str
-    trajectories: list[Trajectory] = field(default_factory=list)
+    trajectories: list[Recording] = field(default_factory=list)
     calls: int = 0
     last_used: float = field(default_factory=time.monotonic)
     busy: bool = False  # a call or the finish is in flight

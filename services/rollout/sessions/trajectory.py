@@ -1,4 +1,4 @@
-"""A session's calls stitched into trajectories, and trajectories into experiences (pure: no I/O).
+"""A session's calls stitched into trajectories, the worker's kind (pure: no I/O).
 
 A call whose prompt ids start with everything the current trajectory holds (its prompt, then every token
 after it) continues that trajectory: the ids between the trajectory's end and the call's prompt end are
@@ -6,16 +6,24 @@ the environment's (a tool result, the next user turn, the chat template's glue: 
 call's output ids are the model's (mask 1, the engine's logprobs). A call whose prompt does not extend it
 (the agent rewrote or summarised its history) starts a new trajectory: the session then yields one
 experience per trajectory, all in the session's group slot (ids ``<sample id>``, ``<sample id>~1``, ...).
+
+Each trajectory is recorded with :class:`~services.rollout.trajectory.TrajectoryBuilder` and finished as a
+:class:`~services.rollout.trajectory.Trajectory`, the kind a rollout function returns to the worker; the records
+are written by :func:`services.rollout.experiences.experiences`, the one path of both producers.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from services.rollout.engines.types import SamplingParams
-from shared.schemas import Experience, FinishReason, SamplingRecord, sample_id
+from services.rollout.experiences import Origin
+from services.rollout.experiences import experiences as records
+from services.rollout.trajectory import Trajectory, TrajectoryBuilder
+from shared.schemas import Experience, FinishReason, SamplingRecord
 
 
 @dataclass(frozen=True)
@@ -35,54 +43,85 @@ def sampling_key(p: SamplingParams) -> tuple[float, float, int, float]:
     return (p.temperature, p.top_p, p.top_k if p.top_k > 0 else -1, p.min_p)
 
 
-@dataclass
-class Trajectory:
-    prompt_ids: list[int]
-    response_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    mask: list[int] = field(default_factory=list)
-    spans: list[tuple[int, int]] = field(default_factory=list)  # (first response token, version) per model turn
-    turns: int = 0
-    finish: FinishReason = "stop"
-    params: SamplingParams | None = None
-    max_tokens: int = 1
+class Recording:
+    """One trajectory of a session, recorded call by call (append only); :meth:`build` finishes it."""
+
+    def __init__(self, call: Call) -> None:
+        self.builder = TrajectoryBuilder(call.prompt_ids)
+        self.params = call.params  # every call of it samples from this distribution (check_extension)
+        self.max_tokens = 1
+        self.finish: FinishReason = "stop"
+        self.add(call)
 
     @property
     def length(self) -> int:
-        return len(self.prompt_ids) + len(self.response_ids)
+        return len(self.builder)
 
-    def extended_by(self, prompt_ids: list[int]) -> bool:
+    @property
+    def prompt_ids(self) -> list[int]:
+        return list(self.builder.prompt_ids)
+
+    @property
+    def response_ids(self) -> list[int]:
+        return self.builder.ids
+
+    @property
+    def logprobs(self) -> list[float]:
+        return self.builder.logprobs
+
+    @property
+    def mask(self) -> list[int]:
+        return self.builder.mask
+
+    @property
+    def turns(self) -> int:
+        """The calls it holds (the model's turns)."""
+        return self.builder.model_turns
+
+    def extended_by(self, prompt_ids: Sequence[int]) -> bool:
         """Whether ``prompt_ids`` starts with every id of this trajectory."""
-        n = len(self.prompt_ids)
-        return (len(prompt_ids) >= self.length and prompt_ids[:n] == self.prompt_ids
-                and prompt_ids[n:self.length] == self.response_ids)
+        b = self.builder
+        n = len(b.prompt_ids)
+        return (len(prompt_ids) >= len(b) and tuple(prompt_ids[:n]) == b.prompt_ids
+                and list(prompt_ids[n:len(b)]) == b.ids)
 
     def add(self, call: Call) -> None:
         env = call.prompt_ids[self.length:]
-        self.response_ids += env
-        self.logprobs += [0.0] * len(env)
-        self.mask += [0] * len(env)
-        self.spans.append((len(self.response_ids), call.weight_version))
-        self.response_ids += call.output_ids
-        self.logprobs += call.logprobs
-        self.mask += [1] * len(call.output_ids)
-        self.turns += 1
+        if env:
+            self.builder.environment(env)
+        self.builder.model(call.output_ids, call.logprobs, call.weight_version)
         self.finish = call.finish
-        self.params = self.params or call.params
         self.max_tokens = max(self.max_tokens, call.params.max_new_tokens)
+
+    def last_model_turn(self) -> list[int]:
+        """The ids of its last call's output (what a reward service judges of an agent's answer)."""
+        last = next((t for t in reversed(self.builder.turns) if t.kind == "model"), None)
+        return list(last.ids) if last is not None else []
+
+    def sampling(self) -> SamplingRecord:
+        """How its model turns were sampled (one distribution for all: :func:`check_extension`)."""
+        p = self.params
+        return SamplingRecord(temperature=p.temperature, top_p=p.top_p, top_k=p.top_k if p.top_k > 0 else -1,
+                              min_p=p.min_p, max_tokens=max(1, self.max_tokens))
+
+    def build(self, reward: float, components: dict[str, float], prompt_text: str | None = None,
+              response_text: str | None = None, metadata: dict[str, Any] | None = None) -> Trajectory:
+        """The finished trajectory, as a rollout function returns one."""
+        return self.builder.build(finish_reason=self.finish, reward=reward, sampling=self.sampling(),
+                                  reward_components=components, prompt_text=prompt_text,
+                                  response_text=response_text, metadata=metadata)
 
 
 class SamplingMismatch(ValueError):
     """A call samples from another distribution than the trajectory it continues."""
 
 
-def check_extension(trajectories: list[Trajectory], prompt_ids: list[int], params: SamplingParams) -> bool:
+def check_extension(trajectories: list[Recording], prompt_ids: list[int], params: SamplingParams) -> bool:
     """Whether a call with ``prompt_ids`` extends the last trajectory; :class:`SamplingMismatch` if it would
     extend it with another sampling distribution."""
     last = trajectories[-1] if trajectories else None
     if last is None or not last.extended_by(prompt_ids):
         return False
-    assert last.params is not None
     if sampling_key(last.params) != sampling_key(params):
         t, p, k, m = sampling_key(last.params)
         raise SamplingMismatch(
@@ -92,33 +131,14 @@ def check_extension(trajectories: list[Trajectory], prompt_ids: list[int], param
     return True
 
 
-def append(trajectories: list[Trajectory], call: Call) -> bool:
+def append(trajectories: list[Recording], call: Call) -> bool:
     """Add ``call`` to the last trajectory when its prompt extends it, else start a new one. Returns whether it
     extended the last trajectory. Raises :class:`SamplingMismatch` if it extends one sampled differently."""
     if check_extension(trajectories, call.prompt_ids, call.params):
         trajectories[-1].add(call)
         return True
-    t = Trajectory(prompt_ids=list(call.prompt_ids))
-    t.add(call)
-    trajectories.append(t)
+    trajectories.append(Recording(call))
     return False
-
-
-def version_spans(t: Trajectory) -> tuple[int, list[tuple[int, int]] | None]:
-    """(the oldest weight version of the model's tokens, version spans; None when one version made them all)."""
-    spans: list[tuple[int, int]] = []
-    for i, (start, v) in enumerate(t.spans):
-        start = 0 if i == 0 else start
-        if i and start >= len(t.response_ids):
-            continue  # a last turn that produced no token
-        if spans and spans[-1][0] == start:
-            spans[-1] = (start, v)  # the turn before it produced no token
-        elif not spans or spans[-1][1] != v:
-            spans.append((start, v))
-    versions = [v for _, v in spans]
-    if len(set(versions)) == 1:
-        return versions[0], None
-    return min(versions), spans
 
 
 @dataclass(frozen=True)
@@ -135,36 +155,24 @@ class SessionIdentity:
     created_at: float = field(default_factory=time.time)
     grant: str | None = None  # the learner's grant of the task (PromptTask.grant), copied into each experience
 
+    def origin(self) -> Origin:
+        """Where its experiences go: its slot of the group, every trajectory's record there."""
+        return Origin(prompt_id=self.prompt_id, group_id=self.group_id, group_size=self.group_size, label=self.label,
+                      metadata={**self.metadata, "session_id": self.session_id}, created_at=self.created_at,
+                      grant=self.grant, index=self.index, mask_always=True, spans_when_mixed=True)
 
-def experience_id(who: SessionIdentity, k: int) -> str:
-    base = sample_id(who.prompt_id, who.index)
-    return base if k == 0 else f"{base}~{k}"
+
+def trajectories(recorded: list[Recording], rewards: list[float], components: list[dict[str, float]],
+                 texts: list[tuple[str, str]]) -> list[Trajectory]:
+    """A finished session's trajectories: ``rewards[k]`` / ``components[k]`` / ``texts[k]`` (prompt, response) are
+    trajectory ``k``'s; each says its calls (``turns``) and which of how many it is."""
+    n = len(recorded)
+    return [r.build(float(reward), comps, prompt_text, response_text,
+                    {"turns": r.turns, "trajectory": k, "trajectories": n})
+            for k, (r, reward, comps, (prompt_text, response_text)) in enumerate(zip(recorded, rewards, components, texts))]
 
 
-def experiences(who: SessionIdentity, trajectories: list[Trajectory], rewards: list[float],
+def experiences(who: SessionIdentity, recorded: list[Recording], rewards: list[float],
                 components: list[dict[str, float]], texts: list[tuple[str, str]]) -> list[Experience]:
-    """One experience per trajectory: ``rewards[k]`` / ``components[k]`` / ``texts[k]`` (prompt, response) are
-    trajectory ``k``'s."""
-    now = time.time()
-    out = []
-    for k, (t, reward, comps, (prompt_text, response_text)) in enumerate(zip(trajectories, rewards, components, texts)):
-        version, spans = version_spans(t)
-        out.append(Experience(
-            id=experience_id(who, k), prompt_id=who.prompt_id, group_id=who.group_id, group_size=who.group_size,
-            index=who.index, prompt_token_ids=t.prompt_ids, response_token_ids=t.response_ids,
-            response_logprobs=t.logprobs, finish_reason=t.finish, reward=float(reward), reward_components=comps,
-            weight_version=version, prompt_text=prompt_text, response_text=response_text, label=who.label,
-            metadata={**who.metadata, "session_id": who.session_id, "turns": t.turns, "trajectory": k,
-                      "trajectories": len(trajectories)},
-            created_at=who.created_at, generated_at=now, action_mask=t.mask, version_spans=spans,
-            sampling=sampling_of(t), grant=who.grant,
-        ))
-    return out
-
-
-def sampling_of(t: Trajectory) -> SamplingRecord:
-    """How the trajectory's model turns were sampled (one distribution for all: :func:`check_extension`)."""
-    p = t.params
-    assert p is not None
-    return SamplingRecord(temperature=p.temperature, top_p=p.top_p, top_k=p.top_k if p.top_k > 0 else -1,
-                          min_p=p.min_p, max_tokens=max(1, t.max_tokens))
+    """One experience per trajectory, in the session's group slot (see :func:`trajectories`)."""
+    return records(who.origin(), trajectories(recorded, rewards, components, texts))

@@ -1,13 +1,12 @@
-"""One prompt task -> its group of experiences (pure mappings, no I/O)."""
+"""One prompt task -> its sampling and single-turn trajectories (pure mappings, no I/O); the group's records are
+written by :func:`services.rollout.experiences.experiences`, as a session's are."""
 
 from __future__ import annotations
 
-import time
-
 from services.rollout.engines.types import SamplingParams, SequenceOutput
+from services.rollout.trajectory import Trajectory, TrajectoryBuilder
 from services.rollout.worker.settings import WorkerSampling
-from services.rollout.worker.trajectory import Trajectory, TrajectoryBuilder
-from shared.schemas import Experience, PromptTask, SamplingRecord, sample_id
+from shared.schemas import PromptTask, SamplingRecord
 
 
 def task_sampling(defaults: WorkerSampling, task: PromptTask) -> SamplingParams:
@@ -35,22 +34,3 @@ def single_turn_trajectory(prompt_ids: list[int], prompt_text: str, out: Sequenc
     b.model(out.output_ids, out.logprobs, out.weight_version, out.version_spans)
     return b.build(finish_reason=out.finish.type, reward=reward, sampling=sampling_record(params),
                    reward_components=components, prompt_text=prompt_text, response_text=out.text)
-
-
-def experiences(task: PromptTask, trajectories: list[Trajectory]) -> list[Experience]:
-    """One experience per trajectory, in group order. ``action_mask`` is left out (None) when every response
-    token is the model's, as single-turn samples always are."""
-    now = time.time()
-    group = []
-    for i, t in enumerate(trajectories):
-        group.append(Experience(
-            id=sample_id(task.id, i), prompt_id=task.id, group_id=task.id, group_size=task.n, index=i,
-            prompt_token_ids=list(t.prompt_ids), response_token_ids=list(t.response_ids),
-            response_logprobs=list(t.response_logprobs), finish_reason=t.finish_reason, reward=t.reward,
-            reward_components=dict(t.reward_components), weight_version=t.weight_version,
-            prompt_text=t.prompt_text, response_text=t.response_text, label=task.label,
-            metadata={**task.metadata, **t.metadata}, created_at=task.created_at, generated_at=now,
-            action_mask=None if all(t.action_mask) else list(t.action_mask),
-            version_spans=[(s[0], s[1]) for s in t.version_spans], sampling=t.sampling, grant=task.grant,
-        ))
-    return group

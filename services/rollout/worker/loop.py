@@ -36,10 +36,11 @@ import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from services.rollout.chat_tokens import ChatTokensCache
+from services.rollout.experiences import ExperienceStream, experiences
 from services.rollout.reward_client import RewardClient, RewardRejected, RewardUnavailable
 from services.rollout.worker.contract import GroupFailed, PermanentTaskError, Replica, RolloutContext
 from services.rollout.worker.functions import load_rollout_function
-from services.rollout.worker.group import experiences, task_sampling
+from services.rollout.worker.group import task_sampling
 from services.rollout.worker.settings import WorkerRun
 from services.rollout.worker.trajectory import Trajectory
 from shared import keys
@@ -103,14 +104,14 @@ class RolloutWorker:
         self.prompts = StreamQueue(self.redis, keys.prompts_stream(run), "rollout", PromptTask,
                                    max_deliveries=self.cfg.prompts_max_deliveries, claim_idle_ms=self.bounds.prompt_claim_idle_ms,
                                    signer=signer)
-        self.experiences = StreamQueue(self.redis, keys.experiences_stream(run), "learner", Experience,
-                                       max_backlog=self.bounds.max_experience_backlog, signer=signer)
+        self.experiences = ExperienceStream(self.redis, run, max_backlog=self.bounds.max_experience_backlog,
+                                            signer=signer)
         if signer is None:
             log.warning("run_key is unset (allow_unsigned_records): prompt tasks are taken without checking who wrote "
                         "them and experiences go out unsigned; give every service of the run the same run_key "
                         "(docs/security-redis.md)")
         await self.prompts.ensure_group()
-        await self.experiences.ensure_group()
+        await self.experiences.queue.ensure_group()
         token = self.cfg.reward_token.get_secret_value() if self.cfg.reward_token else None
         self.rewards = RewardClient(reward_url, self.cfg.reward_timeout_s, self.cfg.reward_backoff_max_s,
                                     on_retry=lambda _: self.m_reward_retries.inc(), token=token,
@@ -361,7 +362,7 @@ class RolloutWorker:
     async def _push(self, group: list[Experience]) -> None:
         while True:
             try:
-                await self.experiences.produce(group, timeout=30.0)
+                await self.experiences.push(group, timeout=30.0)
                 return
             except BackpressureTimeout:
                 self.m_held.labels("backlog").inc()

@@ -12,10 +12,10 @@ import pytest
 from services.rollout.agents.multi_turn import multi_turn
 from services.rollout.chat_tokens import ChatTokens
 from services.rollout.engines.types import SamplingParams
+from services.rollout.experiences import experiences
 from services.rollout.service import RolloutService
 from services.rollout.settings import RolloutSettings
 from services.rollout.worker.contract import GroupFailed, RolloutContext
-from services.rollout.worker.group import experiences
 from shared.reward_api import ScoreResponse
 from shared.schemas import PromptTask
 from tests.rollout.agents import sample_envs

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from services.rollout.engines.types import Finish, SequenceOutput
-from services.rollout.worker.group import experiences, sampling_record, single_turn_trajectory, task_sampling
+from services.rollout.experiences import experiences
+from services.rollout.worker.group import sampling_record, single_turn_trajectory, task_sampling
 from services.rollout.worker.settings import WorkerSampling
 from shared.codec import decode, encode
 from shared.schemas import Experience, PromptTask, SamplingOverrides, SamplingRecord

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.rollout.worker.group import experiences
+from services.rollout.experiences import experiences
 from services.rollout.worker.trajectory import TrajectoryBuilder
 from shared.schemas import PromptTask, SamplingRecord
 
