@@ -44,7 +44,7 @@ def rm_accuracy(output: str) -> tuple[float, float]:
     if not found:
         raise ValueError("no 'held-out pairwise accuracy' line in the RM run's output")
     start, end = found[-1]
-    return float(start) / 100, float(end) / 100
+    return round(float(start) / 100, 4), round(float(end) / 100, 4)
 
 
 def concat_jsonl(paths: list[Path], out: Path) -> Path:
