@@ -121,10 +121,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rm-set", action="append", default=[], help="a --set for rm-policy.yaml (repeatable)")
     args = ap.parse_args(argv)
     tag, logs = args.tag, HERE / "runs" / f"{args.tag}-logs"
-    for need in (HERE / "data" / "train.jsonl", HERE / args.start / "config.json"):
-        if not need.is_file():
-            print(f"error: no {need}: prepare first (this file's docstring)", file=sys.stderr)
-            return 2
+    missing = [str(need) for need in (HERE / "data" / "train.jsonl", HERE / args.start / "config.json")
+               if not need.is_file()]
+    if missing:  # every one named at once: a first run lacks both
+        print(f"error: no {' and no '.join(missing)}: prepare first (this file's docstring)", file=sys.stderr)
+        return 2
     rm_init = args.rm_model or args.start
     summary_path = HERE / "runs" / f"{tag}-summary.json"
     rows: list[dict] = []
