@@ -22,9 +22,9 @@ from deploy.local.evaluate import one_version
 from services.rollout.engines.types import Finish, SamplingParams, SequenceOutput, SequenceRequest
 from services.rollout.errors import RequestError
 from services.rollout.reward_client import RewardClient
+from services.rollout.trajectory import Trajectory
 from services.rollout.worker.contract import GroupFailed, RolloutContext
 from services.rollout.worker.functions import load_rollout_function
-from services.rollout.worker.trajectory import Trajectory
 from shared.schemas import PromptTask
 
 

@@ -13,9 +13,9 @@ from services.rollout.engines.types import Finish, SamplingParams, SequenceOutpu
 from services.rollout.sessions.manager import SessionManager
 from services.rollout.sessions.settings import SessionSettings
 from services.rollout.settings import WorkerSettings
+from services.rollout.trajectory import TrajectoryBuilder
 from services.rollout.worker.loop import RolloutWorker
 from services.rollout.worker.settings import WorkerRun
-from services.rollout.worker.trajectory import TrajectoryBuilder
 from shared.reward_api import ScoreResponse
 from shared.schemas import Experience, PromptTask, SamplingRecord
 from shared.session_api import SessionCreate, SessionFinish

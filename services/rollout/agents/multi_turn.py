@@ -43,9 +43,9 @@ from services.rollout.agents.tool_calls import parse_tool_calls
 from services.rollout.agents.tools import ToolBox, ToolFailure, ToolResult
 from services.rollout.chat_tokens import ChatTokens
 from services.rollout.engines.types import SamplingParams, SequenceOutput
+from services.rollout.trajectory import Trajectory, TrajectoryBuilder
 from services.rollout.worker.contract import GroupFailed, PermanentTaskError, RolloutContext, each_sample
 from services.rollout.worker.group import sampling_record
-from services.rollout.worker.trajectory import Trajectory, TrajectoryBuilder
 from shared.reward_api import ScoreItem
 from shared.schemas import FinishReason
 

@@ -41,8 +41,8 @@ from services.rollout.agents.settings import ProgramSettings
 from services.rollout.errors import RequestError
 from services.rollout.sessions.store import Session, TooManySessions
 from services.rollout.sessions.trajectory import Recording
+from services.rollout.trajectory import Trajectory
 from services.rollout.worker.contract import GroupFailed, RolloutContext, each_sample
-from services.rollout.worker.trajectory import Trajectory
 from shared.reward_api import ScoreItem
 from shared.session_api import SessionCreate
 

@@ -32,7 +32,7 @@ from services.rollout.chat_tokens import ChatTokens, ChatTokensCache, TemplateNo
 from services.rollout.engines.base import EngineError, SequenceRejected
 from services.rollout.engines.types import SamplingParams, SequenceOutput, SequenceRequest
 from services.rollout.errors import Overloaded, RequestError
-from services.rollout.worker.trajectory import Trajectory
+from services.rollout.trajectory import Trajectory
 from shared.reward_api import ScoreItem, ScoreResponse
 from shared.schemas import ChatMessage, PromptTask
 

@@ -38,11 +38,11 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from services.rollout.chat_tokens import ChatTokensCache
 from services.rollout.experiences import ExperienceStream, experiences
 from services.rollout.reward_client import RewardClient, RewardRejected, RewardUnavailable
+from services.rollout.trajectory import Trajectory
 from services.rollout.worker.contract import GroupFailed, PermanentTaskError, Replica, RolloutContext
 from services.rollout.worker.functions import load_rollout_function
 from services.rollout.worker.group import task_sampling
 from services.rollout.worker.settings import WorkerRun
-from services.rollout.worker.trajectory import Trajectory
 from shared import keys
 from shared.experience_queue import BackpressureTimeout, Delivery, Lease, StreamQueue
 from shared.redis_errors import REDIS_UNAVAILABLE, raise_if_refused

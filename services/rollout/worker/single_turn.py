@@ -10,9 +10,9 @@ import logging
 from dataclasses import replace
 
 from services.rollout.engines.types import SequenceOutput
+from services.rollout.trajectory import Trajectory
 from services.rollout.worker.contract import GroupFailed, RolloutContext
 from services.rollout.worker.group import single_turn_trajectory
-from services.rollout.worker.trajectory import Trajectory
 from shared.reward_api import ScoreItem
 
 log = logging.getLogger(__name__)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from services.rollout.experiences import experiences
-from services.rollout.worker.trajectory import TrajectoryBuilder
+from services.rollout.trajectory import TrajectoryBuilder
 from shared.schemas import PromptTask, SamplingRecord
 
 REC = SamplingRecord(temperature=1.0, max_tokens=8)
@@ -74,7 +74,7 @@ def test_a_reward_must_be_finite():
 
 
 def test_a_model_turn_generated_across_weight_switches_keeps_its_version_spans():
-    from services.rollout.worker.trajectory import TrajectoryBuilder
+    from services.rollout.trajectory import TrajectoryBuilder
 
     b = TrajectoryBuilder([1, 2])
     b.model([10, 11], [-0.1, -0.2], 3)
