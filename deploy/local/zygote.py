@@ -6,7 +6,8 @@ Without it every service of a ``fleetrl run`` imports the same ~4 s of modules (
 each on a core the others want; with it the machine does that once, while the launcher does its checks.
 
 **Protocol** (JSON lines): the zygote writes ``{"ready": ..., "preloaded": [...], "failed": {...}}`` once it has
-imported what it was asked to; then, per request ``{"module", "argv", "log", "cwd", "env"}`` on its stdin, it
+imported what it was asked to; then, per request ``{"module", "argv", "log", "cwd", "env"}`` (and optionally
+``"err"``: stderr to a file of its own, not the log) on its stdin, it
 answers ``{"pid": N}`` (a service started) or ``{"error": "..."}`` (nothing started: the caller spawns the service
 the ordinary way). EOF on stdin ends the zygote; the services it forked live on.
 
@@ -67,8 +68,10 @@ ready line: a service that needs it imports it, and fails, itself)."""
 
 START_ENV = dict(os.environ)  # what the zygote was started with (an import may add to os.environ)
 RUNTIME_ENV = frozenset({"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
-                         "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID"})
-"""Variables a service reads only when it runs, never at import (torch.distributed's rendezvous): a forked
+                         "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",
+                         "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"})
+"""Variables a service reads only when it runs, never at import (torch.distributed's rendezvous; the compile
+caches, which torch itself writes into the environment of a process that touched them): a forked
 service may differ from the zygote in these and in ``FLEETRL_*`` (pydantic-settings reads them when a service
 builds its settings; nothing in shared/ or services/ reads the environment at import)."""
 PR_SET_CHILD_SUBREAPER, PR_GET_CHILD_SUBREAPER = 36, 37
@@ -218,11 +221,15 @@ class Zygote:
                          [m for m in [model_module(model)] if m])
 
     def fork(self, module: str, argv: list[str], log_path: Path, env: dict[str, str],
-             timeout: float = READY_TIMEOUT_S) -> ForkedProcess:
-        """``python -m module *argv`` forked from the zygote, its output appended to ``log_path``. Raises
-        :class:`ZygoteError` when it cannot (the caller spawns the service instead)."""
+             timeout: float = READY_TIMEOUT_S, cwd: Path | None = None, err_path: Path | None = None) -> ForkedProcess:
+        """``python -m module *argv`` forked from the zygote, in ``cwd`` (default the repository), its output
+        appended to ``log_path`` (its stderr to ``err_path`` when given). Raises :class:`ZygoteError` when it
+        cannot (the caller spawns the service instead)."""
         if runtime_overlay(self.env, env) is None:
-            raise ZygoteError("the service's environment differs from the one the zygote imported under")
+            differ = sorted(k for k in self.env.keys() | env.keys() if self.env.get(k) != env.get(k)
+                            and k not in RUNTIME_ENV and not (k.startswith("FLEETRL_") and k != "FLEETRL_ZYGOTE"))
+            raise ZygoteError("the service's environment differs from the one the zygote imported under in "
+                              + ", ".join(differ[:8]))
         with self._lock:
             if self.broken:
                 raise ZygoteError(self.broken)
@@ -232,7 +239,9 @@ class Zygote:
                     if "ready" not in self.ready:
                         raise ZygoteError(f"zygote did not start: {self.ready}")
                 request = {"module": module, "argv": [str(a) for a in argv], "log": str(log_path),
-                           "cwd": str(REPO), "env": env}
+                           "cwd": str(cwd or REPO), "env": env}
+                if err_path is not None:
+                    request["err"] = str(err_path)
                 assert self.proc.stdin is not None
                 self._asked = True
                 subreaper(True)  # the zygote answers once the service is re-parented to this process
@@ -386,9 +395,12 @@ def _become(request: dict[str, Any]) -> None:
     os.dup2(null, 0)
     os.close(null)
     log = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    err = os.open(request["err"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644) if request.get("err") else log
     os.dup2(log, 1)
-    os.dup2(log, 2)
+    os.dup2(err, 2)
     os.close(log)
+    if err != log:
+        os.close(err)
     sys.stdin = open(0, closefd=False)  # noqa: SIM115  (fd 0 is /dev/null now; the zygote's pipe is gone)
     os.chdir(request["cwd"])
     for key, value in request["overlay"].items():  # variables read only at run time (runtime_overlay)

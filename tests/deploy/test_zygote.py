@@ -64,6 +64,24 @@ def test_a_forked_service_is_a_fresh_python_m_with_the_imports_done(tmp_path):
         zygote.close()
 
 
+def test_a_forked_service_may_run_in_another_directory_with_stderr_apart(tmp_path):
+    """What tests/procs.run_module needs to stand for ``subprocess.run(capture_output=True, cwd=...)``: stdout in
+    the log, stderr in a file of its own, the working directory asked for."""
+    zygote = start(tmp_path)
+    try:
+        report, out, err = tmp_path / "r.json", tmp_path / "out.txt", tmp_path / "err.txt"
+        (tmp_path / "r.cfg").write_text(json.dumps({"report": str(report)}))
+        (work := tmp_path / "work").mkdir()
+        proc = zygote.fork(PROBE, ["--config", str(tmp_path / "r.cfg")], out, service_env(1), cwd=work,
+                           err_path=err)
+        assert proc.wait(timeout=30) == 0
+        assert json.loads(report.read_text())["cwd"] == str(work)
+        assert out.read_text() == "probe says hello on stdout\n"
+        assert err.read_text() == "probe says hello on stderr\n"
+    finally:
+        zygote.close()
+
+
 def test_a_rank_and_fleetrl_settings_are_set_in_the_forked_service_and_nothing_else_may_differ(tmp_path, monkeypatch):
     monkeypatch.setenv("FLEETRL_PROBE_GONE", "zygote's")  # in the zygote's environment, unset for the service
     zygote = start(tmp_path)
@@ -92,6 +110,10 @@ def test_runtime_overlay_names_what_a_service_sets_and_unsets():
         "RANK": "3", "MASTER_PORT": "29500", "FLEETRL_X": None}
     assert runtime_overlay(base, {**base, "PATH": "/usr/bin"}) is None
     assert runtime_overlay(base, {**base, "OMP_NUM_THREADS": "2"}) is None
+    # torch writes its compile cache's directory into the environment of a process that touched it (a test
+    # worker, after an FSDP test): every later service of that worker was started afresh, not forked
+    assert runtime_overlay(base, {**base, "TORCHINDUCTOR_CACHE_DIR": "/tmp/torchinductor_x"}) == {
+        "TORCHINDUCTOR_CACHE_DIR": "/tmp/torchinductor_x"}
 
 
 def test_a_crash_is_exit_1_with_the_services_own_traceback(tmp_path):
