@@ -104,7 +104,11 @@ _started: list[str] = []  # Python processes started since the current test's se
 
 
 def pytest_configure(config) -> None:
-    """Under ``make test-fast``, note every Python process a test (or a fixture it sets up, of any scope) starts."""
+    """Under ``make test-fast``, note every Python process a test (or a fixture it sets up, of any scope) starts.
+    With ``PYTEST_CPU_LOG=PATH``, write each fresh Python interpreter a test starts (not one forked from the
+    zygote: ``tests/procs.py``) to ``PATH.spawns.<worker>``, naming the test."""
+    if (cpu_log := os.environ.get("PYTEST_CPU_LOG")):
+        _log_python_starts(f"{cpu_log}.spawns.{os.environ.get('PYTEST_XDIST_WORKER', 'main')}")
     if os.environ.get("FLEETRL_TEST_TIER") != "fast":
         return
     popen_init = subprocess.Popen.__init__
@@ -121,6 +125,19 @@ def pytest_configure(config) -> None:
 
     subprocess.Popen.__init__ = watched_popen
     multiprocessing.util.spawnv_passfds = watched_spawn
+
+
+def _log_python_starts(path: str) -> None:
+    popen_init = subprocess.Popen.__init__
+
+    def logged_popen(self, args, *a, **kw):
+        if _is_python(args):
+            with open(path, "a") as log:
+                log.write(f"{os.environ.get('PYTEST_CURRENT_TEST', '?')}\t"
+                          f"{str(args if isinstance(args, (str, bytes)) else ' '.join(map(str, args)))[:200]}\n")
+        return popen_init(self, args, *a, **kw)
+
+    subprocess.Popen.__init__ = logged_popen
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -160,3 +177,29 @@ def _fast_tier_starts_no_python_process(request):
         pytest.fail(f"{request.node.nodeid} started a Python process ({_started[0]}) but is in the fast tier: mark it "
                     "@pytest.mark.process (or put the fixture that starts it under @starts_processes, tests/procs.py)",
                     pytrace=False)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """With ``PYTEST_CPU_LOG=PATH``: one JSON line per test in ``PATH.<worker>``: its wall seconds and the
+    CPU seconds it cost (this process and every descendant reaped during it: the services a test starts are
+    re-parented to the worker and reaped by it), to find what makes the suite slow on a 2-core machine
+    (docs/testing.md, "Where the suite's time goes")."""
+    path = os.environ.get("PYTEST_CPU_LOG")
+    if not path:
+        yield
+        return
+    import json
+    import resource
+    import time
+
+    def cpu() -> float:
+        own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+    t0, c0 = time.monotonic(), cpu()
+    yield
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    with open(f"{path}.{worker}", "a") as log:
+        log.write(json.dumps({"test": item.nodeid, "wall": round(time.monotonic() - t0, 3),
+                              "cpu": round(cpu() - c0, 3)}) + "\n")

@@ -57,6 +57,14 @@ def starts_processes(fixture_fn):
     return fixture_fn
 
 
+def _not_forked(args: list[str], exc: Exception) -> None:
+    """With ``PYTEST_CPU_LOG=PATH`` (tests/conftest.py): why one of our modules was started afresh, not forked, in
+    ``PATH.not-forked.<worker>``."""
+    if path := os.environ.get("PYTEST_CPU_LOG"):
+        with open(f"{path}.not-forked.{os.environ.get('PYTEST_XDIST_WORKER', 'main')}", "a") as log:
+            log.write(f"{os.environ.get('PYTEST_CURRENT_TEST', '?')}\t{' '.join(args)[:120]}\t{exc}\n")
+
+
 def spawn(args: list[str], log_path: Path, env: dict[str, str] | None = None) -> subprocess.Popen | ForkedProcess:
     """Start ``python <args>`` from the repo root in its own process group, logging to ``log_path``: forked from
     the test zygote when ``args`` is ``-m <one of our modules> ...`` and the environment is the zygote's (but for
@@ -68,9 +76,43 @@ def spawn(args: list[str], log_path: Path, env: dict[str, str] | None = None) ->
             return zygote.fork(args[1], list(args[2:]), log_path, _forkable_env(full_env))
         except ZygoteError as exc:  # the environment differs, or the zygote broke: a fresh interpreter
             log_path.write_text(f"tests.procs: spawned, not forked from the test zygote ({exc})\n")
+            _not_forked(args, exc)
     with open(log_path, "ab") as log:  # the child holds its own copy of the descriptor
         return subprocess.Popen([sys.executable, *args], cwd=REPO, env=full_env, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def run_module(args: list[str], *, cwd: Path | str | None = None, env: dict[str, str] | None = None,
+               timeout: float = 120.0) -> subprocess.CompletedProcess:
+    """``subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True,
+    timeout=timeout)`` (``env`` None: this process's environment with :data:`THREAD_ENV`), forked from the test zygote when ``args`` is
+    ``-m <one of our modules> ...`` and the environment is the zygote's but for run-time variables (a
+    ``PYTHONPATH`` naming only the repository, which the zygote has on its path, aside): a command-line start
+    that refuses or exits costs no fresh import of torch and transformers (~3 CPU-seconds each). Raises
+    ``subprocess.TimeoutExpired`` as ``subprocess.run`` does (the process group killed first)."""
+    full_env = dict({**os.environ, **THREAD_ENV} if env is None else env)
+    if full_env.get("PYTHONPATH") in (str(REPO), f"{REPO}/"):
+        full_env.pop("PYTHONPATH")
+    zygote = _test_zygote() if len(args) >= 2 and args[0] == "-m" and args[1].startswith(FORKABLE) else None
+    if zygote is not None:
+        with tempfile.TemporaryDirectory(prefix="fleetrl-run-module-") as tmp:
+            out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
+            try:
+                proc = zygote.fork(args[1], list(args[2:]), out, _forkable_env({"PYTHONUNBUFFERED": "1", **full_env}),
+                                   cwd=Path(cwd) if cwd is not None else REPO, err_path=err)
+            except ZygoteError as exc:
+                proc = None
+                _not_forked(args, exc)
+            if proc is not None:
+                try:
+                    code = proc.wait(timeout=timeout)
+                except subprocess.TimeoutExpired:
+                    kill9(proc)  # type: ignore[arg-type]
+                    raise
+                return subprocess.CompletedProcess([sys.executable, *args], code,
+                                                   out.read_text(errors="replace"), err.read_text(errors="replace"))
+    return subprocess.run([sys.executable, *args], cwd=cwd, env=full_env, capture_output=True, text=True,
+                          timeout=timeout, check=False)
 
 
 def wait_http_ok(url: str, proc: subprocess.Popen | None = None, timeout: float = 90.0, log: Path | None = None) -> None:

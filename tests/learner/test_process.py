@@ -3,7 +3,6 @@
 import asyncio
 import json
 import subprocess
-import sys
 import time
 
 import httpx
@@ -16,7 +15,7 @@ from shared.experience_queue import ProcessedIds, StreamQueue
 from shared.ports import free_port
 from shared.schemas import Experience
 from tests.learner.fake_rollout import FakeFleet
-from tests.procs import REPO, kill9, one_error_line, spawn, stop, wait_http_ok
+from tests.procs import kill9, one_error_line, run_module, spawn, stop, wait_http_ok
 
 pytestmark = pytest.mark.process  # the learner as a process
 
@@ -105,8 +104,7 @@ async def wait_exit(proc: subprocess.Popen, timeout: float) -> int:
 def test_bad_config_exits_2_with_a_message(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump({"model": {"actor": "x"}, "data": {"path": "p.jsonl"}, "algorithm": {"name": "a2c"}}))
-    out = subprocess.run([sys.executable, "-m", "services.learner", "--config", str(bad)], cwd=REPO,
-                         capture_output=True, text=True, timeout=60, check=False)
+    out = run_module(["-m", "services.learner", "--config", str(bad)], timeout=60)
     assert out.returncode == 2 and "algorithm" in out.stderr and "a2c" in out.stderr
 
 
@@ -123,8 +121,7 @@ def test_a_learner_that_disagrees_with_the_runs_record_exits_2_naming_the_field(
         client.delete(keys.run_settings(run))
     assert check_run_record(redis_server.url, run, RunSettings(max_staleness=1), None, "rollout") is None
     cfg, _ = write_config(tmp_path, tiny_model_dir, redis_server.url, n_prompts=8, run_name=run)  # staleness 3
-    out = subprocess.run([sys.executable, "-m", "services.learner", "--config", str(cfg)], cwd=REPO,
-                         capture_output=True, text=True, timeout=120, check=False)
+    out = run_module(["-m", "services.learner", "--config", str(cfg)], timeout=120)
     assert one_error_line(out).startswith(f"error: run '{run}': run.max_staleness is 3 here but 1 in the run's record "
                                 "(written by rollout at ")
     assert not (tmp_path / "run" / "checkpoints").exists()

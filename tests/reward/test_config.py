@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 import yaml
 
@@ -15,7 +12,7 @@ from services.reward.scorers.circuit_breaker import CircuitBreaker
 from services.reward.scorers.registry import scorer_class
 from services.reward.settings import RewardSettings
 from shared.settings import SettingsError, load_settings
-from tests.procs import REPO
+from tests.procs import REPO, run_module
 
 KINDS = SCORERS.kinds()
 
@@ -60,8 +57,7 @@ def test_example_configs_validate():
 def test_cli_exits_with_the_reason_on_a_bad_config(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump({"scorers": [{"name": "a", "kind": "rule", "check": {"type": "nope"}}]}))
-    proc = subprocess.run([sys.executable, "-m", "services.reward", "--config", str(path)], cwd=REPO,
-                          capture_output=True, text=True, timeout=60, check=False)
+    proc = run_module(["-m", "services.reward", "--config", str(path)], timeout=60)
     assert proc.returncode == 2
     assert "scorers.0" in proc.stderr and "check" in proc.stderr
 

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -26,7 +24,7 @@ from services.reward.service import RewardService
 from services.reward.settings import RewardSettings
 from shared.ports import free_port
 from shared.reward_api import ScoreItem
-from tests.procs import REPO
+from tests.procs import run_module
 
 
 class _UserServer(BaseHTTPRequestHandler):
@@ -101,9 +99,8 @@ def test_the_reward_service_refuses_to_start_on_a_dead_remote_unless_told_not_to
     config = {"scorers": [{"name": "myrm", "kind": "http", "protocol": "openrlhf", "url": dead}]}
     (tmp_path / "reward.yaml").write_text(yaml.safe_dump(config))
     start = time.monotonic()
-    out = subprocess.run([sys.executable, "-m", "services.reward", "--config", str(tmp_path / "reward.yaml"),
-                          "--port", str(free_port())], cwd=REPO, capture_output=True, text=True, timeout=60,
-                         check=False)
+    out = run_module(["-m", "services.reward", "--config", str(tmp_path / "reward.yaml"),
+                      "--port", str(free_port())], timeout=60)
     assert out.returncode == 2 and time.monotonic() - start < 30
     (line,) = [x for x in out.stderr.splitlines() if x.strip()]
     assert line.startswith(f"error: reward scorer 'myrm' at {dead}: cannot connect (Connection refused)"), line

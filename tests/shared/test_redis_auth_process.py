@@ -5,14 +5,13 @@ password. Real processes, the real (authenticated) test Redis."""
 from __future__ import annotations
 
 import subprocess
-import sys
 import time
 from urllib.parse import urlsplit
 
 import pytest
 
 from tests.learner.test_process import write_config
-from tests.procs import REPO
+from tests.procs import REPO, run_module
 
 pytestmark = pytest.mark.process  # starts service processes (tests/procs.py)
 
@@ -29,8 +28,7 @@ def run_service(args: list[str], tmp_path) -> tuple[subprocess.CompletedProcess,
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETRL_") and k != "REDIS_URL"}
     t0 = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", *args], cwd=tmp_path, env={**env, **ENV_KEYS}, capture_output=True,
-                          text=True, timeout=120, check=False)
+    done = run_module(["-m", *args], cwd=tmp_path, env={**env, **ENV_KEYS}, timeout=120)
     return done, time.monotonic() - t0
 
 

@@ -103,12 +103,10 @@ def test_the_former_places_are_read_into_the_run_section_and_two_values_are_refu
 @pytest.mark.process
 def test_a_rollout_replica_that_disagrees_with_the_run_exits_2_in_one_line(redis_server, client, tmp_path):
     """The rollout's entry point checks the record before it loads anything (no model is loaded here)."""
-    import subprocess
-    import sys
 
     import yaml
 
-    from tests.procs import REPO, one_error_line
+    from tests.procs import one_error_line, run_module
 
     run = "record-proc"  # a name of its own: the record stays in this Redis after the test
     assert run_record_problem(client, run, RunSettings(max_staleness=2), KEY, "learner") is None
@@ -119,8 +117,7 @@ def test_a_rollout_replica_that_disagrees_with_the_run_exits_2_in_one_line(redis
     cfg.write_text(yaml.safe_dump({
         "model": str(model), "redis_url": redis_server.url, "run_name": run, "run_key": KEY.get_secret_value(),
         "worker": {"enabled": True, "reward_url": "http://127.0.0.1:9", "max_staleness": 4}}))
-    out = subprocess.run([sys.executable, "-m", "services.rollout", "--config", str(cfg)], cwd=REPO,
-                         capture_output=True, text=True, timeout=120, check=False)
+    out = run_module(["-m", "services.rollout", "--config", str(cfg)], timeout=120)
     assert one_error_line(out).startswith(f"error: run '{run}': run.max_staleness is 4 here but 2 in the run's record "
                                 "(written by learner at ")
 

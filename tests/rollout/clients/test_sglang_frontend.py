@@ -8,16 +8,12 @@ FleetRL rollout service: one run, ``run_batch`` of 8 (which first caches the sha
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import httpx
 import pytest
 
-from tests.procs import REPO
+from tests.procs import run_module
 from tests.rollout.clients.sglang_frontend import CHOICES, PICK, PREFIX, QUESTIONS, STREAM_TOKENS
-from tests.rollout.conftest import THREAD_ENV
 
 pytestmark = [pytest.mark.process, pytest.mark.slow]  # `import sglang` alone takes 20-60 s here
 
@@ -32,8 +28,7 @@ def _greedy(url: str, question: str, tokens: int = 4) -> str:
 
 @pytest.mark.timeout(600)  # `import sglang` (torch, transformers patches) took 23-60 s on a loaded 2-core machine
 def test_sglang_frontend_program_single_batch_and_stream(rollout):
-    proc = subprocess.run([sys.executable, "-m", "tests.rollout.clients.sglang_frontend", rollout.url], check=False,
-                          cwd=REPO, env={**os.environ, **THREAD_ENV}, capture_output=True, text=True, timeout=420)
+    proc = run_module(["-m", "tests.rollout.clients.sglang_frontend", rollout.url], timeout=420)
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["version"] == "0.5.23"

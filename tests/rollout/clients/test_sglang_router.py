@@ -5,15 +5,12 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import httpx
 import pytest
 
 from shared.ports import free_port
-from tests.procs import REPO, spawn, starts_processes, stop, wait_http_ok
+from tests.procs import run_module, spawn, starts_processes, stop, wait_http_ok
 from tests.rollout.clients.sglang_frontend import PREFIX, QUESTIONS, STREAM_TOKENS
 from tests.rollout.conftest import THREAD_ENV, start_rollouts
 
@@ -54,9 +51,7 @@ def test_sglang_frontend_through_sglang_router_over_two_replicas(routed):
     before = [_generate_count(u) for u in replicas]
     # without sgl.select: it sends a batch of texts, which sglang-router's /generate refuses ("text: invalid type:
     # sequence, expected a string"); the router's limit, not the service's (select runs direct in test_sglang_frontend)
-    proc = subprocess.run([sys.executable, "-m", "tests.rollout.clients.sglang_frontend", url, "--no-select"],
-                          check=False, cwd=REPO,
-                          env={**os.environ, **THREAD_ENV}, capture_output=True, text=True, timeout=600)
+    proc = run_module(["-m", "tests.rollout.clients.sglang_frontend", url, "--no-select"], timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     direct = []
