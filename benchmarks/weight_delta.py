@@ -145,7 +145,7 @@ async def driver(args) -> None:
         c0 = cpu_seconds(procs)
         await asyncio.sleep(2.0)
         IDLE_CPU = (cpu_seconds(procs) - c0) / 2.0
-        settings = WeightSyncSettings(bucket_bytes=args.bucket_mb << 20, delta="auto", collective_timeout_s=600,
+        settings = WeightSyncSettings(bucket_bytes=args.bucket_mb << 20, delta="on", collective_timeout_s=600,
                                       load_timeout_s=600, init_timeout_s=120)
         gen = torch.Generator().manual_seed(1)
         async with WeightPublisher(r, RUN, settings) as pub:

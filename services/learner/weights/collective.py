@@ -114,10 +114,12 @@ class CollectiveTransport(WeightTransport):
             if t.backend == self.settings.backend:
                 by_kind.setdefault("torch" if adapter else t.group, []).append(t)
         for kind, remaining in by_kind.items():
-            for _ in range(self.settings.max_attempts):
+            for attempt in range(self.settings.max_attempts):
                 if not remaining:
                     break
-                out = await self._round(remaining, shipment, kind)
+                # the publish's first round of the kind that may be a delta round is timed for delta: auto
+                timed = main and attempt == 0 and kind == "torch" and not adapter
+                out = await self._round(remaining, shipment, kind, timed)
                 report.rounds += 1
                 report.loaded += out.loaded
                 report.refused += out.refused
@@ -131,7 +133,10 @@ class CollectiveTransport(WeightTransport):
             for kind in [k for k in self.held if k not in by_kind]:
                 self._drop_group(kind)
 
-    async def _round(self, members: list[ReplicaInfo], shipment: Shipment, kind: str) -> _Outcome:
+    async def _round(self, members: list[ReplicaInfo], shipment: Shipment, kind: str, timed: bool = False) -> _Outcome:
+        """One update round for ``members``. ``timed``: if every member loads, what the round took on the learner's
+        critical path (from the announcement, or from the group formed when the round forms one, to the last
+        member's report) goes to the delta chooser (``DeltaBase.chooser``) as a delta or full round."""
         s, manifest, main, clock = self.settings, self.outbox.manifest, shipment.main, shipment.clock
         round_id = shipment.take_round_id()
         if round_id is None:
@@ -194,6 +199,7 @@ class CollectiveTransport(WeightTransport):
         if write_late:
             late_manifest = asyncio.ensure_future(self.redis.set(rdv.manifest_key, manifest.dumps(), ex=s.key_ttl_s))
         clock.lap("announce")
+        started = time.perf_counter()  # the round's time for the chooser (forming a group is not the kind's cost)
         group: Any = held.group if held is not None else None
         try:
             if group is None:
@@ -203,6 +209,7 @@ class CollectiveTransport(WeightTransport):
                     init_timeout_s=rdv.init_timeout_s, collective_timeout_s=rdv.collective_timeout_s,
                     listener=listener, gloo_addr=s.gloo_addr)
                 clock.lap("group")
+                started = time.perf_counter()
             sent = await self._send(group, plan)
             kind_sent = "delta" if plan is not None else "adapter" if manifest.adapter is not None else "full"
             shipment.report.round_bytes[kind_sent] = shipment.report.round_bytes.get(kind_sent, 0) + sent
@@ -242,6 +249,9 @@ class CollectiveTransport(WeightTransport):
             group.close()
         out = await self._settle(round_id, members, s.load_timeout_s)
         clock.lap("settle")
+        if timed and len(out.loaded) == len(members) and not out.refused:
+            delta.chooser.record("delta" if plan is not None else "full", time.perf_counter() - started,
+                                 manifest.total_bytes)
         delta.confirmed(out.loaded, manifest.version)
         if plan is not None and out.refused:  # a patch did not give the version's bytes: send them whole
             delta.refused(out.refused)
