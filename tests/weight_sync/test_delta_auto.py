@@ -123,3 +123,41 @@ async def test_auto_chooses_delta_on_a_slow_link_and_full_on_a_fast_one(redis_cl
     finally:
         for sc in (a, b):
             await sc.stop()
+
+
+async def test_a_refused_delta_round_counts_with_its_resend_and_auto_falls_back_to_full(redis_client, threads,
+                                                                                         monkeypatch):
+    # every patch corrupted (its digest then differs): each delta round is refused and the version resent whole in the
+    # same publish. That pair is what a delta round costs here, so auto measures it as one (slower than a full round)
+    # and goes back to full rounds, probing delta now and then; not a delta attempt (and a resend) every round
+    from services.learner.weights.collective import patch_tensor as real
+    from shared.weight_sync.delta import HEADER
+
+    def corrupt(data: Any, backend: str) -> Any:
+        t = real(data, backend)
+        if t.numel() > HEADER.size + 8:
+            t[-2:] ^= 0xFF
+        return t
+
+    monkeypatch.setattr(C, "patch_tensor", corrupt)
+    run = "delta-auto-refused"
+    a = await start_replica(redis_client, run, "a")
+    model = make_model()
+    settings = WeightSyncSettings(bucket_bytes=16 << 10, **{**FAST, "delta": "auto"}, delta_probe_every=PROBE_EVERY)
+    try:
+        async with WeightPublisher(redis_client, run, settings) as pub:
+            await wait_alive(pub, 1)
+            seen = []
+            for step in range(7):
+                nudge(model, step)
+                await pub.publish(model)
+                r = pub.last_report
+                assert r.loaded == [a.replica_id] and not r.refused, r
+                assert_bit_equal(model, [a])
+                seen.append("+".join(sorted(r.round_bytes)))
+            # v1 full; v2 the delta probe, refused and resent whole; then full, with a delta probe every 4th round
+            assert seen == ["full", "delta+full", "full", "full", "full", "delta+full", "full"], seen
+            est = pub.delta.chooser
+            assert est.estimate("delta") > est.estimate("full")
+    finally:
+        await a.stop()

@@ -48,6 +48,8 @@ class _Outcome:
     error: str = ""
     details: dict[str, str] | None = None  # what each member that did not load said
     resend: list[ReplicaInfo] | None = None  # refused a delta round: sent whole next (no group change needed)
+    seconds: float = 0.0  # the round on the learner's critical path, forming a group aside (RoundChooser's measure)
+    kind: str = "full"  # what the round sent: full, delta or adapter
 
 
 def member_errors(out: _Outcome) -> list[str]:
@@ -114,12 +116,21 @@ class CollectiveTransport(WeightTransport):
             if t.backend == self.settings.backend:
                 by_kind.setdefault("torch" if adapter else t.group, []).append(t)
         for kind, remaining in by_kind.items():
-            for attempt in range(self.settings.max_attempts):
+            # the rounds that brought the version to this kind's members, for delta: auto (RoundChooser): the first
+            # round's kind and the time it took, plus a resend's (members refused the delta round: that is what the
+            # delta round cost); rounds that failed or dropped a member are no measure of either kind
+            measuring, spent = None if adapter or not main or kind != "torch" else "", 0.0
+            for _ in range(self.settings.max_attempts):
                 if not remaining:
                     break
-                # the publish's first round of the kind that may be a delta round is timed for delta: auto
-                timed = main and attempt == 0 and kind == "torch" and not adapter
-                out = await self._round(remaining, shipment, kind, timed)
+                out = await self._round(remaining, shipment, kind)
+                if measuring is not None:
+                    measuring, spent = measuring or out.kind, spent + out.seconds
+                    if out.retry or out.dropped or out.refused:
+                        measuring = None
+                    elif not out.resend:
+                        self.publisher.delta.chooser.record(measuring, spent, self.outbox.manifest.total_bytes)
+                        measuring = None
                 report.rounds += 1
                 report.loaded += out.loaded
                 report.refused += out.refused
@@ -133,10 +144,10 @@ class CollectiveTransport(WeightTransport):
             for kind in [k for k in self.held if k not in by_kind]:
                 self._drop_group(kind)
 
-    async def _round(self, members: list[ReplicaInfo], shipment: Shipment, kind: str, timed: bool = False) -> _Outcome:
-        """One update round for ``members``. ``timed``: if every member loads, what the round took on the learner's
-        critical path (from the announcement, or from the group formed when the round forms one, to the last
-        member's report) goes to the delta chooser (``DeltaBase.chooser``) as a delta or full round."""
+    async def _round(self, members: list[ReplicaInfo], shipment: Shipment, kind: str) -> _Outcome:
+        """One update round for ``members``. Its outcome says what the round took on the learner's critical path
+        (``seconds``: from the announcement, or from the group formed when the round forms one, to the last member's
+        report) and what it sent (``kind``), which :meth:`deliver` gives the delta chooser."""
         s, manifest, main, clock = self.settings, self.outbox.manifest, shipment.main, shipment.clock
         round_id = shipment.take_round_id()
         if round_id is None:
@@ -249,9 +260,7 @@ class CollectiveTransport(WeightTransport):
             group.close()
         out = await self._settle(round_id, members, s.load_timeout_s)
         clock.lap("settle")
-        if timed and len(out.loaded) == len(members) and not out.refused:
-            delta.chooser.record("delta" if plan is not None else "full", time.perf_counter() - started,
-                                 manifest.total_bytes)
+        out.seconds, out.kind = time.perf_counter() - started, kind_sent
         delta.confirmed(out.loaded, manifest.version)
         if plan is not None and out.refused:  # a patch did not give the version's bytes: send them whole
             delta.refused(out.refused)
