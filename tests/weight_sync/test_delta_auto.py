@@ -140,6 +140,13 @@ async def test_a_refused_delta_round_counts_with_its_resend_and_auto_falls_back_
         return t
 
     monkeypatch.setattr(C, "patch_tensor", corrupt)
+    real_patch = learner_delta.make_patch
+
+    def slow_patch(*a: Any) -> Any:  # a compare that takes a while: the delta round's cost is not lost in the noise
+        time.sleep(0.05)
+        return real_patch(*a)
+
+    monkeypatch.setattr(learner_delta, "make_patch", slow_patch)
     run = "delta-auto-refused"
     a = await start_replica(redis_client, run, "a")
     model = make_model()

@@ -11,7 +11,8 @@ size is fixed within a run; per byte, a change of layout does not upset it) and 
 
 - *first*: no delta round measured yet: delta (a probe; the first round of a publisher is full anyway, so the
   second is a delta round); no full round measured yet: full;
-- *faster*: the kind whose estimate is lower;
+- *faster*: the kind whose estimate is lower; near a tie the kind in use stays (the other takes over only once its
+  estimate is :data:`MARGIN` below: a tie costs nothing either way, and the choice and its log line do not flap);
 - *probe*: the other kind, once the faster one has run ``probe_every - 1`` rounds in a row, so that a change of
   learning rate, link or replica count is noticed. A probe of a kind ``r`` times slower costs ``(r - 1) /
   probe_every`` of a round on average (at 20: 1.5 % where delta takes 1.3x a full round, 25 % where a full round
@@ -36,6 +37,8 @@ Kind = Literal["delta", "full"]
 PROBE_EVERY = 20
 #: weight of the newest round in a kind's estimate
 EMA_WEIGHT = 0.5
+#: the kind not in use takes over once its estimate is this much (a fraction) below the one in use
+MARGIN = 0.1
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,7 @@ class RoundChooser:
     #: rounds recorded since each kind last ran (absent: never)
     since: dict[str, int] = field(default_factory=dict)
     nbytes: int = 0  # the last recorded round's version size (what the estimates are scaled to)
+    faster: Kind | None = None  # the kind in use (by the estimates, with MARGIN); None until both are measured
 
     def __post_init__(self) -> None:
         if self.probe_every < 2:
@@ -84,7 +88,7 @@ class RoundChooser:
             return Choice("delta", "first", full_s, delta_s)
         if full_s is None:
             return Choice("full", "first", full_s, delta_s)
-        faster: Kind = "delta" if delta_s < full_s else "full"
+        faster: Kind = self.faster or ("delta" if delta_s < full_s else "full")
         other: Kind = "full" if faster == "delta" else "delta"
         if self.since.get(other, 0) >= self.probe_every - 1:
             return Choice(other, "probe", full_s, delta_s)
@@ -102,3 +106,11 @@ class RoundChooser:
             self.since[k] += 1
         self.since[kind] = 0
         self.nbytes = nbytes
+        full, delta = self.per_byte.get("full"), self.per_byte.get("delta")
+        if full is not None and delta is not None:
+            if self.faster is None:
+                self.faster = "delta" if delta < full else "full"
+            elif self.faster == "full" and delta < (1 - MARGIN) * full:
+                self.faster = "delta"
+            elif self.faster == "delta" and full < (1 - MARGIN) * delta:
+                self.faster = "full"

@@ -62,10 +62,10 @@ def test_it_adapts_when_the_timings_flip():
     kinds = run(c, {"full": 3.3, "delta": 0.5}, 12)
     assert "".join(k[0] for k in kinds) == "dfdddfdddfdd", kinds
     # the learning rate rises (every value moves: a delta round now costs more than a full one): the delta estimate,
-    # an average of consecutive rounds, passes the full one after three slow rounds (one full probe among them); then
-    # full rounds, and a delta probe every 4th
+    # an average of consecutive rounds, passes the full one by the margin after four slow rounds (a full probe among
+    # them); then full rounds
     kinds = run(c, {"full": 3.3, "delta": 4.0}, 8)
-    assert "".join(k[0] for k in kinds) == "dfddfffd", kinds
+    assert "".join(k[0] for k in kinds) == "dfdddfff", kinds
 
 
 def test_an_estimate_is_an_average_of_consecutive_rounds_and_a_probe_replaces_a_stale_one():
@@ -98,3 +98,14 @@ def test_on_and_off_ignore_the_timings(mode, kind):
 def test_probe_every_below_two_is_refused():
     with pytest.raises(ValueError, match="probe_every"):
         RoundChooser("auto", probe_every=1)
+
+
+def test_near_a_tie_the_kind_in_use_stays():
+    c = RoundChooser("auto", probe_every=3)
+    c.record("full", 1.0, MB)
+    c.record("delta", 0.95, MB)  # 5 % faster: delta is taken (nothing was in use yet)
+    assert c.choose().kind == "delta"
+    kinds = run(c, {"full": 0.92, "delta": 0.95}, 6, MB)  # full now 3 % faster: within the margin, delta stays
+    assert kinds == ["delta", "full", "delta", "delta", "full", "delta"], kinds  # (and a full probe every 3rd)
+    kinds = run(c, {"full": 0.80, "delta": 0.95}, 3, MB)  # full 16 % faster: it takes over at its next probe
+    assert kinds[-1] == "full" and c.faster == "full", kinds
