@@ -30,7 +30,7 @@ publishers of two runs: as an adapter round to 2 fresh receivers that load adapt
 version's adapter into its pristine base), and as a merged full round to 2 receivers with ``weights.adapters:
 off``. The last line compares the two (median over the steps): bytes on the wire and publish time, both end to end
 (the merged round includes merging the adapter on the learner, as a LoRA learner's publish does).
-``--lora-only`` skips the delta part; ``--adapter-apply unmerged`` has the adapter receivers serve unmerged.
+``--lora-only`` skips the delta part, ``--no-lora`` the LoRA run; ``--adapter-apply unmerged`` has the adapter receivers serve unmerged.
 
 Every process this script starts is killed when it ends.
 """
@@ -234,7 +234,8 @@ async def driver(args) -> None:
         await r.set(f"{RUN}:quit", "1")
         await r.set(f"{AUTO_RUN}:quit", "1")
         del model, opt
-        print(await lora_rounds(args, tmp, server.url, r, procs))
+        if args.lora:
+            print(await lora_rounds(args, tmp, server.url, r, procs))
     finally:
         await r.aclose()
         reap(procs)
@@ -408,6 +409,7 @@ def main() -> None:
     ap.add_argument("--probe-every", type=int, default=20, help="the auto publisher's delta_probe_every")
     ap.add_argument("--lora-rank", type=int, default=16)
     ap.add_argument("--lora-only", action="store_true", help="only the LoRA run")
+    ap.add_argument("--no-lora", dest="lora", action="store_false", help="skip the LoRA run")
     ap.add_argument("--run", default=RUN)
     ap.add_argument("--adapters", default="auto")
     ap.add_argument("--adapter-apply", default="merge", choices=["merge", "unmerged"],
