@@ -217,8 +217,10 @@ async def driver(args) -> None:
                         # against the on publisher's delta round, and its full round as delta: off would make it
                         chosen.setdefault(lr, []).append((kind, a.seconds / (f.seconds - base_s),
                                                           a.seconds / d.seconds))
+                        est = {k: "-" if a.delta_choice[f"{k}_s"] is None else f"{a.delta_choice[f'{k}_s']:.3f}s"
+                               for k in ("full", "delta")}
                         print(f"lr {lr:g} step {step + 1} auto: chose {kind} ({a.delta_choice['reason']}; estimates "
-                              f"full {a.delta_choice['full_s']}s, delta {a.delta_choice['delta_s']}s), publish "
+                              f"full {est['full']}, delta {est['delta']}), publish "
                               f"{a.seconds:.3f}s = {chosen[lr][-1][1]:.2f}x full, {chosen[lr][-1][2]:.2f}x on; "
                               f"copy into its base {auto.delta.last_advance_s * 1e3:.0f} ms")
         for lr, rows in summary.items():
