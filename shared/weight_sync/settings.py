@@ -5,7 +5,7 @@ from __future__ import annotations
 import ipaddress
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from shared.weight_sync.net import is_loopback, is_wildcard
 
@@ -142,6 +142,14 @@ class WeightSyncSettings(BaseModel):
         if self.checksum_algo != "auto":
             return self.checksum_algo
         return "wsum64" if self.backend == "nccl" else "xxh3_64"
+
+    @field_validator("delta", mode="before")
+    @classmethod
+    def _yaml_on_off(cls, value: object) -> object:
+        """YAML 1.1 (PyYAML) reads an unquoted ``delta: on`` / ``off`` as a boolean: take it as the word."""
+        if isinstance(value, bool):
+            return "on" if value else "off"
+        return value
 
     @model_validator(mode="after")
     def _check(self) -> WeightSyncSettings:

@@ -72,3 +72,19 @@ def test_choose_says_why_a_round_is_full():
     auto.chooser.record("delta", 0.5, 100)
     got = auto.choose(members, Held())
     assert (got.kind, got.reason, got.full_s, got.delta_s) == ("full", "faster", 0.1, 0.5)  # measured: full wins
+
+
+def test_the_delta_setting_defaults_to_auto_and_reads_yaml_on_and_off():
+    import pytest
+    import yaml
+    from pydantic import ValidationError
+
+    assert WeightSyncSettings().delta == "auto" and WeightSyncSettings().delta_probe_every == 20
+    # YAML 1.1 reads unquoted on / off as booleans: taken as the words
+    assert WeightSyncSettings(**yaml.safe_load("delta: on")).delta == "on"
+    assert WeightSyncSettings(**yaml.safe_load("delta: off")).delta == "off"
+    assert WeightSyncSettings(**yaml.safe_load("delta: auto")).delta == "auto"
+    with pytest.raises(ValidationError, match="delta"):
+        WeightSyncSettings(delta="sometimes")
+    with pytest.raises(ValidationError, match="delta_probe_every"):
+        WeightSyncSettings(delta_probe_every=1)
