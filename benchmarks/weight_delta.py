@@ -10,7 +10,11 @@ version is published as bf16 (the wire dtype). Per step:
 - the delta round's bytes / the version's full bytes, and which position codec won (the bytes every codec
   would have taken, summed over buckets, are printed too: the encoding was chosen from these);
 - publish time of the delta round / a full round of the same weights (both to both receivers, timed back to
-  back: the full round is forced by marking the receivers not level, as a refused patch would).
+  back: the full round is forced by marking the receivers not level, as a refused patch would);
+- what ``delta: auto`` (the default) chose for the same weights and its publish time: a third publisher, of its own
+  run, with 2 receivers of its own, publishes each version after the pair above; it chooses from its own rounds only
+  (its first round full, its second a delta probe, then the kind it measured faster; ``--probe-every``). Skipped
+  with ``--no-auto``.
 
 Receivers check every round against the learner's digests, so a wrong patch would show as a refused round.
 
@@ -26,7 +30,7 @@ publishers of two runs: as an adapter round to 2 fresh receivers that load adapt
 version's adapter into its pristine base), and as a merged full round to 2 receivers with ``weights.adapters:
 off``. The last line compares the two (median over the steps): bytes on the wire and publish time, both end to end
 (the merged round includes merging the adapter on the learner, as a LoRA learner's publish does).
-``--lora-only`` skips the delta part; ``--adapter-apply unmerged`` has the adapter receivers serve unmerged.
+``--lora-only`` skips the delta part, ``--no-lora`` the LoRA run; ``--adapter-apply unmerged`` has the adapter receivers serve unmerged.
 
 Every process this script starts is killed when it ends.
 """
@@ -51,6 +55,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 from benchmarks.weight_sync import ModuleEngine, reap
 
 RUN = "bench-delta"
+AUTO_RUN = "bench-delta-auto"  # the delta: auto publisher's run (its own receivers)
 
 
 def config(args):
@@ -132,26 +137,34 @@ async def driver(args) -> None:
             print(await lora_rounds(args, tmp, server.url, r, procs))
             return
         procs += start_receivers(tmp, server.url)
+        if args.auto:
+            procs += start_receivers(tmp, server.url, AUTO_RUN)
         model = build(args, torch.float32)
         n_params = sum(p.numel() for p in model.parameters())
         print(f"model: Qwen2-shaped, {n_params / 1e6:.1f}M parameters, published as bf16 "
               f"({n_params * 2 / 1e6:.0f} MB); 2 receivers over gloo; buckets {args.bucket_mb} MiB")
         deadline = time.monotonic() + 600
-        while len(await ReplicaRegistry(r, RUN).alive()) < 2:
-            if time.monotonic() > deadline:
-                raise TimeoutError("the receivers did not register")
-            await asyncio.sleep(0.5)
+        for run in [RUN] + ([AUTO_RUN] if args.auto else []):
+            while len(await ReplicaRegistry(r, run).alive()) < 2:
+                if time.monotonic() > deadline:
+                    raise TimeoutError("the receivers did not register")
+                await asyncio.sleep(0.5)
         global IDLE_CPU
         c0 = cpu_seconds(procs)
         await asyncio.sleep(2.0)
         IDLE_CPU = (cpu_seconds(procs) - c0) / 2.0
-        settings = WeightSyncSettings(bucket_bytes=args.bucket_mb << 20, delta="auto", collective_timeout_s=600,
+        settings = WeightSyncSettings(bucket_bytes=args.bucket_mb << 20, delta="on", collective_timeout_s=600,
                                       load_timeout_s=600, init_timeout_s=120)
         gen = torch.Generator().manual_seed(1)
-        async with WeightPublisher(r, RUN, settings) as pub:
+        auto_settings = settings.model_copy(update={"delta": "auto", "delta_probe_every": args.probe_every})
+        async with WeightPublisher(r, RUN, settings) as pub, WeightPublisher(r, AUTO_RUN, auto_settings) as auto:
             await pub.publish(wire(model))  # v1: full, forms the group and the base
             assert len(pub.last_report.loaded) == 2, pub.last_report
+            if args.auto:
+                await auto.publish(wire(model))  # its v1: full (measured), forms its group
+                assert len(auto.last_report.loaded) == 2, auto.last_report
             summary: dict[float, list[tuple[float, float]]] = {}
+            chosen: dict[float, list[tuple[str, float, float]]] = {}  # auto: kind, time / full's, time / on's
             for lr in args.lrs:
                 opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
                 for step in range(args.steps):
@@ -196,6 +209,20 @@ async def driver(args) -> None:
                           + "; full phases (ms): " + " ".join(f"{k} {v * 1e3:.0f}" for k, v in f.phases.items())
                           + f"; replica phases (ms): {recv}; CPU seconds (learner + receivers) delta "
                           f"{cpu_d:.2f} / full {cpu_f:.2f}")
+                    if args.auto:
+                        await auto.publish(weights)
+                        a = auto.last_report
+                        assert len(a.loaded) == 2 and len(a.round_bytes) == 1, a
+                        kind = next(iter(a.round_bytes))
+                        # against the on publisher's delta round, and its full round as delta: off would make it
+                        chosen.setdefault(lr, []).append((kind, a.seconds / (f.seconds - base_s),
+                                                          a.seconds / d.seconds))
+                        est = {k: "-" if a.delta_choice[f"{k}_s"] is None else f"{a.delta_choice[f'{k}_s']:.3f}s"
+                               for k in ("full", "delta")}
+                        print(f"lr {lr:g} step {step + 1} auto: chose {kind} ({a.delta_choice['reason']}; estimates "
+                              f"full {est['full']}, delta {est['delta']}), publish "
+                              f"{a.seconds:.3f}s = {chosen[lr][-1][1]:.2f}x full, {chosen[lr][-1][2]:.2f}x on; "
+                              f"copy into its base {auto.delta.last_advance_s * 1e3:.0f} ms")
         for lr, rows in summary.items():
             print(f"lr {lr:g}: median bytes {statistics.median(b for b, _ in rows):.4f}x full, median publish "
                   f"time {statistics.median(t for _, t in rows):.2f}x full over {len(rows)} steps")
@@ -203,9 +230,14 @@ async def driver(args) -> None:
         rows = summary[lo]
         print(f"delta at lr {lo:g}: bytes {statistics.median(b for b, _ in rows):.3f}x full, publish time "
               f"{statistics.median(t for _, t in rows):.2f}x full")
+        for lr, picks in chosen.items():
+            print(f"auto at lr {lr:g}: chose {' '.join(k for k, _, _ in picks)}; publish time median "
+                  f"{statistics.median(x for _, x, _ in picks):.2f}x full, {statistics.median(x for _, _, x in picks):.2f}x on")
         await r.set(f"{RUN}:quit", "1")
+        await r.set(f"{AUTO_RUN}:quit", "1")
         del model, opt
-        print(await lora_rounds(args, tmp, server.url, r, procs))
+        if args.lora:
+            print(await lora_rounds(args, tmp, server.url, r, procs))
     finally:
         await r.aclose()
         reap(procs)
@@ -374,8 +406,12 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--seq", type=int, default=32)
     ap.add_argument("--bucket-mb", type=int, default=64)
+    ap.add_argument("--no-auto", dest="auto", action="store_false",
+                    help="skip the delta: auto publisher (and its 2 receivers)")
+    ap.add_argument("--probe-every", type=int, default=20, help="the auto publisher's delta_probe_every")
     ap.add_argument("--lora-rank", type=int, default=16)
     ap.add_argument("--lora-only", action="store_true", help="only the LoRA run")
+    ap.add_argument("--no-lora", dest="lora", action="store_false", help="skip the LoRA run")
     ap.add_argument("--run", default=RUN)
     ap.add_argument("--adapters", default="auto")
     ap.add_argument("--adapter-apply", default="merge", choices=["merge", "unmerged"],

@@ -61,6 +61,12 @@ class MetricsSink:
                                    ["kind"], registry=registry)
         self.changed_fraction = Gauge("fleetrl_weight_changed_fraction", "Share of the last published version's wire "
                                       "values that differ from the delta base (last delta plan)", registry=registry)
+        self.round_estimate = Gauge("fleetrl_weight_round_estimate_seconds", "What a weight round of each kind (full, "
+                                    "delta) is expected to take, from recent rounds: publish.sync.delta auto chooses "
+                                    "the faster (docs/weight-sync.md)", ["kind"], registry=registry)
+        self.delta_chosen = Gauge("fleetrl_weight_delta_chosen", "1 when the last published version was chosen to go "
+                                  "as a delta round, 0 full (publish.sync.delta; docs/weight-sync.md)",
+                                  registry=registry)
         self.publish_replicas = Gauge("fleetrl_learner_publish_replicas", "Replicas per outcome in the last publish",
                                       ["outcome"], registry=registry)
         self.version_span = Histogram("fleetrl_learner_version_span", "Weight versions one trained sample's tokens "
@@ -171,6 +177,15 @@ class MetricsSink:
         if getattr(report, "changed_fraction", None) is not None:
             self.changed_fraction.set(report.changed_fraction)
             out["publish_changed_fraction"] = report.changed_fraction
+        choice = getattr(report, "delta_choice", None)
+        if choice is not None:
+            chosen = 1 if choice["kind"] == "delta" else 0
+            self.delta_chosen.set(chosen)
+            out["publish_delta_chosen"] = chosen
+            for kind in ("full", "delta"):
+                if choice.get(f"{kind}_s") is not None:
+                    self.round_estimate.labels(kind).set(choice[f"{kind}_s"])
+                    out[f"publish_round_s_{kind}"] = choice[f"{kind}_s"]
         for outcome in ("loaded", "dropped", "refused"):
             n = len(getattr(report, outcome))
             self.publish_replicas.labels(outcome).set(n)

@@ -13,6 +13,12 @@ def rendezvous(run: str) -> str:
     return f"{keys.weights_prefix(run)}:rendezvous"
 
 
+def delta_choice(run: str) -> str:
+    """JSON of the last publish's round kind choice (``PublishReport.delta_choice`` and its version): delta or full,
+    why, and the estimates of a round's seconds it was made from (``publish.sync.delta: auto``)."""
+    return f"{keys.weights_prefix(run)}:delta_choice"
+
+
 def ipc_round(run: str) -> str:
     """The latest IPC round (:class:`~shared.weight_sync.wire.IpcRound`): replicas on the publisher's GPU."""
     return f"{keys.weights_prefix(run)}:ipc_round"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ipaddress
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from shared.weight_sync.net import is_loopback, is_wildcard
 
@@ -87,26 +87,30 @@ class WeightSyncSettings(BaseModel):
                     "GPU for nccl, with no trip through host memory) and nothing is kept: a late joiner gets the "
                     "next version. auto: none with nccl, copy with gloo. A snapshot_dir implies copy.",
     )
-    delta: Literal["auto", "off"] = Field(
-        default="off",
-        description="Opt-in for now: on the 2-core development machine over loopback gloo a delta round of a 100M "
-                    "bf16 model takes about as long as a full one, not reliably less (medians 0.82-1.33x, at "
-                    "1.1-1.5x its CPU: the learner's compare is one thread on the round's critical path, a loopback "
-                    "copy is spread over every process; benchmarks/weight_delta.py, docs/benchmarks.md); turn it on "
-                    "where the learner publishes across "
-                    "hosts over a slow link (0.03x the bytes at lr 1e-6; measured on emulated links with the "
-                    "same learner: 0.16x a full round's time at 1 Gb/s, 0.37x at 2.5 Gb/s, 1.15x at 5 Gb/s; "
-                    "docs/benchmarks.md, Weight delta). auto: "
-                    "when every member of a round holds the version all of them last confirmed, send each "
-                    "bucket as a patch of its changed elements against it (or whole, when that is not smaller); "
-                    "members check the result against the new version's digests. Costs one copy of the wire "
-                    "bytes on the learner (the base), on the device the buckets are packed on. Needs the "
-                    "version's bytes held through the publish (weights laid out in place, or retain copy); "
-                    "off: every bucket whole, every round.",
+    delta: Literal["auto", "on", "off"] = Field(
+        default="auto",
+        description="Delta rounds: when every member of a round holds the version all of them last confirmed (the "
+                    "base), each bucket may go as a patch of its changed elements against it (or whole, when that is "
+                    "not smaller); members check the result against the new version's digests. A delta round "
+                    "carries ~0.03x the bytes at lr 1e-6 but puts the learner's compare on the round's critical "
+                    "path: measured 0.16x a full round's time on a 1 Gb/s link, 0.37x at 2.5 Gb/s, 1.15x at 5 Gb/s, "
+                    "0.8-1.3x on loopback (docs/benchmarks.md, Weight delta). auto: the publisher chooses per "
+                    "round from the time its recent delta and full rounds took (the faster kind; the other one "
+                    "every delta_probe_every rounds; the second round is a delta round, to measure one). on: a "
+                    "delta round whenever every member is level with the base. off: every bucket whole, every "
+                    "round. auto and on cost one copy of the wire bytes on the learner (the base), on the device "
+                    "the buckets are packed on, and need the version's bytes held through the publish (weights "
+                    "laid out in place, or retain copy: the default with gloo); otherwise every round is full.",
+    )
+    delta_probe_every: int = Field(
+        default=20, ge=2,
+        description="With delta: auto, every this many rounds the kind that has been slower (delta or full) runs "
+                    "once, so a change of learning rate, link or replica count is noticed; a probe of a kind r "
+                    "times slower costs (r - 1) / delta_probe_every of a round on average.",
     )
     full_every: int = Field(
         default=50, ge=1,
-        description="With delta: every this many versions a round sends every bucket whole anyway (bounds what "
+        description="With delta auto or on: every this many versions a round sends every bucket whole anyway (bounds what "
                     "any undetected damage could cost).",
     )
     snapshot_dir: str | None = Field(
@@ -138,6 +142,14 @@ class WeightSyncSettings(BaseModel):
         if self.checksum_algo != "auto":
             return self.checksum_algo
         return "wsum64" if self.backend == "nccl" else "xxh3_64"
+
+    @field_validator("delta", mode="before")
+    @classmethod
+    def _yaml_on_off(cls, value: object) -> object:
+        """YAML 1.1 (PyYAML) reads an unquoted ``delta: on`` / ``off`` as a boolean: take it as the word."""
+        if isinstance(value, bool):
+            return "on" if value else "off"
+        return value
 
     @model_validator(mode="after")
     def _check(self) -> WeightSyncSettings:

@@ -6,6 +6,7 @@ Read-only: unlike :meth:`ReplicaRegistry.alive`, dead entries are shown, not pru
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from shared import keys
@@ -18,12 +19,14 @@ def _text(raw: Any) -> str:
 
 
 async def weight_sync_status(redis: Any, run: str) -> dict[str, Any]:
-    """``{"latest_version", "replicas": [...], "last_round": {...} | None}`` for ``run``."""
+    """``{"latest_version", "replicas": [...], "last_round": {...} | None, "delta_choice": {...} | None}`` for
+    ``run``."""
     pipe = redis.pipeline(transaction=False)
     pipe.get(keys.weights_version(run))
     pipe.hgetall(wkeys.replicas(run))
     pipe.get(wkeys.rendezvous(run))
-    latest_raw, listing, rdv_raw = await pipe.execute()
+    pipe.get(wkeys.delta_choice(run))
+    latest_raw, listing, rdv_raw, choice_raw = await pipe.execute()
     latest = int(latest_raw or 0)
     infos = sorted((ReplicaInfo.loads(v) for v in listing.values()), key=lambda i: i.replica_id)
     pipe = redis.pipeline(transaction=False)
@@ -57,4 +60,7 @@ async def weight_sync_status(redis: Any, run: str) -> dict[str, Any]:
                          "detail": reports[m.replica_id].detail if m.replica_id in reports else ""}
                         for m in rdv.members],
         }
-    return {"run": run, "latest_version": latest, "replicas": replicas, "last_round": last_round}
+    # the round kind the learner chose for its last version (delta or full, why, the round times it went by)
+    delta_choice = json.loads(_text(choice_raw)) if choice_raw is not None else None
+    return {"run": run, "latest_version": latest, "replicas": replicas, "last_round": last_round,
+            "delta_choice": delta_choice}

@@ -20,7 +20,7 @@ from shared.weight_sync.delta import HEADER
 from shared.weight_sync.status import weight_sync_status
 from tests.weight_sync.conftest import wait_alive
 
-FAST = {"delta": "auto", "init_timeout_s": 20, "collective_timeout_s": 10, "regroup_timeout_s": 5, "load_timeout_s": 20,
+FAST = {"delta": "on", "init_timeout_s": 20, "collective_timeout_s": 10, "regroup_timeout_s": 5, "load_timeout_s": 20,
         "catch_up_poll_s": 0.1}
 
 

@@ -53,7 +53,7 @@ async def test_delta_rounds_across_processes_and_a_joiner_from_a_peer_ends_level
     a, b = replicas(run), replicas(run)
     await wait_registered(redis_client, run, 2)
     model = new_weights(tiny_model_dir)
-    settings = WeightSyncSettings(bucket_bytes=64 << 10, delta="auto", **FAST)
+    settings = WeightSyncSettings(bucket_bytes=64 << 10, delta="on", **FAST)
     async with WeightPublisher(redis_client, run, settings) as pub:
         assert await pub.publish(model) == 1
         assert kinds(pub) == {"full"} and len(pub.last_report.loaded) == 2
@@ -94,7 +94,7 @@ async def test_a_replica_killed_mid_delta_round_is_dropped_and_the_survivor_ends
     infos = await wait_registered(redis_client, run, 2)
     victim_id = next(i.replica_id for i in infos if i.name.endswith(b.url.rsplit(":", 1)[1]))
     model = new_weights(tiny_model_dir)
-    settings = WeightSyncSettings(bucket_bytes=32 << 10, delta="auto", **FAST)
+    settings = WeightSyncSettings(bucket_bytes=32 << 10, delta="on", **FAST)
     async with WeightPublisher(redis_client, run, settings) as pub:
         await pub.publish(model)
         assert len(pub.outbox.manifest.buckets) >= 3 and len(pub.last_report.loaded) == 2

@@ -41,6 +41,8 @@ async def test_status_shows_versions_dead_replicas_and_the_last_rounds_reports(r
                      init_timeout_s=1, collective_timeout_s=1, load_timeout_s=1)
     await redis_client.set(wkeys.rendezvous(run), rdv.dumps())
     await RoundWatcher(redis_client, run, "a").report(rdv, "refused", "bucket(s) [0] failed the checksum")
+    choice = {"version": 3, "kind": "full", "reason": "faster", "full_s": 0.3, "delta_s": 0.45}
+    await redis_client.set(wkeys.delta_choice(run), json.dumps(choice))  # as the publisher writes it
 
     status = await weight_sync_status(redis_client, run)
     assert status["latest_version"] == 3
@@ -52,13 +54,15 @@ async def test_status_shows_versions_dead_replicas_and_the_last_rounds_reports(r
     assert last["round"] == 7 and last["version"] == 3
     assert [(m["replica_id"], m["report"]) for m in last["members"]] == [("a", "refused"), ("b", None)]
     assert "checksum" in last["members"][0]["detail"]
+    assert status["delta_choice"] == choice
 
     out = await asyncio.to_thread(cli, "--redis-url", redis_server.url, "--run-name", run)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout) == json.loads(json.dumps(status))
 
     empty = await weight_sync_status(redis_client, "nothing-here")
-    assert empty == {"run": "nothing-here", "latest_version": 0, "replicas": [], "last_round": None}
+    assert empty == {"run": "nothing-here", "latest_version": 0, "replicas": [], "last_round": None,
+                     "delta_choice": None}
 
 
 def test_status_of_an_unreachable_redis_is_a_one_line_error():

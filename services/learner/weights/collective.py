@@ -48,6 +48,8 @@ class _Outcome:
     error: str = ""
     details: dict[str, str] | None = None  # what each member that did not load said
     resend: list[ReplicaInfo] | None = None  # refused a delta round: sent whole next (no group change needed)
+    seconds: float = 0.0  # the round on the learner's critical path, forming a group aside (RoundChooser's measure)
+    kind: str = "full"  # what the round sent: full, delta or adapter
 
 
 def member_errors(out: _Outcome) -> list[str]:
@@ -114,10 +116,21 @@ class CollectiveTransport(WeightTransport):
             if t.backend == self.settings.backend:
                 by_kind.setdefault("torch" if adapter else t.group, []).append(t)
         for kind, remaining in by_kind.items():
+            # the rounds that brought the version to this kind's members, for delta: auto (RoundChooser): the first
+            # round's kind and the time it took, plus a resend's (members refused the delta round: that is what the
+            # delta round cost); rounds that failed or dropped a member are no measure of either kind
+            measuring, spent = None if adapter or not main or kind != "torch" else "", 0.0
             for _ in range(self.settings.max_attempts):
                 if not remaining:
                     break
                 out = await self._round(remaining, shipment, kind)
+                if measuring is not None:
+                    measuring, spent = measuring or out.kind, spent + out.seconds
+                    if out.retry or out.dropped or out.refused:
+                        measuring = None
+                    elif not out.resend:
+                        self.publisher.delta.chooser.record(measuring, spent, self.outbox.manifest.total_bytes)
+                        measuring = None
                 report.rounds += 1
                 report.loaded += out.loaded
                 report.refused += out.refused
@@ -132,6 +145,9 @@ class CollectiveTransport(WeightTransport):
                 self._drop_group(kind)
 
     async def _round(self, members: list[ReplicaInfo], shipment: Shipment, kind: str) -> _Outcome:
+        """One update round for ``members``. Its outcome says what the round took on the learner's critical path
+        (``seconds``: from the announcement, or from the group formed when the round forms one, to the last member's
+        report) and what it sent (``kind``), which :meth:`deliver` gives the delta chooser."""
         s, manifest, main, clock = self.settings, self.outbox.manifest, shipment.main, shipment.clock
         round_id = shipment.take_round_id()
         if round_id is None:
@@ -194,6 +210,7 @@ class CollectiveTransport(WeightTransport):
         if write_late:
             late_manifest = asyncio.ensure_future(self.redis.set(rdv.manifest_key, manifest.dumps(), ex=s.key_ttl_s))
         clock.lap("announce")
+        started = time.perf_counter()  # the round's time for the chooser (forming a group is not the kind's cost)
         group: Any = held.group if held is not None else None
         try:
             if group is None:
@@ -203,6 +220,7 @@ class CollectiveTransport(WeightTransport):
                     init_timeout_s=rdv.init_timeout_s, collective_timeout_s=rdv.collective_timeout_s,
                     listener=listener, gloo_addr=s.gloo_addr)
                 clock.lap("group")
+                started = time.perf_counter()
             sent = await self._send(group, plan)
             kind_sent = "delta" if plan is not None else "adapter" if manifest.adapter is not None else "full"
             shipment.report.round_bytes[kind_sent] = shipment.report.round_bytes.get(kind_sent, 0) + sent
@@ -242,6 +260,7 @@ class CollectiveTransport(WeightTransport):
             group.close()
         out = await self._settle(round_id, members, s.load_timeout_s)
         clock.lap("settle")
+        out.seconds, out.kind = time.perf_counter() - started, kind_sent
         delta.confirmed(out.loaded, manifest.version)
         if plan is not None and out.refused:  # a patch did not give the version's bytes: send them whole
             delta.refused(out.refused)

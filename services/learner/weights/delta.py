@@ -5,6 +5,7 @@ hold it, and a version's patches against it.
     plan = base.start(outbox)         # after the outbox took the version: an empty plan, or None (a full round)
     base.build(outbox, plan, i)       # during the round: bucket i's patch (None: it goes whole)
     base.eligible(members)            # may a round to these replicas be a delta round?
+    base.choose(members, outbox)      # delta or full for the next round (setting, level, chooser.py's timings)
     base.confirmed(ids, version)      # members that reported the version loaded
     base.settle(outbox, plan, ids)    # after the publish: advance the base if every member confirmed it
 
@@ -16,7 +17,10 @@ Rules (docs/weight-sync.md, "Delta rounds"):
 - the base advances only when every live delta-capable member confirmed the version just published (the
   patches are applied to the base, buckets sent whole are copied); otherwise it stays, and the next round
   is full for everyone (a full round re-establishes it);
-- every ``full_every`` versions a round is full anyway.
+- every ``full_every`` versions a round is full anyway;
+- with ``delta: auto`` the :class:`~services.learner.weights.chooser.RoundChooser` picks delta or full from what
+  recent rounds took; the base is advanced only before a round it may make a delta round (where full rounds keep
+  winning, the copy into the base is skipped until the next delta probe).
 
 A plan is built bucket by bucket while the round runs (the collective transport builds bucket k+1's patch
 while bucket k is on the wire and the members patch it), so a delta round is announced at once; each bucket's
@@ -32,6 +36,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from services.learner.weights.chooser import Choice, RoundChooser
 from shared.weight_sync.delta import PIECE_BYTES, Patch, make_patch, pieces, unit_size
 from shared.weight_sync.settings import WeightSyncSettings
 from shared.weight_sync.wire import DTYPES, DeltaRound, ReplicaInfo
@@ -99,25 +104,59 @@ class DeltaBase:
     last_full: int = 0  # the last version published by a full round to every member
     #: the last plan's position bytes by codec (summed over its patches) and how often each was chosen
     last_codecs: dict[str, Any] = field(default_factory=dict)
-    last_advance_s: float = 0.0  # how long the last advance of the base took (the benchmark reports it)
+    last_advance_s: float = 0.0  # how long the last advance of the base took (0: skipped; the benchmark reports it)
+    chooser: RoundChooser = field(init=False)  # delta or full per round, from measured rounds (delta: auto)
     _said: bool = False
+
+    def __post_init__(self) -> None:
+        self.chooser = RoundChooser(self.settings.delta, self.settings.delta_probe_every)
 
     @property
     def on(self) -> bool:
-        return self.settings.delta == "auto"
+        """Delta rounds may be made (``delta: auto`` or ``on``)."""
+        return self.settings.delta != "off"
 
-    def usable(self, outbox: Any) -> bool:
-        """Can a delta round be built for the version the outbox holds?"""
-        m = outbox.manifest
-        if not self.on or m is None or not m.checksum or self.version == 0 or m.layout_id != self.layout_id:
-            return False
+    def holdable(self, outbox: Any) -> bool:
+        """Are the version's bytes held through the publish (so that a base can be kept and patches built)?"""
         if outbox.pooling and not outbox.send_in_place:
             if not self._said:
                 self._said = True
                 log.info("delta rounds need the version's bytes held through the publish (retain: copy, or "
-                         "weights laid out in place); with retain: none every round is full")
+                         "weights laid out in place); with retain: none every round is full and no base is kept")
             return False
-        return m.version - self.last_full < self.settings.full_every
+        return True
+
+    def why_not(self, outbox: Any) -> str | None:
+        """Why no delta round can be built for the version the outbox holds (None: one can)."""
+        m = outbox.manifest
+        if not self.on:
+            return "off"
+        if m is None or not m.checksum:
+            return "no checksums"
+        if not self.holdable(outbox):
+            return "retain none"
+        if self.version == 0 or m.layout_id != self.layout_id:
+            return "no base"
+        if m.version - self.last_full >= self.settings.full_every:
+            return "full_every"
+        return None
+
+    def usable(self, outbox: Any) -> bool:
+        """Can a delta round be built for the version the outbox holds?"""
+        return self.why_not(outbox) is None
+
+    def choose(self, members: list[ReplicaInfo], outbox: Any) -> Choice:
+        """Delta or full for a round of the held version to ``members``: what the setting says (``on``, ``off``) or
+        the chooser picks from the timings of recent rounds (``auto``); a delta choice becomes full where no delta
+        round can be made (``why_not``, a member not level: the reason says which). (Where ``auto`` chooses full,
+        the base is not kept current, so the members are not level with it: the chooser's reason is the one given.)"""
+        c = self.chooser
+        choice = c.choose()
+        if choice.kind != "delta":
+            return choice
+        why = self.why_not(outbox) or (None if self.eligible(members) else
+                                       "not level" if members else "no member applies patches")
+        return choice if why is None else Choice("full", why, choice.full_s, choice.delta_s)
 
     def start(self, outbox: Any) -> DeltaPlan | None:
         """An empty plan for the held version (its buckets are built during the round, :meth:`build`), or None
@@ -190,13 +229,20 @@ class DeltaBase:
         """After a publish: move the base to the version just published if every live delta-capable member loaded
         it (``members``: their ids); ``sent_delta``: it went as patches of ``plan`` (else whole). Blocking."""
         m = outbox.manifest
-        if not self.on or m is None or not m.checksum:
+        if not self.on or m is None or not m.checksum or not self.holdable(outbox):
             return
         everyone = bool(members) and set(members) <= set(loaded)
         if not sent_delta and everyone:
             self.last_full = m.version
         if not everyone:
             return  # someone missed it: the base stays; the next round is full
+        if self.chooser.choose().kind != "delta":
+            # auto, and full rounds keep winning: the next round is full whatever the base holds, so no copy now;
+            # the round before a delta probe advances it (the choice changes only when a round is recorded, which
+            # this publish already did). The members stay level with the version they loaded, not with the base:
+            # a delta round needs both, so the base is advanced before the next delta round.
+            self.last_advance_s = 0.0
+            return
         self._advance(outbox, plan if sent_delta else None)
 
     def _advance(self, outbox: Any, plan: DeltaPlan | None) -> None:

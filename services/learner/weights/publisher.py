@@ -27,6 +27,7 @@ they catch up at the next publish.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from typing import TYPE_CHECKING, Any
@@ -85,6 +86,7 @@ class WeightPublisher:
         self._catch_up_task: asyncio.Task | None = None
         self._closing = asyncio.Event()
         self._merged_said: set[str] = set()  # replicas already named as getting merged rounds (adapter_or_merged)
+        self._said_choice: str | None = None  # the round kind delta: auto last said it prefers (_say_choice)
 
     async def __aenter__(self) -> Self:
         return self
@@ -176,7 +178,12 @@ class WeightPublisher:
                 raise
             finally:
                 self.outbox.release()
-            await self.redis.set(keys.weights_version(self.run), str(v))
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.set(keys.weights_version(self.run), str(v))
+            if report.delta_choice is not None:  # for fleetrl weights status
+                pipe.set(wkeys.delta_choice(self.run), json.dumps({"version": v, **report.delta_choice}),
+                         ex=s.key_ttl_s)
+            await pipe.execute()
             self._last_version = v
             clock.lap("finish")
             report.seconds = time.perf_counter() - t0
@@ -256,12 +263,31 @@ class WeightPublisher:
                 and (t := self.transports.get(i.transport)) is not None and t.sends_delta]
 
     async def _delta_plan(self, replicas: list, report: PublishReport) -> Any:
-        """An empty plan against the base when the replicas are level with it (else None: full rounds); its
-        patches are built during the round (``DeltaBase.build``)."""
-        members = self._delta_members(replicas)
-        if not self.delta.eligible(members):
-            return None
-        return self.delta.start(self.outbox)
+        """An empty plan against the base when a delta round is chosen for the replicas (``DeltaBase.choose``:
+        they are level with it, and the setting or the measured rounds say delta), else None: full rounds. Its
+        patches are built during the round (``DeltaBase.build``). The choice goes in the report."""
+        choice = self.delta.choose(self._delta_members(replicas), self.outbox)
+        report.delta_choice = choice.as_dict()
+        self._say_choice(choice)
+        return self.delta.start(self.outbox) if choice.kind == "delta" else None
+
+    def _say_choice(self, choice: Any) -> None:
+        """Log the kind ``delta: auto`` prefers when it changes (probes and rounds that cannot be delta rounds are
+        not a change of preference: debug only)."""
+        if choice.reason not in ("first", "faster"):
+            log.debug("round kind: %s (%s)", choice.kind, choice.reason)
+            return
+        if choice.kind == self._said_choice:
+            return
+        self._said_choice = choice.kind
+
+        def fmt(x: float | None) -> str:
+            return "not measured" if x is None else f"{x:.3f}s"
+
+        why = f"no {choice.kind} round measured yet" if choice.reason == "first" else \
+            f"a full round {fmt(choice.full_s)}, a delta round {fmt(choice.delta_s)}"
+        log.info("delta auto: %s rounds from now (%s; the other kind is probed every %d rounds)", choice.kind, why,
+                 self.settings.delta_probe_every)
 
     def _digest_algo(self, replicas: list) -> str:
         """The version's digest algorithm: the setting, with ``auto`` taking the one a live replica's transport

@@ -49,6 +49,10 @@ class PublishReport:
     phases: dict[str, float] = field(default_factory=dict)  # seconds spent per step (see PhaseClock)
     round_bytes: dict[str, int] = field(default_factory=dict)  # bytes broadcast by rounds, by kind: full / delta
     changed_fraction: float | None = None  # share of the wire units that differ from the delta base (None: no base)
+    #: the round kind chosen for this version ({"kind": "delta" | "full", "reason", "full_s", "delta_s"}: the
+    #: estimates of a round's seconds it was chosen from, services/learner/weights/chooser.py); None: no choice made
+    #: (an adapter round)
+    delta_choice: dict[str, Any] | None = None
 
 
 @dataclass
