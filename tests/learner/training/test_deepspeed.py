@@ -76,7 +76,8 @@ def _spec(tmp_path: Path, name: str, model: Path, backend: dict, algorithm: dict
 @pytest.mark.process
 @pytest.mark.timeout(600)
 def test_two_zero3_ranks_on_cpu_train_as_one_torch_rank_and_publish(tmp_path, tiny_model_dir, redis_server):
-    """GRPO with a KL loss: loss, gradient norm and weights after 5 optimizer steps equal within 1e-5 relative;
+    """GRPO with a KL loss: loss, gradient norm and weights after 5 optimizer steps equal within 1e-5 relative
+    (and those of ZeRO-2 on one rank);
     rank 0 publishes the weights gathered from the ZeRO-3 partitions and the version's digests equal those of the
     same weights published from an unsharded model; the DeepSpeed checkpoint (every rank's own files) resumes
     exactly and exports the model."""
@@ -87,11 +88,18 @@ def test_two_zero3_ranks_on_cpu_train_as_one_torch_rank_and_publish(tmp_path, ti
     one = _spec(tmp_path, "one", tiny_model_dir, {"name": "torch"}, algorithm)
     two = _spec(tmp_path, "two", tiny_model_dir, {"name": "deepspeed", "zero_stage": 3}, algorithm, publish,
                 checkpoint=True)
-    procs = _run_ranks(tmp_path, two, 2) + _run_ranks(tmp_path, one, 1)
+    zero2 = _spec(tmp_path, "zero2", tiny_model_dir, {"name": "deepspeed", "zero_stage": 2}, algorithm)
+    procs = _run_ranks(tmp_path, two, 2) + _run_ranks(tmp_path, one, 1) + _run_ranks(tmp_path, zero2, 1)
     _wait(tmp_path, procs[:2], "two")
-    _wait(tmp_path, procs[2:], "one")
-    r1, r2 = (json.loads((tmp_path / n / "result.json").read_text()) for n in ("one", "two"))
-    w1, w2 = (load_file(str(tmp_path / n / "weights.safetensors")) for n in ("one", "two"))
+    _wait(tmp_path, procs[2:3], "one")
+    _wait(tmp_path, procs[3:], "zero2")
+    r1, r2, r3 = (json.loads((tmp_path / n / "result.json").read_text()) for n in ("one", "two", "zero2"))
+    w1, w2, w3 = (load_file(str(tmp_path / n / "weights.safetensors")) for n in ("one", "two", "zero2"))
+    # ZeRO-2 on one rank (a one-rank process group of its own) is the same optimizer over the same gradients
+    assert r3["backend"] == "deepspeed" and r3["optimizer_steps"] == len(STEPS)
+    for s1, s3 in zip(r1["steps"], r3["steps"], strict=True):
+        assert _rel(s1["loss"], s3["loss"]) <= 1e-5 and _rel(s1["grad_norm"], s3["grad_norm"]) <= 1e-5, (s1, s3)
+    assert max(float((a - w3[k]).abs().max()) for k, a in w1.items()) <= 1e-5
 
     assert (r1["backend"], r2["backend"]) == ("torch", "deepspeed")
     assert r1["optimizer_steps"] == r2["optimizer_steps"] == len(STEPS)
