@@ -323,7 +323,7 @@ class LearnerSettings(ServiceSettings):
     algorithm: AlgorithmSettings = Field(default_factory=GRPOSettings)
     backend: BackendSettings = Field(default_factory=AutoBackendSettings,
                                      description="auto (torch on one rank, fsdp on more), torch, fsdp, or deepspeed "
-                                     "(experimental: never run).")
+                                     "(ZeRO-2/3; run on CPU only so far: docs/learner.md).")
     data: DataSettings = Field(default_factory=DataSettings)
     rollout: RolloutRequestSettings = Field(default_factory=RolloutRequestSettings)
     queue: QueueSettings = Field(default_factory=QueueSettings)

@@ -86,22 +86,22 @@ def import_deepspeed(device: torch.device) -> Any:
     return deepspeed
 
 
-def join_process_group(deepspeed: Any) -> None:
-    """Hand DeepSpeed the learner's process group (the launcher's ranks), or a one-rank group on one rank.
+def join_process_group(device: torch.device) -> None:
+    """Hand DeepSpeed the learner's process group (the launcher's ranks), or a one-rank group of its own on one
+    rank (gloo on the CPU, nccl on CUDA).
 
     DeepSpeed's CPU accelerator JIT-compiles a shared-memory all-reduce (``deepspeed_shm_comm``: ~3 min of g++
     here, measured) when it wraps the group, for inference only (``inference_all_reduce``, and then only with
     ``LOCAL_SIZE`` set): training never calls it, so it is marked unavailable, as DeepSpeed itself marks it off
     Linux (``deepspeed.ops.__compatible_ops__`` is the module's cache of those answers, meant to be edited)."""
+    import deepspeed
+    import deepspeed.ops
     import torch.distributed as dist
 
     if not dist.is_initialized():  # one rank: no launcher group (collectives.active() stays False)
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    from deepspeed.accelerator import get_accelerator
-
-    if get_accelerator().device_name() == "cpu":
-        import deepspeed.ops
-
+        dist.init_process_group("gloo" if device.type == "cpu" else "nccl", store=dist.HashStore(), rank=0,
+                                world_size=1)
+    if device.type == "cpu":
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     deepspeed.init_distributed(dist_backend=dist.get_backend())
 
@@ -112,7 +112,7 @@ class DeepSpeedEngine(TrainEngine):
         device = next(model.parameters()).device
         bf16 = use_bf16(backend, precision, device)
         deepspeed = import_deepspeed(device)
-        join_process_group(deepspeed)
+        join_process_group(device)
         config = deepspeed_config(backend, optim, bf16)
         config["optimizer"]["params"]["lr"] = lr
         schedule = make_schedule(optim, total_steps)
