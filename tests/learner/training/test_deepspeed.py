@@ -129,6 +129,32 @@ def test_two_zero3_ranks_on_cpu_train_as_one_torch_rank_and_publish(tmp_path, ti
     assert sum("optim_states" in n for n in ranks_files) == 2, ranks_files  # each rank wrote its partition
 
 
+@needs_deepspeed
+@pytest.mark.slow
+@pytest.mark.process
+@pytest.mark.timeout(600)
+def test_two_zero3_ranks_on_cpu_train_ppo_with_critic_as_one_torch_rank(tmp_path, tiny_model_dir):
+    """PPO: the critic is a second DeepSpeed engine in each rank's process, trained in step with the actor; both
+    engines' checkpoints resume exactly."""
+    from safetensors.torch import load_file
+
+    one = _spec(tmp_path, "one", tiny_model_dir, {"name": "torch"}, {"name": "ppo"})
+    two = _spec(tmp_path, "two", tiny_model_dir, {"name": "deepspeed", "zero_stage": 3}, {"name": "ppo"},
+                checkpoint=True)
+    procs = _run_ranks(tmp_path, two, 2) + _run_ranks(tmp_path, one, 1)
+    _wait(tmp_path, procs[:2], "two")
+    _wait(tmp_path, procs[2:], "one")
+    r1, r2 = (json.loads((tmp_path / n / "result.json").read_text()) for n in ("one", "two"))
+    w1, w2 = (load_file(str(tmp_path / n / "weights.safetensors")) for n in ("one", "two"))
+    for s1, s2 in zip(r1["steps"], r2["steps"], strict=True):
+        for key in ("grad_norm", "critic_grad_norm"):
+            assert s1[key] != 0.0 and _rel(s1[key], s2[key]) <= 1e-5, (key, s1, s2)
+        assert abs(s1["loss"] - s2["loss"]) <= 1e-5 * max(1.0, abs(s1["loss"]))  # nears 0 by step 5: absolute
+    assert max(float((a - w2[k]).abs().max()) for k, a in w1.items()) <= 1e-5
+    resume = r2["resume"]
+    assert resume["checkpoint_engines"] == ["actor_optim", "critic_optim"] and resume["max_diff"] == 0.0
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("stage", [2, 3])
 def test_deepspeed_zero_trains_and_checkpoints(stage, tiny_model_dir, tmp_path, monkeypatch):

@@ -58,7 +58,7 @@ def deepspeed_config(backend: DeepSpeedBackendSettings, optim: OptimSettings, bf
 def use_bf16(backend: DeepSpeedBackendSettings, precision: Precision | None, device: torch.device) -> bool:
     """``backend.bf16``, or (unset) whether the learner computes in bf16 (``model.dtype``: ``auto`` on CUDA,
     ``bfloat16``). On the CPU the backend trains in fp32: bf16 there has not run."""
-    compute = precision.compute or precision.storage if precision is not None else torch.float32
+    compute = (precision.compute or precision.storage) if precision is not None else torch.float32
     if precision is not None and precision.storage == torch.float16:
         raise ValueError("model.dtype float16 does not work with backend deepspeed: use bfloat16 or auto")
     bf16 = backend.bf16 if backend.bf16 is not None else compute == torch.bfloat16
