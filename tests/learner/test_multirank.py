@@ -154,7 +154,7 @@ async def test_checkpoint_and_stop_on_rank0_reach_the_follower(tmp_path, tiny_mo
 @pytest.mark.slow
 @pytest.mark.timeout(360)
 @pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None,
-                    reason="deepspeed is not installed (pip install -e '.[deepspeed]' with DS_BUILD_OPS=0)")
+                    reason="deepspeed is not installed (the dev or deepspeed extra)")
 async def test_two_cpu_ranks_deepspeed_zero3_match_one_torch_rank(tmp_path, tiny_model_dir, redis_server,
                                                                    redis_client):
     """``backend: {name: deepspeed, zero_stage: 3}`` through the learner service on two CPU ranks (DeepSpeed's CPU

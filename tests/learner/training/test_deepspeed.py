@@ -21,8 +21,8 @@ from services.learner.training.backends.deepspeed_engine import deepspeed_config
 from tests.learner.training.test_fsdp import BUCKET, STEPS, _rel, _run_ranks, _wait
 
 NO_DEEPSPEED = importlib.util.find_spec("deepspeed") is None
-needs_deepspeed = pytest.mark.skipif(NO_DEEPSPEED, reason="deepspeed is not installed (pip install -e '.[deepspeed]' "
-                                     "with DS_BUILD_OPS=0: docs/learner.md)")
+needs_deepspeed = pytest.mark.skipif(NO_DEEPSPEED, reason="deepspeed is not installed (the dev or deepspeed extra: "
+                                     "pip install -c constraints/cpu.txt -e '.[deepspeed]')")
 
 
 def test_deepspeed_config_from_settings():
