@@ -1,12 +1,13 @@
-"""DeepSpeed backend: the config mapping, and real ZeRO-3 training on the CPU (DeepSpeed's CPU accelerator over
-gloo, fp32): two ranks (real processes) train what one ``torch`` rank trains and publish the same weights; on
-CUDA (GPU only) ZeRO-2/3 in bf16 with offload.
+"""DeepSpeed backend: the config mapping, and real ZeRO training on the CPU (DeepSpeed's CPU accelerator over
+gloo, fp32): two ZeRO-3 ranks (real processes; GRPO, and PPO with a critic) and one ZeRO-2 rank train what one
+``torch`` rank trains, and the ZeRO-3 ranks publish the same weights; on CUDA (GPU only) ZeRO-2/3 in bf16 with
+offload.
 
 The CPU test runs the same :class:`RLTrainer` on the same step batches and seed as ``test_fsdp.py``
 (``multirank_worker.py``), including uneven shards (a step of three groups: two passes on rank 0, one on rank 1;
 a step of one group: rank 1 trains on nothing) that the ranks keep in step with idle passes. Float summation
 order differs (reduce-scatter vs one rank's accumulation), so equality is within 1e-5 relative, not bitwise.
-Skipped where ``deepspeed`` is not installed (the ``deepspeed`` extra).
+Skipped where ``deepspeed`` is not installed (the ``dev`` or ``deepspeed`` extra).
 """
 
 import importlib.util
