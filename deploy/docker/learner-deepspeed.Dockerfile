@@ -13,7 +13,7 @@ COPY pyproject.toml /tmp/pyproject.toml
 RUN python3 -c 'import tomllib; p = tomllib.load(open("/tmp/pyproject.toml", "rb"))["project"]; \
 keep = [d for d in p["dependencies"] if not d.startswith(("torch", "transformers", "tokenizers"))]; \
 print("\n".join(keep + p["optional-dependencies"]["learner"] + p["optional-dependencies"]["tinker"] \
-+ ["deepspeed>=0.15"]))' > /tmp/requirements.txt
++ p["optional-dependencies"]["deepspeed"]))' > /tmp/requirements.txt
 RUN python3 -c "import torch; print('torch', torch.__version__)" \
  && python3 -m pip install -r /tmp/requirements.txt "torch==$(python3 -c 'import torch; print(torch.__version__)')" \
  && python3 -m pip install "transformers>=4.45" "tokenizers>=0.20" --upgrade-strategy only-if-needed \

@@ -87,7 +87,7 @@ class TrainSettings(_Section):
     micro_batch_tokens: int | None = Field(
         default=None, ge=1, description="Cut each mini-batch into passes by a token budget instead of a sample "
         "count: rows sorted by length, each pass's rows x longest row within the budget (verl's dynamic batch "
-        "size), so long and short samples do not pay for each other's padding. Not with backend deepspeed.")
+        "size), so long and short samples do not pay for each other's padding.")
     freeze_actor_steps: int = Field(default=0, ge=0, description="Learner steps training only the critic (PPO warm-up).")
     max_steps: int | None = Field(default=None, ge=1, description="Stop after this many learner steps.")
     seed: int = Field(default=42, description="Seed of torch / python RNGs (saved and restored in checkpoints).")
@@ -129,14 +129,16 @@ class FSDPBackendSettings(_Section):
 
 
 class DeepSpeedBackendSettings(_Section):
-    """Experimental: never run. DeepSpeed ZeRO (multi-GPU). Needs the ``deepspeed`` package and CUDA; no test has
-    run it yet (see docs/learner.md). Prefer ``fsdp``."""
+    """DeepSpeed ZeRO-2/3. Needs the ``deepspeed`` package (the ``deepspeed`` extra). Has run on CPU (its CPU
+    accelerator over gloo, fp32: two ZeRO-3 ranks train as one torch rank); on CUDA (bf16, offload) it has not run
+    yet (docs/learner.md). ``fsdp`` is the sharded backend tested most."""
 
     name: Literal["deepspeed"] = "deepspeed"
     zero_stage: Literal[2, 3] = Field(default=2, description="ZeRO stage: 2 shards grads+optimizer, 3 also params.")
-    adam_offload: bool = Field(default=False, description="Keep Adam states on CPU (DeepSpeedCPUAdam).")
-    param_offload: bool = Field(default=False, description="ZeRO-3 only: offload parameters to CPU.")
-    bf16: bool = Field(default=True, description="bf16 mixed precision.")
+    adam_offload: bool = Field(default=False, description="Keep Adam states on CPU (DeepSpeedCPUAdam; CUDA only).")
+    param_offload: bool = Field(default=False, description="ZeRO-3 only: offload parameters to CPU (CUDA only).")
+    bf16: bool | None = Field(default=None, description="bf16 mixed precision; unset: as model.dtype computes "
+                              "(bf16 for auto on CUDA and bfloat16; float32 on the CPU, where bf16 is refused).")
 
 
 BackendSettings = Annotated[AutoBackendSettings | TorchBackendSettings | FSDPBackendSettings | DeepSpeedBackendSettings,
@@ -321,7 +323,7 @@ class LearnerSettings(ServiceSettings):
     algorithm: AlgorithmSettings = Field(default_factory=GRPOSettings)
     backend: BackendSettings = Field(default_factory=AutoBackendSettings,
                                      description="auto (torch on one rank, fsdp on more), torch, fsdp, or deepspeed "
-                                     "(experimental: never run).")
+                                     "(ZeRO-2/3; run on CPU only so far: docs/learner.md).")
     data: DataSettings = Field(default_factory=DataSettings)
     rollout: RolloutRequestSettings = Field(default_factory=RolloutRequestSettings)
     queue: QueueSettings = Field(default_factory=QueueSettings)
@@ -369,9 +371,6 @@ class LearnerSettings(ServiceSettings):
                              "torch, or auto, which picks it for LoRA)")
         if self.distributed.heartbeat_s >= self.distributed.timeout_s:
             raise ValueError("distributed.heartbeat_s must be below distributed.timeout_s")
-        if self.train.micro_batch_tokens is not None and self.backend.name == "deepspeed":
-            raise ValueError("train.micro_batch_tokens does not work with backend deepspeed: DeepSpeed accumulates a "
-                             "fixed number of micro-batches per update (use train.micro_batch_size, or backend fsdp)")
         if fleet:
             self._sampling_fits_correction()
         return self

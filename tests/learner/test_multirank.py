@@ -8,6 +8,7 @@ run on the same batches.
 """
 
 import asyncio
+import importlib.util
 import json
 
 import httpx
@@ -148,6 +149,51 @@ async def test_checkpoint_and_stop_on_rank0_reach_the_follower(tmp_path, tiny_mo
     assert codes == [0, 0], [(tmp_path / f"ctl{r}.log").read_text()[-3000:] for r in (0, 1)]
     assert (run_dir / "checkpoints" / "step-00000000" / "trainer" / "replicas.json").is_file()
     assert "stopping after 0 steps" in (tmp_path / "ctl1.log").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(360)
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None,
+                    reason="deepspeed is not installed (the dev or deepspeed extra)")
+async def test_two_cpu_ranks_deepspeed_zero3_match_one_torch_rank(tmp_path, tiny_model_dir, redis_server,
+                                                                   redis_client):
+    """``backend: {name: deepspeed, zero_stage: 3}`` through the learner service on two CPU ranks (DeepSpeed's CPU
+    accelerator, gloo): the fake fleet's steps (the last one leaves rank 1 an empty shard), weights published
+    from the ZeRO-3 partitions each step, DeepSpeed's own checkpoint files from both ranks, the export read from
+    the last checkpoint; the exported model equals a one-rank torch run's."""
+    ds_cfg, ds_dir, _ = write_config(tmp_path, "ds", tiny_model_dir, redis_server.url,
+                                     backend={"name": "deepspeed", "zero_stage": 3})
+    one_cfg, one_dir, _ = write_config(tmp_path, "one", tiny_model_dir, redis_server.url)
+    fleets = [FakeFleet(redis_client, "ds"), FakeFleet(redis_client, "one")]
+    tasks = [asyncio.create_task(f.run_forever(consumer=f"fake-{f.run}")) for f in fleets]
+    master = free_port()
+    args = ["-m", "services.learner", "--config"]
+    procs = [spawn([*args, str(ds_cfg)], tmp_path / f"ds{r}.log", rank_env(r, 2, master)) for r in (0, 1)]
+    procs.append(spawn([*args, str(one_cfg)], tmp_path / "one.log", ENV))
+    try:
+        codes = [await wait_exit(p, 330) for p in procs]
+    finally:
+        for p in procs:
+            stop(p)
+        for f, t in zip(fleets, tasks):
+            await f.stop(t)
+    logs = {n: (tmp_path / f"{n}.log").read_text()[-3000:] for n in ("ds0", "ds1", "one")}
+    assert codes == [0, 0, 0], logs
+    assert "learner backend deepspeed on cpu" in (tmp_path / "ds0.log").read_text(), logs["ds0"]
+    assert sorted(read_history(ds_dir / "metrics.jsonl")) == [1, 2, 3]
+    assert int(await redis_client.get(keys.weights_version("ds"))) >= 3  # published after each step
+    final = CheckpointManager(ds_dir / "checkpoints", 2).latest()
+    assert final is not None and final.name == "step-00000003"
+    ds_files = sorted(p.name for p in (final / "trainer" / "actor_optim" / "ds").iterdir())
+    assert sum("optim_states" in n for n in ds_files) == 2, ds_files  # each rank wrote its partition
+
+    base = load_file(str(tiny_model_dir / "model.safetensors"))
+    ds_w = load_file(str(ds_dir / "export" / "model.safetensors"))
+    one_w = load_file(str(one_dir / "export" / "model.safetensors"))
+    assert ds_w.keys() == one_w.keys()
+    assert max(float((one_w[k].float() - base[k].float()).abs().max()) for k in base if k in one_w) > 1e-3
+    worst = max(float((ds_w[k].float() - one_w[k].float()).abs().max()) for k in ds_w)
+    assert worst < 1e-5, worst
 
 
 @pytest.mark.gpu

@@ -69,15 +69,6 @@ class OwnerLink:
         from services.learner.distributed.channel import shard_groups
 
         shards = shard_groups(groups, self.info.world_size)
-        if trainer.actor.counts_micro_batches:  # DeepSpeed finds its update boundary by counting micro-batches
-            # (fsdp pads a rank with fewer passes with idle ones: any shards do)
-            micro = self.s.train.micro_batch_size
-            counts = {-(-len(sh) // micro) for sh in shards}
-            if len(counts) != 1:
-                raise RuntimeError(f"DeepSpeed needs the same number of micro-batches on every rank; shards of "
-                                   f"{[len(sh) for sh in shards]} samples (micro_batch_size {micro}) do not give it: "
-                                   "make train.groups_per_step a multiple of WORLD_SIZE and the prompt count a "
-                                   "multiple of groups_per_step")
         scores = trainer.batch_scores([e for g in groups for e in g])  # as one rank's step would shape them
         meta = {"scores": scores, "samples": len(scores)}
         self.channel.send(self.Op.TRAIN, meta, shards)

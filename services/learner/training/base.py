@@ -185,7 +185,7 @@ class TrainerBase:
         the backend partitions parameters; under FSDP a :class:`ShardedWeights` that the publisher gathers bucket
         by bucket (every rank takes part: call this on every rank)."""
         model = self.actor.model
-        if self.actor.lockstep:
+        if self.actor.dtensor_parameters:
             from services.learner.weights.shards import ShardedWeights
 
             return ShardedWeights(model)

@@ -73,7 +73,7 @@ class DPOTrainer(TrainerBase):
         for start in range(0, len(pairs), micro):
             part = pairs[start: start + micro]
             batch = self._batch(part)
-            ratio = (action_logprobs(self.actor.model, batch)[0].sum(-1) - self._ref_logps(part, batch)).cpu()
+            ratio = (action_logprobs(self.actor.runner, batch)[0].sum(-1) - self._ref_logps(part, batch)).cpu()
             chosen.append(self.dpo.beta * ratio[: len(part)])
             rejected.append(self.dpo.beta * ratio[len(part):])
         return torch.cat(chosen), torch.cat(rejected)
@@ -94,7 +94,7 @@ class DPOTrainer(TrainerBase):
             batch = self._batch(part)
             tokens += int(batch.attention_mask.sum())
             ref = self._ref_logps(part, batch)
-            logp = action_logprobs(self.actor.model, batch)[0]
+            logp = action_logprobs(self.actor.runner, batch)[0]
             seq = logp.sum(-1)
             n = len(part)
             out = dpo_loss(seq[:n], seq[n:], ref[:n], ref[n:], a.beta, a.loss, a.label_smoothing)

@@ -134,7 +134,7 @@ class RLTrainer(TrainerBase):
 
     def _idle_no_grad_passes(self) -> None:
         """An empty shard's part in the no-grad passes of :meth:`train_step` (old log-probs, reference, values)."""
-        models = [self.actor.model, self.reference, self.critic.model if self.critic is not None else None]
+        models = [self.actor.runner, self.reference, self.critic.runner if self.critic is not None else None]
         for model in models:
             if model is not None:
                 for _ in range(extra_passes(0, self.actor.lockstep)):
@@ -144,9 +144,9 @@ class RLTrainer(TrainerBase):
         """``count`` passes with a backward of zero through the models an update trains (sharded backends)."""
         for _ in range(count):
             if train_actor:
-                idle_pass(self.actor.model, self.device, backward=True)
+                idle_pass(self.actor.runner, self.device, backward=True)
             if self.critic is not None:
-                idle_pass(self.critic.model, self.device, backward=True)
+                idle_pass(self.critic.runner, self.device, backward=True)
 
     def _one_pass(self, chunks: list[torch.Tensor], lengths: torch.Tensor, train_actor: bool) -> bool:
         """True where a step is one update of one forward/backward over the whole batch on this rank,
@@ -249,7 +249,7 @@ class RLTrainer(TrainerBase):
         values = None
         if (critic := self.critic) is not None:
             critic.model.eval()
-            values = self._no_grad_pass(lambda mb: action_values(critic.model, mb), batch, lengths, critic.model)
+            values = self._no_grad_pass(lambda mb: action_values(critic.runner, mb), batch, lengths, critic.runner)
         return PreparedBatch(
             old_logprobs=old_lp, reference_logprobs=ref_lp, values=values, fused=pre,
             kl=step_kl(old_lp, ref_lp, a.kl.estimator, batch.action_mask),
@@ -259,7 +259,7 @@ class RLTrainer(TrainerBase):
     def _old_logprobs(self, batch: RLBatch, lengths: torch.Tensor,
                       fused: bool) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
         """The actor's log-probs before the step; ``fused``: also the training pass's log-probs and entropy."""
-        actor = self.actor.model
+        actor = self.actor.runner  # the model, or the backend's engine that runs its forward (DeepSpeed)
         if not fused:
             actor.eval()
             return self._no_grad_pass(lambda mb: action_logprobs(actor, mb, mb.temperatures)[0], batch, lengths,
@@ -307,7 +307,7 @@ class RLTrainer(TrainerBase):
         if inputs.fused is not None:
             logp, entropy = cols(inputs.fused[0]), cols(inputs.fused[1])
         else:
-            logp, entropy = action_logprobs(self.actor.model, mb, mb.temperatures, with_entropy=True,
+            logp, entropy = action_logprobs(self.actor.runner, mb, mb.temperatures, with_entropy=True,
                                             entropy_grad=a.entropy_coef > 0)
         m = cols(inputs.mask.keep)
         out = self.policy_loss(PolicyLossInputs(logp=logp, old_logp=cols(inputs.old_logprobs),
@@ -332,7 +332,7 @@ class RLTrainer(TrainerBase):
     def _critic_micro(self, one: Pass, inputs: LossInputs, acc: _Accumulator) -> None:
         """One pass's value loss and backward (over all action tokens, clipped around the values before the step)."""
         assert self.critic is not None and inputs.values is not None  # the critic's, computed in _prepare
-        v = action_values(self.critic.model, one.batch)
+        v = action_values(self.critic.runner, one.batch)
         vl = aggregate(value_loss(v, one.cols(inputs.values), one.cols(inputs.returns), self.algo_settings.value_clip),
                        one.batch.action_mask, self.algo_settings.loss_agg, one.counts.action_tokens,
                        one.counts.samples)

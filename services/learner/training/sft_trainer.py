@@ -44,7 +44,7 @@ class SFTTrainer(TrainerBase):
         total = 0.0
         for start in range(0, batch.size, micro):
             mb = batch.select(torch.arange(start, min(start + micro, batch.size), device=self.device))
-            logp, _ = action_logprobs(self.actor.model, mb)
+            logp, _ = action_logprobs(self.actor.runner, mb)
             loss = aggregate(-logp, mb.action_mask, self.sft.loss_agg, n_tok, n_seq)
             self.actor.backward(loss)
             total += loss.item()

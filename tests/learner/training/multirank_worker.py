@@ -1,4 +1,4 @@
-"""One learner rank for the FSDP tests: ``python -m tests.learner.training.multirank_worker SPEC.json``.
+"""One learner rank for the FSDP and DeepSpeed tests: ``python -m tests.learner.training.multirank_worker SPEC.json``.
 
 The launcher's variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) say which rank this is; with WORLD_SIZE 1
 no process group is made (the ``torch`` backend's one rank). The spec (JSON) names the tiny model, the
@@ -102,14 +102,16 @@ def checkpoint_and_resume(trainer, s, total_steps: int, out: Path, info, state: 
             "max_diff": max(float((states[0][k] - states[1][k]).abs().max()) for k in states[0]),
             "exported": len(exported), "export_max_diff": max(float((v - state[k]).abs().max()) for k, v in exported.items()),
             "sharded_checkpoint": (ck / "state.json").is_file(),
-            "checkpoint_engines": sorted(json.loads((ck / "state.json").read_text())["engines"])}
+            "checkpoint_engines": sorted(json.loads((ck / "state.json").read_text())["engines"])
+            if (ck / "state.json").is_file() else sorted(d.name for d in ck.glob("*_optim"))}
 
 
 def publish(trainer, opts: dict, rank: int) -> dict:
-    """Rank 0 publishes the trained actor (sharded or not); the others serve the gathers."""
+    """Rank 0 publishes the trained actor (sharded or not); the others serve the gathers (FSDP: bucket by bucket;
+    DeepSpeed ZeRO-3: the one gather ``policy_weights`` joined)."""
     weights = trainer.policy_weights()
     if rank != 0:
-        return {"served": weights.serve()}
+        return {"served": weights.serve()} if hasattr(weights, "serve") else {"served": 0}
     return asyncio.run(_publish(weights, opts))
 
 

@@ -48,7 +48,6 @@ def test_fsdp_units_are_the_decoder_layers(tiny_model_dir):
 
 @pytest.mark.parametrize(("sections", "needle"), [
     ({"backend": {"name": "fsdp"}, "model": {"lora": {"rank": 4}}}, "model.lora with backend fsdp"),
-    ({"backend": {"name": "deepspeed"}, "train": {"micro_batch_tokens": 64}}, "backend deepspeed"),
     ({"backend": {"name": "fsdp", "zero_stage": 3}}, "zero_stage"),
 ])
 def test_settings_refuse_what_a_backend_cannot_do(tiny_model_dir, tmp_path, sections, needle):

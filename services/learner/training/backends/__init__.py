@@ -1,5 +1,5 @@
 """Optimizer backends by name: ``torch`` (replicated), ``fsdp`` (FSDP2 shards) and ``deepspeed`` (ZeRO-2/3,
-experimental: never run), chosen by settings (``auto``: torch on one rank, fsdp on more).
+run on CPU only so far), chosen by settings (``auto``: torch on one rank, fsdp on more).
 
 ``build_engine(backend_settings, model, lr, optim, total_steps, accumulation)`` returns a
 :class:`~.base.TrainEngine`; trainers only call its ``backward`` / ``step`` / ``save_state`` /

@@ -74,16 +74,22 @@ class TrainEngine(ABC, Generic[M]):
         return False
 
     @property
-    def counts_micro_batches(self) -> bool:
-        """True where the backend finds its update boundary by counting micro-batches (DeepSpeed): every rank
-        must run the same number of them (a lockstep backend pads instead)."""
+    def lockstep(self) -> bool:
+        """True where every forward or backward is a collective (FSDP, DeepSpeed ZeRO): every rank must run as
+        many passes of each model (see :mod:`services.learner.training.lockstep`)."""
         return False
 
     @property
-    def lockstep(self) -> bool:
-        """True where every forward and backward is a collective (FSDP): every rank must run as many passes
-        of each model (see :mod:`services.learner.training.lockstep`)."""
+    def dtensor_parameters(self) -> bool:
+        """True where the parameters are DTensor shards (FSDP2): the publisher gathers them bucket by bucket
+        (:class:`~services.learner.weights.shards.ShardedWeights`)."""
         return False
+
+    @property
+    def runner(self) -> nn.Module:
+        """What the trainer calls for a forward pass of ``model``: ``model`` itself, except where the backend
+        wraps the forward (DeepSpeed's engine, whose ``forward`` starts ZeRO's backward bookkeeping)."""
+        return self.model
 
     def gathered(self, fn: Callable[[], dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
         """``fn()`` with the full parameters present; collective where the backend shards them (call on

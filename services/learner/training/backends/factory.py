@@ -53,7 +53,7 @@ class Backend:
 BACKENDS: dict[str, Backend] = {
     "torch": Backend(build_torch_engine, prepare_frozen),
     "fsdp": Backend(build_fsdp_engine, shard_frozen),
-    "deepspeed": Backend(build_deepspeed_engine, prepare_frozen),  # experimental: never run
+    "deepspeed": Backend(build_deepspeed_engine, prepare_frozen),  # run on CPU only so far (docs/learner.md)
 }
 
 

@@ -258,6 +258,10 @@ class FSDPEngine(TrainEngine):
     def lockstep(self) -> bool:
         return True
 
+    @property
+    def dtensor_parameters(self) -> bool:
+        return True
+
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The whole model on rank 0, in host memory (collective: every rank calls it; the others get ``{}``).
         Tied parameters (embeddings and head) come back as one tensor under both names, as in an unsharded
