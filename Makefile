@@ -4,7 +4,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 SGLANG_FRONTEND := 0.5.23
 OPENRLHF_CLIENT := 0.11.2
+DEEPSPEED_VERSION := 0.19.8
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints/cpu.txt | cksum | cut -d' ' -f1)
+DS_STAMP := $(VENV)/deepspeed-site/.installed-$(DEEPSPEED_VERSION)
 export TOKENIZERS_PARALLELISM := false
 export HF_HUB_OFFLINE := 1
 
@@ -21,13 +23,22 @@ $(STAMP): pyproject.toml constraints/cpu.txt
 	$(BIN)/python -m pip install -q --no-deps 'openrlhf==$(OPENRLHF_CLIENT)'
 	rm -f $(VENV)/.installed-* && touch $(STAMP)
 
-install: $(STAMP)
+# DeepSpeed for the tests that train through the deepspeed backend on CPU (tests/learner/deepspeed_site.py), beside
+# the environment, not in it: importable, it is imported by every process that saves a model (accelerate), ~1.5
+# CPU-seconds and a stdout line each; its sdist builds no op (DS_BUILD_OPS defaults to 0) and pulls no CUDA package
+$(DS_STAMP): $(STAMP)
+	rm -rf $(VENV)/deepspeed-site
+	DS_BUILD_OPS=0 $(BIN)/python -m pip install -q --no-deps --target $(VENV)/deepspeed-site \
+		'deepspeed==$(DEEPSPEED_VERSION)' hjson ninja py-cpuinfo einops
+	touch $(DS_STAMP)
+
+install: $(STAMP) $(DS_STAMP)
 
 ## lint, then the whole CPU suite (what CI runs) on two pytest-xdist workers, a file to a worker (each its own
 ## Redis, ports leased: shared/ports.py): 12 min on a clean clone here instead of ~14 in one process (docs/testing.md);
 ## TEST_WORKERS=0 runs it in one process
 TEST_WORKERS ?= 2
-test: $(STAMP)
+test: $(STAMP) $(DS_STAMP)
 	$(BIN)/ruff check shared services tests benchmarks deploy
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q -m 'not gpu and not bench' -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=20 tests
@@ -42,7 +53,7 @@ test-fast: $(STAMP)
 	FLEETRL_TEST_TIER=fast $(BIN)/python -m pytest -q -m 'not gpu and not slow and not process' --durations=10 tests
 
 ## what test-fast leaves out: tests that start processes (`process`) or take over ~30 s (`slow`)
-test-slow: $(STAMP)
+test-slow: $(STAMP) $(DS_STAMP)
 	$(BIN)/python -m pytest -q -m '(slow or process) and not gpu and not bench' --durations=20 tests
 
 ## the documentation site (docs/, mkdocs.yml) into site/; --strict: a broken link or anchor is an error
@@ -72,7 +83,7 @@ clean:
 	rm -rf $(VENV) runs .pytest_cache site
 
 ## the compose stack for real under podman-compose (CPU images, a few training steps, rollout scaled 1 -> 3 -> 1 mid-run); not in `make test`
-compose-test: $(STAMP)
+compose-test: $(STAMP) $(DS_STAMP)
 	$(BIN)/python -m pip install -q 'podman-compose>=1.1'
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m deploy.compose.compose_test
 

@@ -8,7 +8,6 @@ run on the same batches.
 """
 
 import asyncio
-import importlib.util
 import json
 
 import httpx
@@ -22,6 +21,7 @@ from shared import keys
 from shared.experience_queue import StreamQueue
 from shared.ports import free_port
 from shared.schemas import Experience
+from tests.learner.deepspeed_site import NO_DEEPSPEED, SKIP_REASON, deepspeed_env
 from tests.learner.fake_rollout import FakeFleet
 from tests.learner.test_process import ENV, status, wait_exit, wait_for
 from tests.procs import spawn, stop, wait_http_ok
@@ -153,8 +153,7 @@ async def test_checkpoint_and_stop_on_rank0_reach_the_follower(tmp_path, tiny_mo
 
 @pytest.mark.slow
 @pytest.mark.timeout(360)
-@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None,
-                    reason="deepspeed is not installed (the dev or deepspeed extra)")
+@pytest.mark.skipif(NO_DEEPSPEED, reason=SKIP_REASON)
 async def test_two_cpu_ranks_deepspeed_zero3_match_one_torch_rank(tmp_path, tiny_model_dir, redis_server,
                                                                    redis_client):
     """``backend: {name: deepspeed, zero_stage: 3}`` through the learner service on two CPU ranks (DeepSpeed's CPU
@@ -168,7 +167,8 @@ async def test_two_cpu_ranks_deepspeed_zero3_match_one_torch_rank(tmp_path, tiny
     tasks = [asyncio.create_task(f.run_forever(consumer=f"fake-{f.run}")) for f in fleets]
     master = free_port()
     args = ["-m", "services.learner", "--config"]
-    procs = [spawn([*args, str(ds_cfg)], tmp_path / f"ds{r}.log", rank_env(r, 2, master)) for r in (0, 1)]
+    procs = [spawn([*args, str(ds_cfg)], tmp_path / f"ds{r}.log", {**rank_env(r, 2, master), **(deepspeed_env() or {})})
+             for r in (0, 1)]
     procs.append(spawn([*args, str(one_cfg)], tmp_path / "one.log", ENV))
     try:
         codes = [await wait_exit(p, 330) for p in procs]
@@ -201,9 +201,8 @@ async def test_two_cpu_ranks_deepspeed_zero3_match_one_torch_rank(tmp_path, tiny
 async def test_two_gpu_ranks_deepspeed_zero3(tmp_path, tiny_model_dir, redis_server, redis_client):
     """Two GPUs, DeepSpeed ZeRO-3: rank 0 publishes gathered weights, checkpoints are written by both ranks."""
     torch = pytest.importorskip("torch")
-    import importlib.util
 
-    if importlib.util.find_spec("deepspeed") is None or torch.cuda.device_count() < 2:
+    if NO_DEEPSPEED or torch.cuda.device_count() < 2:
         pytest.skip("needs deepspeed and two CUDA GPUs")
     cfg, run_dir, _ = write_config(tmp_path, "ds", tiny_model_dir, redis_server.url, n_prompts=6,  # even shards
                                 model={"device": "cuda", "dtype": "bfloat16"},
@@ -212,7 +211,8 @@ async def test_two_gpu_ranks_deepspeed_zero3(tmp_path, tiny_model_dir, redis_ser
     fleet = FakeFleet(redis_client, "ds")
     task = asyncio.create_task(fleet.run_forever(consumer="fake-ds"))
     master = free_port()
-    procs = [spawn(["-m", "services.learner", "--config", str(cfg)], tmp_path / f"ds{r}.log", rank_env(r, 2, master))
+    procs = [spawn(["-m", "services.learner", "--config", str(cfg)], tmp_path / f"ds{r}.log",
+                   {**rank_env(r, 2, master), **(deepspeed_env() or {})})
              for r in (0, 1)]
     try:
         codes = [await wait_exit(p, 500) for p in procs]

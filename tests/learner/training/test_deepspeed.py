@@ -10,7 +10,6 @@ order differs (reduce-scatter vs one rank's accumulation), so equality is within
 Skipped where ``deepspeed`` is not installed (the ``dev`` or ``deepspeed`` extra).
 """
 
-import importlib.util
 import json
 import os
 from pathlib import Path
@@ -19,11 +18,10 @@ import pytest
 
 from services.learner.settings import DeepSpeedBackendSettings, OptimSettings
 from services.learner.training.backends.deepspeed_engine import deepspeed_config, use_bf16
+from tests.learner.deepspeed_site import NO_DEEPSPEED, SKIP_REASON, deepspeed_env
 from tests.learner.training.test_fsdp import BUCKET, STEPS, _rel, _run_ranks, _wait
 
-NO_DEEPSPEED = importlib.util.find_spec("deepspeed") is None
-needs_deepspeed = pytest.mark.skipif(NO_DEEPSPEED, reason="deepspeed is not installed (the dev or deepspeed extra: "
-                                     "pip install -c constraints/cpu.txt -e '.[deepspeed]')")
+needs_deepspeed = pytest.mark.skipif(NO_DEEPSPEED, reason=SKIP_REASON)
 
 
 def test_deepspeed_config_from_settings():
@@ -90,7 +88,8 @@ def test_two_zero3_ranks_on_cpu_train_as_one_torch_rank_and_publish(tmp_path, ti
     two = _spec(tmp_path, "two", tiny_model_dir, {"name": "deepspeed", "zero_stage": 3}, algorithm, publish,
                 checkpoint=True)
     zero2 = _spec(tmp_path, "zero2", tiny_model_dir, {"name": "deepspeed", "zero_stage": 2}, algorithm)
-    procs = _run_ranks(tmp_path, two, 2) + _run_ranks(tmp_path, one, 1) + _run_ranks(tmp_path, zero2, 1)
+    ds = deepspeed_env()
+    procs = _run_ranks(tmp_path, two, 2, ds) + _run_ranks(tmp_path, one, 1) + _run_ranks(tmp_path, zero2, 1, ds)
     _wait(tmp_path, procs[:2], "two")
     _wait(tmp_path, procs[2:3], "one")
     _wait(tmp_path, procs[3:], "zero2")
@@ -142,7 +141,7 @@ def test_two_zero3_ranks_on_cpu_train_ppo_with_critic_as_one_torch_rank(tmp_path
     one = _spec(tmp_path, "one", tiny_model_dir, {"name": "torch"}, {"name": "ppo"})
     two = _spec(tmp_path, "two", tiny_model_dir, {"name": "deepspeed", "zero_stage": 3}, {"name": "ppo"},
                 checkpoint=True)
-    procs = _run_ranks(tmp_path, two, 2) + _run_ranks(tmp_path, one, 1)
+    procs = _run_ranks(tmp_path, two, 2, deepspeed_env()) + _run_ranks(tmp_path, one, 1)
     _wait(tmp_path, procs[:2], "two")
     _wait(tmp_path, procs[2:], "one")
     r1, r2 = (json.loads((tmp_path / n / "result.json").read_text()) for n in ("one", "two"))

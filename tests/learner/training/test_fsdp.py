@@ -37,10 +37,10 @@ def _spec(tmp_path: Path, name: str, model: Path, backend: str, algorithm: dict,
     return path
 
 
-def _run_ranks(tmp_path: Path, spec: Path, world: int) -> list[subprocess.Popen]:
+def _run_ranks(tmp_path: Path, spec: Path, world: int, env: dict[str, str] | None = None) -> list[subprocess.Popen]:
     master = free_port()
     return [spawn(["-m", "tests.learner.training.multirank_worker", str(spec)], tmp_path / f"{spec.stem}{r}.log",
-                  {**ENV, "RANK": str(r), "WORLD_SIZE": str(world), "LOCAL_RANK": str(r), "MASTER_ADDR": "127.0.0.1",
+                  {**ENV, **(env or {}), "RANK": str(r), "WORLD_SIZE": str(world), "LOCAL_RANK": str(r), "MASTER_ADDR": "127.0.0.1",
                    "MASTER_PORT": str(master)})
             for r in range(world)]
 
