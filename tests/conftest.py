@@ -146,6 +146,21 @@ def pytest_runtest_setup(item):
     yield
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _environment_put_back():
+    """A test module leaves ``os.environ`` as it found it. Libraries write into it (``ray.init``: RAY_AUTH_MODE,
+    RAY_USAGE_STATS_ENABLED, PYTHONBREAKPOINT; torch's compile cache), and a variable left behind made every later
+    service of the worker differ from the test zygote's environment, so each was started afresh instead of forked
+    (tests/procs.py; ~50 services in one ``make test``, ~3 CPU-seconds each)."""
+    before = dict(os.environ)
+    yield
+    for key in [k for k in os.environ if k not in before]:
+        del os.environ[key]
+    for key, value in before.items():
+        if os.environ.get(key) != value:
+            os.environ[key] = value
+
+
 _BUILTIN = ("services.", "shared.")  # kinds the product registers when its modules are first imported
 
 

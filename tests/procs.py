@@ -68,8 +68,9 @@ def _not_forked(args: list[str], exc: Exception) -> None:
 def spawn(args: list[str], log_path: Path, env: dict[str, str] | None = None) -> subprocess.Popen | ForkedProcess:
     """Start ``python <args>`` from the repo root in its own process group, logging to ``log_path``: forked from
     the test zygote when ``args`` is ``-m <one of our modules> ...`` and the environment is the zygote's (but for
-    ranks and ``FLEETRL_*`` settings), else a fresh interpreter."""
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    ranks and ``FLEETRL_*`` settings), else a fresh interpreter. One torch thread (:data:`THREAD_ENV`) unless
+    ``env`` says otherwise."""
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **THREAD_ENV, **(env or {})}
     log_path.write_bytes(b"")  # each start begins its log afresh (the fork and the spawn below append)
     if len(args) >= 2 and args[0] == "-m" and args[1].startswith(FORKABLE) and (zygote := _test_zygote()):
         try:

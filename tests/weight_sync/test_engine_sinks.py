@@ -16,7 +16,7 @@ from services.rollout.weights.settings import SidecarSettings
 from services.rollout.weights.sidecar import WeightSidecar
 from shared.ports import free_port
 from shared.weight_sync import WeightSyncSettings
-from tests.procs import spawn, stop, wait_http_ok
+from tests.procs import THREAD_ENV, spawn, stop, wait_http_ok
 from tests.weight_sync.conftest import wait_registered
 
 pytestmark = pytest.mark.process  # stand-in engine processes
@@ -58,7 +58,7 @@ async def standin_replica(tmp_path, redis_client, run: str, kind: str, vllm: str
     through ``kind``'s sink."""
     port = free_port()
     log = tmp_path / f"standin-{port}.log"
-    proc = spawn(["-m", "tests.weight_sync.standin_engine", str(port), vllm, sglang], log, {"OMP_NUM_THREADS": "1"})
+    proc = spawn(["-m", "tests.weight_sync.standin_engine", str(port), vllm, sglang], log, THREAD_ENV)
     engine = RemoteEngine(kind, f"http://127.0.0.1:{port}")
     sidecar = WeightSidecar(engine, redis_client, run,
                             SidecarSettings(join_timeout_s=0, heartbeat_s=0.3, **sidecar_settings))
