@@ -35,8 +35,8 @@ $(DS_STAMP): $(STAMP)
 install: $(STAMP) $(DS_STAMP)
 
 ## lint, then the whole CPU suite (what CI runs) on two pytest-xdist workers, a file to a worker (each its own
-## Redis, ports leased: shared/ports.py): 12 min on a clean clone here instead of ~14 in one process (docs/testing.md);
-## TEST_WORKERS=0 runs it in one process
+## Redis, ports leased: shared/ports.py): pytest 465 s on a clean clone here (TEST_WORKERS=3: 374 s; docs/testing.md,
+## "Where the suite's time goes"); TEST_WORKERS=0 runs it in one process
 TEST_WORKERS ?= 2
 test: $(STAMP) $(DS_STAMP)
 	$(BIN)/ruff check shared services tests benchmarks deploy
