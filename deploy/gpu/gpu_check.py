@@ -11,6 +11,9 @@ Stages (``GPU_CHECK_STAGES``, comma-separated; default all):
   copy of the same bytes, GPU busy share and each process's peak GPU memory (sampled with nvidia-smi);
 - ``engine``: the hf engine's generation throughput through the rollout service against plain
   ``model.generate`` in one process, same model, batch and lengths;
+- ``deepspeed``: the ``gpu`` tests of the ``deepspeed`` backend (ZeRO-2 and ZeRO-3 in bf16 on one GPU,
+  ZeRO-3's gather for publishing; ``tests/learner/training/test_deepspeed.py``), last and with a bound of its
+  own: DeepSpeed has run on CPU only, and its offloaded Adam JIT-compiles an op on first use;
 - ``learner``: ``benchmarks/learner_memory.py --device cuda`` on the recipe's model shape: the ``fsdp`` backend
   (FSDP2 over a group of one, ``MixedPrecisionPolicy`` bf16 compute / fp32 reduce over fp32 master weights) and
   the ``torch`` backend (autocast) on one GPU (and on two ranks where there are two GPUs), same GRPO batches:
@@ -36,7 +39,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 OUT = Path(os.environ.get("GPU_CHECK_DIR", REPO / "runs" / "gpu-check"))
 RESULTS = Path(os.environ.get("GPU_CHECK_RESULTS", REPO / "benchmarks" / "RESULTS-gpu.md"))
-STAGES = [s for s in os.environ.get("GPU_CHECK_STAGES", "tests,learner,recipe,engine").split(",") if s]
+STAGES = [s for s in os.environ.get("GPU_CHECK_STAGES", "tests,learner,recipe,engine,deepspeed").split(",") if s]
+DEEPSPEED_TESTS = ["tests/learner/training/test_deepspeed.py"]
 GPU_TESTS = ["tests/weight_sync/test_gpu_transports.py", "tests/learner/weights/test_outbox.py",
              "tests/weight_sync/test_nccl.py", "tests/weight_sync/test_digest.py"]
 HIDDEN, LAYERS = int(os.environ.get("GPU_CHECK_HIDDEN", "1024")), int(os.environ.get("GPU_CHECK_LAYERS", "24"))
@@ -114,6 +118,19 @@ def stage_tests() -> bool:
     tail = [ln for ln in text.strip().splitlines() if ln.strip()][-12:]
     say("## gpu tests")
     say(f"`{sys.executable} -m pytest -q -m gpu {' '.join(GPU_TESTS)}` (exit {code})")
+    say("```")
+    for ln in tail:
+        say(ln)
+    say("```")
+    return code == 0
+
+
+def stage_deepspeed() -> bool:
+    code, text = sh([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",
+                     "-o", "addopts=", "--timeout=200", *DEEPSPEED_TESTS], 240, OUT / "gpu-deepspeed.log")
+    tail = [ln for ln in text.strip().splitlines() if ln.strip()][-12:]
+    say("## deepspeed on the GPU")
+    say(f"`{sys.executable} -m pytest -q -m gpu {' '.join(DEEPSPEED_TESTS)}` (exit {code})")
     say("```")
     for ln in tail:
         say(ln)
@@ -345,7 +362,8 @@ def main() -> int:
     ok = True
     t0 = time.monotonic()
     for stage in STAGES:
-        fn = {"tests": stage_tests, "learner": stage_learner, "recipe": stage_recipe, "engine": stage_engine}[stage]
+        fn = {"tests": stage_tests, "learner": stage_learner, "recipe": stage_recipe, "engine": stage_engine,
+              "deepspeed": stage_deepspeed}[stage]
         try:
             ok = fn() and ok
         except Exception as exc:  # noqa: BLE001 - a broken stage is reported, the others still run

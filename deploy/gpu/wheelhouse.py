@@ -15,7 +15,14 @@ PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x
 
 
 def requirements() -> list[str]:
-    return [ln.strip() for ln in LIST.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
+    return [ln.split("#", 1)[0].strip() for ln in LIST.read_text().splitlines()
+            if ln.strip() and not ln.startswith("#")]
+
+
+def built_here() -> set[str]:
+    """Requirements marked ``# build``: no wheel on the index (an sdist only), built here into a pure-Python one."""
+    return {ln.split("#", 1)[0].strip() for ln in LIST.read_text().splitlines()
+            if not ln.startswith("#") and ln.split("#", 1)[-1].strip() == "build" and "#" in ln}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,9 +31,12 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     flags = [f"--platform={p}" for p in PLATFORMS]
     failed = []
+    build = built_here()
     for req in requirements():
         cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--python-version",
                "3.12", "--implementation", "cp", *flags, "-d", str(out), req]
+        if req in build:
+            cmd = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), req]
         if subprocess.run(cmd, check=False).returncode != 0:
             failed.append(req)
     if failed:
