@@ -112,30 +112,26 @@ class GpuSampler:
                 pass
 
 
-def stage_tests() -> bool:
+def _gpu_tests(title: str, files: list[str], per_test_s: int, budget_s: int, log: str) -> bool:
+    """The ``gpu`` tests of ``files`` within ``budget_s`` (each within ``per_test_s``): the summary's last lines."""
     code, text = sh([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",
-                     "-o", "addopts=", "--timeout=240", *GPU_TESTS], 420, OUT / "gpu-tests.log")
+                     "-o", "addopts=", f"--timeout={per_test_s}", *files], budget_s, OUT / log)
     tail = [ln for ln in text.strip().splitlines() if ln.strip()][-12:]
-    say("## gpu tests")
-    say(f"`{sys.executable} -m pytest -q -m gpu {' '.join(GPU_TESTS)}` (exit {code})")
+    say(f"## {title}")
+    say(f"`{sys.executable} -m pytest -q -m gpu {' '.join(files)}` (exit {code})")
     say("```")
     for ln in tail:
         say(ln)
     say("```")
     return code == 0
+
+
+def stage_tests() -> bool:
+    return _gpu_tests("gpu tests", GPU_TESTS, 240, 420, "gpu-tests.log")
 
 
 def stage_deepspeed() -> bool:
-    code, text = sh([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",
-                     "-o", "addopts=", "--timeout=200", *DEEPSPEED_TESTS], 240, OUT / "gpu-deepspeed.log")
-    tail = [ln for ln in text.strip().splitlines() if ln.strip()][-12:]
-    say("## deepspeed on the GPU")
-    say(f"`{sys.executable} -m pytest -q -m gpu {' '.join(DEEPSPEED_TESTS)}` (exit {code})")
-    say("```")
-    for ln in tail:
-        say(ln)
-    say("```")
-    return code == 0
+    return _gpu_tests("deepspeed on the GPU", DEEPSPEED_TESTS, 200, 240, "gpu-deepspeed.log")
 
 
 def write_specs(d: Path) -> None:

@@ -63,16 +63,18 @@ def rank_env(rank: int, world: int, master_port: int) -> dict[str, str]:
             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master_port)}
 
 
-@pytest.mark.timeout(360)
-@pytest.mark.parametrize("backend", ["torch", "auto"])  # auto: fsdp on two ranks
-async def test_two_ranks_match_each_other_and_one_rank(tmp_path, tiny_model_dir, redis_server, redis_client, backend):
-    dp_cfg, dp_dir, _ = write_config(tmp_path, "dp", tiny_model_dir, redis_server.url, backend={"name": backend})
-    one_cfg, one_dir, _ = write_config(tmp_path, "one", tiny_model_dir, redis_server.url)
-    fleets = [FakeFleet(redis_client, "dp"), FakeFleet(redis_client, "one")]
+async def two_ranks_beside_one(tmp_path, model, redis_server, redis_client, name: str, backend: dict,
+                               extra_env: dict[str, str] | None = None) -> tuple:
+    """Run ``name`` (two learner ranks on ``backend``) and ``one`` (one ``torch`` rank) to the end against fake
+    fleets on the same prompts; each must exit 0. Returns both run dirs and the logs' tails by process name."""
+    cfg, run_dir, _ = write_config(tmp_path, name, model, redis_server.url, backend=backend)
+    one_cfg, one_dir, _ = write_config(tmp_path, "one", model, redis_server.url)
+    fleets = [FakeFleet(redis_client, name), FakeFleet(redis_client, "one")]
     tasks = [asyncio.create_task(f.run_forever(consumer=f"fake-{f.run}")) for f in fleets]
     master = free_port()
     args = ["-m", "services.learner", "--config"]
-    procs = [spawn([*args, str(dp_cfg)], tmp_path / f"dp{r}.log", rank_env(r, 2, master)) for r in (0, 1)]
+    procs = [spawn([*args, str(cfg)], tmp_path / f"{name}{r}.log", {**rank_env(r, 2, master), **(extra_env or {})})
+             for r in (0, 1)]
     procs.append(spawn([*args, str(one_cfg)], tmp_path / "one.log", ENV))
     try:
         codes = [await wait_exit(p, 330) for p in procs]
@@ -81,8 +83,16 @@ async def test_two_ranks_match_each_other_and_one_rank(tmp_path, tiny_model_dir,
             stop(p)
         for f, t in zip(fleets, tasks):
             await f.stop(t)
-    logs = {n: (tmp_path / f"{n}.log").read_text()[-3000:] for n in ("dp0", "dp1", "one")}
+    logs = {n: (tmp_path / f"{n}.log").read_text()[-3000:] for n in (f"{name}0", f"{name}1", "one")}
     assert codes == [0, 0, 0], logs
+    return run_dir, one_dir, logs
+
+
+@pytest.mark.timeout(360)
+@pytest.mark.parametrize("backend", ["torch", "auto"])  # auto: fsdp on two ranks
+async def test_two_ranks_match_each_other_and_one_rank(tmp_path, tiny_model_dir, redis_server, redis_client, backend):
+    dp_dir, one_dir, logs = await two_ranks_beside_one(tmp_path, tiny_model_dir, redis_server, redis_client, "dp",
+                                                       {"name": backend})
     assert "following rank 0" in logs["dp1"] and "stopping after 3 steps" in logs["dp1"], logs["dp1"]
     assert "Uvicorn running" not in logs["dp1"]  # followers serve no HTTP
 
@@ -160,25 +170,8 @@ async def test_two_cpu_ranks_deepspeed_zero3_match_one_torch_rank(tmp_path, tiny
     accelerator, gloo): the fake fleet's steps (the last one leaves rank 1 an empty shard), weights published
     from the ZeRO-3 partitions each step, DeepSpeed's own checkpoint files from both ranks, the export read from
     the last checkpoint; the exported model equals a one-rank torch run's."""
-    ds_cfg, ds_dir, _ = write_config(tmp_path, "ds", tiny_model_dir, redis_server.url,
-                                     backend={"name": "deepspeed", "zero_stage": 3})
-    one_cfg, one_dir, _ = write_config(tmp_path, "one", tiny_model_dir, redis_server.url)
-    fleets = [FakeFleet(redis_client, "ds"), FakeFleet(redis_client, "one")]
-    tasks = [asyncio.create_task(f.run_forever(consumer=f"fake-{f.run}")) for f in fleets]
-    master = free_port()
-    args = ["-m", "services.learner", "--config"]
-    procs = [spawn([*args, str(ds_cfg)], tmp_path / f"ds{r}.log", {**rank_env(r, 2, master), **(deepspeed_env() or {})})
-             for r in (0, 1)]
-    procs.append(spawn([*args, str(one_cfg)], tmp_path / "one.log", ENV))
-    try:
-        codes = [await wait_exit(p, 330) for p in procs]
-    finally:
-        for p in procs:
-            stop(p)
-        for f, t in zip(fleets, tasks):
-            await f.stop(t)
-    logs = {n: (tmp_path / f"{n}.log").read_text()[-3000:] for n in ("ds0", "ds1", "one")}
-    assert codes == [0, 0, 0], logs
+    ds_dir, one_dir, logs = await two_ranks_beside_one(tmp_path, tiny_model_dir, redis_server, redis_client, "ds",
+                                                       {"name": "deepspeed", "zero_stage": 3}, deepspeed_env())
     assert "learner backend deepspeed on cpu" in (tmp_path / "ds0.log").read_text(), logs["ds0"]
     assert sorted(read_history(ds_dir / "metrics.jsonl")) == [1, 2, 3]
     assert int(await redis_client.get(keys.weights_version("ds"))) >= 3  # published after each step
