@@ -9,8 +9,12 @@ bytes but puts the learner's compare on the round's critical path, so it wins on
 one (or on loopback). The chooser keeps, per kind, an estimate of a round's time per byte of the version (model
 size is fixed within a run; per byte, a change of layout does not upset it) and picks the faster kind:
 
-- *first*: no delta round measured yet: delta (a probe; the first round of a publisher is full anyway, so the
-  second is a delta round); no full round measured yet: full;
+- *warm-up*: a kind's first round is cold (buffers touched for the first time, the transport's first use: a full
+  round of the benchmark's 100M model took 0.31 s first and 0.19-0.20 s after), so each kind runs twice before
+  its estimate counts, and its second round replaces the first instead of being averaged with it: full, full
+  (the first round of a publisher is full anyway), delta, delta, then the faster. (Trusting the cold first full
+  round, ``auto`` kept choosing delta rounds that took 1.25-1.55x a full one on a quiet loopback:
+  ``benchmarks/weight_delta.py --steps 3 --lrs 1e-6 --bucket-mb 256 --no-lora``, 2026-11-29.);
 - *faster*: the kind whose estimate is lower; near a tie the kind in use stays (the other takes over only once its
   estimate is :data:`MARGIN` below: a tie costs nothing either way, and the choice and its log line do not flap);
 - *probe*: the other kind, once the faster one has run ``probe_every - 1`` rounds in a row, so that a change of
@@ -39,11 +43,13 @@ PROBE_EVERY = 20
 EMA_WEIGHT = 0.5
 #: the kind not in use takes over once its estimate is this much (a fraction) below the one in use
 MARGIN = 0.1
+#: a kind's first rounds that are only a warm-up (replaced by the next, not averaged)
+WARM_UP = 1
 
 
 @dataclass(frozen=True)
 class Choice:
-    """One round's choice: the kind, why (``setting``, ``first``, ``faster``, ``probe``), and the estimates it was
+    """One round's choice: the kind, why (``setting``, ``warm-up``, ``faster``, ``probe``), and the estimates it was
     made from (seconds a round of ``nbytes``; None: not measured yet)."""
 
     kind: Kind
@@ -67,6 +73,8 @@ class RoundChooser:
     per_byte: dict[str, float] = field(default_factory=dict)
     #: rounds recorded since each kind last ran (absent: never)
     since: dict[str, int] = field(default_factory=dict)
+    #: rounds recorded of each kind (the first of each is a warm-up)
+    rounds: dict[str, int] = field(default_factory=dict)
     nbytes: int = 0  # the last recorded round's version size (what the estimates are scaled to)
     faster: Kind | None = None  # the kind in use (by the estimates, with MARGIN); None until both are measured
 
@@ -84,10 +92,10 @@ class RoundChooser:
         full_s, delta_s = self.estimate("full"), self.estimate("delta")
         if self.mode != "auto":
             return Choice("delta" if self.mode == "on" else "full", "setting", full_s, delta_s)
-        if delta_s is None:
-            return Choice("delta", "first", full_s, delta_s)
-        if full_s is None:
-            return Choice("full", "first", full_s, delta_s)
+        for kind in ("full", "delta"):  # each kind twice before its estimate counts (full first: see the docstring)
+            if self.rounds.get(kind, 0) < WARM_UP + 1:
+                return Choice(kind, "warm-up", full_s, delta_s)
+        assert full_s is not None and delta_s is not None
         faster: Kind = self.faster or ("delta" if delta_s < full_s else "full")
         other: Kind = "full" if faster == "delta" else "delta"
         if self.since.get(other, 0) >= self.probe_every - 1:
@@ -100,14 +108,16 @@ class RoundChooser:
             return
         sample = seconds / nbytes
         old = self.per_byte.get(kind)
-        stale = self.since.get(kind, 0) >= self.probe_every - 1
+        stale = self.since.get(kind, 0) >= self.probe_every - 1 or self.rounds.get(kind, 0) <= WARM_UP
         self.per_byte[kind] = sample if old is None or stale else EMA_WEIGHT * sample + (1 - EMA_WEIGHT) * old
+        self.rounds[kind] = self.rounds.get(kind, 0) + 1
         for k in list(self.since):
             self.since[k] += 1
         self.since[kind] = 0
         self.nbytes = nbytes
         full, delta = self.per_byte.get("full"), self.per_byte.get("delta")
-        if full is not None and delta is not None:
+        if full is not None and delta is not None and min(self.rounds.get("full", 0),
+                                                           self.rounds.get("delta", 0)) > WARM_UP:
             if self.faster is None:
                 self.faster = "delta" if delta < full else "full"
             elif self.faster == "full" and delta < (1 - MARGIN) * full:

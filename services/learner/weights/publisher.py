@@ -274,7 +274,7 @@ class WeightPublisher:
     def _say_choice(self, choice: Any) -> None:
         """Log the kind ``delta: auto`` prefers when it changes (probes and rounds that cannot be delta rounds are
         not a change of preference: debug only)."""
-        if choice.reason not in ("first", "faster"):
+        if choice.reason != "faster":
             log.debug("round kind: %s (%s)", choice.kind, choice.reason)
             return
         if choice.kind == self._said_choice:
@@ -284,8 +284,7 @@ class WeightPublisher:
         def fmt(x: float | None) -> str:
             return "not measured" if x is None else f"{x:.3f}s"
 
-        why = f"no {choice.kind} round measured yet" if choice.reason == "first" else \
-            f"a full round {fmt(choice.full_s)}, a delta round {fmt(choice.delta_s)}"
+        why = f"a full round {fmt(choice.full_s)}, a delta round {fmt(choice.delta_s)}"
         log.info("delta auto: %s rounds from now (%s; the other kind is probed every %d rounds)", choice.kind, why,
                  self.settings.delta_probe_every)
 

@@ -67,8 +67,10 @@ def test_choose_says_why_a_round_is_full():
     auto = DeltaBase(WeightSyncSettings(delta="auto"))
     auto.version, auto.layout_id, auto.last_full = 6, "L", 6
     auto.confirmed(["a"], 6)
-    assert (auto.choose(members, Held()).kind, auto.choose(members, Held()).reason) == ("delta", "first")  # a probe
-    auto.chooser.record("full", 0.1, 100)
+    assert (auto.choose(members, Held()).kind, auto.choose(members, Held()).reason) == ("full", "warm-up")
+    for kind, seconds in (("full", 0.1), ("full", 0.1), ("delta", 0.5)):
+        auto.chooser.record(kind, seconds, 100)
+    assert (auto.choose(members, Held()).kind, auto.choose(members, Held()).reason) == ("delta", "warm-up")
     auto.chooser.record("delta", 0.5, 100)
     got = auto.choose(members, Held())
     assert (got.kind, got.reason, got.full_s, got.delta_s) == ("full", "faster", 0.1, 0.5)  # measured: full wins
