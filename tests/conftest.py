@@ -107,37 +107,32 @@ def pytest_configure(config) -> None:
     """Under ``make test-fast``, note every Python process a test (or a fixture it sets up, of any scope) starts.
     With ``PYTEST_CPU_LOG=PATH``, write each fresh Python interpreter a test starts (not one forked from the
     zygote: ``tests/procs.py``) to ``PATH.spawns.<worker>``, naming the test."""
-    if (cpu_log := os.environ.get("PYTEST_CPU_LOG")):
-        _log_python_starts(f"{cpu_log}.spawns.{os.environ.get('PYTEST_XDIST_WORKER', 'main')}")
-    if os.environ.get("FLEETRL_TEST_TIER") != "fast":
+    cpu_log = os.environ.get("PYTEST_CPU_LOG")
+    fast = os.environ.get("FLEETRL_TEST_TIER") == "fast"
+    if not (cpu_log or fast):
         return
+    spawns = f"{cpu_log}.spawns.{os.environ.get('PYTEST_XDIST_WORKER', 'main')}" if cpu_log else None
     popen_init = subprocess.Popen.__init__
-    spawnv_passfds = multiprocessing.util.spawnv_passfds
 
     def watched_popen(self, args, *a, **kw):
         if _is_python(args):
-            _started.append(str(args if isinstance(args, (str, bytes)) else " ".join(map(str, args)))[:120])
+            line = str(args if isinstance(args, (str, bytes)) else " ".join(map(str, args)))
+            if fast:
+                _started.append(line[:120])
+            if spawns:
+                with open(spawns, "a") as log:
+                    log.write(f"{os.environ.get('PYTEST_CURRENT_TEST', '?')}\t{line[:200]}\n")
         return popen_init(self, args, *a, **kw)
-
-    def watched_spawn(path, args, passfds):
-        _started.append(f"multiprocessing child: {' '.join(map(str, args))[:100]}")
-        return spawnv_passfds(path, args, passfds)
 
     subprocess.Popen.__init__ = watched_popen
-    multiprocessing.util.spawnv_passfds = watched_spawn
+    if fast:
+        spawnv_passfds = multiprocessing.util.spawnv_passfds
 
+        def watched_spawn(path, args, passfds):
+            _started.append(f"multiprocessing child: {' '.join(map(str, args))[:100]}")
+            return spawnv_passfds(path, args, passfds)
 
-def _log_python_starts(path: str) -> None:
-    popen_init = subprocess.Popen.__init__
-
-    def logged_popen(self, args, *a, **kw):
-        if _is_python(args):
-            with open(path, "a") as log:
-                log.write(f"{os.environ.get('PYTEST_CURRENT_TEST', '?')}\t"
-                          f"{str(args if isinstance(args, (str, bytes)) else ' '.join(map(str, args)))[:200]}\n")
-        return popen_init(self, args, *a, **kw)
-
-    subprocess.Popen.__init__ = logged_popen
+        multiprocessing.util.spawnv_passfds = watched_spawn
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -141,10 +141,6 @@ class DeltaBase:
             return "full_every"
         return None
 
-    def usable(self, outbox: Any) -> bool:
-        """Can a delta round be built for the version the outbox holds?"""
-        return self.why_not(outbox) is None
-
     def choose(self, members: list[ReplicaInfo], outbox: Any) -> Choice:
         """Delta or full for a round of the held version to ``members``: what the setting says (``on``, ``off``) or
         the chooser picks from the timings of recent rounds (``auto``); a delta choice becomes full where no delta
@@ -161,7 +157,7 @@ class DeltaBase:
     def start(self, outbox: Any) -> DeltaPlan | None:
         """An empty plan for the held version (its buckets are built during the round, :meth:`build`), or None
         when no delta round is possible."""
-        if not self.usable(outbox):
+        if self.why_not(outbox) is not None:
             return None
         m = outbox.manifest
         ps = pieces([b.nbytes for b in m.buckets], PIECE_BYTES)
