@@ -90,7 +90,14 @@ def diff(new: Any, base: Any, unit: int) -> tuple[Any, Any]:
     if new.device.type == "cpu":
         pos, vals = diff_host(a.numpy(), b.numpy())
         return torch.from_numpy(pos), torch.from_numpy(vals)
-    pos = (a != b).nonzero().squeeze(1)  # on the GPU: compared where the bucket lives
+    return diff_device(a, b)  # on the GPU: compared where the bucket lives
+
+
+def diff_device(a: Any, b: Any) -> tuple[Any, Any]:
+    """:func:`diff` with torch ops on the units' own device (a GPU bucket): positions (int64) and the new units
+    there, both on that device. Runs on CPU tensors too, which is how tests check it against :func:`diff_host`
+    on a machine without a GPU."""
+    pos = (a != b).nonzero().squeeze(1)
     return pos, a[pos]
 
 
@@ -399,13 +406,22 @@ def read_patch(data: Any, nbytes: int) -> tuple[int, Any, memoryview]:
 def _scatter(buf: Any, unit: int, pos: Any, vals: Any) -> None:
     """``buf``'s units at ``pos`` become ``vals`` (host numpy arrays, as decoded): numpy's fancy assignment on a
     host buffer (no torch index tensors made from them), torch's on a GPU one."""
-    import torch
-
     units = _units(buf, unit)
     if buf.device.type == "cpu":
         units.numpy()[pos] = vals
     else:
-        units[torch.from_numpy(pos).to(buf.device)] = torch.from_numpy(vals).to(buf.device)
+        scatter_device(units, pos, vals)
+
+
+def scatter_device(units: Any, pos: Any, vals: Any) -> None:
+    """:func:`_scatter` into a buffer on a torch device (a GPU one): the decoded host arrays copied to the device
+    explicitly, then torch's indexed assignment there. Runs on a CPU buffer too (tests, no GPU here)."""
+    import numpy as np
+    import torch
+
+    where = torch.from_numpy(np.ascontiguousarray(pos, dtype=np.int64)).to(units.device)
+    new = torch.from_numpy(np.array(vals, dtype=vals.dtype, copy=True)).to(units.device)  # (vals may be read-only)
+    units[where] = new
 
 
 def apply_diff(buf: Any, patch: Patch, unit: int | None = None) -> None:

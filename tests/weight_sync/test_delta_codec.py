@@ -55,6 +55,28 @@ def test_the_word_compare_finds_exactly_the_changed_units(dtype):
             assert np.array_equal(pos, want) and np.array_equal(vals, new[want]), (n, frac)
 
 
+@pytest.mark.parametrize("dtype", [np.uint8, np.int16, np.int32, np.int64])
+def test_the_device_compare_and_scatter_agree_with_the_host_ones(dtype):
+    # a GPU bucket is compared and patched with torch ops where it lives (diff_device, scatter_device); no GPU here,
+    # so the same functions run on CPU tensors against the host path, incl. no change and read-only decoded values
+    rng = np.random.default_rng(5)
+    for n in (0, 1, 1000, 70_001):
+        for frac in (0.0, 0.03, 1.0):
+            base = rng.integers(-100, 100, n).astype(dtype)
+            new = base.copy()
+            k = int(n * frac)
+            new[rng.choice(n, k, replace=False) if k else []] += 1
+            pos_t, vals_t = D.diff_device(torch.from_numpy(new), torch.from_numpy(base))
+            pos, vals = D.diff_host(new, base)
+            assert pos_t.dtype == torch.int64 and vals_t.dtype == torch.from_numpy(new).dtype
+            assert np.array_equal(pos_t.numpy(), pos) and np.array_equal(vals_t.numpy(), vals), (n, frac)
+            out = torch.from_numpy(base.copy())
+            frozen = vals.copy()
+            frozen.setflags(write=False)  # as decoded from a received patch (np.frombuffer of its bytes)
+            D.scatter_device(out, pos, frozen)
+            assert np.array_equal(out.numpy(), new), (n, frac)
+
+
 def test_positions_round_trip_with_long_gaps():
     # gaps of 0, 127/128 (varint byte boundary), 65534/65535/65536 and beyond (gap16 escapes), 2^21
     pos = np.cumsum(np.array([0, 1, 128, 129, 65535, 65536, 65537, 200_000, 1 << 21], dtype=np.int64))

@@ -27,7 +27,7 @@ def nudge(model: torch.nn.Module, step: int, frac: float = 0.02) -> None:
     with torch.no_grad():
         for p in model.parameters():
             mask = torch.rand(p.shape, generator=g) < frac
-            p.add_(mask * torch.randn(p.shape, generator=g) * 1e-3)
+            p.add_((mask * torch.randn(p.shape, generator=g) * 1e-3).to(p.device))  # (made on the host: any device)
 
 
 async def assert_bit_equal(pub: WeightPublisher, model: torch.nn.Module, reps: list) -> None:

@@ -3,7 +3,9 @@
 - ``ipc``: a replica process on the learner's own GPU takes each version device to device by CUDA IPC
   handle; its log-probabilities equal the learner's within 2e-3, version after version;
 - gloo and snapshot: the learner's in-place CUDA buckets are staged through pinned host memory (they used to
-  reach gloo as CUDA tensors, and numpy in the snapshot writer) and a CPU replica loads them.
+  reach gloo as CUDA tensors, and numpy in the snapshot writer) and a CPU replica loads them;
+- delta rounds from CUDA buckets: compared on the GPU, the patches staged to the host for gloo, CPU replicas
+  bit-equal to the learner's bytes after every round.
 """
 
 from __future__ import annotations
@@ -142,3 +144,32 @@ async def test_cuda_weights_reach_a_cpu_replica_through_pinned_host_staging(tran
     assert rep.weight_version() == 1
     assert rep.generate()["output_ids"] == reference_ids(cpu, tiny_model_dir)
     assert PROMPT
+
+
+async def test_a_cuda_learners_delta_rounds_leave_cpu_replicas_bit_equal(replicas, redis_client, tiny_model_dir):
+    # the learner's base and the compare live on the GPU (diff_device), the patch goes to the host for gloo; a
+    # wrong patch would be refused by the replicas' digest check and resent whole, which `kinds` would show
+    from tests.weight_sync.conftest import new_weights
+    from tests.weight_sync.test_delta_rounds import assert_bit_equal, kinds, nudge
+    from tests.weight_sync.test_publish_hf import FAST
+
+    run = "gpu-delta"
+    a, b = replicas(run), replicas(run)
+    await wait_registered(redis_client, run, 2, timeout=60)
+    model = new_weights(tiny_model_dir).cuda()
+    settings = WeightSyncSettings(bucket_bytes=64 << 10, delta="on", **FAST)
+    async with WeightPublisher(redis_client, run, settings) as pub:
+        pub.flatten(model)  # in-place CUDA buckets, as the learner publishes on a GPU
+        assert await pub.publish(model) == 1
+        assert kinds(pub) == {"full"} and len(pub.last_report.loaded) == 2, pub.last_report
+        assert pub.delta.buffers and all(buf.device.type == "cuda" for buf in pub.delta.buffers)
+        full_bytes = pub.last_report.round_bytes["full"]
+        for step in range(4):
+            nudge(model, step)
+            await pub.publish(model)
+            report = pub.last_report
+            assert kinds(pub) == {"delta"} and len(report.loaded) == 2 and not report.errors, report
+            assert report.round_bytes["delta"] < 0.2 * full_bytes, report.round_bytes
+            host = new_weights(tiny_model_dir)
+            host.load_state_dict({k: v.detach().cpu() for k, v in model.state_dict().items()})
+            await assert_bit_equal(pub, host, [a, b])
