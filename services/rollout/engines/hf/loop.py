@@ -31,6 +31,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import regex
 import torch
@@ -96,6 +97,7 @@ class DecodeLoop:
         self._on_step = on_step
         self.prefix_cache = prefix_cache
         self._cond = threading.Condition()
+        self._step = threading.Lock()  # held through each step's forwards: between_steps() waits for it
         self._pending: deque[Row] = deque()
         self._active: list[Row] = []
         self._rows: dict[str, Row] = {}
@@ -112,6 +114,12 @@ class DecodeLoop:
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="hf-decode-loop", daemon=True)
         self._thread.start()
+
+    def between_steps(self, fn: Callable[[], Any]) -> Any:
+        """Call ``fn`` (short; blocking) while no step of this loop runs: after the step under way ends and before
+        the next one starts (what a weight swap that keeps the version needs: every forward sees one state)."""
+        with self._step:
+            return fn()
 
     def stop(self, timeout: float = 30.0) -> None:
         with self._cond:
@@ -220,7 +228,8 @@ class DecodeLoop:
                 if joining is None:
                     break
                 try:
-                    self._iteration(batch, joining)
+                    with self._step:
+                        self._iteration(batch, joining)
                 except Exception as exc:  # an engine failure ends the batch, never the loop
                     log.exception("decode step failed; aborting the batch")
                     out = [(r, self._finish_delta(r, Finish("abort", message=f"engine error: {exc}")))
