@@ -129,6 +129,13 @@ class ModuleAdapters:
         self._lock = threading.Lock()  # one merge at a time (the buffers, the scratch)
         self._scratch = MergeScratch()
         self.merge_seconds = 0.0  # the last complete merge's duration
+        self._by_name: dict[str, torch.nn.Module] = {}  # get_submodule, looked up once (it walks the path)
+
+    def _module(self, name: str) -> torch.nn.Module:
+        module = self._by_name.get(name)
+        if module is None:
+            module = self._by_name[name] = self.model.get_submodule(name)
+        return module
 
     @property
     def merged(self) -> bool:
@@ -140,7 +147,7 @@ class ModuleAdapters:
         Nothing is written before this passes."""
         for m in info.modules:
             try:
-                module = self.model.get_submodule(m.name)
+                module = self._module(m.name)
             except AttributeError:
                 raise ValueError(f"adapter module {m.name!r} is not in this model") from None
             weight = getattr(module, "weight", None)
@@ -162,12 +169,12 @@ class ModuleAdapters:
             return
         names = {m.name for m in info.modules}
         for name, weight in self._restore_first.items():  # unmerged: the base back in place before any hook
-            _weight_of(self.model.get_submodule(name)).copy_(weight)
+            _weight_of(self._module(name)).copy_(weight)
         self._restore_first = {}
         for gone in [n for n in self.live if n not in names]:
             self._unhook(gone)  # a module the new adapter leaves alone is the base again
         for m in info.modules:
-            weight = _weight_of(self.model.get_submodule(m.name))
+            weight = _weight_of(self._module(m.name))
             self._hook_on(m.name, tensors[f"{m.name}.lora_A"].to(weight.device),
                           tensors[f"{m.name}.lora_B"].to(weight.device), m.scaling)
         self.tensors = tensors
@@ -178,7 +185,7 @@ class ModuleAdapters:
         round; blocking, need not be paused: only the sink writes weights, and only during its rounds)."""
         for m in info.modules:
             if m.name not in self.base:
-                self.base[m.name] = _weight_of(self.model.get_submodule(m.name)).detach().clone()
+                self.base[m.name] = _weight_of(self._module(m.name)).detach().clone()
 
     @torch.no_grad()
     def stage(self, info: AdapterInfo, tensors: dict[str, torch.Tensor]) -> int:
@@ -190,13 +197,13 @@ class ModuleAdapters:
         self._ticket += 1
         names = {m.name for m in info.modules}
         for name, base in list(self.base.items()):
-            _point(_weight_of(self.model.get_submodule(name)), base)
+            _point(_weight_of(self._module(name)), base)
             if name not in names:  # the base again, for good: the copy is the weight now
                 self._unhook(name)
                 del self.base[name]
         pending = []
         for m in info.modules:
-            weight = _weight_of(self.model.get_submodule(m.name))
+            weight = _weight_of(self._module(m.name))
             a = tensors[f"{m.name}.lora_A"].to(weight.device)
             b = tensors[f"{m.name}.lora_B"].to(weight.device)
             self._hook_on(m.name, a, b, m.scaling)
@@ -239,15 +246,15 @@ class ModuleAdapters:
         if ticket != self._ticket or self._ready != ticket:
             return False
         for name, *_ in self._pending[1]:
-            _point(_weight_of(self.model.get_submodule(name)), self._buffers[name])
+            _point(_weight_of(self._module(name)), self._buffers[name])
             self._unhook(name)
         return True
 
     def _hook_on(self, name: str, a: torch.Tensor, b: torch.Tensor, scaling: float) -> None:
-        compute = _weight_of(self.model.get_submodule(name)).dtype
+        compute = _weight_of(self._module(name)).dtype
         self.live[name] = (a.to(compute), b.to(compute), scaling)
         if name not in self.hooks:
-            self.hooks[name] = self.model.get_submodule(name).register_forward_hook(self._hook(name))
+            self.hooks[name] = self._module(name).register_forward_hook(self._hook(name))
 
     def _hook(self, name: str):
         live = self.live

@@ -186,7 +186,8 @@ async def test_a_version_is_served_at_once_and_its_merge_swapped_in_between_deco
         await asyncio.sleep(0.005)
     go.set()
     await sink.settled()
-    assert sink.adapter_merge_s is not None and not gen.done()  # swapped in while it decodes
+    assert sink.adapter_merged is not None and sink.adapter_merged[0] == 1
+    assert not gen.done()  # swapped in while it decodes
     out = await gen
     assert out.weight_version == 1 and len(out.output_ids) == 160
     want = teacher_forced(ref, PROMPT + out.output_ids)[len(PROMPT) - 1:]

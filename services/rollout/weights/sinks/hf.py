@@ -56,7 +56,8 @@ class HFSink(WeightSink):
         self._prefault: asyncio.Future | None = None
         self._switch = asyncio.Lock()  # every change of the model's weights, paused or between steps, one at a time
         self._merges: set[asyncio.Task] = set()  # adapter merges under way in the background (merge: apply_adapter)
-        self.adapter_merge_s: float | None = None  # the last adapter merge that was swapped in: its duration
+        #: the last adapter version whose merge was swapped in, and the merge's seconds (merge: apply_adapter)
+        self.adapter_merged: tuple[int, float] | None = None
 
     @contextlib.asynccontextmanager
     async def _switching(self) -> AsyncIterator[None]:
@@ -161,8 +162,8 @@ class HFSink(WeightSink):
         except (KeyError, ValueError) as exc:
             raise UpdateRefused(str(exc)) from exc
         merge = adapters.mode == "merge"
-        if merge:  # the first round: copies of the base weights it adapts, before pausing (only rounds write them)
-            await asyncio.to_thread(adapters.prepare, info)
+        if merge and any(m.name not in adapters.base for m in info.modules):
+            await asyncio.to_thread(adapters.prepare, info)  # copies of base weights, before pausing (the first round)
         async with self._switching():
             if merge:
                 ticket = adapters.stage(info, tensors)
@@ -193,7 +194,7 @@ class HFSink(WeightSink):
                         swapped = adapters.swap(ticket)
                 if swapped:
                     self._loader_for().forget_views()
-                    self.adapter_merge_s = adapters.merge_seconds
+                    self.adapter_merged = (version, adapters.merge_seconds)
         except Exception:
             log.exception("merging adapter version %d failed: it is served unmerged", version)
 
