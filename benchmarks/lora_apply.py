@@ -106,13 +106,14 @@ def merge_profile(args) -> None:
     s = 2.0
     rows = []
 
-    def timed(label, fn):
-        times = []
-        for _ in range(3):
-            t0 = time.perf_counter()
+    def timed(label, fn, reps: int = 5):
+        wall, cpu = [], []
+        for _ in range(reps):
+            t0, c0 = time.perf_counter(), time.thread_time()
             fn()
-            times.append(time.perf_counter() - t0)
-        rows.append((label, statistics.median(times)))
+            wall.append(time.perf_counter() - t0)
+            cpu.append(time.thread_time() - c0)
+        rows.append((label, statistics.median(wall), statistics.median(cpu)))
 
     wide = [b.float() @ a.float() for a, b in zip(a_s, b_s)]
     narrow = [w.to(torch.bfloat16) for w in wide]
@@ -137,14 +138,40 @@ def merge_profile(args) -> None:
         for o, b, a, bb in zip(out, base, a_s, b_s):
             merge_into(o, b, a, bb, s, False, scratch)
 
-    timed("plain merge (before)", plain)
+    plain()
     want = [o.clone() for o in out]
-    timed("merge_into (reused buffers)", fast)
+    fast()
     assert all(torch.equal(o, w) for o, w in zip(out, want)), "merge_into differs from the plain merge"
+    for _ in range(args.merge_reps):  # alternated: a busy machine slows both alike
+        timed("plain merge (before), warm heap", plain, 1)
+        timed("merge_into (reused buffers)", fast, 1)
+    trim = _malloc_trim()
+    if trim is not None:  # the heap given back to the system first, as between two rounds of a replica
+        for _ in range(args.merge_reps):
+            trim(0)
+            timed("plain merge (before), after malloc_trim", plain, 1)
+            trim(0)
+            timed("merge_into, after malloc_trim", fast, 1)
+    by_label: dict[str, list[tuple[float, float]]] = {}
+    for label, wall_s, cpu_s in rows:
+        by_label.setdefault(label, []).append((wall_s, cpu_s))
     print(f"{len(shapes)} weights, {sum(o * i for o, i in shapes) / 1e6:.1f}M values, rank {args.rank}, "
-          f"{args.threads} torch thread(s); ms, median of 3 (merge_into bit-equal to the plain merge):")
-    for label, sec in rows:
-        print(f"  {label:45s} {sec * 1e3:7.1f}")
+          f"{args.threads} torch thread(s); ms, wall / CPU of this thread (median of 5; the two merges alternated "
+          f"{args.merge_reps} times; merge_into bit-equal to the plain merge):")
+    for label, got in by_label.items():
+        print(f"  {label:45s} {statistics.median(w for w, _ in got) * 1e3:7.1f} / "
+              f"{statistics.median(c for _, c in got) * 1e3:7.1f}")
+
+
+def _malloc_trim():
+    """glibc's ``malloc_trim`` (None elsewhere)."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
 
 
 async def background(args) -> None:
@@ -250,6 +277,7 @@ if __name__ == "__main__":
     ap.add_argument("--merge-profile", action="store_true", help="only: where a merge's time goes (one process)")
     ap.add_argument("--background", action="store_true", help="only: a version served at once, merged beside "
                                                                "generation, on a larger model")
+    ap.add_argument("--merge-reps", type=int, default=9, help="--merge-profile: alternations of the two merges")
     ap.add_argument("--hidden", type=int, default=768, help="--background: the model's width")
     ap.add_argument("--layers", type=int, default=8, help="--background: its blocks")
     ap.add_argument("--versions", type=int, default=3, help="--background: versions applied while generating")

@@ -263,3 +263,21 @@ async def test_a_full_round_mid_merge_leaves_exactly_its_weights(replica, monkey
     await sink.load_buckets(manifest.model_copy(update={"version": 4}), buffers)
     for name, t in state.items():
         assert torch.equal(engine.model.state_dict()[name], t), name
+
+
+async def test_between_steps_runs_at_the_next_step_boundary_while_a_batch_decodes(replica):
+    """The swap's turn comes at the next step boundary, not once generation stops (a plain lock is not fair: the
+    decode loop would take it back at once, step after step)."""
+    engine, _, _ = replica
+    params = SamplingParams(max_new_tokens=400, ignore_eos=True, temperature=1.0, seed=5)
+    gen = asyncio.ensure_future(engine.generate_many([SequenceRequest(rid=f"long-{i}", prompt_ids=tuple(PROMPT),
+                                                                      params=params) for i in range(4)]))
+    while engine._decode.steps < 5:
+        await asyncio.sleep(0.005)
+    for _ in range(20):
+        before = engine._decode.steps
+        inside = await engine.between_steps(lambda: engine._decode.steps)
+        assert inside - before <= 2  # the step under way, at most one more
+    assert not gen.done()
+    outs = await gen
+    assert all(len(o.output_ids) == 400 for o in outs)

@@ -98,6 +98,7 @@ class DecodeLoop:
         self.prefix_cache = prefix_cache
         self._cond = threading.Condition()
         self._step = threading.Lock()  # held through each step's forwards: between_steps() waits for it
+        self._callers = 0  # between_steps() calls waiting for the lock: the loop lets them in before its next step
         self._pending: deque[Row] = deque()
         self._active: list[Row] = []
         self._rows: dict[str, Row] = {}
@@ -117,9 +118,17 @@ class DecodeLoop:
 
     def between_steps(self, fn: Callable[[], Any]) -> Any:
         """Call ``fn`` (short; blocking) while no step of this loop runs: after the step under way ends and before
-        the next one starts (what a weight swap that keeps the version needs: every forward sees one state)."""
-        with self._step:
-            return fn()
+        the next one starts (what a weight swap that keeps the version needs: every forward sees one state). The
+        loop waits for it before its next step (a lock alone is not fair: the loop would take it back at once)."""
+        with self._cond:
+            self._callers += 1
+        try:
+            with self._step:
+                return fn()
+        finally:
+            with self._cond:
+                self._callers -= 1
+                self._cond.notify_all()
 
     def stop(self, timeout: float = 30.0) -> None:
         with self._cond:
@@ -227,6 +236,9 @@ class DecodeLoop:
                 joining = self._next_admissions()
                 if joining is None:
                     break
+                with self._cond:  # a between_steps() caller goes first
+                    while self._callers and not self._stopping:
+                        self._cond.wait(0.05)
                 try:
                     with self._step:
                         self._iteration(batch, joining)
