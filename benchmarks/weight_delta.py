@@ -28,8 +28,11 @@ Then a LoRA run (issue 38 part 2): the same model in bf16 with a rank-``--lora-r
 layer of its blocks, trained by AdamW (lr 1e-4) for ``--steps`` steps; each version is published twice, by two
 publishers of two runs: as an adapter round to 2 fresh receivers that load adapters (the hf sink merges each
 version's adapter into its pristine base), and as a merged full round to 2 receivers with ``weights.adapters:
-off``. The last line compares the two (median over the steps): bytes on the wire and publish time, both end to end
-(the merged round includes merging the adapter on the learner, as a LoRA learner's publish does).
+off``: the merged round first, the adapter round right after it, then the adapter receivers' background merges are
+waited for (``merge``: the round confirms once the version is served hooked; each merge's time and when both were
+swapped in are printed) so that no round shares the CPU with them. The last line compares the two rounds (median
+over the steps): bytes on the wire and publish time, both end to end (the merged round includes merging the adapter
+on the learner, as a LoRA learner's publish does).
 ``--lora-only`` skips the delta part, ``--no-lora`` the LoRA run; ``--adapter-apply unmerged`` has the adapter receivers serve unmerged.
 
 Every process this script starts is killed when it ends.
@@ -89,12 +92,20 @@ async def receiver(args) -> None:
                             name=f"recv{args.index}")
     await sidecar.start()
     parent = os.getppid()
-    seen = None
+    seen = merged = None
     while os.getppid() == parent and not await r.exists(f"{args.run}:quit"):
         last = sidecar.last_update
         if last is not None and last.round != seen:  # the round's phases on this receiver, for the driver
             seen = last.round
             await r.hset(f"{args.run}:phases:{args.index}", str(last.version), json.dumps(last.phases))
+        # hf, merge: the background merge swapped in (a sink that merges inside the round, or unmerged: at once)
+        done = getattr(sidecar.sink, "adapter_merged", None) if args.adapter_apply == "merge" else None
+        if done is None and last is not None and (args.adapter_apply != "merge"
+                                                  or not hasattr(sidecar.sink, "adapter_merged")):
+            done = (last.version, last.phases.get("apply", 0.0))
+        if done is not None and done != merged:
+            merged = done
+            await r.hset(f"{args.run}:merged:{args.index}", str(done[0]), str(done[1]))
         await asyncio.sleep(0.05)
     await sidecar.stop()
     await r.aclose()
@@ -259,13 +270,13 @@ def cpu_seconds(procs: list[subprocess.Popen]) -> float:
     return total
 
 
-async def replica_phases(r, version: int) -> str:
+async def replica_phases(r, version: int, run: str = RUN) -> str:
     """Each receiver's phases of the round that brought ``version`` (written by its poller)."""
     import json
 
     out = []
     for i in range(2):
-        raw = await r.hget(f"{RUN}:phases:{i}", str(version))
+        raw = await r.hget(f"{run}:phases:{i}", str(version))
         if raw:
             ph = json.loads(raw)
             out.append(" ".join(f"{k} {v * 1e3:.0f}" for k, v in ph.items()))
@@ -374,22 +385,48 @@ async def lora_rounds(args, tmp: Path, redis_url: str, r, procs: list) -> str:
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
-            await lora_pub.publish(adapter_weights(actor))
-            a = lora_pub.last_report
-            assert set(a.round_bytes) == {"adapter"} and len(a.loaded) == 2, a
+            # the merged round first, then the adapter round back to back (both warm: a round after an idle gap is
+            # slower, 0.59-0.97 s against 0.31-0.44 s for the merged one here), then the adapter receivers' background
+            # merges are waited for (merge mode), so that they share the CPU with neither round
             await merged_pub.publish(adapter_weights(actor))  # its replicas load no adapters: merged, whole
             m = merged_pub.last_report
             assert set(m.round_bytes) == {"full"} and len(m.loaded) == 2, m
+            await lora_pub.publish(adapter_weights(actor))
+            a = lora_pub.last_report
+            assert set(a.round_bytes) == {"adapter"} and len(a.loaded) == 2, a
+            t_conf = time.perf_counter()
+            merges = await merged_on_receivers(r, runs["adapter"], a.version)
+            settle_s = time.perf_counter() - t_conf  # (after confirming: served hooked meanwhile)
+            await asyncio.sleep(0.1)  # the receivers' pollers note the round's phases
+            recv = await replica_phases(r, a.version, runs["adapter"])
             if step == 0:
                 continue
             rows.append((a.round_bytes["adapter"] / m.round_bytes["full"], a.seconds / m.seconds))
             print(f"lora step {step}: loss {float(loss.detach()):.3f}; adapter round {a.round_bytes['adapter'] / 1e6:.2f} "
                   f"MB in {a.seconds:.3f}s, merged round {m.round_bytes['full'] / 1e6:.1f} MB in {m.seconds:.2f}s; "
-                  "adapter phases (ms): " + " ".join(f"{k} {v * 1e3:.0f}" for k, v in a.phases.items()))
+                  "adapter phases (ms): " + " ".join(f"{k} {v * 1e3:.0f}" for k, v in a.phases.items())
+                  + f"; its receivers' phases (ms): {recv}"
+                  + (f"; receivers' background merge (ms): {' / '.join(f'{x * 1e3:.0f}' for x in merges)}, all "
+                     f"swapped in {settle_s * 1e3:.0f} ms after the round confirmed"
+                     if args.adapter_apply == "merge" else ""))
     for run in runs.values():
         await r.set(f"{run}:quit", "1")
     return (f"lora rank {args.lora_rank}: bytes {statistics.median(b for b, _ in rows):.3f}x merged, publish time "
             f"{statistics.median(t for _, t in rows):.2f}x merged")
+
+
+async def merged_on_receivers(r, run: str, version: int, timeout: float = 60.0) -> list[float]:
+    """Wait until both adapter receivers swapped in their background merge of ``version`` (merge mode: the round
+    confirms before it), so that it does not share the CPU with the next rounds; their merge seconds (a tree that
+    merges inside the round, or unmerged: at once, its apply phase)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = [await r.hget(f"{run}:merged:{i}", str(version)) for i in range(2)]
+        if all(g is not None for g in got):
+            return [float(g) for g in got]
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the adapter receivers did not merge version {version} in {timeout:.0f}s")
+        await asyncio.sleep(0.01)
 
 
 def main() -> None:

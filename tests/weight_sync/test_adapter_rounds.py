@@ -96,6 +96,7 @@ async def test_adapter_rounds_match_the_learner_and_carry_a_fraction_of_the_byte
             # each version is base + its own adapter: the merged replica equals the learner's merge bit for bit,
             # and every tensor the adapter leaves alone is the base it loaded
             want = merged_state_dict(actor)
+            await merged.sink.settled()  # served at once, merged in the background: swapped in by now
             have = merged.engine.model.state_dict()
             for name, t in want.items():
                 assert torch.equal(have[name], t), name
@@ -184,6 +185,7 @@ async def test_adapter_rounds_return_when_the_replica_that_cannot_load_them_leav
                     await assert_logprobs_match(actor, sc, v)
             want = merged_state_dict(actor)
             for sc in (merged, late):  # base + this version's adapter, bit for bit, as the learner merges it
+                await sc.sink.settled()
                 have = sc.engine.model.state_dict()
                 for name, t in want.items():
                     assert torch.equal(have[name], t), (sc.name, name)

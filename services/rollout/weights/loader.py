@@ -86,6 +86,11 @@ class InPlaceLoader:
         else:
             tgt.copy_(view_tensor(buf, e).to(tgt.device))
 
+    def forget_views(self) -> None:
+        """Some of the model's tensors were re-pointed elsewhere (an adapter's merge swaps storage): the copy
+        plan's views of the old storage must not be used again."""
+        self._plan = None
+
     @torch.no_grad()
     def apply(self, buckets: Sequence[Bucket], buffers: Sequence[torch.Tensor]) -> None:
         """Copy every tensor of a received version into the model: one batched copy for the tensors whose

@@ -91,8 +91,9 @@ class SidecarSettings(BaseModel):
     adapter_apply: Literal["merge", "unmerged"] = Field(
         default="merge",
         description="hf: how an adapter round enters the model: merge = each adapted weight becomes base + "
-                    "scaling * B @ A (from a copy of the base weights; faster generation), unmerged = the base "
-                    "stays and hooks add the adapter's output at every forward (no copy).",
+                    "scaling * B @ A (from a copy of the base weights; faster generation; the version is served "
+                    "hooked at once and merged in the background, then swapped in between two decode steps), "
+                    "unmerged = the base stays and hooks add the adapter's output at every forward (no copy).",
     )
     adapters_resident: int = Field(
         default=0, ge=0, le=64,

@@ -18,7 +18,7 @@ import asyncio
 import logging
 import os
 import uuid
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 import torch
@@ -123,6 +123,15 @@ class HFEngine(Engine):
     def set_weight_version(self, v: int) -> None:
         super().set_weight_version(v)
         self.prefix_cache.invalidate()
+
+    async def between_steps(self, fn: Callable[[], Any]) -> Any:
+        """Call ``fn`` (short, blocking; in a worker thread) while no forward of this engine runs: between two decode
+        steps, and no prompt-logprob forward. For a change of the weights that keeps the version and the function
+        (an adapter version's merge swapped in for its hooks); a switch to another version pauses instead."""
+        async with self._scoring:
+            if self._decode is None:
+                return fn()
+            return await asyncio.to_thread(self._decode.between_steps, fn)
 
     async def _on_resume(self) -> None:
         # weights change only while generation is paused (the sidecar pauses around every switch, and a

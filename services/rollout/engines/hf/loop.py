@@ -31,6 +31,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import regex
 import torch
@@ -96,6 +97,8 @@ class DecodeLoop:
         self._on_step = on_step
         self.prefix_cache = prefix_cache
         self._cond = threading.Condition()
+        self._step = threading.Lock()  # held through each step's forwards: between_steps() waits for it
+        self._callers = 0  # between_steps() calls waiting for the lock: the loop lets them in before its next step
         self._pending: deque[Row] = deque()
         self._active: list[Row] = []
         self._rows: dict[str, Row] = {}
@@ -112,6 +115,20 @@ class DecodeLoop:
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="hf-decode-loop", daemon=True)
         self._thread.start()
+
+    def between_steps(self, fn: Callable[[], Any]) -> Any:
+        """Call ``fn`` (short; blocking) while no step of this loop runs: after the step under way ends and before
+        the next one starts (what a weight swap that keeps the version needs: every forward sees one state). The
+        loop waits for it before its next step (a lock alone is not fair: the loop would take it back at once)."""
+        with self._cond:
+            self._callers += 1
+        try:
+            with self._step:
+                return fn()
+        finally:
+            with self._cond:
+                self._callers -= 1
+                self._cond.notify_all()
 
     def stop(self, timeout: float = 30.0) -> None:
         with self._cond:
@@ -219,8 +236,12 @@ class DecodeLoop:
                 joining = self._next_admissions()
                 if joining is None:
                     break
+                with self._cond:  # a between_steps() caller goes first
+                    while self._callers and not self._stopping:
+                        self._cond.wait(0.05)
                 try:
-                    self._iteration(batch, joining)
+                    with self._step:
+                        self._iteration(batch, joining)
                 except Exception as exc:  # an engine failure ends the batch, never the loop
                     log.exception("decode step failed; aborting the batch")
                     out = [(r, self._finish_delta(r, Finish("abort", message=f"engine error: {exc}")))

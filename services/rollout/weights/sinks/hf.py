@@ -14,8 +14,10 @@ Either way the memory cost is one flat copy of the weights beside the model (``k
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from services.rollout.weights.receiver import (
@@ -52,6 +54,16 @@ class HFSink(WeightSink):
         self._receiver: BucketReceiver | IpcReceiver | None = None
         self._live: tuple[list, list] | None = None  # (layout, buffers) the model's tensors point into (swap)
         self._prefault: asyncio.Future | None = None
+        self._switch = asyncio.Lock()  # every change of the model's weights, paused or between steps, one at a time
+        self._merges: set[asyncio.Task] = set()  # adapter merges under way in the background (merge: apply_adapter)
+        #: the last adapter version whose merge was swapped in, and the merge's seconds (merge: apply_adapter)
+        self.adapter_merged: tuple[int, float] | None = None
+
+    @contextlib.asynccontextmanager
+    async def _switching(self) -> AsyncIterator[None]:
+        """Generation paused, and no other change of the weights under way (a background merge's swap)."""
+        async with self._switch, self.paused():
+            yield
 
     def _model(self) -> Any:
         model = getattr(self.engine, "model", None)
@@ -134,7 +146,10 @@ class HFSink(WeightSink):
         clock.lap("apply")
 
     async def apply_adapter(self, manifest: Manifest, tensors: dict) -> None:
-        """Make the model base + ``manifest``'s adapter (verified ``tensors``, by wire name), paused."""
+        """Make the model base + ``manifest``'s adapter (verified ``tensors``, by wire name), paused. ``merge``: the
+        version is served at once with the adapter hooked on (ModuleAdapters.stage, microseconds a module), and merged
+        in the background; the merged weights are swapped in for the hooks between two decode steps
+        (:meth:`_merge_in`). The round confirms once the version is served, not once it is merged."""
         from services.rollout.weights.adapters import ModuleAdapters
 
         info = manifest.adapter
@@ -146,10 +161,47 @@ class HFSink(WeightSink):
             adapters.check(info, tensors)
         except (KeyError, ValueError) as exc:
             raise UpdateRefused(str(exc)) from exc
-        async with self.paused():
-            await asyncio.to_thread(adapters.apply, info, tensors)
+        merge = adapters.mode == "merge"
+        if merge and any(m.name not in adapters.base for m in info.modules):
+            await asyncio.to_thread(adapters.prepare, info)  # copies of base weights, before pausing (the first round)
+        async with self._switching():
+            if merge:
+                ticket = adapters.stage(info, tensors)
+                self._loader_for().forget_views()
+            else:
+                await asyncio.to_thread(adapters.apply, info, tensors)
             self._adapters, self._kept = adapters, None
             self.engine.set_weight_version(manifest.version)
+        if merge:
+            task = asyncio.ensure_future(self._merge_in(adapters, ticket, manifest.version))
+            self._merges.add(task)
+            task.add_done_callback(self._merges.discard)
+
+    async def _merge_in(self, adapters: Any, ticket: int, version: int) -> None:
+        """Merge a staged adapter version off the event loop and beside generation, then swap the merged weights in
+        for its hooks where no forward runs (the engine's ``between_steps``; else paused). A later adapter round, a
+        full round or ``clear`` supersedes it: the merge stops, the swap does nothing. On failure the version is
+        still served, unmerged."""
+        try:
+            if not await asyncio.to_thread(adapters.merge, ticket):
+                return
+            async with self._switch:
+                between = getattr(self.engine, "between_steps", None)
+                if between is not None:
+                    swapped = await between(lambda: adapters.swap(ticket))
+                else:
+                    async with self.paused():
+                        swapped = adapters.swap(ticket)
+                if swapped:
+                    self._loader_for().forget_views()
+                    self.adapter_merged = (version, adapters.merge_seconds)
+        except Exception:
+            log.exception("merging adapter version %d failed: it is served unmerged", version)
+
+    async def settled(self) -> None:
+        """Wait for the adapter merges under way (each swapped in, or superseded)."""
+        while self._merges:
+            await asyncio.gather(*list(self._merges), return_exceptions=True)
 
     def _replacing(self, manifest: Manifest | None = None) -> None:
         """A whole version (full, delta, snapshot, peer) is about to replace the weights: no base any more, unless
@@ -181,7 +233,10 @@ class HFSink(WeightSink):
         model, out = self._model(), {}
         for name in names:
             if name in held:
-                out[name] = held[name]
+                live = getattr(model.get_submodule(name), "weight", None)
+                # merge: a module served hooked has its base copy as its weight, which the round will overwrite
+                aliased = isinstance(live, torch.Tensor) and live.data_ptr() == held[name].data_ptr()
+                out[name] = held[name].clone() if aliased else held[name]
                 continue
             try:
                 weight = model.get_submodule(name).weight
@@ -281,7 +336,7 @@ class HFSink(WeightSink):
         loader = self._loader_for()
         layout = [b.tensors for b in manifest.buckets]
         swap = self.settings.apply_mode == "swap"
-        async with self.paused():
+        async with self._switching():
             self._replacing(manifest)
             if swap:
                 swap = await asyncio.to_thread(loader.adopt, manifest.buckets, got.buffers)
@@ -325,7 +380,7 @@ class HFSink(WeightSink):
                 for name, t in tensors.items():
                     loader.copy_tensor(name, t)
 
-        async with self.paused():
+        async with self._switching():
             self._replacing(manifest)
             await asyncio.to_thread(apply)
             self.engine.set_weight_version(manifest.version)
@@ -350,12 +405,15 @@ class HFSink(WeightSink):
             loader.check_buckets(manifest.buckets)
         except (KeyError, ValueError) as exc:
             raise UpdateRefused(str(exc)) from exc
-        async with self.paused():
+        async with self._switching():
             self._replacing(manifest)
             await asyncio.to_thread(loader.apply, manifest.buckets, buffers)
             self.engine.set_weight_version(manifest.version)
 
     async def close(self) -> None:
+        for task in list(self._merges):
+            task.cancel()
+        await asyncio.gather(*list(self._merges), return_exceptions=True)
         if self._prefault is not None:
             await asyncio.gather(self._prefault, return_exceptions=True)
             self._prefault = None
