@@ -40,7 +40,7 @@ from .display import Display, headline
 from .heldout import episode_worker, evaluate, heldout_rows, next_eval_step
 from .learner_ranks import follower_name, rank_envs
 from .plan import RESOLVED_SPEC, RUN_KEY_FILE, ProcessPlan, plan, run_dir_of
-from .preflight import extras_problems, preflight, remote_problems
+from .preflight import extras_problems, path_problems, preflight, remote_problems
 from .progress import EvalPoint, Poller, RunView, SampleTail, fleet_error_line
 from .reward_stall import RewardStall, before_after
 from .run_record import RunLock, RunLocked, compare, latest_step, read_record, write_record
@@ -106,9 +106,13 @@ class RunLauncher:
                 zygote.close()
             raise RunError(str(exc)) from exc
         try:
-            checked = plan(self.spec, self.spec_file, "redis://127.0.0.1:1", "check")  # every setting valid first
+            # every path exists first: a missing model is the spec's `model:`, not a rollout setting's refusal
+            problems = path_problems(self.spec, self.spec_file)
+            if problems:
+                raise RunError("\n".join(problems))
+            checked = plan(self.spec, self.spec_file, "redis://127.0.0.1:1", "check")  # every setting valid
             problems = extras_problems(checked)  # every optional package a service needs is installed
-            problems = problems or preflight(self.spec, self.spec_file)  # every path exists, every function imports
+            problems = problems or preflight(self.spec, self.spec_file)  # every function imports
             if not problems and not self.skip_preflight:  # every remote scorer answers a probe in its protocol
                 problems = remote_problems(self.spec)
             if problems:

@@ -48,6 +48,8 @@ def path_problems(spec: RunSpec, spec_file: Path) -> list[str]:
     model = Path(spec.model)
     if not model.is_dir() and not (looks_like_hub_id(spec.model) and not model.is_absolute()):
         problems.append(f"{spec_file}: model: no model directory at {model} {rel}")
+    elif model.is_dir() and not (model / "config.json").is_file():
+        problems.append(f"{spec_file}: model: {model} is not a Hugging Face model directory (no config.json in it)")
     for j, entry in enumerate(spec.sys_path or []):
         if not Path(entry).is_dir():
             problems.append(f"{spec_file}: sys_path[{j}]: no directory at {entry} {rel}")
@@ -61,6 +63,9 @@ def path_problems(spec: RunSpec, spec_file: Path) -> list[str]:
         rm = getattr(scorer, "model", None)
         if scorer.kind == "hf_rm" and rm and not Path(rm).is_dir() and not looks_like_hub_id(rm):
             problems.append(f"{spec_file}: reward.scorers[{i}].model: no model directory at {rm} {rel}")
+        elif scorer.kind == "hf_rm" and rm and Path(rm).is_dir() and not (Path(rm) / "config.json").is_file():
+            problems.append(f"{spec_file}: reward.scorers[{i}].model: {rm} is not a Hugging Face model directory "
+                            "(no config.json in it)")
     for name in ("learner", "rollout", "reward"):
         own = getattr(spec.services, name)
         if isinstance(own, str) and not Path(own).is_file():

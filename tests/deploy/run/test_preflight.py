@@ -84,3 +84,32 @@ def test_a_service_that_failed_to_start_is_one_line_with_its_reason_and_log(tmp_
                     f"not a valid model identifier (its log: {tmp_path / 'logs' / 'rollout-0.log'})")
     empty = fleet_error_line(FleetError("reward-0 exited with code 1 while starting:\n"), tmp_path)
     assert empty == f"reward-0 exited with code 1 while starting: (its log is empty) (its log: {tmp_path / 'reward-0.log'})"
+
+
+@pytest.mark.process
+def test_fleetrl_run_names_the_specs_model_when_it_is_missing_or_not_a_checkpoint(tmp_path, tiny_model_dir):
+    """An RL spec's missing model was refused as `rollout settings: model: model '...': no Hugging Face checkpoint
+    there`, a setting the user never wrote; an SFT spec with an empty model directory started the learner, which
+    died 8 s later. Both are the spec's `model:` now, before anything starts, RL and SFT alike."""
+    import subprocess
+    import sys
+
+    from tests.deploy.run.conftest import tiny_spec
+    from tests.procs import REPO
+
+    (tmp_path / "empty-model").mkdir()
+    rel = f"(relative paths in a spec are relative to its directory, {tmp_path})"
+    not_hf = f"model: {tmp_path / 'empty-model'} is not a Hugging Face model directory (no config.json in it)"
+    rl = tiny_spec(tmp_path, tmp_path / "sft-model")
+    sft = tmp_path / "sft.yaml"
+    sft.write_text(yaml.safe_dump({"run_name": "sft", "run_dir": "sft-run", "model": "empty-model",
+                                   "data": {"path": "train.jsonl", "input_key": "input", "output_key": "label"},
+                                   "algorithm": {"name": "sft", "batch_size": 4}}))
+    for file, sets, want in ((rl, [], f"model: no model directory at {tmp_path / 'sft-model'} {rel}"),
+                             (rl, ["--set", "model=empty-model"], not_hf), (sft, [], not_hf)):
+        out = subprocess.run([sys.executable, "-m", "deploy.cli", "run", str(file), "--lines", *sets], cwd=REPO,
+                             capture_output=True, text=True, timeout=120, check=False)
+        lines = [line.split("] ", 1)[-1] for line in (out.stdout + out.stderr).splitlines() if line.strip()]
+        assert (out.returncode, lines) == (1, [f"error: {file}: {want}"]), out.stdout + out.stderr
+        for run_dir in ("run", "sft-run"):  # nothing started
+            assert not any((tmp_path / run_dir / "logs" / f"{name}.log").exists() for name in ("learner", "rollout-0"))
