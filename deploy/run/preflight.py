@@ -107,17 +107,28 @@ def remote_problems(spec: RunSpec) -> list[str]:
 
 
 def _reward_url_problem(url: str) -> str | None:
+    return service_url_problem("reward.url", url, "/health", "reward")
+
+
+def service_url_problem(setting: str, url: str, route: str, kind: str) -> str | None:
+    """Why ``url`` (given as ``setting``) is not the base URL of a running FleetRL ``kind`` service, in one line
+    naming the setting, or None: ``route`` is fetched once (GET, 10 s at most). A URL with no scheme, a refused
+    connection or a 404 (a path such as ``/v1`` on the base URL, another service's port) each say so."""
     import httpx
 
+    from services.reward.scorers.http_remote import short_reason
     from shared.redact import redact_url
 
     shown = redact_url(url)
+    if not url.startswith(("http://", "https://")):
+        return f"{setting} {shown}: not an http:// or https:// URL (write http://{shown.split('://')[-1]})"
     try:
-        r = httpx.get(f"{url.rstrip('/')}/health", timeout=httpx.Timeout(10.0, connect=5.0))
+        r = httpx.get(f"{url.rstrip('/')}{route}", timeout=httpx.Timeout(10.0, connect=5.0))
     except httpx.HTTPError as exc:
-        return f"reward.url {shown}: cannot connect ({type(exc).__name__})"
+        return f"{setting} {shown}: cannot connect ({short_reason(exc)})"
     if r.status_code == 404:
-        return f"reward.url {shown}: answered 404 to /health (is it a FleetRL reward service's base URL?)"
+        return (f"{setting} {shown}: answered 404 to {route} (is it a FleetRL {kind} service's base URL? no path "
+                "such as /v1 after the port)")
     return None
 
 
