@@ -194,7 +194,7 @@ def format_validation_error(exc: ValidationError, source: str, cls: type[BaseSet
     lines = [f"invalid settings ({source}):"]
     for err in exc.errors():
         loc = ".".join(str(p) for p in err["loc"]) or "<root>"
-        msg = err["msg"]
+        msg = str(err["msg"]).removeprefix("Value error, ")  # pydantic's prefix says nothing to a user
         if err["type"] == "extra_forbidden":
             near = closest_path(cls, user_path(cls, err["loc"])) if cls is not None else None
             msg = (f"unknown setting (did you mean {near}?)" if near else
@@ -234,7 +234,8 @@ def load_settings(cls: type[S], config_file: str | Path | None = None, **overrid
     path = Path(config_file) if config_file is not None else None
     if path is not None and not path.is_file():
         raise SettingsError(f"config file {path} does not exist")
-    source = str(path) if path else "environment"
+    # what the values came from: a service's flags (`fleetrl rollout --model X`) are overrides, not the environment
+    source = str(path) if path else ("flags and environment" if overrides else "environment")
     token = _config_file.set(path)
     try:
         if "plugins" in cls.model_fields:

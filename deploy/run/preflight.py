@@ -11,7 +11,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .spec import RunSpec, looks_like_hub_id
+from shared.model_dir import looks_like_hub_id
+
+from .spec import RunSpec
 
 IMPORT_TIMEOUT_S = 120.0
 

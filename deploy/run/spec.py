@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from services.learner.algorithms.algorithm_settings import AlgorithmSettings, GRPOSettings, runs_fleet
 from services.learner.settings import DataSettings, OptimSettings, TrainSettings
 from services.reward.scorer_config import ScorerConfig
+from shared.model_dir import looks_like_hub_id
 from shared.plugins import import_plugins
 
 from .placement import PlacementSpec
@@ -272,11 +273,6 @@ def import_spec_plugins(raw: dict[str, Any]) -> None:
         except ValueError as exc:
             reason = str(exc).removeprefix("plugins: ").splitlines()[0]
             raise ValueError(f"plugins[{i}]: {reason}") from exc
-
-
-def looks_like_hub_id(name: str) -> bool:
-    """``org/name`` (one slash, not a relative path): a model hub id, not a local directory."""
-    return name.count("/") == 1 and not name.startswith((".", "~", "/"))
 
 
 def resolve_paths(raw: dict[str, Any], base: Path) -> dict[str, Any]:

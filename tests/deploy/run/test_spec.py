@@ -123,7 +123,7 @@ def test_a_service_setting_its_own_class_refuses_is_named(spec_file):
     with pytest.raises(SettingsError, match=r"^services\.rollout\.engin: unknown setting \(did you mean engine\?\)"):
         plan(typo, spec_file, "redis://127.0.0.1:1/0", "tok")
     missing = load_spec(spec_file, ["model=./no-such-model"])
-    with pytest.raises(SettingsError, match="model .*no Hugging Face checkpoint there"):
+    with pytest.raises(SettingsError, match="model .*no model directory at .*no-such-model"):  # not "no checkpoint"
         plan(missing, spec_file, "redis://127.0.0.1:1/0", "tok")
 
 
