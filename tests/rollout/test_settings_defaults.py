@@ -45,9 +45,9 @@ def test_a_model_that_is_no_directory_and_no_hub_id_is_refused_at_once_naming_wh
     from tests.procs import REPO
 
     (tmp_path / "empty").mkdir()
-    for model, want in (("sft-modle", f"model: model 'sft-modle': no model directory at {tmp_path / 'sft-modle'} (a "
+    for model, want in (("sft-modle", (f"model: model 'sft-modle': no model directory at {tmp_path / 'sft-modle'} (a "
                                       f"relative path is relative to the current directory, {tmp_path}); a model hub "
-                                      "id is written org/name"),
+                                      "id is written org/name")),
                         ("empty", "model: model 'empty': no Hugging Face checkpoint there (config.json missing)")):
         t0 = time.monotonic()
         out = subprocess.run([sys.executable, "-m", "services.rollout", "--model", model, "--port", "1"], cwd=tmp_path,

@@ -89,10 +89,10 @@ def test_a_rollout_url_that_is_no_rollout_service_is_one_line_naming_the_option(
     dead, other = f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{server.server_port}/v1"
     try:
         for url, want in ((dead, f"--rollout-url {dead}: cannot connect (Connection refused)"),
-                          (other, f"--rollout-url {other}: answered 404 to /get_model_info (is it a FleetRL rollout "
-                                  "service's base URL? no path such as /v1 after the port)"),
-                          ("localhost:8001", "--rollout-url localhost:8001: not an http:// or https:// URL (write "
-                                             "http://localhost:8001)")):
+                          (other, (f"--rollout-url {other}: answered 404 to /get_model_info (is it a FleetRL rollout "
+                                  "service's base URL? no path such as /v1 after the port)")),
+                          ("localhost:8001", ("--rollout-url localhost:8001: not an http:// or https:// URL (write "
+                                             "http://localhost:8001)"))):
             out = fleetrl_eval(spec_file, "--rollout-url", url, timeout=60)
             assert (out.returncode, out.stderr.strip()) == (1, f"error: {want}"), out.stderr
     finally:
