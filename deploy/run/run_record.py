@@ -46,9 +46,26 @@ class Verdict:
     problem: str | None = None
 
 
+_UNSET = "(not set)"  # a setting one side has and the other lacks (a list item added or removed)
+
+
 def _show(value: Any) -> str:
     text = json.dumps(value) if not isinstance(value, str) else value
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _settings(spec_json: dict[str, Any]) -> dict[str, Any]:
+    """Dotted path -> value of every setting, a list of sections item by item as ``--set`` names them
+    (``reward.scorers.0.url``): a whole list cut to 60 characters hid what changed in it (a scorer's URL read
+    ``[{"name": "myrm", "weight": 1.0, ...`` on both sides)."""
+    out: dict[str, Any] = {}
+    for key, value in leaves(spec_json).items():
+        if isinstance(value, list) and value and all(isinstance(item, dict) for item in value):
+            for i, item in enumerate(value):
+                out.update({f"{key}.{i}.{k}": v for k, v in _settings(item).items()} or {f"{key}.{i}": item})
+        else:
+            out[key] = value
+    return out
 
 
 def _is_free(path: str) -> bool:
@@ -56,18 +73,18 @@ def _is_free(path: str) -> bool:
 
 
 def _budget(value: Any) -> float:
-    return float("inf") if value is None else float(value)
+    return float("inf") if value is None or value == _UNSET else float(value)
 
 
 def compare(old: dict[str, Any], new: dict[str, Any], spec_file: str, command: str | None = None) -> Verdict:
     """May a run started with spec ``old`` continue under spec ``new`` (both ``model_dump(mode="json")``)?
     ``command``: the command the user ran (``--set`` included), which the refusal's hint repeats with
     ``--reset``; default ``fleetrl run SPEC_FILE``."""
-    a, b = leaves(old), leaves(new)
-    changed = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+    a, b = _settings(old), _settings(new)
+    changed = sorted(k for k in set(a) | set(b) if a.get(k, _UNSET) != b.get(k, _UNSET))
     notes, refused = [], []
     for key in changed:
-        before, after = a.get(key), b.get(key)
+        before, after = a.get(key, _UNSET), b.get(key, _UNSET)
         if _is_free(key):
             notes.append(f"{key}: {_show(before)} -> {_show(after)}")
         elif key in BUDGETS and _budget(after) > _budget(before):

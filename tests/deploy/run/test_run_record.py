@@ -84,3 +84,20 @@ def test_a_second_holder_of_the_run_dir_is_refused_naming_the_first_pid(tmp_path
     first.release()
     second.acquire("fleetrl run a.yaml")  # free again once the first has let go
     second.release()
+
+
+def test_a_changed_list_item_is_named_by_its_index_as_set_names_it():
+    """A changed URL of a reward scorer was shown as the whole list cut to 60 characters, the same on both sides
+    (`reward.scorers [{"name": "myrm", "weight": 1.0, "on_error": "fail", "tim... -> [{"name": "myrm", ...`)."""
+    scorer = {"name": "myrm", "weight": 1.0, "on_error": "fail", "timeout_s": 10.0, "kind": "http",
+              "url": "http://127.0.0.1:5099/get_reward"}
+    old = {**OLD, "reward": {"scorers": [scorer]}}
+    new = {**OLD, "reward": {"scorers": [{**scorer, "url": "http://127.0.0.1:5098/get_reward"},
+                                         {"name": "fmt", "kind": "rule"}]}}
+    verdict = compare(old, new, "fleetrl.yaml")
+    assert not verdict.ok
+    assert verdict.problem.startswith(
+        "fleetrl.yaml changed since this run was started: reward.scorers.0.url http://127.0.0.1:5099/get_reward -> "
+        "http://127.0.0.1:5098/get_reward; reward.scorers.1.kind (not set) -> rule; reward.scorers.1.name (not set) -> "
+        "fmt. A run continues only")
+    assert compare(old, {**OLD, "reward": {"scorers": [dict(reversed(scorer.items()))]}}, "f").problem is None
