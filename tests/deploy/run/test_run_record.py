@@ -98,6 +98,11 @@ def test_a_changed_list_item_is_named_by_its_index_as_set_names_it():
     assert not verdict.ok
     assert verdict.problem.startswith(
         "fleetrl.yaml changed since this run was started: reward.scorers.0.url http://127.0.0.1:5099/get_reward -> "
-        "http://127.0.0.1:5098/get_reward; reward.scorers.1.kind (not set) -> rule; reward.scorers.1.name (not set) -> "
-        "fmt. A run continues only")
+        'http://127.0.0.1:5098/get_reward; reward.scorers.1 (not set) -> {"name": "fmt", "kind": "rule"}. A run '
+        "continues only")
+    # another kind of scorer in its place: the item whole, not each field the kinds do not share
+    other = compare(old, {**OLD, "reward": {"scorers": [{"name": "exact", "kind": "rule", "weight": 1.0}]}}, "f")
+    assert other.problem.startswith('f changed since this run was started: reward.scorers.0 {"name": "myrm", '), \
+        other.problem
+    assert '-> {"name": "exact", "kind": "rule", "weight": 1.0}. A run' in other.problem
     assert compare(old, {**OLD, "reward": {"scorers": [dict(reversed(scorer.items()))]}}, "f").problem is None
