@@ -123,12 +123,12 @@ def tiny_model_cmd(
 def _redis_url(value: str) -> str:
     """``--redis-url`` as Redis reads it; a URL without its scheme (``localhost:6379``) is a one-line usage error
     naming the option (redis-py raised a ValueError out of the command, a traceback)."""
-    if value and not value.startswith(("redis://", "rediss://", "unix://")):
-        from shared.redact import redact_url
+    from shared.settings import redis_url_with_scheme
 
-        raise typer.BadParameter(f"{redact_url(value)!r} is not a Redis URL: use redis://[:password@]host:port/db "
-                                 "(rediss:// for TLS, unix:///path/to/socket)")
-    return value
+    try:
+        return redis_url_with_scheme(value) or value
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
 
 
 RedisUrlOption = Annotated[str, typer.Option("--redis-url", envvar="REDIS_URL", callback=_redis_url,

@@ -178,12 +178,19 @@ class ServiceSettings(FleetSettings):
     @field_validator("redis_url")
     @classmethod
     def _redis_url_scheme(cls, v: str | None) -> str | None:
-        if v and not v.startswith(("redis://", "rediss://", "unix://")):
-            from shared.redact import redact_url
+        return redis_url_with_scheme(v)
 
-            raise ValueError(f"{redact_url(v)!r} is not a Redis URL: use redis://[:password@]host:port/db, "
-                             "rediss://... for TLS, or unix:///path/to/socket")
-        return v
+
+def redis_url_with_scheme(v: str | None) -> str | None:
+    """``v`` when it is a Redis URL redis-py reads (or None); else ValueError saying how to write one. Every place
+    a user gives a Redis URL checks it so: a service's ``redis_url``, the run spec's ``redis.url``, the CLI's
+    ``--redis-url``."""
+    if v and not v.startswith(("redis://", "rediss://", "unix://")):
+        from shared.redact import redact_url
+
+        raise ValueError(f"{redact_url(v)!r} is not a Redis URL: use redis://[:password@]host:port/db, "
+                         "rediss://... for TLS, or unix:///path/to/socket")
+    return v
 
 
 def format_validation_error(exc: ValidationError, source: str, cls: type[BaseSettings] | None = None) -> str:

@@ -40,7 +40,7 @@ from .display import Display, headline
 from .heldout import episode_worker, evaluate, heldout_rows, next_eval_step
 from .learner_ranks import follower_name, rank_envs
 from .plan import RESOLVED_SPEC, RUN_KEY_FILE, ProcessPlan, plan, run_dir_of
-from .preflight import extras_problems, path_problems, preflight, remote_problems
+from .preflight import extras_problems, path_problems, preflight, redis_problem, remote_problems
 from .progress import EvalPoint, Poller, RunView, SampleTail, fleet_error_line
 from .reward_stall import RewardStall, before_after
 from .run_record import RunLock, RunLocked, compare, latest_step, read_record, write_record
@@ -179,6 +179,9 @@ class RunLauncher:
         redis_url = None
         if spec.is_rl:
             redis_url = fleet.start_redis()
+            problem = redis_problem(redis_url) if spec.redis.url is not None else None  # an external one answers
+            if problem:
+                raise RunError(problem)
             say(f"run {spec.run_name} in {self.run_dir}; Redis at {redact_url(redis_url)}")
         token = secrets.token_urlsafe(16)
         procs = plan(spec, self.spec_file, redis_url, token, self._run_key())

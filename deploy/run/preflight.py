@@ -134,6 +134,29 @@ def service_url_problem(setting: str, url: str, route: str, kind: str) -> str | 
     return None
 
 
+def redis_problem(url: str, timeout_s: float = 5.0) -> str | None:
+    """Why the spec's external Redis (``redis.url``) cannot be used, in one line naming the setting, or None: one
+    PING within ``timeout_s`` (a Redis that is down, a wrong port or a refused password was a redis-py traceback
+    out of ``fleetrl run``, from its first read of the run's keys)."""
+    import redis
+
+    from services.reward.scorers.http_remote import short_reason
+    from shared.redact import redact_text, redact_url
+    from shared.redis_errors import REDIS_FAILED, REDIS_REFUSED
+
+    client = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+    try:
+        client.ping()
+    except REDIS_REFUSED as exc:
+        return f"redis.url {redact_url(url)}: Redis refused the credentials ({redact_text(str(exc))})"
+    except REDIS_FAILED as exc:
+        return (f"redis.url {redact_url(url)}: cannot connect ({short_reason(exc)}); start that Redis, or leave "
+                "redis.url unset for an embedded one under run_dir")
+    finally:
+        client.close()
+    return None
+
+
 def extras_problems(procs) -> list[str]:
     """One line per process of a plan (:func:`deploy.run.plan.plan`) whose settings need an optional package that
     is not installed (``optional_packages()`` of its settings), with the ``pip install`` that brings it."""

@@ -29,6 +29,7 @@ from services.learner.settings import DataSettings, OptimSettings, TrainSettings
 from services.reward.scorer_config import ScorerConfig
 from shared.model_dir import looks_like_hub_id
 from shared.plugins import import_plugins
+from shared.settings import redis_url_with_scheme
 
 from .placement import PlacementSpec
 
@@ -137,6 +138,11 @@ class RedisSpec(_Strict):
     """Where the run's queue lives."""
 
     url: str | None = Field(default=None, description="An external Redis; unset: an embedded server in run_dir/redis.")
+
+    @field_validator("url")
+    @classmethod
+    def _url_scheme(cls, v: str | None) -> str | None:
+        return redis_url_with_scheme(v)  # named redis.url here, not as the rollout's redis_url
 
 
 class EvalSpec(_Strict):

@@ -113,3 +113,33 @@ def test_fleetrl_run_names_the_specs_model_when_it_is_missing_or_not_a_checkpoin
         assert (out.returncode, lines) == (1, [f"error: {file}: {want}"]), out.stdout + out.stderr
         for run_dir in ("run", "sft-run"):  # nothing started
             assert not any((tmp_path / run_dir / "logs" / f"{name}.log").exists() for name in ("learner", "rollout-0"))
+
+
+@pytest.mark.process
+def test_an_external_redis_that_does_not_answer_or_refuses_the_password_is_one_line_naming_redis_url(
+        tmp_path, tiny_model_dir, redis_server):
+    """`redis: {url: ...}` at a Redis that is down (or with a wrong password) was a redis-py traceback out of
+    `fleetrl run` (its first read of the run's keys); a URL without redis:// was named as the rollout's
+    redis_url. Each is one line naming the spec's redis.url now, before any service starts."""
+    import subprocess
+    import sys
+
+    from deploy.run.preflight import redis_problem
+    from shared.ports import free_port
+    from tests.deploy.run.conftest import tiny_spec
+    from tests.procs import REPO
+
+    dead = f"redis://127.0.0.1:{free_port()}/0"
+    wrong = redis_server.url.replace(f":{redis_server.password}@", ":not-the-password@")
+    assert redis_problem(redis_server.url) is None
+    assert redis_problem(wrong).startswith(f"redis.url {redis_server.display_url}: Redis refused the credentials (")
+    file = tiny_spec(tmp_path, tiny_model_dir)
+    for url, code, want in ((dead, 1, f"error: redis.url {dead}: cannot connect (Connection refused); start that "
+                                      "Redis, or leave redis.url unset for an embedded one under run_dir"),
+                            ("localhost:6379", 2, "error: --set redis.url: redis.url: 'localhost:6379' is not a "
+                                                  "Redis URL: use redis://[:password@]host:port/db, rediss://... "
+                                                  "for TLS, or unix:///path/to/socket")):
+        out = subprocess.run([sys.executable, "-m", "deploy.cli", "run", str(file), "--lines", "--set",
+                              f"redis.url={url}"], cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
+        lines = [line.split("] ", 1)[-1] for line in (out.stdout + out.stderr).splitlines() if line.strip()]
+        assert (out.returncode, lines) == (code, [want]), out.stdout + out.stderr
