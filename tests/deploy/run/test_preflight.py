@@ -134,11 +134,11 @@ def test_an_external_redis_that_does_not_answer_or_refuses_the_password_is_one_l
     assert redis_problem(redis_server.url) is None
     assert redis_problem(wrong).startswith(f"redis.url {redis_server.display_url}: Redis refused the credentials (")
     file = tiny_spec(tmp_path, tiny_model_dir)
-    for url, code, want in ((dead, 1, f"error: redis.url {dead}: cannot connect (Connection refused); start that "
-                                      "Redis, or leave redis.url unset for an embedded one under run_dir"),
-                            ("localhost:6379", 2, "error: --set redis.url: redis.url: 'localhost:6379' is not a "
+    for url, code, want in ((dead, 1, (f"error: redis.url {dead}: cannot connect (Connection refused); start that "
+                                      "Redis, or leave redis.url unset for an embedded one under run_dir")),
+                            ("localhost:6379", 2, ("error: --set redis.url: redis.url: 'localhost:6379' is not a "
                                                   "Redis URL: use redis://[:password@]host:port/db, rediss://... "
-                                                  "for TLS, or unix:///path/to/socket")):
+                                                  "for TLS, or unix:///path/to/socket"))):
         out = subprocess.run([sys.executable, "-m", "deploy.cli", "run", str(file), "--lines", "--set",
                               f"redis.url={url}"], cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
         lines = [line.split("] ", 1)[-1] for line in (out.stdout + out.stderr).splitlines() if line.strip()]
