@@ -410,8 +410,12 @@ class RunLauncher:
             self.display.event(f"held-out evaluation at step {step} failed: {exc}")
             return
         except (httpx.HTTPError, RuntimeError) as exc:  # the rollout replica (a service of the run, named)
-            self.display.event(f"held-out evaluation at step {step} failed: rollout-0: "
-                               f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+            said = str(exc).splitlines()[0] if str(exc) else ""
+            if isinstance(exc, httpx.HTTPStatusError):  # its own words (raise_for_rollout)
+                self.display.event(f"held-out evaluation at step {step} failed: {said}")
+            else:
+                self.display.event(f"held-out evaluation at step {step} failed: rollout-0: {type(exc).__name__}: "
+                                   f"{said}")
             return
         self.view.evals.append(point)
         mean = "" if point.mean_reward is None else f", mean reward {point.mean_reward:.3f}"

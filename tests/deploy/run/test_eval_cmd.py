@@ -98,3 +98,16 @@ def test_a_rollout_url_that_is_no_rollout_service_is_one_line_naming_the_option(
     finally:
         server.shutdown()
     assert not (spec_file.parent / "run" / "evals").exists()  # nothing started
+
+
+def test_a_rollout_refusal_says_the_services_own_words_and_the_spec_setting(spec_file, tiny_model_dir):
+    """A held-out pass the rollout service refused (max_new_tokens past the model's context) was said as httpx's
+    `Client error '400 Bad Request' for url 'http://127.0.0.1:37963/generate'`, in `fleetrl eval` and in the run's
+    display alike: the reason was in the reply's body, never shown."""
+    import re
+
+    out = fleetrl_eval(spec_file, "--model", str(tiny_model_dir), "--set", "sampling.max_new_tokens=600")
+    assert out.returncode == 1
+    assert re.fullmatch(r"error: the rollout service answered 400: prompt 0 \(\d+ tokens\) \+ max_new_tokens \(600\) "
+                        r"exceeds the context length 512; ask for at most \d+ new tokens \(sampling.max_new_tokens in "
+                        r"the spec\)", out.stderr.strip()), out.stderr
