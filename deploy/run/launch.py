@@ -91,6 +91,7 @@ class RunLauncher:
         self._resuming = False
         self._t0 = time.monotonic()
         self._said_health: set[str] = set()
+        self._said_before: dict[str, str] = {}  # resumed: each warning the earlier launches said (summary.json)
         self._health_seen: dict[str, str] = {}  # every warning of the run, for summary.json
         self._reward_token: str | None = None  # the auth_token of the reward services this run started
 
@@ -210,10 +211,8 @@ class RunLauncher:
         if not resuming:  # a fresh run's held-out history starts at its step 0, not after an earlier run's rows
             for stale in [self.run_dir / "eval.jsonl", *self.run_dir.glob("heldout_samples_step*.md")]:
                 stale.unlink(missing_ok=True)
-        else:  # a resumed run's display (and health) goes on from the earlier launches' held-out points
-            self.view.evals = [EvalPoint(int(p["step"]), float(p["accuracy"]), str(p.get("weight_version", "")),
-                                         p.get("mean_reward"))
-                               for p in heldout_points(self.run_dir / "eval.jsonl") if "accuracy" in p and "step" in p]
+        else:
+            self._resume_view()
         rows = heldout_rows(spec) if spec.eval.data and spec.is_rl else []  # preference runs: the learner's
         # a fresh run measures the starting policy before the learner moves it: the learner starts with the others
         # and loads meanwhile, held at its start gate until the evaluation is done (a resumed run has no gate:
@@ -346,6 +345,15 @@ class RunLauncher:
             if self._eval_thread is not None:
                 self._eval_thread.join(timeout=300)
 
+    def _resume_view(self) -> None:
+        """A resumed run's display (and health) goes on from the earlier launches' held-out points, and the
+        warnings they said are not said again (the same points give the same warning; it was said at every
+        resume)."""
+        self.view.evals = [EvalPoint(int(p["step"]), float(p["accuracy"]), str(p.get("weight_version", "")),
+                                     p.get("mean_reward"))
+                           for p in heldout_points(self.run_dir / "eval.jsonl") if "accuracy" in p and "step" in p]
+        self._said_before = dict((read_summary(self.run_dir / "summary.json") or {}).get("health") or {})
+
     def _health(self, view: RunView) -> None:
         """The run's health now (the learner's, and held-out accuracy's): each new warning said once."""
         heldout = check_health([], heldout=[(e.step, e.accuracy) for e in view.evals])
@@ -353,7 +361,8 @@ class RunLauncher:
         for what, message in view.health.items():
             if what not in self._said_health:
                 self._said_health.add(what)
-                self.display.event(f"health: {message}")
+                if self._said_before.pop(what, None) != message:  # not what an earlier launch said already
+                    self.display.event(f"health: {message}")
         self._said_health &= set(view.health)  # a warning that cleared is said again if it comes back
         self._health_seen.update(view.health)
 
