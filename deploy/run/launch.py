@@ -40,7 +40,14 @@ from .display import Display, headline
 from .heldout import episode_worker, evaluate, heldout_rows, next_eval_step
 from .learner_ranks import follower_name, rank_envs
 from .plan import RESOLVED_SPEC, RUN_KEY_FILE, ProcessPlan, plan, run_dir_of
-from .preflight import extras_problems, path_problems, preflight, redis_problem, remote_problems
+from .preflight import (
+    context_problem,
+    extras_problems,
+    path_problems,
+    preflight,
+    redis_problem,
+    remote_problems,
+)
 from .progress import EvalPoint, Poller, RunView, SampleTail, fleet_error_line
 from .reward_stall import RewardStall, before_after
 from .run_record import RunLock, RunLocked, compare, latest_step, read_record, write_record
@@ -113,6 +120,8 @@ class RunLauncher:
                 raise RunError("\n".join(problems))
             checked = plan(self.spec, self.spec_file, "redis://127.0.0.1:1", "check")  # every setting valid
             problems = extras_problems(checked)  # every optional package a service needs is installed
+            rollout = next((p for p in checked if p.kind == "rollout"), None)
+            problems = problems or [p for p in [rollout and context_problem(self.spec, rollout.config)] if p]
             problems = problems or preflight(self.spec, self.spec_file)  # every function imports
             if not problems and not self.skip_preflight:  # every remote scorer answers a probe in its protocol
                 problems = remote_problems(self.spec)

@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from shared.model_dir import looks_like_hub_id
 
@@ -132,6 +133,29 @@ def service_url_problem(setting: str, url: str, route: str, kind: str) -> str | 
         return (f"{setting} {shown}: answered 404 to {route} (is it a FleetRL {kind} service's base URL? no path "
                 "such as /v1 after the port)")
     return None
+
+
+def context_problem(spec: RunSpec, rollout_config: dict[str, Any], model: str | None = None) -> str | None:
+    """Why ``sampling.max_new_tokens`` cannot fit the model's context with any prompt, or None: the rollout's
+    ``engine.context_length`` if set, else the model's ``config.json`` (as the hf engine reads it). The workers cut
+    each answer to the room left, but every held-out pass was refused (a 400 per evaluation, the whole run long)."""
+    engine = rollout_config.get("engine") or {}
+    ctx, source = engine.get("context_length"), "services.rollout.engine.context_length"
+    if not isinstance(ctx, int):
+        try:
+            data = json.loads((Path(model or spec.model) / "config.json").read_text())
+        except (OSError, ValueError):
+            return None  # a hub id, or a checkpoint the paths check speaks of
+        key = next((k for k in ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length")
+                    if isinstance(data.get(k), int)), None)
+        if key is None:
+            return None
+        ctx, source = data[key], f"{key} in the model's config.json"
+    wanted = spec.sampling.max_new_tokens
+    if wanted < ctx:
+        return None
+    return (f"sampling.max_new_tokens {wanted} leaves no room for a prompt in the model's context of {ctx} tokens "
+            f"({source}): set it below {ctx}, with room for the longest prompt")
 
 
 def redis_problem(url: str, timeout_s: float = 5.0) -> str | None:

@@ -106,8 +106,12 @@ def test_a_rollout_refusal_says_the_services_own_words_and_the_spec_setting(spec
     display alike: the reason was in the reply's body, never shown."""
     import re
 
-    out = fleetrl_eval(spec_file, "--model", str(tiny_model_dir), "--set", "sampling.max_new_tokens=600")
+    out = fleetrl_eval(spec_file, "--model", str(tiny_model_dir), "--set", "sampling.max_new_tokens=510")
     assert out.returncode == 1
-    assert re.fullmatch(r"error: the rollout service answered 400: prompt 0 \(\d+ tokens\) \+ max_new_tokens \(600\) "
+    assert re.fullmatch(r"error: the rollout service answered 400: prompt 0 \(\d+ tokens\) \+ max_new_tokens \(510\) "
                         r"exceeds the context length 512; ask for at most \d+ new tokens \(sampling.max_new_tokens in "
                         r"the spec\)", out.stderr.strip()), out.stderr
+    past = fleetrl_eval(spec_file, "--model", str(tiny_model_dir), "--set", "sampling.max_new_tokens=600")
+    assert (past.returncode, past.stderr.strip()) == (1, (
+        "error: sampling.max_new_tokens 600 leaves no room for a prompt in the model's context of 512 tokens "
+        "(max_position_embeddings in the model's config.json): set it below 512, with room for the longest prompt"))

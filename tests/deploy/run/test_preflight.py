@@ -143,3 +143,26 @@ def test_an_external_redis_that_does_not_answer_or_refuses_the_password_is_one_l
                               f"redis.url={url}"], cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
         lines = [line.split("] ", 1)[-1] for line in (out.stdout + out.stderr).splitlines() if line.strip()]
         assert (out.returncode, lines) == (code, [want]), out.stdout + out.stderr
+
+
+def test_max_new_tokens_past_the_models_context_is_refused_naming_where_the_context_comes_from(tmp_path,
+                                                                                                tiny_model_dir):
+    """`sampling.max_new_tokens: 100` on a 64-token model trained (the workers cut each answer to the room left)
+    while every held-out pass was refused with a 400, the whole run long; it is one line before anything starts."""
+    from deploy.run.preflight import context_problem
+
+    spec = load_spec(tiny_spec_with(tmp_path, tiny_model_dir), ["sampling.max_new_tokens=512"])
+    assert context_problem(spec, {}) == (
+        "sampling.max_new_tokens 512 leaves no room for a prompt in the model's context of 512 tokens "
+        "(max_position_embeddings in the model's config.json): set it below 512, with room for the longest prompt")
+    assert context_problem(spec, {"engine": {"context_length": 1024}}) is None  # the rollout's own setting wins
+    assert "context of 256 tokens (services.rollout.engine.context_length)" in \
+        context_problem(spec, {"engine": {"context_length": 256}})
+    assert context_problem(load_spec(tiny_spec_with(tmp_path, tiny_model_dir), ["sampling.max_new_tokens=511"]),
+                           {}) is None
+
+
+def tiny_spec_with(tmp_path, model):
+    from tests.deploy.run.conftest import tiny_spec
+
+    return tiny_spec(tmp_path, model)
