@@ -120,6 +120,21 @@ def tiny_model_cmd(
     typer.echo(f"wrote {kind} to {path}")
 
 
+def _redis_url(value: str) -> str:
+    """``--redis-url`` as Redis reads it; a URL without its scheme (``localhost:6379``) is a one-line usage error
+    naming the option (redis-py raised a ValueError out of the command, a traceback)."""
+    from shared.settings import redis_url_with_scheme
+
+    try:
+        return redis_url_with_scheme(value) or value
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
+RedisUrlOption = Annotated[str, typer.Option("--redis-url", envvar="REDIS_URL", callback=_redis_url,
+                                             help="Redis URL of the run.")]
+
+
 def _print_from_redis(redis_url: str, collect: Callable[[Any], Awaitable[dict]]) -> None:
     """Run ``collect(client)`` against ``redis_url`` and print its result as JSON; an unreachable or failing
     Redis is a one-line error and exit code 1, not a traceback."""
@@ -145,7 +160,7 @@ def _print_from_redis(redis_url: str, collect: Callable[[Any], Awaitable[dict]])
 
 @queue_app.command("stats")
 def queue_stats(
-    redis_url: str = typer.Option(..., envvar="REDIS_URL", help="Redis URL of the run."),
+    redis_url: RedisUrlOption,
     run_name: str = typer.Option("default", help="Run namespace."),
 ) -> None:
     """Print length, backlog, pending per consumer, dead letters and oldest pending age of both streams."""
@@ -168,7 +183,7 @@ def queue_stats(
 @queue_app.command("clear")
 def queue_clear(
     run_name: Annotated[str, typer.Option(help="Run namespace whose keys to delete.")],
-    redis_url: Annotated[str, typer.Option(envvar="REDIS_URL", help="Redis URL of the run.")],
+    redis_url: RedisUrlOption,
     yes: Annotated[bool, typer.Option("--yes", help="Do not ask for confirmation.")] = False,
 ) -> None:
     """Delete every Redis key of a run (prompts, experiences, dead letters, processed ids, weight sync), so a
@@ -190,7 +205,7 @@ def queue_clear(
 
 @weights_app.command("status")
 def weights_status(
-    redis_url: str = typer.Option(..., envvar="REDIS_URL", help="Redis URL of the run."),
+    redis_url: RedisUrlOption,
     run_name: str = typer.Option("default", help="Run namespace."),
 ) -> None:
     """Print the latest weight version, every registered replica (alive or not, its version, how far behind)

@@ -178,12 +178,19 @@ class ServiceSettings(FleetSettings):
     @field_validator("redis_url")
     @classmethod
     def _redis_url_scheme(cls, v: str | None) -> str | None:
-        if v and not v.startswith(("redis://", "rediss://", "unix://")):
-            from shared.redact import redact_url
+        return redis_url_with_scheme(v)
 
-            raise ValueError(f"{redact_url(v)!r} is not a Redis URL: use redis://[:password@]host:port/db, "
-                             "rediss://... for TLS, or unix:///path/to/socket")
-        return v
+
+def redis_url_with_scheme(v: str | None) -> str | None:
+    """``v`` when it is a Redis URL redis-py reads (or None); else ValueError saying how to write one. Every place
+    a user gives a Redis URL checks it so: a service's ``redis_url``, the run spec's ``redis.url``, the CLI's
+    ``--redis-url``."""
+    if v and not v.startswith(("redis://", "rediss://", "unix://")):
+        from shared.redact import redact_url
+
+        raise ValueError(f"{redact_url(v)!r} is not a Redis URL: use redis://[:password@]host:port/db, "
+                         "rediss://... for TLS, or unix:///path/to/socket")
+    return v
 
 
 def format_validation_error(exc: ValidationError, source: str, cls: type[BaseSettings] | None = None) -> str:
@@ -194,7 +201,7 @@ def format_validation_error(exc: ValidationError, source: str, cls: type[BaseSet
     lines = [f"invalid settings ({source}):"]
     for err in exc.errors():
         loc = ".".join(str(p) for p in err["loc"]) or "<root>"
-        msg = err["msg"]
+        msg = str(err["msg"]).removeprefix("Value error, ")  # pydantic's prefix says nothing to a user
         if err["type"] == "extra_forbidden":
             near = closest_path(cls, user_path(cls, err["loc"])) if cls is not None else None
             msg = (f"unknown setting (did you mean {near}?)" if near else
@@ -234,7 +241,8 @@ def load_settings(cls: type[S], config_file: str | Path | None = None, **overrid
     path = Path(config_file) if config_file is not None else None
     if path is not None and not path.is_file():
         raise SettingsError(f"config file {path} does not exist")
-    source = str(path) if path else "environment"
+    # what the values came from: a service's flags (`fleetrl rollout --model X`) are overrides, not the environment
+    source = str(path) if path else ("flags and environment" if overrides else "environment")
     token = _config_file.set(path)
     try:
         if "plugins" in cls.model_fields:

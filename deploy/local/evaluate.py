@@ -34,11 +34,28 @@ def generate(client: httpx.Client, rollout_url: str, rows: list[dict], params: d
             continue
         prompts = [rows[i]["input_ids"] if field == "input_ids" else rows[i]["input"] for i in idx]
         r = client.post(f"{rollout_url}/generate", json={field: prompts, "sampling_params": params})
-        r.raise_for_status()
+        raise_for_rollout(r)
         got = r.json()
         for k, i in enumerate(idx):
             out[i * n:(i + 1) * n] = got[k * n:(k + 1) * n]
     return out  # type: ignore[return-value]
+
+
+def raise_for_rollout(response: httpx.Response) -> None:
+    """An error reply of a rollout service as an HTTPStatusError whose message is the service's own words
+    (``the rollout service answered 400: prompt (10 tokens) + max_new_tokens (100) exceeds the context length 64;
+    ...``), not httpx's
+    ``Client error '400 Bad Request' for url ...``, which hid why."""
+    if response.is_success:
+        return
+    try:
+        detail = response.json().get("detail")
+    except (ValueError, AttributeError):
+        detail = None
+    said = detail.splitlines()[0] if isinstance(detail, str) and detail else " ".join(response.text.split())[:200]
+    hint = " (sampling.max_new_tokens in the spec)" if "max_new_tokens" in said else ""  # held-out uses the spec's
+    raise httpx.HTTPStatusError(f"the rollout service answered {response.status_code}: {said}{hint}",
+                                request=response.request, response=response)
 
 
 def reward_prompt(row: dict):

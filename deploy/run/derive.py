@@ -215,13 +215,36 @@ def validate(service_cls: type[BaseModel], service: str, config: dict[str, Any],
 
 def _named(service: str, line: str, own: dict[str, Any], where: str) -> str:
     """A service's settings error named where the user wrote the setting, when they did (``services.rollout`` of
-    the spec, or the file it names)."""
+    the spec, or the file it names), or by the spec's own name of a setting derived from it (the learner's
+    ``rollout.group_size`` is the spec's ``sampling.group_size``)."""
     key = line.split(":", 1)[0].strip()
     node: Any = own
     for part in key.split("."):
         if not isinstance(node, dict) or part not in node:
-            return f"{service} settings: {line}"
+            return _in_spec_terms(service, line) or f"{service} settings: {line}"
         node = node[part]
     if where.startswith("services."):
         return f"{where}.{line}"
     return f"{where}: {line}"
+
+
+def _in_spec_terms(service: str, line: str) -> str | None:
+    """``line`` with every service setting the spec derives as it is (a :data:`LINKS` entry) written by the spec's
+    name, and named by the first of them when pydantic named none (``<root>``); None when it names no such
+    setting. ``learner settings: <root>: grpo compares samples within a group: set rollout.group_size >= 2`` named
+    a setting the spec's user never wrote."""
+    import re
+
+    key, _, rest = line.partition(":")
+    key, named = key.strip(), None
+    for link in LINKS.get(service, ()):
+        if link.service == link.spec:
+            continue
+        pattern = rf"(?<![\w.]){re.escape(link.service)}(?![\w.])"
+        if re.fullmatch(pattern, key) or re.search(pattern, rest):
+            key = link.spec if re.fullmatch(pattern, key) else key
+            rest = re.sub(pattern, link.spec, rest)
+            named = named or link.spec
+    if named is None:
+        return None
+    return f"{named if key == '<root>' else key}:{rest}"

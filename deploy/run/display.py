@@ -7,6 +7,7 @@ from __future__ import annotations
 import sys
 import time
 from abc import ABC, abstractmethod
+from typing import Any
 
 from .progress import RunView
 
@@ -119,16 +120,19 @@ class LineDisplay(Display):
 class LiveDisplay(Display):
     """A rich live panel, redrawn in place; events scroll above it."""
 
-    def __init__(self) -> None:
+    def __init__(self, **console_options: Any) -> None:
         from rich.console import Console
         from rich.live import Live
 
-        self.console = Console()
+        # no source location on each line: rich's log() ended every event with a link to display.py:131
+        self.console = Console(log_path=False, **console_options)  # options: where to write (tests)
         self.live = Live(console=self.console, refresh_per_second=4, transient=False)
         self.live.start()
 
     def event(self, msg: str) -> None:
-        self.console.log(msg)
+        # the text as it is: events quote what servers and models wrote, and rich markup in them ("[/get_reward]" in
+        # a 404 page) raised MarkupError out of the launcher; "[bold]" was eaten as a style
+        self.console.log(msg, markup=False, highlight=False)
 
     def update(self, view: RunView) -> None:
         from rich.console import Group

@@ -15,7 +15,7 @@ from shared.ports import free_port
 from .derive import deep_merge, service_config, validate
 from .heldout import episode_worker, evaluate, heldout_rows
 from .plan import KINDS, run_dir_of
-from .preflight import preflight, remote_problems
+from .preflight import context_problem, preflight, remote_problems, service_url_problem
 from .progress import fleet_error_line
 from .sampled_eval import sampled_accuracy
 from .spec import RunSpec
@@ -39,7 +39,11 @@ def evaluate_model(spec: RunSpec, spec_file: Path, model: str | None = None, rol
     if worker is not None and samples > 0:
         raise ValueError(f"--samples draws single-turn answers; this spec's held-out prompts are "
                          f"{worker.rollout_function} episodes (each evaluated once, greedy): leave --samples out")
-    problems = preflight(spec, spec_file) or ([] if skip_preflight else remote_problems(spec))
+    problems = [p for p in [rollout_url and service_url_problem("--rollout-url", rollout_url, "/get_model_info",
+                                                               "rollout")] if p]
+    problems = problems or preflight(spec, spec_file) or ([] if skip_preflight else remote_problems(spec))
+    if not problems and rollout_url is None:  # a replica on the model, with the spec's sampling
+        problems = [p for p in [context_problem(spec, service_config(spec, "rollout", spec_file), model)] if p]
     if problems:
         raise ValueError(problems[0])
     rows = heldout_rows(spec, model=model)

@@ -40,7 +40,14 @@ from .display import Display, headline
 from .heldout import episode_worker, evaluate, heldout_rows, next_eval_step
 from .learner_ranks import follower_name, rank_envs
 from .plan import RESOLVED_SPEC, RUN_KEY_FILE, ProcessPlan, plan, run_dir_of
-from .preflight import extras_problems, preflight, remote_problems
+from .preflight import (
+    context_problem,
+    extras_problems,
+    path_problems,
+    preflight,
+    redis_problem,
+    remote_problems,
+)
 from .progress import EvalPoint, Poller, RunView, SampleTail, fleet_error_line
 from .reward_stall import RewardStall, before_after
 from .run_record import RunLock, RunLocked, compare, latest_step, read_record, write_record
@@ -91,6 +98,7 @@ class RunLauncher:
         self._resuming = False
         self._t0 = time.monotonic()
         self._said_health: set[str] = set()
+        self._said_before: dict[str, str] = {}  # resumed: each warning the earlier launches said (summary.json)
         self._health_seen: dict[str, str] = {}  # every warning of the run, for summary.json
         self._reward_token: str | None = None  # the auth_token of the reward services this run started
 
@@ -106,9 +114,15 @@ class RunLauncher:
                 zygote.close()
             raise RunError(str(exc)) from exc
         try:
-            checked = plan(self.spec, self.spec_file, "redis://127.0.0.1:1", "check")  # every setting valid first
+            # every path exists first: a missing model is the spec's `model:`, not a rollout setting's refusal
+            problems = path_problems(self.spec, self.spec_file)
+            if problems:
+                raise RunError("\n".join(problems))
+            checked = plan(self.spec, self.spec_file, "redis://127.0.0.1:1", "check")  # every setting valid
             problems = extras_problems(checked)  # every optional package a service needs is installed
-            problems = problems or preflight(self.spec, self.spec_file)  # every path exists, every function imports
+            rollout = next((p for p in checked if p.kind == "rollout"), None)
+            problems = problems or [p for p in [rollout and context_problem(self.spec, rollout.config)] if p]
+            problems = problems or preflight(self.spec, self.spec_file)  # every function imports
             if not problems and not self.skip_preflight:  # every remote scorer answers a probe in its protocol
                 problems = remote_problems(self.spec)
             if problems:
@@ -175,6 +189,9 @@ class RunLauncher:
         redis_url = None
         if spec.is_rl:
             redis_url = fleet.start_redis()
+            problem = redis_problem(redis_url) if spec.redis.url is not None else None  # an external one answers
+            if problem:
+                raise RunError(problem)
             say(f"run {spec.run_name} in {self.run_dir}; Redis at {redact_url(redis_url)}")
         token = secrets.token_urlsafe(16)
         procs = plan(spec, self.spec_file, redis_url, token, self._run_key())
@@ -203,10 +220,8 @@ class RunLauncher:
         if not resuming:  # a fresh run's held-out history starts at its step 0, not after an earlier run's rows
             for stale in [self.run_dir / "eval.jsonl", *self.run_dir.glob("heldout_samples_step*.md")]:
                 stale.unlink(missing_ok=True)
-        else:  # a resumed run's display (and health) goes on from the earlier launches' held-out points
-            self.view.evals = [EvalPoint(int(p["step"]), float(p["accuracy"]), str(p.get("weight_version", "")),
-                                         p.get("mean_reward"))
-                               for p in heldout_points(self.run_dir / "eval.jsonl") if "accuracy" in p and "step" in p]
+        else:
+            self._resume_view()
         rows = heldout_rows(spec) if spec.eval.data and spec.is_rl else []  # preference runs: the learner's
         # a fresh run measures the starting policy before the learner moves it: the learner starts with the others
         # and loads meanwhile, held at its start gate until the evaluation is done (a resumed run has no gate:
@@ -339,6 +354,15 @@ class RunLauncher:
             if self._eval_thread is not None:
                 self._eval_thread.join(timeout=300)
 
+    def _resume_view(self) -> None:
+        """A resumed run's display (and health) goes on from the earlier launches' held-out points, and the
+        warnings they said are not said again (the same points give the same warning; it was said at every
+        resume)."""
+        self.view.evals = [EvalPoint(int(p["step"]), float(p["accuracy"]), str(p.get("weight_version", "")),
+                                     p.get("mean_reward"))
+                           for p in heldout_points(self.run_dir / "eval.jsonl") if "accuracy" in p and "step" in p]
+        self._said_before = dict((read_summary(self.run_dir / "summary.json") or {}).get("health") or {})
+
     def _health(self, view: RunView) -> None:
         """The run's health now (the learner's, and held-out accuracy's): each new warning said once."""
         heldout = check_health([], heldout=[(e.step, e.accuracy) for e in view.evals])
@@ -346,7 +370,8 @@ class RunLauncher:
         for what, message in view.health.items():
             if what not in self._said_health:
                 self._said_health.add(what)
-                self.display.event(f"health: {message}")
+                if self._said_before.pop(what, None) != message:  # not what an earlier launch said already
+                    self.display.event(f"health: {message}")
         self._said_health &= set(view.health)  # a warning that cleared is said again if it comes back
         self._health_seen.update(view.health)
 
@@ -403,8 +428,12 @@ class RunLauncher:
             self.display.event(f"held-out evaluation at step {step} failed: {exc}")
             return
         except (httpx.HTTPError, RuntimeError) as exc:  # the rollout replica (a service of the run, named)
-            self.display.event(f"held-out evaluation at step {step} failed: rollout-0: "
-                               f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+            said = str(exc).splitlines()[0] if str(exc) else ""
+            if isinstance(exc, httpx.HTTPStatusError):  # its own words (raise_for_rollout)
+                self.display.event(f"held-out evaluation at step {step} failed: {said}")
+            else:
+                self.display.event(f"held-out evaluation at step {step} failed: rollout-0: {type(exc).__name__}: "
+                                   f"{said}")
             return
         self.view.evals.append(point)
         mean = "" if point.mean_reward is None else f", mean reward {point.mean_reward:.3f}"

@@ -10,8 +10,11 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
-from .spec import RunSpec, looks_like_hub_id
+from shared.model_dir import looks_like_hub_id
+
+from .spec import RunSpec
 
 IMPORT_TIMEOUT_S = 120.0
 
@@ -48,6 +51,8 @@ def path_problems(spec: RunSpec, spec_file: Path) -> list[str]:
     model = Path(spec.model)
     if not model.is_dir() and not (looks_like_hub_id(spec.model) and not model.is_absolute()):
         problems.append(f"{spec_file}: model: no model directory at {model} {rel}")
+    elif model.is_dir() and not (model / "config.json").is_file():
+        problems.append(f"{spec_file}: model: {model} is not a Hugging Face model directory (no config.json in it)")
     for j, entry in enumerate(spec.sys_path or []):
         if not Path(entry).is_dir():
             problems.append(f"{spec_file}: sys_path[{j}]: no directory at {entry} {rel}")
@@ -61,6 +66,9 @@ def path_problems(spec: RunSpec, spec_file: Path) -> list[str]:
         rm = getattr(scorer, "model", None)
         if scorer.kind == "hf_rm" and rm and not Path(rm).is_dir() and not looks_like_hub_id(rm):
             problems.append(f"{spec_file}: reward.scorers[{i}].model: no model directory at {rm} {rel}")
+        elif scorer.kind == "hf_rm" and rm and Path(rm).is_dir() and not (Path(rm) / "config.json").is_file():
+            problems.append(f"{spec_file}: reward.scorers[{i}].model: {rm} is not a Hugging Face model directory "
+                            "(no config.json in it)")
     for name in ("learner", "rollout", "reward"):
         own = getattr(spec.services, name)
         if isinstance(own, str) and not Path(own).is_file():
@@ -102,17 +110,74 @@ def remote_problems(spec: RunSpec) -> list[str]:
 
 
 def _reward_url_problem(url: str) -> str | None:
+    return service_url_problem("reward.url", url, "/health", "reward")
+
+
+def service_url_problem(setting: str, url: str, route: str, kind: str) -> str | None:
+    """Why ``url`` (given as ``setting``) is not the base URL of a running FleetRL ``kind`` service, in one line
+    naming the setting, or None: ``route`` is fetched once (GET, 10 s at most). A URL with no scheme, a refused
+    connection or a 404 (a path such as ``/v1`` on the base URL, another service's port) each say so."""
     import httpx
 
+    from services.reward.scorers.http_remote import short_reason
     from shared.redact import redact_url
 
     shown = redact_url(url)
+    if not url.startswith(("http://", "https://")):
+        return f"{setting} {shown}: not an http:// or https:// URL (write http://{shown.split('://')[-1]})"
     try:
-        r = httpx.get(f"{url.rstrip('/')}/health", timeout=httpx.Timeout(10.0, connect=5.0))
+        r = httpx.get(f"{url.rstrip('/')}{route}", timeout=httpx.Timeout(10.0, connect=5.0))
     except httpx.HTTPError as exc:
-        return f"reward.url {shown}: cannot connect ({type(exc).__name__})"
+        return f"{setting} {shown}: cannot connect ({short_reason(exc)})"
     if r.status_code == 404:
-        return f"reward.url {shown}: answered 404 to /health (is it a FleetRL reward service's base URL?)"
+        return (f"{setting} {shown}: answered 404 to {route} (is it a FleetRL {kind} service's base URL? no path "
+                "such as /v1 after the port)")
+    return None
+
+
+def context_problem(spec: RunSpec, rollout_config: dict[str, Any], model: str | None = None) -> str | None:
+    """Why ``sampling.max_new_tokens`` cannot fit the model's context with any prompt, or None: the rollout's
+    ``engine.context_length`` if set, else the model's ``config.json`` (as the hf engine reads it). The workers cut
+    each answer to the room left, but every held-out pass was refused (a 400 per evaluation, the whole run long)."""
+    engine = rollout_config.get("engine") or {}
+    ctx, source = engine.get("context_length"), "services.rollout.engine.context_length"
+    if not isinstance(ctx, int):
+        try:
+            data = json.loads((Path(model or spec.model) / "config.json").read_text())
+        except (OSError, ValueError):
+            return None  # a hub id, or a checkpoint the paths check speaks of
+        key = next((k for k in ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length")
+                    if isinstance(data.get(k), int)), None)
+        if key is None:
+            return None
+        ctx, source = data[key], f"{key} in the model's config.json"
+    wanted = spec.sampling.max_new_tokens
+    if wanted < ctx:
+        return None
+    return (f"sampling.max_new_tokens {wanted} leaves no room for a prompt in the model's context of {ctx} tokens "
+            f"({source}): set it below {ctx}, with room for the longest prompt")
+
+
+def redis_problem(url: str, timeout_s: float = 5.0) -> str | None:
+    """Why the spec's external Redis (``redis.url``) cannot be used, in one line naming the setting, or None: one
+    PING within ``timeout_s`` (a Redis that is down, a wrong port or a refused password was a redis-py traceback
+    out of ``fleetrl run``, from its first read of the run's keys)."""
+    import redis
+
+    from services.reward.scorers.http_remote import short_reason
+    from shared.redact import redact_text, redact_url
+    from shared.redis_errors import REDIS_FAILED, REDIS_REFUSED
+
+    client = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+    try:
+        client.ping()
+    except REDIS_REFUSED as exc:
+        return f"redis.url {redact_url(url)}: Redis refused the credentials ({redact_text(str(exc))})"
+    except REDIS_FAILED as exc:
+        return (f"redis.url {redact_url(url)}: cannot connect ({short_reason(exc)}); start that Redis, or leave "
+                "redis.url unset for an embedded one under run_dir")
+    finally:
+        client.close()
     return None
 
 

@@ -26,7 +26,7 @@ class RewardStall:
         if for_s < self.stall_after_s:
             return None, False
         self.stalled_on = (where, for_s)
-        line = f"stalled: {where} unreachable for {for_s:.0f} s (last error: {error})"
+        line = f"stalled: {where} failing for {for_s:.0f} s (last error: {error})"  # refused, or answering garbage
         return line, bool(self.give_up_after_s) and for_s >= self.give_up_after_s
 
     def came_back(self, failing: dict[str, tuple[float, str]]) -> str | None:

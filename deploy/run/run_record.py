@@ -46,9 +46,39 @@ class Verdict:
     problem: str | None = None
 
 
+_UNSET = "(not set)"  # a setting one side has and the other lacks (a list item added or removed)
+
+
 def _show(value: Any) -> str:
     text = json.dumps(value) if not isinstance(value, str) else value
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _side_by_side(old: dict[str, Any], new: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Dotted path -> value of every setting of both specs, a list of sections item by item as ``--set`` names
+    them (``reward.scorers.0.url``) where an item has the same fields on both sides (the same kind), else the item
+    whole: a whole list cut to 60 characters hid what changed in it (a scorer's URL read ``[{"name": "myrm",
+    "weight": 1.0, ...`` on both sides)."""
+    a, b = leaves(old), leaves(new)
+    out_a, out_b = {}, {}
+    for key in {**a, **b}:
+        va, vb = a.get(key, _UNSET), b.get(key, _UNSET)
+        if not (_sections(va) and _sections(vb)):
+            out_a[key], out_b[key] = va, vb
+            continue
+        for i in range(max(len(va), len(vb))):
+            ia, ib = va[i] if i < len(va) else _UNSET, vb[i] if i < len(vb) else _UNSET
+            if isinstance(ia, dict) and isinstance(ib, dict) and set(ia) == set(ib):
+                inner_a, inner_b = _side_by_side(ia, ib)
+                out_a.update({f"{key}.{i}.{k}": v for k, v in inner_a.items()})
+                out_b.update({f"{key}.{i}.{k}": v for k, v in inner_b.items()})
+            else:
+                out_a[f"{key}.{i}"], out_b[f"{key}.{i}"] = ia, ib
+    return out_a, out_b
+
+
+def _sections(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(item, dict) for item in value)
 
 
 def _is_free(path: str) -> bool:
@@ -56,18 +86,18 @@ def _is_free(path: str) -> bool:
 
 
 def _budget(value: Any) -> float:
-    return float("inf") if value is None else float(value)
+    return float("inf") if value is None or value == _UNSET else float(value)
 
 
 def compare(old: dict[str, Any], new: dict[str, Any], spec_file: str, command: str | None = None) -> Verdict:
     """May a run started with spec ``old`` continue under spec ``new`` (both ``model_dump(mode="json")``)?
     ``command``: the command the user ran (``--set`` included), which the refusal's hint repeats with
     ``--reset``; default ``fleetrl run SPEC_FILE``."""
-    a, b = leaves(old), leaves(new)
-    changed = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+    a, b = _side_by_side(old, new)
+    changed = sorted(k for k in set(a) | set(b) if a.get(k, _UNSET) != b.get(k, _UNSET))
     notes, refused = [], []
     for key in changed:
-        before, after = a.get(key), b.get(key)
+        before, after = a.get(key, _UNSET), b.get(key, _UNSET)
         if _is_free(key):
             notes.append(f"{key}: {_show(before)} -> {_show(after)}")
         elif key in BUDGETS and _budget(after) > _budget(before):

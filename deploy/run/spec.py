@@ -27,7 +27,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from services.learner.algorithms.algorithm_settings import AlgorithmSettings, GRPOSettings, runs_fleet
 from services.learner.settings import DataSettings, OptimSettings, TrainSettings
 from services.reward.scorer_config import ScorerConfig
+from shared.model_dir import looks_like_hub_id
 from shared.plugins import import_plugins
+from shared.settings import redis_url_with_scheme
 
 from .placement import PlacementSpec
 
@@ -136,6 +138,11 @@ class RedisSpec(_Strict):
     """Where the run's queue lives."""
 
     url: str | None = Field(default=None, description="An external Redis; unset: an embedded server in run_dir/redis.")
+
+    @field_validator("url")
+    @classmethod
+    def _url_scheme(cls, v: str | None) -> str | None:
+        return redis_url_with_scheme(v)  # named redis.url here, not as the rollout's redis_url
 
 
 class EvalSpec(_Strict):
@@ -272,11 +279,6 @@ def import_spec_plugins(raw: dict[str, Any]) -> None:
         except ValueError as exc:
             reason = str(exc).removeprefix("plugins: ").splitlines()[0]
             raise ValueError(f"plugins[{i}]: {reason}") from exc
-
-
-def looks_like_hub_id(name: str) -> bool:
-    """``org/name`` (one slash, not a relative path): a model hub id, not a local directory."""
-    return name.count("/") == 1 and not name.startswith((".", "~", "/"))
 
 
 def resolve_paths(raw: dict[str, Any], base: Path) -> dict[str, Any]:

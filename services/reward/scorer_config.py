@@ -12,6 +12,7 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 
 from services.reward.judge_config import JudgeScorerConfig
 from services.reward.scorer_settings_base import RetryConfig, ScorerSettingsBase, _Strict  # noqa: F401 (re-exported)
+from shared.model_dir import model_dir_problem
 from shared.plugins import PluginPoint
 
 # --- rule checks (a second discriminated union, on `type`) -------------------------------------------
@@ -102,6 +103,14 @@ class HfRmScorerConfig(ScorerSettingsBase):
         default=None, description="Apply (r - mean) / std from the checkpoint config; None follows its normalize_reward."
     )
     torch_threads: int | None = Field(default=None, ge=1, description="torch intra-op threads on CPU.")
+
+    @field_validator("model")
+    @classmethod
+    def _model_exists(cls, v: str) -> str:
+        problem = model_dir_problem(v)  # a local checkpoint or an org/name hub id, as the rollout's model
+        if problem:
+            raise ValueError(problem)
+        return v
 
 
 class PythonScorerConfig(ScorerSettingsBase):

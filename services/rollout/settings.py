@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationInfo, field_validator, model_validator
@@ -14,6 +13,7 @@ from services.rollout.engines.settings import EngineSettings, HFEngineSettings
 from services.rollout.sessions.settings import SessionSettings
 from services.rollout.weights.settings import SidecarSettings, refuse_legacy_env
 from services.rollout.worker.settings import WorkerSampling
+from shared.model_dir import model_dir_problem
 from shared.run_settings import RunSettings, move_legacy
 from shared.settings import ServiceSettings, service_config
 
@@ -207,9 +207,9 @@ class RolloutSettings(ServiceSettings):
     @field_validator("model")
     @classmethod
     def _model_exists(cls, v: str) -> str:
-        looks_local = v.startswith(("/", ".", "~")) or Path(v).exists()
-        if looks_local and not (Path(v).expanduser() / "config.json").is_file():
-            raise ValueError(f"model {v!r}: no Hugging Face checkpoint there (config.json missing)")
+        problem = model_dir_problem(v)  # a local checkpoint or an org/name hub id (shared/model_dir.py)
+        if problem:
+            raise ValueError(problem)
         return v
 
     @model_validator(mode="after")

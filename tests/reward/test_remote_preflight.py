@@ -153,3 +153,20 @@ async def test_a_scorer_behind_an_open_circuit_is_failing_with_the_real_cause_no
         assert svc.failing()["myrm"].error == "cannot connect (Connection refused)"
     finally:
         await svc.stop()
+
+
+def test_a_server_that_never_answers_is_told_how_to_wait_longer_and_only_that():
+    """The probe's line ended `(a slow server: raise timeout_s, or --skip-preflight)`, then each caller added its own
+    way to skip it: `fleetrl run` said --skip-preflight twice, the reward service named a flag it does not have."""
+    import socket
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)  # connections are queued, never answered
+    url = f"http://127.0.0.1:{silent.getsockname()[1]}/get_reward"
+    try:
+        config = HttpScorerConfig(name="myrm", kind="http", protocol="openrlhf", url=url, timeout_s=1.0)
+        assert probe_problem(config) == (f"reward scorer 'myrm' at {url}: did not answer a probe within 1 s (a slow "
+                                         "server: raise timeout_s)")
+    finally:
+        silent.close()

@@ -181,3 +181,16 @@ def test_input_token_logprobs_from_logprob_start_len(rollout, reference):
     r = post(rollout, {"input_ids": ids, "return_logprob": True, "logprob_start_len": 8,
                        "sampling_params": {"max_new_tokens": 1}})
     assert r.status_code == 400 and "logprob_start_len=8: more than the 7 tokens" in r.text, r.text
+
+
+def test_the_default_max_new_tokens_is_cut_to_the_context_as_sglang_cuts_it(rollout):
+    """No max_new_tokens sent: SGLang's default 128 was refused with a 400 ("prompt (450 tokens) + max_new_tokens
+    (128) exceeds the context length 512") for a number the client never sent; SGLang cuts its default to the
+    room left. A max_new_tokens the client sends past the context is still a 400."""
+    r = post(rollout, {"text": "x" * 450, "sampling_params": {"temperature": 0, "ignore_eos": True}})
+    assert r.status_code == 200, r.text
+    assert r.json()["meta_info"]["finish_reason"] == {"type": "length", "length": 62}
+    short = post(rollout, {"text": "x" * 10, "sampling_params": {"temperature": 0, "ignore_eos": True}})
+    assert short.json()["meta_info"]["completion_tokens"] == 128  # the default where it fits
+    sent = post(rollout, {"text": "x" * 450, "sampling_params": {"max_new_tokens": 128}})
+    assert sent.status_code == 400 and "ask for at most 62 new tokens" in sent.json()["error"]["message"]

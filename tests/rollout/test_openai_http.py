@@ -20,6 +20,15 @@ def test_models(client):
     assert [m.id for m in models.data] == ["tiny"]
 
 
+def test_one_model_is_retrieved_by_name_and_another_name_is_a_404_saying_what_is_served(client):
+    """`client.models.retrieve("tiny")` met a bare 404 "Not Found": the route did not exist."""
+    card = client.models.retrieve("tiny")
+    assert (card.id, card.object, card.owned_by) == ("tiny", "model", "fleetrl")
+    with pytest.raises(openai.NotFoundError) as err:
+        client.models.retrieve("gpt-4")
+    assert err.value.body["message"] == "model 'gpt-4' is not served here; this server serves 'tiny'"
+
+
 def test_completion_with_logprobs_n_and_token_ids(client, rollout):
     r = client.completions.create(model="tiny", prompt="2+2=", max_tokens=5, n=2, logprobs=2, temperature=0.8,
                                   seed=1, extra_body={"return_token_ids": True, "ignore_eos": True,

@@ -35,7 +35,10 @@ def _one(name: str, a: tuple[str, T, bool], b: tuple[str, T, bool]) -> tuple[str
     """The value of the setting that was set, (setting, value, was it set); both set differently: an error."""
     (na, va, sa), (nb, vb, sb) = a, b
     if sa and sb and va != vb:
-        raise SFTPlanError(f"{na} {va} and {nb} {vb} both set the {name} of an sft run; set only {na}")
+        # the two are often set in different places (the spec's algorithm.max_steps, a --set train.max_steps=N):
+        # "set only X" read as "you set X" to someone who did; say both ways out with the value they asked for
+        raise SFTPlanError(f"{na} {va} and {nb} {vb} both set the {name} of an sft run (two names of one setting): "
+                           f"keep one: remove {nb} and keep {na} {va}, or set {nb} to {va} instead of {na}")
     return a if sa or not sb else b
 
 

@@ -44,8 +44,7 @@ def probe_problem(config, timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
                           headers=request_headers(config)) as client:
             response = client.post(config.url, json=protocol.payload([PROBE_ITEM]))
     except httpx.TimeoutException:
-        return f"{where(config)}: did not answer a probe within {limit:g} s (a slow server: raise timeout_s, or " \
-               f"--skip-preflight)"
+        return f"{where(config)}: did not answer a probe within {limit:g} s (a slow server: raise timeout_s)"
     except httpx.ConnectError as exc:
         return f"{where(config)}: cannot connect ({short_reason(exc)})"
     except httpx.HTTPError as exc:

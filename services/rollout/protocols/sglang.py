@@ -64,7 +64,10 @@ async def plan(service: RolloutService, req: GenerateRequest) -> GeneratePlan:
     params = []
     for i, ids in enumerate(prompts):
         what = "prompt" if len(prompts) == 1 else f"prompt {i}"
-        budget = service.check_prompt(ids, sp.max_new_tokens or None, what)
+        if "max_new_tokens" in sp.model_fields_set or not sp.max_new_tokens:
+            budget = service.check_prompt(ids, sp.max_new_tokens or None, what)
+        else:  # SGLang's default 128, cut to what the context leaves as SGLang's scheduler cuts it (not a 400
+            budget = min(sp.max_new_tokens, service.check_prompt(ids, None, what))  # for a setting never sent)
         params.append(sampling_params(sp, budget, req.top_logprobs_num))
     input_lps = await _input_logprobs(service, req, prompts) if req.return_logprob and req.logprob_start_len >= 0 \
         else None

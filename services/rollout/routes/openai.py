@@ -1,4 +1,4 @@
-"""OpenAI-compatible routes: ``/v1/completions``, ``/v1/chat/completions``, ``/v1/models``."""
+"""OpenAI-compatible routes: ``/v1/completions``, ``/v1/chat/completions``, ``/v1/models`` (and one model's card)."""
 
 from __future__ import annotations
 
@@ -66,3 +66,11 @@ def model_list(service) -> ModelList:
 @router.get("/models", response_model=ModelList)
 async def models(service: ServiceDep) -> ModelList:
     return model_list(service)
+
+
+@router.get("/models/{model:path}", response_model=ModelCard, responses=error_responses(404))
+async def model_card(model: str, service: ServiceDep) -> ModelCard:
+    """OpenAI's ``GET /v1/models/{model}`` (``client.models.retrieve``): the served model's card, 404 for another
+    name (it was a bare 404 "Not Found" for every name, the served one included)."""
+    protocol_openai.check_model(service, model)
+    return model_list(service).data[0]

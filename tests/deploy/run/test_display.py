@@ -29,3 +29,19 @@ def test_an_sft_run_shows_its_loss_not_a_reward_and_warnings_show_on_the_headlin
     assert "loss 1.2346" in line and "reward" not in line and "held-out" not in line
     v = RunView("rl", phase="running", step=30, total=60, health={"heldout": "held-out accuracy fell 48% -> 1%"})
     assert "health: heldout!" in headline(v)
+
+
+def test_the_live_panel_prints_an_event_as_it_is_without_a_source_location():
+    """Events quote what servers and models wrote: a 404 page with `[/get_reward]` in it raised rich's MarkupError
+    out of the launcher (the run died with a traceback), `[bold]` vanished as a style, and every event line ended
+    with a link to `display.py:131`."""
+    import io
+
+    from deploy.run.display import LiveDisplay
+
+    out = io.StringIO()
+    display = LiveDisplay(file=out, force_terminal=True, width=200, color_system=None)
+    said = 'error: reward scorer x at http://h/get_reward: answered 404: {"detail": "[bold]no[/bold] [/get_reward]"}'
+    display.event(said)
+    display.close()
+    assert said in out.getvalue() and "display.py" not in out.getvalue()

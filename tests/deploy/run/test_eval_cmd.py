@@ -66,3 +66,52 @@ def test_a_replica_that_fails_to_start_is_one_line_with_its_reason_and_log(spec_
     assert rest and not rest.startswith("(its log"), line  # the reason from its log, then where the log is
     log = rest.rsplit("(its log: ", 1)[1].rstrip(")")
     assert log.startswith(str(spec_file.parent / "run" / "evals")) and log.endswith("rollout-0.log")
+
+
+def test_a_rollout_url_that_is_no_rollout_service_is_one_line_naming_the_option(spec_file):
+    """`fleetrl eval --rollout-url` printed `error: [Errno 111] Connection refused` (no URL, no option), `Client
+    error '404 Not Found' for url '.../v1/generate'` for a base URL with /v1, and httpx's own words for a URL with no
+    scheme; each is now one line naming --rollout-url, the URL and what to fix, before anything starts."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from shared.ports import free_port
+
+    class NotFound(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_error(404)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), NotFound)  # another service: every route it lacks is a 404
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    dead, other = f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{server.server_port}/v1"
+    try:
+        for url, want in ((dead, f"--rollout-url {dead}: cannot connect (Connection refused)"),
+                          (other, (f"--rollout-url {other}: answered 404 to /get_model_info (is it a FleetRL rollout "
+                                  "service's base URL? no path such as /v1 after the port)")),
+                          ("localhost:8001", ("--rollout-url localhost:8001: not an http:// or https:// URL (write "
+                                             "http://localhost:8001)"))):
+            out = fleetrl_eval(spec_file, "--rollout-url", url, timeout=60)
+            assert (out.returncode, out.stderr.strip()) == (1, f"error: {want}"), out.stderr
+    finally:
+        server.shutdown()
+    assert not (spec_file.parent / "run" / "evals").exists()  # nothing started
+
+
+def test_a_rollout_refusal_says_the_services_own_words_and_the_spec_setting(spec_file, tiny_model_dir):
+    """A held-out pass the rollout service refused (max_new_tokens past the model's context) was said as httpx's
+    `Client error '400 Bad Request' for url 'http://127.0.0.1:37963/generate'`, in `fleetrl eval` and in the run's
+    display alike: the reason was in the reply's body, never shown."""
+    import re
+
+    out = fleetrl_eval(spec_file, "--model", str(tiny_model_dir), "--set", "sampling.max_new_tokens=510")
+    assert out.returncode == 1
+    assert re.fullmatch(r"error: the rollout service answered 400: prompt 0 \(\d+ tokens\) \+ max_new_tokens \(510\) "
+                        r"exceeds the context length 512; ask for at most \d+ new tokens \(sampling.max_new_tokens in "
+                        r"the spec\)", out.stderr.strip()), out.stderr
+    past = fleetrl_eval(spec_file, "--model", str(tiny_model_dir), "--set", "sampling.max_new_tokens=600")
+    assert (past.returncode, past.stderr.strip()) == (1, (
+        "error: sampling.max_new_tokens 600 leaves no room for a prompt in the model's context of 512 tokens "
+        "(max_position_embeddings in the model's config.json): set it below 512, with room for the longest prompt"))

@@ -63,3 +63,43 @@ def test_the_reward_curve_is_drawn_again_with_held_out_accuracy(spec_file, tmp_p
     (learner_dir / "reward_curve.png").unlink()
     run._plot(ProcessPlan("learner", "learner", {"run_dir": str(learner_dir), "observability": {"plot": False}}))
     assert not (learner_dir / "reward_curve.png").exists()  # plot: false is respected
+
+
+def test_a_resumed_run_does_not_say_again_the_health_warning_an_earlier_launch_said(tmp_path, tiny_model_dir):
+    """Held-out accuracy 28% -> 12% said `health: held-out accuracy fell ...` in the launch that measured it, then
+    again at every resume (the same points, read back from eval.jsonl, give the same warning). A warning the
+    earlier launches did not say, or one that clears and comes back, is said."""
+    import json
+
+    from deploy.run.launch import RunLauncher
+    from deploy.run.load import load_spec
+    from deploy.run.progress import RunView
+    from tests.deploy.run.conftest import tiny_spec
+    from tests.deploy.run.test_reward_preflight import Events
+
+    spec_file = tiny_spec(tmp_path, tiny_model_dir)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "eval.jsonl").write_text("".join(json.dumps({"step": s, "accuracy": a}) + "\n"
+                                                for s, a in ((0, 0.48), (25, 0.01))))
+
+    def launch() -> tuple[RunLauncher, Events, RunView]:
+        display = Events()
+        launcher = RunLauncher(load_spec(spec_file), spec_file, display)
+        launcher._resume_view()
+        view = launcher.view
+        view.learner_health = {}
+        launcher._health(view)
+        return launcher, display, view
+
+    first, display, view = launch()  # no summary yet: a launch that has not said it
+    (said,) = display.lines
+    assert said.startswith("health: held-out accuracy fell 48% -> 1% in 25 steps")
+    (run_dir / "summary.json").write_text(json.dumps({"health": view.health}))
+    again, display, view = launch()
+    assert display.lines == [] and view.health  # still flagged on the headline, not said again
+    view.evals = view.evals[:1]
+    again._health(view)  # it cleared ...
+    view.evals = [*view.evals, *first.view.evals[1:]]
+    again._health(view)  # ... and came back: said
+    assert display.lines == [said]

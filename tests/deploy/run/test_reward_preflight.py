@@ -91,9 +91,12 @@ def test_a_failing_scorer_stalls_the_run_after_stall_after_s_and_stops_it_after_
     assert stall.check({where: (59.0, "cannot connect (Connection refused)")}) == (None, False)
     line, give_up = stall.check({where: (61.2, "cannot connect (Connection refused)"), "reward scorer 'b' (rule)":
                                  (1.0, "x")})
-    assert line == f"stalled: {where} unreachable for 61 s (last error: cannot connect (Connection refused))"
+    assert line == f"stalled: {where} failing for 61 s (last error: cannot connect (Connection refused))"
     assert not give_up
     assert stall.check({where: (600.0, "answered 503")})[1]
+    # a server that answers, with garbage, is not "unreachable" (the line said so for a NaN reward)
+    nan = "remote rewards[0] is nan, not a finite number"
+    assert stall.check({where: (61.0, nan)})[0] == f"stalled: {where} failing for 61 s (last error: {nan})"
     never = RewardStall(RewardSpec(url="http://x", give_up_after_s=0))
     assert never.check({where: (86_400.0, "answered 503")})[1] is False
     assert RewardSpec(url="http://x").stall_after_s == 60 and RewardSpec(url="http://x").give_up_after_s == 600
@@ -171,8 +174,8 @@ def test_the_launcher_says_stalled_once_and_gives_up_naming_the_command(tmp_path
     for seconds in (1.0, 6.0, 7.0):
         view.reward_failing = {where: (seconds, "cannot connect (Connection refused)")}
         launcher._reward_stalled(view)
-    assert display.lines == [f"stalled: {where} unreachable for 6 s (last error: cannot connect (Connection refused))"]
-    assert view.stalled.endswith("unreachable for 7 s (last error: cannot connect (Connection refused))")
+    assert display.lines == [f"stalled: {where} failing for 6 s (last error: cannot connect (Connection refused))"]
+    assert view.stalled.endswith("failing for 7 s (last error: cannot connect (Connection refused))")
     view.reward_failing = {}
     launcher._reward_stalled(view)
     assert view.stalled is None  # it came back, and the run says so once
@@ -183,6 +186,6 @@ def test_the_launcher_says_stalled_once_and_gives_up_naming_the_command(tmp_path
     with pytest.raises(RunError) as gave_up:
         launcher._reward_stalled(view)
     assert str(gave_up.value) == (
-        f"stalled: {where} unreachable for 31 s (last error: answered 503: busy); gave up after "
+        f"stalled: {where} failing for 31 s (last error: answered 503: busy); gave up after "
         f"reward.give_up_after_s = 30 s (the learner checkpoints; fix the scorer and run fleetrl run {spec_file} "
         "--set run_name=mine to resume)")

@@ -77,7 +77,7 @@ def test_a_reward_server_killed_mid_run_stalls_it_comes_back_and_the_run_gives_u
 
         kill9(server.proc)  # the server dies mid-run
         killed = time.monotonic()
-        said, stalled = out.wait(rf"stalled: {re.escape(where)} unreachable for (\d+) s \(last error: (.*)\)$", 60,
+        said, stalled = out.wait(rf"stalled: {re.escape(where)} failing for (\d+) s \(last error: (.*)\)$", 60,
                                  after=killed)
         assert said - killed >= STALL_AFTER_S and int(stalled[1]) >= STALL_AFTER_S
         assert stalled[2] == "cannot connect (Connection refused)"  # the server's failure, not the breaker's words
@@ -107,7 +107,7 @@ def test_a_reward_server_killed_mid_run_stalls_it_comes_back_and_the_run_gives_u
     stopping, _ = out.wait(r"stopping the learner \(it checkpoints first\)", 5, after=killed)
     assert GIVE_UP_AFTER_S <= stopping - killed <= ended - killed
     (error,) = [line for _, line in out.lines if "] error: " in line]
-    assert re.search(rf"error: stalled: {re.escape(where)} unreachable for \d+ s \(last error: cannot connect "
+    assert re.search(rf"error: stalled: {re.escape(where)} failing for \d+ s \(last error: cannot connect "
                      rf"\(Connection refused\)\); gave up after reward.give_up_after_s = {GIVE_UP_AFTER_S} s "
                      r"\(the learner checkpoints; fix the scorer and run fleetrl run .* to resume\)", error), error
     assert "Traceback" not in text

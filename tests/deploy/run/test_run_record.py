@@ -84,3 +84,25 @@ def test_a_second_holder_of_the_run_dir_is_refused_naming_the_first_pid(tmp_path
     first.release()
     second.acquire("fleetrl run a.yaml")  # free again once the first has let go
     second.release()
+
+
+def test_a_changed_list_item_is_named_by_its_index_as_set_names_it():
+    """A changed URL of a reward scorer was shown as the whole list cut to 60 characters, the same on both sides
+    (`reward.scorers [{"name": "myrm", "weight": 1.0, "on_error": "fail", "tim... -> [{"name": "myrm", ...`)."""
+    scorer = {"name": "myrm", "weight": 1.0, "on_error": "fail", "timeout_s": 10.0, "kind": "http",
+              "url": "http://127.0.0.1:5099/get_reward"}
+    old = {**OLD, "reward": {"scorers": [scorer]}}
+    new = {**OLD, "reward": {"scorers": [{**scorer, "url": "http://127.0.0.1:5098/get_reward"},
+                                         {"name": "fmt", "kind": "rule"}]}}
+    verdict = compare(old, new, "fleetrl.yaml")
+    assert not verdict.ok
+    assert verdict.problem.startswith(
+        "fleetrl.yaml changed since this run was started: reward.scorers.0.url http://127.0.0.1:5099/get_reward -> "
+        'http://127.0.0.1:5098/get_reward; reward.scorers.1 (not set) -> {"name": "fmt", "kind": "rule"}. A run '
+        "continues only")
+    # another kind of scorer in its place: the item whole, not each field the kinds do not share
+    other = compare(old, {**OLD, "reward": {"scorers": [{"name": "exact", "kind": "rule", "weight": 1.0}]}}, "f")
+    assert other.problem.startswith('f changed since this run was started: reward.scorers.0 {"name": "myrm", '), \
+        other.problem
+    assert '-> {"name": "exact", "kind": "rule", "weight": 1.0}. A run' in other.problem
+    assert compare(old, {**OLD, "reward": {"scorers": [dict(reversed(scorer.items()))]}}, "f").problem is None

@@ -123,7 +123,7 @@ def test_a_service_setting_its_own_class_refuses_is_named(spec_file):
     with pytest.raises(SettingsError, match=r"^services\.rollout\.engin: unknown setting \(did you mean engine\?\)"):
         plan(typo, spec_file, "redis://127.0.0.1:1/0", "tok")
     missing = load_spec(spec_file, ["model=./no-such-model"])
-    with pytest.raises(SettingsError, match="model .*no Hugging Face checkpoint there"):
+    with pytest.raises(SettingsError, match="model .*no model directory at .*no-such-model"):  # not "no checkpoint"
         plan(missing, spec_file, "redis://127.0.0.1:1/0", "tok")
 
 
@@ -150,3 +150,16 @@ def test_the_run_token_guards_the_reward_services_it_starts_and_only_those(spec_
     spec = load_spec(spec_file, ["reward.scorers=null", "reward.url=http://rm.example:8002"])
     external = by_name(plan(spec, spec_file, "redis://127.0.0.1:1/0", "tok"))
     assert "reward-0" not in external and "reward_token" not in external["rollout-0"]["worker"]
+
+
+def test_a_service_refusing_a_setting_the_spec_derived_names_the_specs_setting(spec_file):
+    """`sampling.group_size: 1` on a GRPO spec was refused as `learner settings: <root>: grpo compares samples
+    within a group: set rollout.group_size >= 2`: a learner setting the spec's user never wrote."""
+    one = load_spec(spec_file, ["sampling.group_size=1"])
+    with pytest.raises(SettingsError) as err:
+        plan(one, spec_file, "redis://127.0.0.1:1/0", "tok")
+    assert str(err.value) == "sampling.group_size: grpo compares samples within a group: set sampling.group_size >= 2"
+    narrow = load_spec(spec_file, ["window=1"])
+    with pytest.raises(SettingsError) as err:
+        plan(narrow, spec_file, "redis://127.0.0.1:1/0", "tok")
+    assert str(err.value) == "window: window (1) must be >= train.groups_per_step (2), or a step can never fill"

@@ -39,6 +39,19 @@ def test_two_names_of_one_setting_with_different_values_are_refused_naming_both(
     assert sft_plan(DataSettings(path="x"), SFTSettings(epochs=2), None, False, 16).total_steps == 4  # the old name
 
 
+def test_the_refusal_of_two_names_says_how_to_keep_the_value_asked_for():
+    """`fleetrl run sft.yaml --set train.max_steps=10` on a spec with algorithm.max_steps 40 was told "set only
+    train.max_steps", which the user had done: the line gives both ways out, with the value they asked for."""
+    with pytest.raises(SFTPlanError) as err:
+        sft_plan(DataSettings(path="x"), SFTSettings(max_steps=40), 10, True, 100)
+    assert str(err.value) == ("train.max_steps 10 and algorithm.max_steps 40 both set the steps of an sft run (two "
+                              "names of one setting): keep one: remove algorithm.max_steps and keep train.max_steps "
+                              "10, or set algorithm.max_steps to 10 instead of train.max_steps")
+    with pytest.raises(SFTPlanError, match="remove algorithm.epochs and keep data.epochs 3, or set algorithm.epochs "
+                                           "to 3 instead of data.epochs$"):
+        sft_plan(DataSettings(path="x", epochs=3), SFTSettings(epochs=2), None, False, 10)
+
+
 async def test_an_sft_learner_takes_data_epochs_and_train_max_steps(tiny_model_dir, tmp_path, redis_server):
     """The learner itself (not only fleetrl run): data.epochs 2 over 6 pairs of 4 is 4 steps (it took 2: the
     setting was accepted and ignored); train.max_steps 5 with no passes set cycles the data to step 5."""
