@@ -116,7 +116,11 @@ def tiny_model_cmd(
     builders = {"causal-lm": tiny_model.build_tiny_causal_lm, "reward-model": tiny_model.build_tiny_reward_model}
     if kind not in builders:
         raise typer.BadParameter(f"kind must be one of {sorted(builders)}, got {kind!r}")
-    path = builders[kind](out_dir, hidden_size=hidden_size, layers=layers, heads=heads, seed=seed)
+    try:
+        path = builders[kind](out_dir, hidden_size=hidden_size, layers=layers, heads=heads, seed=seed)
+    except OSError as exc:  # a directory that cannot be made or written: one line, not a traceback
+        typer.echo(f"error: cannot write the model to {out_dir}: {exc.strerror or exc}", err=True)
+        raise typer.Exit(2) from exc
     typer.echo(f"wrote {kind} to {path}")
 
 

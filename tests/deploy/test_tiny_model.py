@@ -47,3 +47,13 @@ def test_cli_tiny_model_writes_a_loadable_checkpoint(tmp_path):
     assert r.returncode == 0, r.stderr
     model = AutoModelForCausalLM.from_pretrained(out)
     assert model.config.hidden_size == 32 and model.config.num_hidden_layers == 1
+
+
+@pytest.mark.process
+def test_cli_tiny_model_into_a_place_it_cannot_write_is_one_line(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")  # a file where the directory's parent should be
+    r = subprocess.run([sys.executable, "-m", "deploy.cli", "tiny-model", str(blocker / "m")], capture_output=True,
+                       text=True, timeout=120, check=False)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr and f"cannot write the model to {blocker / 'm'}" in r.stderr, r.stderr
