@@ -422,6 +422,19 @@ class ChatMessageIn(_Strict):
     tool_call_id: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
 
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_parts_only(cls, v: Any) -> Any:
+        """A part of another kind (OpenAI's image_url, input_audio, file) is refused by name: the error would
+        otherwise list every alternative of the union."""
+        if isinstance(v, list):
+            for j, part in enumerate(v):
+                kind = part.get("type") if isinstance(part, dict) else None
+                if isinstance(kind, str) and kind != "text":
+                    raise ValueError(f"content[{j}] is a part of type {kind!r}: only text parts ({{type: text, text: ...}}) "
+                                     "are served")
+        return v
+
     def text(self) -> str:
         if self.content is None:
             return ""

@@ -123,3 +123,15 @@ def test_completion_logprobs_zero_gives_the_sampled_token_only(rollout, stream):
         tokens, tops, token_lps = lp["tokens"], lp["top_logprobs"], lp["token_logprobs"]
     assert len(tokens) == len(tops) == len(token_lps) == 4
     assert tops == [{t: v} for t, v in zip(tokens, token_lps)]
+
+
+def test_an_image_part_is_refused_naming_the_part(client):
+    """A chat message with an image_url part got a 400 listing pydantic's union alternatives (str, list of text
+    parts) for every part; it names the part and what is served now."""
+    parts = [{"type": "text", "text": "what is this?"},
+             {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": parts}], max_tokens=2)
+    message = err.value.body["message"]
+    assert "content[1] is a part of type 'image_url': only text parts" in message and "messages" in message, message
+    assert "str" not in message.split("content[1]")[0][-40:] and message.count("image_url") == 1, message
