@@ -40,6 +40,10 @@ def verl_raises(data_source, solution_str, ground_truth, extra_info=None):
     raise RuntimeError("user function exploded")
 
 
+def verl_nan(data_source, solution_str, ground_truth, extra_info=None):
+    return float("nan")
+
+
 async def verl_slow_async(data_source, solution_str, ground_truth, extra_info=None):
     """verl signature, async: waits extra_info['sleep_s'] seconds (a slow verifier or judge), then 1.0."""
     await asyncio.sleep(float((extra_info or {}).get("sleep_s", 0.0)))

@@ -106,6 +106,24 @@ def test_a_raising_function_is_retried_then_marked_never_zero(failing):
     assert g.status_code == 502 and "broken" in g.json()["detail"] and "rewards" not in g.json()
 
 
+@pytest.mark.parametrize("isolation", ["process", "thread"])
+def test_a_result_of_the_wrong_kind_is_not_retried(reward_service, isolation):
+    """A function that answers NaN answers NaN again: it was tried `attempts` times (3 here) with backoff before
+    the item was marked; a raising function is still retried (the test above)."""
+    svc = reward_service({"scorers": [{"name": "nan", "kind": "python", "function": "tests.reward.plugins:verl_nan",
+                                       "signature": "verl", "isolation": isolation, "on_error": "mark",
+                                       "retry": {"attempts": 3, "backoff_s": 0.5}}]}, name=f"python-nan-{isolation}")
+    t0 = time.monotonic()
+    r = httpx.post(f"{svc.url}/score", json={"items": [{"prompt": "p", "response": "r"}]}, timeout=60)
+    assert r.status_code == 200, r.text
+    error = r.json()["errors"][0]["error"]
+    assert "item 0: compute_score result is nan, not a finite number" in error, error
+    assert "after 3 tries" not in error, error
+    assert time.monotonic() - t0 < 1.5  # no backoff waited (0.5 s, then 1 s)
+    text = httpx.get(f"{svc.url}/metrics", timeout=10).text
+    assert metric_value(text, "fleetrl_reward_scorer_retries_total", scorer="nan") == 0
+
+
 def _sleeper(sleep_s: float) -> ScoreItem:
     return ScoreItem(prompt="p", response="r", metadata={"extra_info": {"sleep_s": sleep_s}})
 

@@ -53,13 +53,15 @@ def load_function(path: str, protocol: type, sys_path: Sequence[str] = ()) -> Ca
 
 
 def _as_float(value: Any, where: str) -> float:
+    """A result as a finite float. One of the wrong kind (NaN, a string, None) fails without retries: the same
+    function gives the same answer again (a raising function is still retried: its cause may pass)."""
     if hasattr(value, "item") and not isinstance(value, (int, float)):
         value = value.item()  # numpy / torch scalars
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ScorerFailure(f"{where} is {type(value).__name__} {value!r}, not a number")
+        raise ScorerFailure(f"{where} is {type(value).__name__} {value!r}, not a number", retryable=False)
     value = float(value)
     if not math.isfinite(value):
-        raise ScorerFailure(f"{where} is {value}, not a finite number")
+        raise ScorerFailure(f"{where} is {value}, not a finite number", retryable=False)
     return value
 
 
@@ -112,13 +114,15 @@ class OpenRLHFSignature(_Signature):
     def read(results: list[Any], n_items: int, offset: int) -> list[float]:
         (result,) = results
         if not isinstance(result, dict) or "rewards" not in result:
-            raise ScorerFailure(f"an openrlhf reward_func must return a dict with 'rewards', got {type(result).__name__}")
+            raise ScorerFailure(f"an openrlhf reward_func must return a dict with 'rewards', got {type(result).__name__}",
+                                retryable=False)
         rewards = result["rewards"]
         if hasattr(rewards, "tolist"):
             rewards = rewards.tolist()
         if not isinstance(rewards, (list, tuple)) or len(rewards) != n_items:
             got = len(rewards) if isinstance(rewards, (list, tuple)) else type(rewards).__name__
-            raise ScorerFailure(f"'rewards' must hold one number per query: {n_items} queries, got {got}")
+            raise ScorerFailure(f"'rewards' must hold one number per query: {n_items} queries, got {got}",
+                                retryable=False)
         return [_as_float(r, f"rewards[{offset + k}]") for k, r in enumerate(rewards)]
 
 
@@ -143,7 +147,7 @@ class VerlSignature(_Signature):
             if isinstance(result, dict):
                 if "score" not in result:
                     raise ScorerFailure(f"item {index}: a verl compute_score dict must hold 'score', got keys "
-                                        f"{sorted(result)}")
+                                        f"{sorted(result)}", retryable=False)
                 result = result["score"]
             values.append(_as_float(result, f"item {index}: compute_score result"))
         return values
@@ -184,7 +188,7 @@ class _ProcessRunner:
     async def run(self, items: Sequence[ScoreItem], offset: int) -> list[float]:
         reply = await self.pool.run({"items": [i.model_dump(mode="json") for i in items], "offset": offset})
         if "error" in reply:
-            raise ScorerFailure(reply["error"])
+            raise ScorerFailure(reply["error"], retryable=reply.get("retryable", True))
         return reply["values"]
 
 

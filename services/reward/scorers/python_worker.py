@@ -66,7 +66,7 @@ def main() -> None:
             items = [ScoreItem.model_validate(i) for i in request["items"]]
             reply: dict[str, Any] = {"values": signature.run(fn, config, items, request.get("offset", 0))}
         except ScorerFailure as exc:
-            reply = {"error": exc.message}
+            reply = {"error": exc.message, "retryable": exc.retryable}  # (a result of the wrong kind: not retried)
         except Exception as exc:  # noqa: BLE001 - the user function's failure, reported to the service
             reply = {"error": f"{type(exc).__name__}: {exc}"}
         out.write(encode_frame(reply))
