@@ -44,15 +44,23 @@ def local_model(value: str, setting: str, base: Path | None = None) -> str:
                      ("" if base else " (a relative path is relative to the current directory)"))
 
 
+def _model_problem(setting: str, value: str, rel: str) -> str | None:
+    """Why a model setting of the spec (resolved against its directory) cannot load: no such directory and no
+    ``org/name`` hub id, or a directory without a Hugging Face ``config.json``; None when it can."""
+    path = Path(value)
+    if not path.is_dir():
+        return None if looks_like_hub_id(value) else f"{setting}: no model directory at {path} {rel}"
+    if not (path / "config.json").is_file():
+        return f"{setting}: {path} is not a Hugging Face model directory (no config.json in it)"
+    return None
+
+
 def path_problems(spec: RunSpec, spec_file: Path) -> list[str]:
     """One line per path of ``spec`` that does not exist."""
     rel = f"(relative paths in a spec are relative to its directory, {spec_file.parent})"
     problems = []
-    model = Path(spec.model)
-    if not model.is_dir() and not (looks_like_hub_id(spec.model) and not model.is_absolute()):
-        problems.append(f"{spec_file}: model: no model directory at {model} {rel}")
-    elif model.is_dir() and not (model / "config.json").is_file():
-        problems.append(f"{spec_file}: model: {model} is not a Hugging Face model directory (no config.json in it)")
+    if problem := _model_problem("model", spec.model, rel):
+        problems.append(f"{spec_file}: {problem}")
     for j, entry in enumerate(spec.sys_path or []):
         if not Path(entry).is_dir():
             problems.append(f"{spec_file}: sys_path[{j}]: no directory at {entry} {rel}")
@@ -64,11 +72,8 @@ def path_problems(spec: RunSpec, spec_file: Path) -> list[str]:
             if not Path(entry).is_dir():
                 problems.append(f"{spec_file}: reward.scorers[{i}].sys_path[{j}]: no directory at {entry} {rel}")
         rm = getattr(scorer, "model", None)
-        if scorer.kind == "hf_rm" and rm and not Path(rm).is_dir() and not looks_like_hub_id(rm):
-            problems.append(f"{spec_file}: reward.scorers[{i}].model: no model directory at {rm} {rel}")
-        elif scorer.kind == "hf_rm" and rm and Path(rm).is_dir() and not (Path(rm) / "config.json").is_file():
-            problems.append(f"{spec_file}: reward.scorers[{i}].model: {rm} is not a Hugging Face model directory "
-                            "(no config.json in it)")
+        if scorer.kind == "hf_rm" and rm and (problem := _model_problem(f"reward.scorers[{i}].model", rm, rel)):
+            problems.append(f"{spec_file}: {problem}")
     for name in ("learner", "rollout", "reward"):
         own = getattr(spec.services, name)
         if isinstance(own, str) and not Path(own).is_file():
